@@ -1,0 +1,171 @@
+//! The cost model behind the `cost` affinity policy: estimated compute time
+//! of a node on a device plus transfer time of tensors crossing devices.
+
+use std::collections::HashMap;
+
+use super::DeviceId;
+use crate::graph::{numel, Graph, NodeId};
+
+/// Decides between devices when several support a node.
+///
+/// Implementations must be deterministic: the same inputs give the same
+/// numbers.
+pub trait CostModel {
+    /// Estimated time (µs) to run `node` on `device`.
+    fn compute_us(&self, graph: &Graph, node: NodeId, device: &DeviceId) -> f64;
+    /// Estimated time (µs) to move `bytes` from `from` to `to` (0 when equal).
+    fn transfer_us(&self, bytes: u64, from: &DeviceId, to: &DeviceId) -> f64;
+}
+
+/// Throughput figures of one device (what plugins will report as metrics).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceProfile {
+    /// Sustained compute, GFLOP/s.
+    pub gflops: f64,
+    /// Memory bandwidth, GB/s.
+    pub mem_gbps: f64,
+    /// Fixed cost per node (kernel launch, dispatch), µs.
+    pub launch_us: f64,
+}
+
+/// Bandwidth and latency of a link between two devices.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkProfile {
+    /// GB/s.
+    pub gbps: f64,
+    /// µs per transfer.
+    pub latency_us: f64,
+}
+
+/// Elements assumed for a tensor whose shape is not statically known.
+pub const DEFAULT_NUMEL: u64 = 65_536;
+/// Bytes per element assumed when the element type is unknown.
+pub const DEFAULT_ELEM_BYTES: u64 = 4;
+
+/// Work of one node: floating-point operations and bytes touched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpWork {
+    pub flops: f64,
+    pub bytes: f64,
+}
+
+/// The default analytic model: FLOPs and bytes per op family from static
+/// shapes, a roofline `max(flops / throughput, bytes / bandwidth) + launch`
+/// per device, and `latency + bytes / bandwidth` per link.
+#[derive(Debug, Clone)]
+pub struct AnalyticCostModel {
+    /// Profiles of specific devices (e.g. measured and reported by workers).
+    pub devices: HashMap<DeviceId, DeviceProfile>,
+    /// Profiles by device kind (`CPU`, `GPU`, ...) for devices not listed.
+    pub kinds: HashMap<String, DeviceProfile>,
+    /// Profile for anything else.
+    pub fallback: DeviceProfile,
+    /// Between two devices of the same host.
+    pub intra_host: LinkProfile,
+    /// Between hosts.
+    pub inter_host: LinkProfile,
+}
+
+impl Default for AnalyticCostModel {
+    fn default() -> Self {
+        let kinds = HashMap::from([
+            ("CPU".to_string(), DeviceProfile { gflops: 50.0, mem_gbps: 20.0, launch_us: 2.0 }),
+            ("GPU".to_string(), DeviceProfile { gflops: 2_000.0, mem_gbps: 200.0, launch_us: 10.0 }),
+        ]);
+        AnalyticCostModel {
+            devices: HashMap::new(),
+            kinds,
+            fallback: DeviceProfile { gflops: 100.0, mem_gbps: 20.0, launch_us: 5.0 },
+            intra_host: LinkProfile { gbps: 10.0, latency_us: 10.0 },
+            inter_host: LinkProfile { gbps: 1.25, latency_us: 100.0 },
+        }
+    }
+}
+
+impl AnalyticCostModel {
+    pub fn profile(&self, device: &DeviceId) -> DeviceProfile {
+        self.devices
+            .get(device)
+            .or_else(|| self.kinds.get(device.kind()))
+            .copied()
+            .unwrap_or(self.fallback)
+    }
+}
+
+impl CostModel for AnalyticCostModel {
+    fn compute_us(&self, graph: &Graph, node: NodeId, device: &DeviceId) -> f64 {
+        let p = self.profile(device);
+        let w = op_work(graph, node);
+        (w.flops / (p.gflops * 1e3)).max(w.bytes / (p.mem_gbps * 1e3)) + p.launch_us
+    }
+
+    fn transfer_us(&self, bytes: u64, from: &DeviceId, to: &DeviceId) -> f64 {
+        if from == to {
+            return 0.0;
+        }
+        let link = if from.host == to.host { self.intra_host } else { self.inter_host };
+        link.latency_us + bytes as f64 / (link.gbps * 1e3)
+    }
+}
+
+/// Bytes of a tensor, with the documented defaults for unknowns.
+pub fn tensor_bytes(graph: &Graph, t: crate::graph::TensorId) -> u64 {
+    let t = graph.tensor(t);
+    let n = t.shape.as_deref().and_then(numel).unwrap_or(DEFAULT_NUMEL);
+    n * t.elem_type.and_then(|e| e.size_bytes()).unwrap_or(DEFAULT_ELEM_BYTES)
+}
+
+fn tensor_numel(graph: &Graph, t: Option<crate::graph::TensorId>) -> f64 {
+    t.and_then(|t| graph.tensor(t).shape.as_deref().and_then(numel))
+        .unwrap_or(DEFAULT_NUMEL) as f64
+}
+
+fn dims(graph: &Graph, t: Option<crate::graph::TensorId>) -> Vec<Option<i64>> {
+    t.and_then(|t| graph.tensor(t).shape.as_ref())
+        .map(|s| s.iter().map(|d| d.known()).collect())
+        .unwrap_or_default()
+}
+
+/// FLOPs and bytes of a node, by op family.
+pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
+    let n = graph.node(node);
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    let out0 = n.outputs.first().copied().flatten();
+    let out_numel = tensor_numel(graph, out0);
+    let in_numel = tensor_numel(graph, input(0));
+    let bytes: u64 = n.inputs.iter().flatten().chain(n.outputs.iter().flatten()).map(|&t| tensor_bytes(graph, t)).sum();
+    let kernel_volume = |w: &[Option<i64>]| w.iter().skip(2).map(|d| d.unwrap_or(3) as f64).product::<f64>();
+    let flops = match n.op_type.as_str() {
+        "MatMul" | "MatMulInteger" | "QLinearMatMul" => {
+            let k = dims(graph, input(0)).last().copied().flatten().unwrap_or(64) as f64;
+            2.0 * out_numel * k
+        }
+        "Gemm" => {
+            let a = dims(graph, input(0));
+            let k = a.get(1).copied().flatten().unwrap_or(64) as f64;
+            2.0 * out_numel * k
+        }
+        "Conv" | "ConvInteger" | "QLinearConv" => {
+            let w = dims(graph, input(1));
+            let cin_per_group = w.get(1).copied().flatten().unwrap_or(16) as f64;
+            2.0 * out_numel * cin_per_group * kernel_volume(&w)
+        }
+        "ConvTranspose" => {
+            let w = dims(graph, input(1));
+            let cout_per_group = w.get(1).copied().flatten().unwrap_or(16) as f64;
+            2.0 * in_numel * cout_per_group * kernel_volume(&w)
+        }
+        "MaxPool" | "AveragePool" | "LpPool" => out_numel * 9.0,
+        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin"
+        | "ReduceProd" | "ReduceL2" => in_numel,
+        "Softmax" | "LogSoftmax" | "LayerNormalization" | "BatchNormalization" | "InstanceNormalization"
+        | "GroupNormalization" => in_numel * 5.0,
+        "Sigmoid" | "Tanh" | "Erf" | "Gelu" | "Exp" | "Log" | "HardSwish" | "Swish" | "Mish" | "Softplus"
+        | "Pow" | "Sqrt" => out_numel * 4.0,
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Shape" | "Size" | "Constant"
+        | "Transpose" | "Concat" | "Slice" | "Split" | "Gather" | "Expand" | "Tile" | "Cast" | "ConstantOfShape"
+        | "Pad" | "Resize" | "DepthToSpace" | "SpaceToDepth" => 0.0,
+        _ => out_numel,
+    };
+    OpWork { flops, bytes: bytes as f64 }
+}

@@ -1,0 +1,333 @@
+//! Simple element-type and static-shape propagation for the tensors the model
+//! leaves untyped. Declared types (value_info, inputs, outputs, initializers)
+//! are never overwritten; what cannot be derived stays unknown.
+
+use std::collections::HashMap;
+
+use super::build::tensor_type;
+use super::{Dim, Graph, NodeKind, TensorId};
+use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
+use crate::onnx::ElemType;
+
+pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
+    let Some(g) = model.graph.as_ref() else { return };
+    let consts: HashMap<&str, &TensorProto> = g
+        .initializer
+        .iter()
+        .filter_map(|t| Some((t.name.as_deref()?, t)))
+        .collect();
+    for i in 0..graph.topo_ops.len() {
+        let id = graph.topo_ops[i];
+        let node = &graph.dag[id];
+        let Some(proto) = node.onnx_index.and_then(|k| g.node.get(k)) else { continue };
+        let ins: Vec<Option<TensorId>> = node.inputs.clone();
+        let outs: Vec<Option<TensorId>> = node.outputs.clone();
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        let in_type = |k: usize| ins.get(k).copied().flatten().and_then(|t| graph.tensors[t.index()].elem_type);
+        let in_shape = |k: usize| {
+            ins.get(k)
+                .copied()
+                .flatten()
+                .and_then(|t| graph.tensors[t.index()].shape.clone())
+        };
+        let const_ints = |k: usize| {
+            let t = ins.get(k).copied().flatten()?;
+            let tensor = &graph.tensors[t.index()];
+            if graph.dag[tensor.producer].kind != NodeKind::Constant {
+                return None;
+            }
+            int_values(consts.get(tensor.name.as_str())?)
+        };
+        let types = if default_domain {
+            output_types(proto, &in_type)
+        } else {
+            vec![]
+        };
+        let shape0 = if default_domain {
+            output_shape(proto, &in_shape, &const_ints)
+        } else {
+            None
+        };
+        for (k, out) in outs.iter().enumerate() {
+            let Some(out) = out else { continue };
+            let t = &mut graph.tensors[out.index()];
+            if t.elem_type.is_none() {
+                t.elem_type = types.get(k).copied().flatten();
+            }
+            if t.shape.is_none() && k == 0 {
+                t.shape = shape0.clone();
+            }
+        }
+    }
+}
+
+fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+    node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
+}
+
+fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
+    attr(node, name).and_then(|a| a.i)
+}
+
+fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
+    attr(node, name).map(|a| a.ints.clone())
+}
+
+/// Integer contents of a small int64/int32 initializer.
+fn int_values(t: &TensorProto) -> Option<Vec<i64>> {
+    match t.data_type? {
+        7 => Some(if let Some(raw) = &t.raw_data {
+            raw.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect()
+        } else {
+            t.int64_data.clone()
+        }),
+        6 => Some(if let Some(raw) = &t.raw_data {
+            raw.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
+                .collect()
+        } else {
+            t.int32_data.iter().map(|&v| v as i64).collect()
+        }),
+        _ => None,
+    }
+}
+
+/// Element type of each output, where a rule knows it.
+fn output_types(node: &NodeProto, in_type: &dyn Fn(usize) -> Option<ElemType>) -> Vec<Option<ElemType>> {
+    let op = node.op_type.as_deref().unwrap_or("");
+    let n = node.output.len();
+    let all = |t: Option<ElemType>| vec![t; n];
+    let from_attr_tensor = |name: &str| attr(node, name).and_then(|a| a.t.as_ref()).and_then(|t| t.data_type).map(ElemType);
+    match op {
+        "Cast" => all(attr_i(node, "to").map(|v| ElemType(v as i32))),
+        "CastLike" => all(in_type(1)),
+        "Shape" | "Size" | "ArgMax" | "ArgMin" | "NonZero" | "NonMaxSuppression" => all(Some(ElemType::INT64)),
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or" | "Xor"
+        | "IsNaN" | "IsInf" => all(Some(ElemType::BOOL)),
+        "Constant" => {
+            let a = node.attribute.first();
+            let t = a.and_then(|a| match a.name.as_deref()? {
+                "value" => a.t.as_ref()?.data_type.map(ElemType),
+                "value_float" | "value_floats" => Some(ElemType::FLOAT),
+                "value_int" | "value_ints" => Some(ElemType::INT64),
+                "value_string" | "value_strings" => Some(ElemType::STRING),
+                _ => None,
+            });
+            all(t)
+        }
+        "ConstantOfShape" => all(from_attr_tensor("value").or(Some(ElemType::FLOAT))),
+        "RandomNormal" | "RandomUniform" | "EyeLike" | "RandomNormalLike" | "RandomUniformLike" | "Multinomial" => {
+            let default = if op.ends_with("Like") { in_type(0) } else if op == "Multinomial" { Some(ElemType::INT32) } else { Some(ElemType::FLOAT) };
+            all(attr_i(node, "dtype").map(|v| ElemType(v as i32)).or(default))
+        }
+        "TopK" => vec![in_type(0), Some(ElemType::INT64)],
+        "MaxPool" => vec![in_type(0), Some(ElemType::INT64)],
+        "Unique" => vec![in_type(0), Some(ElemType::INT64), Some(ElemType::INT64), Some(ElemType::INT64)],
+        "QuantizeLinear" => all(in_type(2).or_else(|| attr_i(node, "output_dtype").filter(|&v| v != 0).map(|v| ElemType(v as i32))).or(Some(ElemType::UINT8))),
+        "DequantizeLinear" => all(in_type(1)),
+        "DynamicQuantizeLinear" => vec![Some(ElemType::UINT8), Some(ElemType::FLOAT), Some(ElemType::UINT8)],
+        "Where" => all(in_type(1)),
+        "If" => {
+            let branch = attr(node, "then_branch").and_then(|a| a.g.as_ref());
+            (0..n)
+                .map(|k| branch.and_then(|g| g.output.get(k)).and_then(|v| v.r#type.as_ref()).and_then(|tp| tensor_type(tp).0))
+                .collect()
+        }
+        "Loop" | "Scan" => {
+            let body = attr(node, "body").and_then(|a| a.g.as_ref());
+            let skip = usize::from(op == "Loop");
+            (0..n)
+                .map(|k| body.and_then(|g| g.output.get(k + skip)).and_then(|v| v.r#type.as_ref()).and_then(|tp| tensor_type(tp).0))
+                .collect()
+        }
+        _ => all(in_type(0)),
+    }
+}
+
+fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    let rank = a.len().max(b.len());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { &a[i + a.len() - rank] } else { &Dim::Known(1) };
+        let db = if i + b.len() >= rank { &b[i + b.len() - rank] } else { &Dim::Known(1) };
+        out.push(match (da, db) {
+            (Dim::Known(1), d) | (d, Dim::Known(1)) => d.clone(),
+            (x, y) if x == y => x.clone(),
+            (Dim::Known(_), Dim::Known(_)) => return None,
+            _ => Dim::Unknown,
+        });
+    }
+    Some(out)
+}
+
+/// Static shape of output 0, where a rule knows it.
+fn output_shape(
+    node: &NodeProto,
+    in_shape: &dyn Fn(usize) -> Option<Vec<Dim>>,
+    const_ints: &dyn Fn(usize) -> Option<Vec<i64>>,
+) -> Option<Vec<Dim>> {
+    let op = node.op_type.as_deref().unwrap_or("");
+    match op {
+        "Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Cast" | "CastLike"
+        | "Clip" | "HardSigmoid" | "HardSwish" | "Erf" | "Softmax" | "LogSoftmax" | "Identity" | "Dropout"
+        | "BatchNormalization" | "LayerNormalization" | "InstanceNormalization" | "Gelu" | "Elu" | "Selu"
+        | "Softplus" | "Floor" | "Ceil" | "Round" | "Reciprocal" | "Sin" | "Cos" | "Not" | "Sign" | "PRelu"
+        | "IsNaN" | "IsInf" | "Mish" | "Softsign" | "LRN" | "QuantizeLinear" | "DequantizeLinear" => in_shape(0),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
+        | "And" | "Or" | "Xor" | "Mod" | "Max" | "Min" | "Sum" | "Mean" | "Where" => {
+            let mut acc = in_shape(0)?;
+            for k in 1..node.input.len() {
+                acc = broadcast(&acc, &in_shape(k)?)?;
+            }
+            Some(acc)
+        }
+        "MatMul" => {
+            let (a, b) = (in_shape(0)?, in_shape(1)?);
+            if a.is_empty() || b.is_empty() {
+                return None;
+            }
+            let (a2, b2) = (
+                if a.len() == 1 { vec![Dim::Known(1), a[0].clone()] } else { a.clone() },
+                if b.len() == 1 { vec![b[0].clone(), Dim::Known(1)] } else { b.clone() },
+            );
+            let mut out = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
+            if a.len() > 1 {
+                out.push(a2[a2.len() - 2].clone());
+            }
+            if b.len() > 1 {
+                out.push(b2[b2.len() - 1].clone());
+            }
+            Some(out)
+        }
+        "Gemm" => {
+            let (a, b) = (in_shape(0)?, in_shape(1)?);
+            if a.len() != 2 || b.len() != 2 {
+                return None;
+            }
+            let m = if attr_i(node, "transA").unwrap_or(0) != 0 { &a[1] } else { &a[0] };
+            let n = if attr_i(node, "transB").unwrap_or(0) != 0 { &b[0] } else { &b[1] };
+            Some(vec![m.clone(), n.clone()])
+        }
+        "Conv" | "MaxPool" | "AveragePool" => {
+            let x = in_shape(0)?;
+            if x.len() < 3 {
+                return None;
+            }
+            let spatial = x.len() - 2;
+            let (channels, kernel) = if op == "Conv" {
+                let w = in_shape(1)?;
+                let kernel = attr_ints(node, "kernel_shape").unwrap_or_else(|| w.iter().skip(2).filter_map(Dim::known).collect());
+                (w.first()?.clone(), kernel)
+            } else {
+                (x[1].clone(), attr_ints(node, "kernel_shape")?)
+            };
+            if kernel.len() != spatial {
+                return None;
+            }
+            let strides = attr_ints(node, "strides").filter(|v| !v.is_empty()).unwrap_or(vec![1; spatial]);
+            let dilations = attr_ints(node, "dilations").filter(|v| !v.is_empty()).unwrap_or(vec![1; spatial]);
+            let pads = attr_ints(node, "pads").filter(|v| !v.is_empty()).unwrap_or(vec![0; 2 * spatial]);
+            let auto_pad = attr(node, "auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
+            let ceil = attr_i(node, "ceil_mode").unwrap_or(0) != 0;
+            if strides.len() != spatial || dilations.len() != spatial || pads.len() != 2 * spatial {
+                return None;
+            }
+            let mut out = vec![x[0].clone(), channels];
+            for i in 0..spatial {
+                let Some(input) = x[i + 2].known() else {
+                    out.push(Dim::Unknown);
+                    continue;
+                };
+                let eff = (kernel[i] - 1) * dilations[i] + 1;
+                let s = strides[i].max(1);
+                let v = match auto_pad {
+                    b"SAME_UPPER" | b"SAME_LOWER" => (input + s - 1) / s,
+                    b"VALID" => (input - eff) / s + 1,
+                    _ => {
+                        let span = input + pads[i] + pads[i + spatial] - eff;
+                        if ceil { (span + s - 1) / s + 1 } else { span / s + 1 }
+                    }
+                };
+                out.push(Dim::Known(v));
+            }
+            Some(out)
+        }
+        "GlobalAveragePool" | "GlobalMaxPool" => {
+            let x = in_shape(0)?;
+            Some(x.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Known(1) }).collect())
+        }
+        "Transpose" => {
+            let x = in_shape(0)?;
+            let perm = attr_ints(node, "perm").unwrap_or_else(|| (0..x.len() as i64).rev().collect());
+            perm.iter().map(|&p| x.get(usize::try_from(p).ok()?).cloned()).collect()
+        }
+        "Flatten" => {
+            let x = in_shape(0)?;
+            let axis = attr_i(node, "axis").unwrap_or(1);
+            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
+            let prod = |d: &[Dim]| super::numel(d).map(|v| Dim::Known(v as i64)).unwrap_or(Dim::Unknown);
+            Some(vec![prod(&x[..axis.min(x.len())]), prod(&x[axis.min(x.len())..])])
+        }
+        "Reshape" => {
+            let target = const_ints(1)?;
+            let x = in_shape(0);
+            let allow_zero = attr_i(node, "allowzero").unwrap_or(0) != 0;
+            let mut out: Vec<Dim> = target
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| match v {
+                    0 if !allow_zero => x.as_ref().and_then(|x| x.get(i).cloned()).unwrap_or(Dim::Unknown),
+                    -1 => Dim::Unknown,
+                    v => Dim::Known(v),
+                })
+                .collect();
+            if let Some(pos) = target.iter().position(|&v| v == -1) {
+                let total = x.as_deref().and_then(super::numel);
+                let known: Option<u64> = out.iter().enumerate().filter(|(i, _)| *i != pos).try_fold(1u64, |a, (_, d)| Some(a * d.known()? as u64));
+                if let (Some(total), Some(known)) = (total, known) {
+                    if known > 0 {
+                        out[pos] = Dim::Known((total / known) as i64);
+                    }
+                }
+            }
+            Some(out)
+        }
+        "Concat" => {
+            let axis = attr_i(node, "axis")?;
+            let first = in_shape(0)?;
+            let axis = if axis < 0 { axis + first.len() as i64 } else { axis } as usize;
+            let mut total = Some(0i64);
+            for k in 0..node.input.len() {
+                let s = in_shape(k)?;
+                total = total.and_then(|t| Some(t + s.get(axis)?.known()?));
+            }
+            let mut out = first;
+            *out.get_mut(axis)? = total.map(Dim::Known).unwrap_or(Dim::Unknown);
+            Some(out)
+        }
+        "Shape" => Some(vec![Dim::Known(in_shape(0)?.len() as i64)]),
+        "Unsqueeze" | "Squeeze" => {
+            let x = in_shape(0)?;
+            let axes = attr_ints(node, "axes").or_else(|| const_ints(1));
+            let rank = if op == "Unsqueeze" { x.len() + axes.as_ref()?.len() } else { x.len() };
+            let norm = |a: i64| if a < 0 { a + rank as i64 } else { a } as usize;
+            if op == "Unsqueeze" {
+                let axes: Vec<usize> = axes?.into_iter().map(norm).collect();
+                let mut it = x.into_iter();
+                (0..rank).map(|i| if axes.contains(&i) { Some(Dim::Known(1)) } else { it.next() }).collect()
+            } else {
+                match axes {
+                    Some(axes) => {
+                        let axes: Vec<usize> = axes.into_iter().map(norm).collect();
+                        Some(x.into_iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d).collect())
+                    }
+                    None if x.iter().all(|d| d.known().is_some()) => Some(x.into_iter().filter(|d| *d != Dim::Known(1)).collect()),
+                    None => None,
+                }
+            }
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,86 @@
+//! ONNX model I/O on our own prost types, generated at build time from the
+//! vendored upstream `proto/onnx-ml.proto` (a superset of `onnx.proto`), so
+//! a decode → encode round trip keeps every field the standard defines.
+
+mod io;
+
+pub use io::{
+    decode_model, encode_model, load_model, load_model_with_base_dir, save_model,
+    ExternalDataPolicy,
+};
+
+/// Types generated from the upstream `onnx-ml.proto`.
+#[allow(clippy::all, missing_docs, rustdoc::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+
+use proto::tensor_proto::DataType;
+
+/// Errors from reading, writing or interpreting ONNX models.
+#[derive(Debug, thiserror::Error)]
+pub enum OnnxError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not a valid ONNX model ({len} bytes): {source}")]
+    Decode {
+        len: usize,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("not a valid ONNX model: {0}")]
+    Invalid(String),
+    #[error("external data of tensor '{tensor}': {message}")]
+    ExternalData { tensor: String, message: String },
+}
+
+/// The element type of a tensor, as the ONNX `TensorProto.DataType` number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ElemType(pub i32);
+
+impl ElemType {
+    pub const FLOAT: ElemType = ElemType(DataType::Float as i32);
+    pub const INT64: ElemType = ElemType(DataType::Int64 as i32);
+    pub const INT32: ElemType = ElemType(DataType::Int32 as i32);
+    pub const BOOL: ElemType = ElemType(DataType::Bool as i32);
+    pub const UINT8: ElemType = ElemType(DataType::Uint8 as i32);
+    pub const STRING: ElemType = ElemType(DataType::String as i32);
+
+    /// Bytes per element (sub-byte types round up to one byte); `None` for
+    /// strings and undefined types.
+    pub fn size_bytes(self) -> Option<u64> {
+        use DataType::*;
+        Some(match DataType::try_from(self.0).ok()? {
+            Float | Int32 | Uint32 => 4,
+            Double | Int64 | Uint64 | Complex64 => 8,
+            Complex128 => 16,
+            Int16 | Uint16 | Float16 | Bfloat16 => 2,
+            Int8 | Uint8 | Bool | Float8e4m3fn | Float8e4m3fnuz | Float8e5m2 | Float8e5m2fnuz
+            | Float8e8m0 | Uint4 | Int4 | Float4e2m1 | Uint2 | Int2 | Float6e2m3 | Float6e3m2 => 1,
+            String | Undefined => return None,
+        })
+    }
+
+    /// Upstream name, e.g. `FLOAT`.
+    pub fn name(self) -> String {
+        DataType::try_from(self.0)
+            .map(|d| d.as_str_name().to_string())
+            .unwrap_or_else(|_| format!("DATATYPE_{}", self.0))
+    }
+}
+
+impl std::fmt::Display for ElemType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name().to_lowercase())
+    }
+}

@@ -1,0 +1,109 @@
+//! The partition validator: the invariants every partition must satisfy,
+//! whichever algorithm produced it.
+
+use std::collections::HashSet;
+
+use super::Partition;
+use crate::affinity::Assignment;
+use crate::graph::{Graph, NodeKind};
+
+/// A broken partition invariant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("node '{0}' is in {1} subgraphs (expected exactly one)")]
+    NodeCount(String, usize),
+    #[error("subgraph {sg} holds node '{node}' of another device")]
+    MixedDevice { sg: usize, node: String },
+    #[error("subgraph {0} has no op nodes (housekeeping alone)")]
+    Empty(usize),
+    #[error("subgraph {0} has id {1}")]
+    BadId(usize, usize),
+    #[error("the subgraphs form a cycle through subgraph {0}")]
+    Cycle(usize),
+    #[error("tensor '{tensor}' crosses from subgraph {from} to {to} but is not {what}")]
+    Boundary { tensor: String, from: usize, to: usize, what: &'static str },
+    #[error("subgraph {sg} lacks housekeeping node '{node}' ({kind})")]
+    Housekeeping { sg: usize, node: String, kind: &'static str },
+    #[error("graph output '{0}' is neither produced by a subgraph nor a pass-through")]
+    LostOutput(String),
+}
+
+/// Checks: every op node in exactly one subgraph; one device per subgraph
+/// (the assigned one); no empty subgraph; the subgraph graph is acyclic and
+/// ids follow a topological order; every tensor crossing a boundary is an
+/// output of its producer's subgraph and an input of each consumer's;
+/// Parameters, Constants and Results are attached where they are used.
+pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result<(), ValidationError> {
+    let mut count = vec![0usize; graph.dag.node_count()];
+    for (i, sg) in p.subgraphs.iter().enumerate() {
+        if sg.id != i {
+            return Err(ValidationError::BadId(i, sg.id));
+        }
+        if sg.nodes.is_empty() {
+            return Err(ValidationError::Empty(i));
+        }
+        for &n in &sg.nodes {
+            count[n.index()] += 1;
+            if assignment.device_of[n.index()] != Some(sg.device) || p.subgraph_of[n.index()] != Some(i) {
+                return Err(ValidationError::MixedDevice { sg: i, node: graph.node(n).name.clone() });
+            }
+        }
+    }
+    for &n in graph.topo_ops() {
+        if count[n.index()] != 1 {
+            return Err(ValidationError::NodeCount(graph.node(n).name.clone(), count[n.index()]));
+        }
+    }
+    // Acyclic with topological ids: every crossing edge goes to a higher id.
+    let inputs: Vec<HashSet<_>> = p.subgraphs.iter().map(|s| s.inputs.iter().copied().collect()).collect();
+    let outputs: Vec<HashSet<_>> = p.subgraphs.iter().map(|s| s.outputs.iter().copied().collect()).collect();
+    for &n in graph.topo_ops() {
+        let to = p.subgraph_of[n.index()].unwrap_or(usize::MAX);
+        let node = graph.node(n);
+        for t in node.all_inputs() {
+            let producer = graph.tensor(t).producer;
+            let name = || graph.tensor(t).name.clone();
+            match graph.node(producer).kind {
+                NodeKind::Op => {
+                    let from = p.subgraph_of[producer.index()].unwrap_or(usize::MAX);
+                    if from == to {
+                        continue;
+                    }
+                    if from > to {
+                        return Err(ValidationError::Cycle(to));
+                    }
+                    if !outputs[from].contains(&t) {
+                        return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an output of its producer's subgraph" });
+                    }
+                    if !inputs[to].contains(&t) {
+                        return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an input of its consumer's subgraph" });
+                    }
+                }
+                NodeKind::Parameter => {
+                    if !p.subgraphs[to].parameters.contains(&producer) || !inputs[to].contains(&t) {
+                        return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Parameter" });
+                    }
+                }
+                NodeKind::Constant => {
+                    if !p.subgraphs[to].constants.contains(&producer) {
+                        return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Constant" });
+                    }
+                }
+                NodeKind::Result => {}
+            }
+        }
+    }
+    for &t in &graph.outputs {
+        let producer = graph.tensor(t).producer;
+        match p.subgraph_of[producer.index()] {
+            Some(sg) => {
+                if !outputs[sg].contains(&t) {
+                    return Err(ValidationError::Housekeeping { sg, node: graph.tensor(t).name.clone(), kind: "Result" });
+                }
+            }
+            None if p.passthrough_outputs.contains(&t) => {}
+            None => return Err(ValidationError::LostOutput(graph.tensor(t).name.clone())),
+        }
+    }
+    Ok(())
+}

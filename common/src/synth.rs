@@ -1,0 +1,128 @@
+//! Synthetic models for tests and benchmarks: ONNX models built from edge
+//! lists (every node a `Sum` of its predecessors, so the model is valid and
+//! runs in onnxruntime), random layered and irregular DAGs, and a small
+//! deterministic PRNG so results repeat across runs and machines.
+
+use crate::onnx::proto::{
+    tensor_shape_proto::{dimension, Dimension},
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+
+/// SplitMix64: tiny, deterministic, good enough for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() >> 11) as u128 * n as u128 >> 53) as u64
+    }
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+    }
+}
+
+/// A DAG as a node count and edges `(from, to)` with `from < to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dag {
+    pub nodes: usize,
+    pub edges: Vec<(u32, u32)>,
+}
+
+/// A layered DAG: `nodes` spread over layers of about `width` nodes; each
+/// node has 1–3 inputs from the previous one or two layers.
+pub fn layered_dag(nodes: usize, width: usize, rng: &mut Rng) -> Dag {
+    let width = width.max(1);
+    let mut edges = Vec::with_capacity(nodes * 2);
+    for v in width..nodes {
+        let layer_start = v / width * width;
+        let lo = layer_start.saturating_sub(2 * width);
+        let span = (layer_start - lo) as u64;
+        let k = 1 + rng.below(3);
+        for _ in 0..k {
+            let u = lo as u64 + rng.below(span);
+            edges.push((u as u32, v as u32));
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    Dag { nodes, edges }
+}
+
+/// An irregular DAG: each node reads 0–3 random earlier nodes, biased to
+/// recent ones, with occasional long skip edges.
+pub fn irregular_dag(nodes: usize, rng: &mut Rng) -> Dag {
+    let mut edges = Vec::new();
+    for v in 1..nodes as u64 {
+        let k = rng.below(4);
+        for _ in 0..k {
+            let u = if rng.chance(0.2) { rng.below(v) } else { v - 1 - rng.below(v.min(6)) };
+            edges.push((u as u32, v as u32));
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    Dag { nodes, edges }
+}
+
+fn float_info(name: &str, len: i64) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(TypeProto {
+            denotation: None,
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: vec![Dimension { denotation: None, value: Some(dimension::Value::DimValue(len)) }],
+                }),
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A valid ONNX model with one node per DAG node: node `i` is named
+/// `names[i]` (or `n<i>`), computes `Sum` of its predecessors' outputs (or
+/// of the graph input `x` for sources) and writes tensor `t<i>`. Nodes
+/// without successors are graph outputs. All tensors are `float[4]`.
+pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
+    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); dag.nodes];
+    let mut has_succ = vec![false; dag.nodes];
+    for &(a, b) in &dag.edges {
+        preds[b as usize].push(a);
+        has_succ[a as usize] = true;
+    }
+    let mut g = GraphProto { name: Some("synthetic".into()), ..Default::default() };
+    g.input.push(float_info("x", 4));
+    for (i, p) in preds.iter().enumerate() {
+        let input = if p.is_empty() { vec!["x".to_string()] } else { p.iter().map(|u| format!("t{u}")).collect() };
+        g.node.push(NodeProto {
+            name: Some(names.and_then(|n| n.get(i)).map(|s| s.to_string()).unwrap_or_else(|| format!("n{i}"))),
+            op_type: Some("Sum".into()),
+            input,
+            output: vec![format!("t{i}")],
+            ..Default::default()
+        });
+        if !has_succ[i] {
+            g.output.push(float_info(&format!("t{i}"), 4));
+        }
+    }
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        producer_name: Some("tessera-synth".into()),
+        graph: Some(g),
+        ..Default::default()
+    }
+}
