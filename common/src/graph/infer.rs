@@ -5,17 +5,25 @@
 use std::collections::HashMap;
 
 use super::build::tensor_type;
-use super::{Dim, Graph, NodeKind, TensorId};
+use super::{Dim, Graph, TensorId};
 use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 use crate::onnx::ElemType;
 
 pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
     let Some(g) = model.graph.as_ref() else { return };
-    let consts: HashMap<&str, &TensorProto> = g
+    // Known constant values: initializers and outputs of Constant ops.
+    let mut consts: HashMap<&str, &TensorProto> = g
         .initializer
         .iter()
         .filter_map(|t| Some((t.name.as_deref()?, t)))
         .collect();
+    for n in &g.node {
+        if n.op_type.as_deref() == Some("Constant") {
+            if let (Some(out), Some(t)) = (n.output.first(), attr(n, "value").and_then(|a| a.t.as_ref())) {
+                consts.insert(out.as_str(), t);
+            }
+        }
+    }
     for i in 0..graph.topo_ops.len() {
         let id = graph.topo_ops[i];
         let node = &graph.dag[id];
@@ -32,11 +40,7 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
         };
         let const_ints = |k: usize| {
             let t = ins.get(k).copied().flatten()?;
-            let tensor = &graph.tensors[t.index()];
-            if graph.dag[tensor.producer].kind != NodeKind::Constant {
-                return None;
-            }
-            int_values(consts.get(tensor.name.as_str())?)
+            int_values(consts.get(graph.tensors[t.index()].name.as_str())?)
         };
         let types = if default_domain {
             output_types(proto, &in_type)
@@ -54,7 +58,7 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
             if t.elem_type.is_none() {
                 t.elem_type = types.get(k).copied().flatten();
             }
-            if t.shape.is_none() && k == 0 {
+            if t.shape.is_none() && (k == 0 || proto.op_type.as_deref() == Some("Split")) {
                 t.shape = shape0.clone();
             }
         }
@@ -271,7 +275,11 @@ fn output_shape(
             Some(vec![prod(&x[..axis.min(x.len())]), prod(&x[axis.min(x.len())..])])
         }
         "Reshape" => {
-            let target = const_ints(1)?;
+            let Some(target) = const_ints(1) else {
+                // Rank from the length of the shape operand.
+                let len = in_shape(1)?.first()?.known()?;
+                return Some(vec![Dim::Unknown; usize::try_from(len).ok()?]);
+            };
             let x = in_shape(0);
             let allow_zero = attr_i(node, "allowzero").unwrap_or(0) != 0;
             let mut out: Vec<Dim> = target
@@ -308,6 +316,115 @@ fn output_shape(
             Some(out)
         }
         "Shape" => Some(vec![Dim::Known(in_shape(0)?.len() as i64)]),
+        "Constant" => {
+            let a = node.attribute.first()?;
+            match a.name.as_deref()? {
+                "value" => Some(a.t.as_ref()?.dims.iter().map(|&d| Dim::Known(d)).collect()),
+                "value_float" | "value_int" | "value_string" => Some(vec![]),
+                "value_floats" => Some(vec![Dim::Known(a.floats.len() as i64)]),
+                "value_ints" => Some(vec![Dim::Known(a.ints.len() as i64)]),
+                _ => None,
+            }
+        }
+        "Split" => {
+            // Every output: the input's shape with the split axis unknown.
+            let mut x = in_shape(0)?;
+            let axis = attr_i(node, "axis").unwrap_or(0);
+            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
+            *x.get_mut(axis)? = Dim::Unknown;
+            Some(x)
+        }
+        "Slice" => {
+            let x = in_shape(0)?;
+            let rank = x.len() as i64;
+            let (starts, ends, axes, steps) = if node.input.len() > 1 {
+                let starts = const_ints(1);
+                let ends = const_ints(2);
+                let axes = if node.input.len() > 3 && !node.input[3].is_empty() { const_ints(3) } else { starts.as_ref().map(|s| (0..s.len() as i64).collect()) };
+                let steps = if node.input.len() > 4 && !node.input[4].is_empty() { const_ints(4) } else { starts.as_ref().map(|s| vec![1; s.len()]) };
+                (starts, ends, axes, steps)
+            } else {
+                let starts = attr_ints(node, "starts");
+                let axes = attr_ints(node, "axes").or_else(|| starts.as_ref().map(|s| (0..s.len() as i64).collect()));
+                (starts.clone(), attr_ints(node, "ends"), axes, starts.map(|s| vec![1; s.len()]))
+            };
+            let (Some(starts), Some(ends), Some(axes), Some(steps)) = (starts, ends, axes, steps) else {
+                return Some(vec![Dim::Unknown; x.len()]);
+            };
+            let mut out = x.clone();
+            for (k, &axis) in axes.iter().enumerate() {
+                let axis = if axis < 0 { axis + rank } else { axis };
+                let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k)) else { return None };
+                let slot = out.get_mut(usize::try_from(axis).ok()?)?;
+                let Some(d) = slot.known() else {
+                    *slot = Dim::Unknown;
+                    continue;
+                };
+                let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+                let len = if step > 0 {
+                    let (s, e) = (norm(start).clamp(0, d), norm(end).clamp(0, d));
+                    (e - s + step - 1).div_euclid(step).max(0)
+                } else if step < 0 {
+                    let (s, e) = (norm(start).clamp(0, d - 1), norm(end).clamp(-1, d - 1));
+                    (s - e + (-step) - 1).div_euclid(-step).max(0)
+                } else {
+                    return None;
+                };
+                *slot = Dim::Known(len);
+            }
+            Some(out)
+        }
+        "Resize" | "Pad" | "Tile" | "ConvTranspose" | "DepthToSpace" | "SpaceToDepth" | "Upsample"
+        | "ReverseSequence" | "CumSum" | "Trilu" | "GridSample" => {
+            // Rank-preserving; dims are not derived.
+            Some(vec![Dim::Unknown; in_shape(0)?.len()])
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" => {
+            let x = in_shape(0)?;
+            let keep = attr_i(node, "keepdims").unwrap_or(1) != 0;
+            let axes = match attr_ints(node, "axes").or_else(|| if node.input.len() > 1 { const_ints(1) } else { None }) {
+                Some(a) => a,
+                None if op.starts_with("Arg") => vec![attr_i(node, "axis").unwrap_or(0)],
+                None if node.input.len() > 1 && !node.input[1].is_empty() => return None,
+                None if attr_i(node, "noop_with_empty_axes").unwrap_or(0) != 0 => return Some(x),
+                None => (0..x.len() as i64).collect(),
+            };
+            let rank = x.len() as i64;
+            let axes: Vec<usize> = axes.iter().map(|&a| if a < 0 { a + rank } else { a } as usize).collect();
+            Some(
+                x.into_iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| match (axes.contains(&i), keep) {
+                        (false, _) => Some(d),
+                        (true, true) => Some(Dim::Known(1)),
+                        (true, false) => None,
+                    })
+                    .collect(),
+            )
+        }
+        "Expand" => {
+            let x = in_shape(0)?;
+            match const_ints(1) {
+                Some(target) => broadcast(&x, &target.into_iter().map(Dim::Known).collect::<Vec<_>>()).map(|b| {
+                    b.into_iter().map(|d| if d == Dim::Known(1) { Dim::Unknown } else { d }).collect()
+                }),
+                None => {
+                    let len = in_shape(1)?.first()?.known()? as usize;
+                    Some(vec![Dim::Unknown; len.max(x.len())])
+                }
+            }
+        }
+        "Gather" => {
+            let (x, idx) = (in_shape(0)?, in_shape(1)?);
+            let axis = attr_i(node, "axis").unwrap_or(0);
+            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
+            if axis >= x.len() {
+                return None;
+            }
+            Some(x[..axis].iter().chain(&idx).chain(&x[axis + 1..]).cloned().collect())
+        }
+        "Range" | "NonZero" => Some(vec![Dim::Unknown; if op == "Range" { 1 } else { 2 }]),
         "Unsqueeze" | "Squeeze" => {
             let x = in_shape(0)?;
             let axes = attr_ints(node, "axes").or_else(|| const_ints(1));
