@@ -85,7 +85,7 @@ fn exported_subgraphs_reproduce_the_model_in_onnxruntime() {
                 cost_model: &cost,
             };
             let a = assign(&g, &req).unwrap();
-            let p = partition(&g, &a, PartitionOptions { algorithm, merge: true }).unwrap();
+            let p = partition(&g, &a, PartitionOptions { algorithm, merge: true, ..Default::default() }).unwrap();
             assert!(p.subgraphs.len() > 2);
             let dir = out_root.join(format!("{}-{seed}", path.file_stem().unwrap().to_string_lossy()));
             std::fs::create_dir_all(&dir).unwrap();

@@ -8,7 +8,7 @@
 //! found by that search (those reachable from `S`) and the ones reaching `T`
 //! inside the same window are renumbered. Paths survive contractions, so an
 //! edge that cannot be contracted never becomes contractible later and one
-//! sweep reaches the fixpoint.
+//! pass over the subgraphs reaches the fixpoint.
 
 use super::dag::OpDag;
 
@@ -18,8 +18,16 @@ struct Contractor {
     pred: Vec<Vec<u32>>,
     pos: Vec<u64>,
     device: Vec<u16>,
+    size: Vec<u32>,
     mark: Vec<u32>,
     epoch: u32,
+    // Reused buffers.
+    stack: Vec<u32>,
+    after: Vec<u32>,
+    before: Vec<u32>,
+    slots: Vec<u64>,
+    /// Search for other paths (exact); otherwise only the O(degree) checks.
+    exhaustive: bool,
 }
 
 impl Contractor {
@@ -33,8 +41,8 @@ impl Contractor {
     }
 
     /// Current successors (or predecessors) of representative `x`,
-    /// normalized in place.
-    fn neighbours(&mut self, x: u32, forward: bool) -> Vec<u32> {
+    /// normalized in place and copied into `out`.
+    fn neighbours(&mut self, x: u32, forward: bool, out: &mut Vec<u32>) {
         let mut list = std::mem::take(if forward { &mut self.succ[x as usize] } else { &mut self.pred[x as usize] });
         for v in list.iter_mut() {
             *v = self.find(*v);
@@ -42,30 +50,41 @@ impl Contractor {
         list.sort_unstable();
         list.dedup();
         list.retain(|&v| v != x);
-        let out = list.clone();
+        out.clear();
+        out.extend_from_slice(&list);
         if forward {
             self.succ[x as usize] = list;
         } else {
             self.pred[x as usize] = list;
         }
-        out
     }
 
-    /// Nodes reachable from `start` (exclusive) in direction `forward`, whose
-    /// position lies strictly between `lo` and `hi`; `None` if `target` is
-    /// reached other than through the direct edge `start → target`.
-    fn window_search(&mut self, start: u32, target: u32, forward: bool, lo: u64, hi: u64) -> Option<Vec<u32>> {
+    /// Fills `found` with the subgraphs reachable from `start` (exclusive) in
+    /// direction `forward` whose position lies strictly between `lo` and
+    /// `hi`; false if `target` is reached other than through the direct edge
+    /// `start → target`.
+    fn window_search(&mut self, start: u32, target: u32, forward: bool, (lo, hi): (u64, u64), found: &mut Vec<u32>) -> bool {
         self.epoch += 1;
         let epoch = self.epoch;
-        let mut found = Vec::new();
-        let mut stack = vec![start];
-        while let Some(x) = stack.pop() {
-            for y in self.neighbours(x, forward) {
+        found.clear();
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        stack.push(start);
+        let mut ok = true;
+        'search: while let Some(x) = stack.pop() {
+            let len = if forward { self.succ[x as usize].len() } else { self.pred[x as usize].len() };
+            for i in 0..len {
+                let raw = if forward { self.succ[x as usize][i] } else { self.pred[x as usize][i] };
+                let y = self.find(raw);
+                if y == x {
+                    continue;
+                }
                 if y == target {
                     if x == start {
                         continue;
                     }
-                    return None;
+                    ok = false;
+                    break 'search;
                 }
                 let p = self.pos[y as usize];
                 if p <= lo || p >= hi || self.mark[y as usize] == epoch {
@@ -76,73 +95,132 @@ impl Contractor {
                 stack.push(y);
             }
         }
-        Some(found)
+        self.stack = stack;
+        ok
     }
 
-    /// Contracts `s → t` if no other path joins them. Returns success.
-    fn try_contract(&mut self, s: u32, t: u32) -> bool {
-        let (ps, pt) = (self.pos[s as usize], self.pos[t as usize]);
-        let Some(after) = self.window_search(s, t, true, ps, pt) else { return false };
-        // A second path would already have been found forward; stay safe anyway.
-        let Some(before) = self.window_search(t, s, false, ps, pt) else { return false };
-        // Renumber: [subgraphs reaching t] [s+t] [subgraphs reached from s],
-        // reusing the positions they held (one slot becomes a hole).
-        let mut slots: Vec<u64> = after.iter().chain(&before).map(|&x| self.pos[x as usize]).collect();
-        slots.push(ps);
-        slots.push(pt);
-        slots.sort_unstable();
-        let by_pos = |c: &Contractor, v: &mut Vec<u32>| v.sort_unstable_by_key(|&x| c.pos[x as usize]);
-        let (mut after, mut before) = (after, before);
-        by_pos(self, &mut after);
-        by_pos(self, &mut before);
-        let mut slot = slots.into_iter().skip(1);
-        for x in before.into_iter().chain(std::iter::once(s)).chain(after) {
-            self.pos[x as usize] = slot.next().unwrap_or(u64::MAX);
-        }
-        self.parent[t as usize] = s;
-        let ts = std::mem::take(&mut self.succ[t as usize]);
-        let tp = std::mem::take(&mut self.pred[t as usize]);
-        self.succ[s as usize].extend(ts);
-        self.pred[s as usize].extend(tp);
-        true
+    /// Whether `x` has a neighbour other than `other` positioned strictly
+    /// inside `(lo, hi)`.
+    fn neighbour_in_window(&mut self, x: u32, other: u32, forward: bool, (lo, hi): (u64, u64)) -> bool {
+        let len = if forward { self.succ[x as usize].len() } else { self.pred[x as usize].len() };
+        (0..len).any(|i| {
+            let raw = if forward { self.succ[x as usize][i] } else { self.pred[x as usize][i] };
+            let y = self.find(raw);
+            y != x && y != other && (lo + 1..hi).contains(&self.pos[y as usize])
+        })
     }
+
+    fn absorb(&mut self, s: u32, t: u32, keep: u32) {
+        let gone = if keep == s { t } else { s };
+        self.parent[gone as usize] = keep;
+        self.size[keep as usize] += self.size[gone as usize];
+        let succ = std::mem::take(&mut self.succ[gone as usize]);
+        let pred = std::mem::take(&mut self.pred[gone as usize]);
+        self.succ[keep as usize].extend(succ);
+        self.pred[keep as usize].extend(pred);
+    }
+
+    /// Contracts the edge `s → t` if no other path joins them, keeping
+    /// `keep` (one of the two) as the representative. Returns success.
+    fn try_contract(&mut self, s: u32, t: u32, keep: u32) -> bool {
+        let window = (self.pos[s as usize], self.pos[t as usize]);
+        // Common cases in O(degree): nothing leaves `s` into the window (the
+        // merged subgraph takes `t`'s place), or nothing enters `t` from it
+        // (it takes `s`'s place). Either way no other path exists.
+        if !self.neighbour_in_window(s, t, true, window) {
+            self.absorb(s, t, keep);
+            self.pos[keep as usize] = window.1;
+            return true;
+        }
+        if !self.neighbour_in_window(t, s, false, window) {
+            self.absorb(s, t, keep);
+            self.pos[keep as usize] = window.0;
+            return true;
+        }
+        if !self.exhaustive {
+            return false;
+        }
+        let (mut after, mut before) = (std::mem::take(&mut self.after), std::mem::take(&mut self.before));
+        // A second path is found forward; the backward search cannot find one.
+        let ok = self.window_search(s, t, true, window, &mut after) && self.window_search(t, s, false, window, &mut before);
+        if ok {
+            // Renumber: [subgraphs reaching t] [s+t] [subgraphs reached from
+            // s], reusing the positions they held (one slot becomes a hole).
+            let mut slots = std::mem::take(&mut self.slots);
+            slots.clear();
+            slots.extend(after.iter().chain(&before).map(|&x| self.pos[x as usize]));
+            slots.push(window.0);
+            slots.push(window.1);
+            slots.sort_unstable();
+            after.sort_unstable_by_key(|&x| self.pos[x as usize]);
+            before.sort_unstable_by_key(|&x| self.pos[x as usize]);
+            for (&x, &slot) in before.iter().chain(std::iter::once(&keep)).chain(&after).zip(&slots[1..]) {
+                self.pos[x as usize] = slot;
+            }
+            self.slots = slots;
+            self.absorb(s, t, keep);
+        }
+        self.after = after;
+        self.before = before;
+        ok
+    }
+}
+
+/// The order in which the merge pass tries contractions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeOrder {
+    /// Device by device in priority order, subgraphs in topological order.
+    DevicePriority,
+    /// Largest subgraphs first.
+    LargestFirst,
+    /// Shortest edges (in the topological numbering) first.
+    Window,
+    /// Device priority order, contracting only what the O(degree) checks
+    /// prove safe (no search): strictly linear, for very large graphs.
+    Local,
 }
 
 /// Merges subgraphs given as labels over `dag`; returns new labels.
 pub fn merge(dag: &OpDag, labels: &[u32]) -> Vec<u32> {
+    merge_in_order(dag, labels, MergeOrder::DevicePriority)
+}
+
+/// [`merge`] with a chosen contraction order.
+pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Vec<u32> {
     let k = labels.iter().map(|&l| l as usize + 1).max().unwrap_or(0);
     let mut device = vec![0u16; k];
+    let mut size = vec![0u32; k];
+    // Adjacency may hold duplicates; they are dropped lazily.
+    let mut succ = vec![Vec::new(); k];
+    let mut pred = vec![Vec::new(); k];
+    let mut indeg = vec![0u32; k];
     let mut edges: Vec<(u32, u32)> = Vec::new();
     for v in 0..dag.len() as u32 {
         let lv = labels[v as usize];
         device[lv as usize] = dag.device[v as usize];
+        size[lv as usize] += 1;
         for &s in dag.succs(v) {
             let ls = labels[s as usize];
-            if ls != lv {
-                edges.push((lv, ls));
+            if ls != lv && succ[lv as usize].last() != Some(&ls) {
+                succ[lv as usize].push(ls);
+                pred[ls as usize].push(lv);
+                indeg[ls as usize] += 1;
+                if order_kind == MergeOrder::Window {
+                    edges.push((lv, ls));
+                }
             }
         }
     }
-    edges.sort_unstable();
-    edges.dedup();
-    let mut succ = vec![Vec::new(); k];
-    let mut pred = vec![Vec::new(); k];
-    let mut indeg = vec![0u32; k];
-    for &(a, b) in &edges {
-        succ[a as usize].push(b);
-        pred[b as usize].push(a);
-        indeg[b as usize] += 1;
-    }
-    // Topological numbering of the subgraph graph (Kahn, lowest label first).
-    let mut order = Vec::with_capacity(k);
-    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<u32>> =
-        (0..k as u32).filter(|&l| indeg[l as usize] == 0).map(std::cmp::Reverse).collect();
-    while let Some(std::cmp::Reverse(l)) = ready.pop() {
-        order.push(l);
+    // Topological numbering of the subgraph graph (Kahn).
+    let mut order: Vec<u32> = (0..k as u32).filter(|&l| indeg[l as usize] == 0).collect();
+    let mut head = 0;
+    while head < order.len() {
+        let l = order[head];
+        head += 1;
         for &s in &succ[l as usize] {
             indeg[s as usize] -= 1;
             if indeg[s as usize] == 0 {
-                ready.push(std::cmp::Reverse(s));
+                order.push(s);
             }
         }
     }
@@ -156,24 +234,76 @@ pub fn merge(dag: &OpDag, labels: &[u32]) -> Vec<u32> {
         pred,
         pos,
         device,
+        size,
         mark: vec![0; k],
         epoch: 0,
+        stack: Vec::new(),
+        after: Vec::new(),
+        before: Vec::new(),
+        slots: Vec::new(),
+        exhaustive: order_kind != MergeOrder::Local,
     };
-    for &s in &order {
+    let mut buf = Vec::new();
+    if order_kind == MergeOrder::Window {
+        // Shortest edges first (by distance in the topological numbering).
+        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32, u32)>> = edges
+            .iter()
+            .filter(|&&(a, b)| c.device[a as usize] == c.device[b as usize])
+            .map(|&(a, b)| std::cmp::Reverse((c.pos[b as usize] - c.pos[a as usize], a, b)))
+            .collect();
+        while let Some(std::cmp::Reverse((w, a, b))) = heap.pop() {
+            let (a, b) = (c.find(a), c.find(b));
+            if a == b {
+                continue;
+            }
+            let now = c.pos[b as usize].saturating_sub(c.pos[a as usize]);
+            if now != w {
+                heap.push(std::cmp::Reverse((now, a, b)));
+                continue;
+            }
+            if c.try_contract(a, b, a) {
+                let dev = c.device[a as usize];
+                c.neighbours(a, true, &mut buf);
+                for &t in &buf {
+                    if c.device[t as usize] == dev {
+                        heap.push(std::cmp::Reverse((c.pos[t as usize].saturating_sub(c.pos[a as usize]), a, t)));
+                    }
+                }
+                c.neighbours(a, false, &mut buf);
+                for &p in &buf {
+                    if c.device[p as usize] == dev {
+                        heap.push(std::cmp::Reverse((c.pos[a as usize].saturating_sub(c.pos[p as usize]), p, a)));
+                    }
+                }
+            }
+        }
+        return labels.iter().map(|&l| c.find(l)).collect();
+    }
+    // Grow each subgraph through its same-device neighbours in both
+    // directions until nothing more can join.
+    let mut by_size = order.clone();
+    if order_kind == MergeOrder::LargestFirst {
+        by_size.sort_by_key(|&l| (std::cmp::Reverse(c.size[l as usize]), c.pos[l as usize]));
+    } else {
+        by_size.sort_by_key(|&l| (c.device[l as usize], c.pos[l as usize]));
+    }
+    for s in by_size {
         if c.find(s) != s {
             continue;
         }
+        let dev = c.device[s as usize];
         loop {
-            let dev = c.device[s as usize];
-            let candidates: Vec<u32> = c
-                .neighbours(s, true)
-                .into_iter()
-                .filter(|&t| c.device[t as usize] == dev)
-                .collect();
             let mut merged = false;
-            for t in candidates {
-                if c.try_contract(s, t) {
-                    merged = true;
+            c.neighbours(s, true, &mut buf);
+            for &t in &buf {
+                if c.device[t as usize] == dev && c.find(t) == t {
+                    merged |= c.try_contract(s, t, s);
+                }
+            }
+            c.neighbours(s, false, &mut buf);
+            for &p in &buf {
+                if c.device[p as usize] == dev && c.find(p) == p {
+                    merged |= c.try_contract(p, s, s);
                 }
             }
             if !merged {

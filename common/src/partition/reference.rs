@@ -16,9 +16,16 @@
 //! rejected node `r` lies on a path between two subgraph nodes exactly when
 //! `r` is both a descendant and an ancestor of the subgraph, which is the
 //! seed's pairwise "path nodes ∩ rejected" test computed for all pairs at
-//! once. Nodes already committed to subgraphs count as rejected. Memory is
-//! quadratic in the node count, as in OpenVINO: use it on small graphs or as
-//! a yardstick.
+//! once. Nodes already committed to subgraphs count as rejected.
+//!
+//! One correction to the seed: per-subgraph convexity is not enough. With
+//! `a→b`, `c→d`, subgraphs `{a,d}` and `{b,c}` are each free of
+//! self-references yet depend on each other. So once a subgraph is
+//! committed, the closure treats it as one unit (reaching any of its nodes
+//! reaches everything reachable from any of them), and later subgraphs are
+//! checked against paths through committed subgraphs too. On the seed's
+//! example this changes nothing. Memory is quadratic in the node count, as
+//! in OpenVINO: use it on small graphs or as a yardstick.
 
 use super::dag::OpDag;
 
@@ -84,6 +91,27 @@ impl Closure {
         }
         Closure { desc, anc }
     }
+
+    /// Makes `members` one unit: whoever reaches one of them reaches all
+    /// that any of them reaches, and symmetrically for ancestors.
+    fn commit(&mut self, members: &[u32]) {
+        let n = self.desc.len();
+        let mut unit = Bits::new(n);
+        for &m in members {
+            unit.set(m);
+        }
+        for closure in [&mut self.desc, &mut self.anc] {
+            let mut reach = unit.clone();
+            for &m in members {
+                reach.or(&closure[m as usize]);
+            }
+            for (v, bits) in closure.iter_mut().enumerate() {
+                if unit.get(v as u32) || bits.0.iter().zip(&unit.0).any(|(a, b)| a & b != 0) {
+                    bits.or(&reach);
+                }
+            }
+        }
+    }
 }
 
 /// Grows one subgraph from `root`. `blocked` holds nodes that can never be
@@ -138,7 +166,7 @@ fn grow(dag: &OpDag, cl: &Closure, root: u32, blocked: &Bits, trace: &mut Vec<St
 /// Returns a subgraph label per node, and the trace of every growth.
 pub fn select_traced(dag: &OpDag) -> (Vec<u32>, Vec<Step>) {
     let n = dag.len();
-    let cl = Closure::new(dag);
+    let mut cl = Closure::new(dag);
     let mut label = vec![u32::MAX; n];
     let mut committed = Bits::new(n);
     let mut remaining = n;
@@ -166,6 +194,7 @@ pub fn select_traced(dag: &OpDag) -> (Vec<u32>, Vec<Step>) {
             label[m as usize] = next_label;
             committed.set(m);
         }
+        cl.commit(&best);
         remaining -= best.len();
         next_label += 1;
     }

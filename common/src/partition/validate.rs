@@ -1,8 +1,6 @@
 //! The partition validator: the invariants every partition must satisfy,
 //! whichever algorithm produced it.
 
-use std::collections::HashSet;
-
 use super::Partition;
 use crate::affinity::Assignment;
 use crate::graph::{Graph, NodeKind};
@@ -55,41 +53,52 @@ pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result
         }
     }
     // Acyclic with topological ids: every crossing edge goes to a higher id.
-    let inputs: Vec<HashSet<_>> = p.subgraphs.iter().map(|s| s.inputs.iter().copied().collect()).collect();
-    let outputs: Vec<HashSet<_>> = p.subgraphs.iter().map(|s| s.outputs.iter().copied().collect()).collect();
-    for &n in graph.topo_ops() {
-        let to = p.subgraph_of[n.index()].unwrap_or(usize::MAX);
-        let node = graph.node(n);
-        for t in node.all_inputs() {
-            let producer = graph.tensor(t).producer;
-            let name = || graph.tensor(t).name.clone();
-            match graph.node(producer).kind {
-                NodeKind::Op => {
-                    let from = p.subgraph_of[producer.index()].unwrap_or(usize::MAX);
-                    if from == to {
-                        continue;
+    // Stamps (subgraph id + 1) stand for per-subgraph sets.
+    let mut output_of = vec![usize::MAX; graph.tensors.len()];
+    for (i, sg) in p.subgraphs.iter().enumerate() {
+        for &t in &sg.outputs {
+            output_of[t.index()] = i;
+        }
+    }
+    let mut input_stamp = vec![0usize; graph.tensors.len()];
+    let mut node_stamp = vec![0usize; graph.dag.node_count()];
+    for (to, sg) in p.subgraphs.iter().enumerate() {
+        let stamp = to + 1;
+        for &t in &sg.inputs {
+            input_stamp[t.index()] = stamp;
+        }
+        for &n in sg.parameters.iter().chain(&sg.constants) {
+            node_stamp[n.index()] = stamp;
+        }
+        for &n in &sg.nodes {
+            let node = graph.node(n);
+            for &t in node.inputs.iter().flatten().chain(&node.implicit_inputs) {
+                let producer = graph.tensor(t).producer;
+                let name = || graph.tensor(t).name.clone();
+                match graph.node(producer).kind {
+                    NodeKind::Op => {
+                        let from = p.subgraph_of[producer.index()].unwrap_or(usize::MAX);
+                        if from == to {
+                            continue;
+                        }
+                        if from > to {
+                            return Err(ValidationError::Cycle(to));
+                        }
+                        if output_of[t.index()] != from {
+                            return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an output of its producer's subgraph" });
+                        }
+                        if input_stamp[t.index()] != stamp {
+                            return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an input of its consumer's subgraph" });
+                        }
                     }
-                    if from > to {
-                        return Err(ValidationError::Cycle(to));
-                    }
-                    if !outputs[from].contains(&t) {
-                        return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an output of its producer's subgraph" });
-                    }
-                    if !inputs[to].contains(&t) {
-                        return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an input of its consumer's subgraph" });
-                    }
-                }
-                NodeKind::Parameter => {
-                    if !p.subgraphs[to].parameters.contains(&producer) || !inputs[to].contains(&t) {
+                    NodeKind::Parameter if node_stamp[producer.index()] != stamp || input_stamp[t.index()] != stamp => {
                         return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Parameter" });
                     }
-                }
-                NodeKind::Constant => {
-                    if !p.subgraphs[to].constants.contains(&producer) {
+                    NodeKind::Constant if node_stamp[producer.index()] != stamp => {
                         return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Constant" });
                     }
+                    _ => {}
                 }
-                NodeKind::Result => {}
             }
         }
     }
@@ -97,7 +106,7 @@ pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result
         let producer = graph.tensor(t).producer;
         match p.subgraph_of[producer.index()] {
             Some(sg) => {
-                if !outputs[sg].contains(&t) {
+                if output_of[t.index()] != sg {
                     return Err(ValidationError::Housekeeping { sg, node: graph.tensor(t).name.clone(), kind: "Result" });
                 }
             }

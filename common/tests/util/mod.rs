@@ -35,7 +35,7 @@ pub fn assign_priority(graph: &Graph, priority: &str, supports: Vec<(&str, Suppo
 }
 
 pub fn run(graph: &Graph, a: &Assignment, algorithm: Algorithm, merge: bool) -> Partition {
-    partition(graph, a, PartitionOptions { algorithm, merge }).unwrap()
+    partition(graph, a, PartitionOptions { algorithm, merge, ..Default::default() }).unwrap()
 }
 
 /// The subgraphs as (device, sorted node names), sorted.
