@@ -1,1 +1,66 @@
-fn main() {}
+//! `tessera`: the command-line tool.
+//!
+//! Today it has one command, `partition`, a dry run of Tessera's planner:
+//! affinity assignment and subgraph selection for an ONNX model, with the
+//! decisions explained and dumped as GraphViz and JSON. Device support comes
+//! from `--supports` files until real QueryNetwork answers replace them.
+//!
+//! ```text
+//! tessera partition model.onnx --devices HETERO:GPU,CPU --supports GPU=gpu.txt --dump-dir dumps
+//! ```
+
+mod partition;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Tessera: distributed heterogeneous ONNX inference"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Assign devices to nodes and cut the model into subgraphs (dry run).
+    Partition(partition::PartitionArgs),
+}
+
+/// Writes to stdout; a closed pipe (`tessera ... | head`) is not an error.
+pub(crate) fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: cannot write to stdout: {e}");
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Partition(args) => partition::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -12,18 +12,29 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use tessera_common::affinity::{assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet};
+use tessera_common::affinity::{
+    assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet,
+};
 use tessera_common::graph::Graph;
 use tessera_common::partition::{partition, Algorithm, PartitionOptions};
 use tessera_common::synth::{layered_dag, model_from_dag, Rng};
 
 fn main() {
-    let max: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(1_000_000);
-    println!("{:>9} {:>9} {:<16} {:>10} {:>10}", "nodes", "edges", "algorithm", "subgraphs", "ms");
+    let max: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    println!(
+        "{:>9} {:>9} {:<16} {:>10} {:>10}",
+        "nodes", "edges", "algorithm", "subgraphs", "ms"
+    );
     let mut reference_ms = 0.0;
     let mut fast_ms: Vec<(usize, f64)> = Vec::new();
     // `--only N` benchmarks just that size.
-    let only: Option<usize> = std::env::args().skip_while(|a| a != "--only").nth(1).and_then(|a| a.parse().ok());
+    let only: Option<usize> = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .and_then(|a| a.parse().ok());
     let mut n = only.unwrap_or(1_000);
     while n <= only.unwrap_or(max) {
         let mut rng = Rng::new(n as u64);
@@ -79,9 +90,22 @@ fn main() {
         }
         for (label, algorithm, merge, portfolio_max_nodes) in runs {
             let start = Instant::now();
-            let p = partition(&graph, &a, PartitionOptions { algorithm, merge, portfolio_max_nodes }).expect("partition");
+            let p = partition(
+                &graph,
+                &a,
+                PartitionOptions {
+                    algorithm,
+                    merge,
+                    portfolio_max_nodes,
+                },
+            )
+            .expect("partition");
             let ms = start.elapsed().as_secs_f64() * 1e3;
-            println!("{n:>9} {:>9} {label:<16} {:>10} {ms:>10.1}", dag.edges.len(), p.subgraphs.len());
+            println!(
+                "{n:>9} {:>9} {label:<16} {:>10} {ms:>10.1}",
+                dag.edges.len(),
+                p.subgraphs.len()
+            );
             match label {
                 "reference" => reference_ms = ms,
                 "fast-linear" => fast_ms.push((n, ms)),

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use crate::graph::{Dim, Graph, TensorId};
 use crate::onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, SparseTensorProto, StringStringEntryProto, TensorProto, TensorShapeProto,
-    TypeProto, ValueInfoProto,
+    type_proto, GraphProto, ModelProto, SparseTensorProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use crate::partition::{Partition, Subgraph};
 
@@ -25,11 +25,18 @@ pub enum ExportError {
 /// Exports every subgraph of `p`, in id order.
 pub fn export_all(graph: &Graph, p: &Partition) -> Result<Vec<ModelProto>, ExportError> {
     let ctx = Context::new(graph)?;
-    p.subgraphs.iter().map(|sg| ctx.export(graph, p, sg)).collect()
+    p.subgraphs
+        .iter()
+        .map(|sg| ctx.export(graph, p, sg))
+        .collect()
 }
 
 /// Exports one subgraph.
-pub fn export_subgraph(graph: &Graph, p: &Partition, sg: &Subgraph) -> Result<ModelProto, ExportError> {
+pub fn export_subgraph(
+    graph: &Graph,
+    p: &Partition,
+    sg: &Subgraph,
+) -> Result<ModelProto, ExportError> {
     Context::new(graph)?.export(graph, p, sg)
 }
 
@@ -43,7 +50,11 @@ struct Context<'g> {
 impl<'g> Context<'g> {
     fn new(graph: &'g Graph) -> Result<Context<'g>, ExportError> {
         let source = graph.model().graph.as_ref().ok_or(ExportError::NoGraph)?;
-        let initializers = source.initializer.iter().filter_map(|t| Some((t.name.as_deref()?, t))).collect();
+        let initializers = source
+            .initializer
+            .iter()
+            .filter_map(|t| Some((t.name.as_deref()?, t)))
+            .collect();
         let sparse = source
             .sparse_initializer
             .iter()
@@ -56,10 +67,20 @@ impl<'g> Context<'g> {
             .chain(&source.output)
             .filter_map(|v| Some((v.name.as_deref()?, v)))
             .collect();
-        Ok(Context { source, initializers, sparse, value_info })
+        Ok(Context {
+            source,
+            initializers,
+            sparse,
+            value_info,
+        })
     }
 
-    fn value_info(&self, graph: &Graph, t: TensorId, sg: usize) -> Result<ValueInfoProto, ExportError> {
+    fn value_info(
+        &self,
+        graph: &Graph,
+        t: TensorId,
+        sg: usize,
+    ) -> Result<ValueInfoProto, ExportError> {
         let tensor = graph.tensor(t);
         if let Some(v) = self.value_info.get(tensor.name.as_str()) {
             if matches!(&v.r#type, Some(TypeProto { value: Some(type_proto::Value::TensorType(tt)), .. }) if tt.elem_type.unwrap_or(0) != 0)
@@ -68,7 +89,10 @@ impl<'g> Context<'g> {
                 return Ok((*v).clone());
             }
         }
-        let elem = tensor.elem_type.ok_or_else(|| ExportError::UnknownType { tensor: tensor.name.clone(), sg })?;
+        let elem = tensor.elem_type.ok_or_else(|| ExportError::UnknownType {
+            tensor: tensor.name.clone(),
+            sg,
+        })?;
         let shape = tensor.shape.as_ref().map(|dims| TensorShapeProto {
             dim: dims
                 .iter()
@@ -86,26 +110,50 @@ impl<'g> Context<'g> {
             name: Some(tensor.name.clone()),
             r#type: Some(TypeProto {
                 denotation: None,
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem.0), shape })),
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(elem.0),
+                    shape,
+                })),
             }),
             ..Default::default()
         })
     }
 
-    fn export(&self, graph: &Graph, p: &Partition, sg: &Subgraph) -> Result<ModelProto, ExportError> {
+    fn export(
+        &self,
+        graph: &Graph,
+        p: &Partition,
+        sg: &Subgraph,
+    ) -> Result<ModelProto, ExportError> {
         let model = graph.model();
         let device = p.device_of(sg).to_string();
         let mut g = GraphProto {
-            name: Some(format!("{}_subgraph{}_{}", graph.model_name(), sg.id, device.replace('/', "_"))),
+            name: Some(format!(
+                "{}_subgraph{}_{}",
+                graph.model_name(),
+                sg.id,
+                device.replace('/', "_")
+            )),
             ..Default::default()
         };
+        // Constant nodes first (they have no inputs), then the ops in order.
         g.node = sg
-            .nodes
+            .constants
             .iter()
-            .filter_map(|&n| graph.node(n).onnx_index.and_then(|i| self.source.node.get(i)).cloned())
+            .chain(&sg.nodes)
+            .filter_map(|&n| {
+                graph
+                    .node(n)
+                    .onnx_index
+                    .and_then(|i| self.source.node.get(i))
+                    .cloned()
+            })
             .collect();
         for &c in &sg.constants {
             let name = graph.node(c).name.as_str();
+            if graph.node(c).onnx_index.is_some() {
+                continue;
+            }
             if let Some(t) = self.initializers.get(name) {
                 g.initializer.push((*t).clone());
             } else if let Some(s) = self.sparse.get(name) {
@@ -118,8 +166,12 @@ impl<'g> Context<'g> {
         for &t in &sg.outputs {
             g.output.push(self.value_info(graph, t, sg.id)?);
         }
-        let boundary: std::collections::HashSet<&str> =
-            sg.inputs.iter().chain(&sg.outputs).map(|&t| graph.tensor(t).name.as_str()).collect();
+        let boundary: std::collections::HashSet<&str> = sg
+            .inputs
+            .iter()
+            .chain(&sg.outputs)
+            .map(|&t| graph.tensor(t).name.as_str())
+            .collect();
         for n in &g.node {
             for out in &n.output {
                 if let Some(v) = self.value_info.get(out.as_str()) {
@@ -130,8 +182,14 @@ impl<'g> Context<'g> {
             }
         }
         let mut metadata = model.metadata_props.clone();
-        metadata.push(StringStringEntryProto { key: Some("tessera.subgraph".into()), value: Some(sg.id.to_string()) });
-        metadata.push(StringStringEntryProto { key: Some("tessera.device".into()), value: Some(device) });
+        metadata.push(StringStringEntryProto {
+            key: Some("tessera.subgraph".into()),
+            value: Some(sg.id.to_string()),
+        });
+        metadata.push(StringStringEntryProto {
+            key: Some("tessera.device".into()),
+            value: Some(device),
+        });
         Ok(ModelProto {
             ir_version: model.ir_version,
             opset_import: model.opset_import.clone(),

@@ -5,7 +5,8 @@
 
 use crate::onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 
 /// SplitMix64: tiny, deterministic, good enough for test data.
@@ -25,7 +26,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (`n > 0`).
     pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() >> 11) as u128 * n as u128 >> 53) as u64
+        (((self.next_u64() >> 11) as u128 * n as u128) >> 53) as u64
     }
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
@@ -67,7 +68,11 @@ pub fn irregular_dag(nodes: usize, rng: &mut Rng) -> Dag {
     for v in 1..nodes as u64 {
         let k = rng.below(4);
         for _ in 0..k {
-            let u = if rng.chance(0.2) { rng.below(v) } else { v - 1 - rng.below(v.min(6)) };
+            let u = if rng.chance(0.2) {
+                rng.below(v)
+            } else {
+                v - 1 - rng.below(v.min(6))
+            };
             edges.push((u as u32, v as u32));
         }
     }
@@ -84,7 +89,10 @@ fn float_info(name: &str, len: i64) -> ValueInfoProto {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                 elem_type: Some(1),
                 shape: Some(TensorShapeProto {
-                    dim: vec![Dimension { denotation: None, value: Some(dimension::Value::DimValue(len)) }],
+                    dim: vec![Dimension {
+                        denotation: None,
+                        value: Some(dimension::Value::DimValue(len)),
+                    }],
                 }),
             })),
         }),
@@ -103,12 +111,24 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
         preds[b as usize].push(a);
         has_succ[a as usize] = true;
     }
-    let mut g = GraphProto { name: Some("synthetic".into()), ..Default::default() };
+    let mut g = GraphProto {
+        name: Some("synthetic".into()),
+        ..Default::default()
+    };
     g.input.push(float_info("x", 4));
     for (i, p) in preds.iter().enumerate() {
-        let input = if p.is_empty() { vec!["x".to_string()] } else { p.iter().map(|u| format!("t{u}")).collect() };
+        let input = if p.is_empty() {
+            vec!["x".to_string()]
+        } else {
+            p.iter().map(|u| format!("t{u}")).collect()
+        };
         g.node.push(NodeProto {
-            name: Some(names.and_then(|n| n.get(i)).map(|s| s.to_string()).unwrap_or_else(|| format!("n{i}"))),
+            name: Some(
+                names
+                    .and_then(|n| n.get(i))
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| format!("n{i}")),
+            ),
             op_type: Some("Sum".into()),
             input,
             output: vec![format!("t{i}")],
@@ -120,7 +140,10 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
     }
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
         producer_name: Some("tessera-synth".into()),
         graph: Some(g),
         ..Default::default()

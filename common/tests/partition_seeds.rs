@@ -9,12 +9,19 @@ use util::*;
 
 /// Seed 000: nodes 1..7, edges 1→2, 2→3, 2→4, 3→5, 4→5, 5→6, 5→7; node 4
 /// only on the second device.
-fn seed000() -> (tessera_common::graph::Graph, tessera_common::affinity::Assignment) {
+fn seed000() -> (
+    tessera_common::graph::Graph,
+    tessera_common::affinity::Assignment,
+) {
     let names = ["1", "2", "3", "4", "5", "6", "7"];
     let edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (4, 6)];
     let g = graph_from(7, &edges, Some(&names));
     let first = SupportSet::from_nodes(["1", "2", "3", "5", "6", "7"]);
-    let a = assign_priority(&g, "HETERO:GPU,CPU", vec![("GPU", first), ("CPU", SupportSet::from_nodes(["4"]))]);
+    let a = assign_priority(
+        &g,
+        "HETERO:GPU,CPU",
+        vec![("GPU", first), ("CPU", SupportSet::from_nodes(["4"]))],
+    );
     (g, a)
 }
 
@@ -25,7 +32,11 @@ fn seed000_reference_gives_openvino_result() {
         let p = run(&g, &a, Algorithm::Reference, merge);
         assert_eq!(
             groups(&g, &p),
-            set(&[("GPU", &["3", "5", "6", "7"]), ("GPU", &["1", "2"]), ("CPU", &["4"])]),
+            set(&[
+                ("GPU", &["3", "5", "6", "7"]),
+                ("GPU", &["1", "2"]),
+                ("CPU", &["4"])
+            ]),
             "merge={merge}"
         );
     }
@@ -39,8 +50,23 @@ fn seed000_reference_trace_matches_the_seed() {
     use Step::*;
     // Node k of the seed is index k-1.
     let first_round = vec![
-        Root(0), Merge(1), Merge(2), Merge(4), Merge(5), Merge(6), Reject(3), Rollback(6), Rollback(5), Rollback(4),
-        Root(4), Merge(5), Merge(6), Merge(2), Merge(1), Reject(3), Rollback(1),
+        Root(0),
+        Merge(1),
+        Merge(2),
+        Merge(4),
+        Merge(5),
+        Merge(6),
+        Reject(3),
+        Rollback(6),
+        Rollback(5),
+        Rollback(4),
+        Root(4),
+        Merge(5),
+        Merge(6),
+        Merge(2),
+        Merge(1),
+        Reject(3),
+        Rollback(1),
     ];
     assert_eq!(&trace[..first_round.len()], &first_round[..]);
 }
@@ -50,7 +76,14 @@ fn seed000_fast_is_valid_with_as_few_subgraphs() {
     let (g, a) = seed000();
     let p = run(&g, &a, Algorithm::Fast, true);
     assert_eq!(p.subgraphs.len(), 3);
-    assert_eq!(groups(&g, &p), set(&[("GPU", &["1", "2", "3"]), ("GPU", &["5", "6", "7"]), ("CPU", &["4"])]));
+    assert_eq!(
+        groups(&g, &p),
+        set(&[
+            ("GPU", &["1", "2", "3"]),
+            ("GPU", &["5", "6", "7"]),
+            ("CPU", &["4"])
+        ])
+    );
 }
 
 /// Seed 002 (TVM RFC): A, B, D on one backend, C on another; A→B, B→C,
@@ -62,7 +95,10 @@ fn seed002_rfc_example() {
     let a = assign_priority(
         &g,
         "HETERO:NPU,CPU",
-        vec![("NPU", SupportSet::from_nodes(["A", "B", "D"])), ("CPU", SupportSet::all())],
+        vec![
+            ("NPU", SupportSet::from_nodes(["A", "B", "D"])),
+            ("CPU", SupportSet::all()),
+        ],
     );
     for algorithm in [Algorithm::Fast, Algorithm::Reference] {
         for merge in [false, true] {
@@ -73,7 +109,11 @@ fn seed002_rfc_example() {
                 "{algorithm:?} merge={merge}"
             );
             // Ids are a topological order: [A,B] first, then C, then D.
-            let names: Vec<&str> = p.subgraphs.iter().map(|s| g.node(s.nodes[0]).name.as_str()).collect();
+            let names: Vec<&str> = p
+                .subgraphs
+                .iter()
+                .map(|s| g.node(s.nodes[0]).name.as_str())
+                .collect();
             assert_eq!(names, ["A", "C", "D"]);
         }
     }
@@ -84,17 +124,30 @@ fn seed002_rfc_example() {
 #[test]
 fn multi_hop_cycles_are_never_closed() {
     let names = ["A", "B", "C", "D", "E"];
-    let g = graph_from(5, &[(0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (1, 3)], Some(&names));
+    let g = graph_from(
+        5,
+        &[(0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (1, 3)],
+        Some(&names),
+    );
     let a = assign_priority(
         &g,
         "HETERO:GPU,CPU",
-        vec![("GPU", SupportSet::from_nodes(["A", "C", "E"])), ("CPU", SupportSet::all())],
+        vec![
+            ("GPU", SupportSet::from_nodes(["A", "C", "E"])),
+            ("CPU", SupportSet::all()),
+        ],
     );
     for algorithm in [Algorithm::Fast, Algorithm::Reference] {
         let p = run(&g, &a, algorithm, true);
         assert_eq!(
             groups(&g, &p),
-            set(&[("GPU", &["A"]), ("CPU", &["B"]), ("GPU", &["C"]), ("CPU", &["D"]), ("GPU", &["E"])]),
+            set(&[
+                ("GPU", &["A"]),
+                ("CPU", &["B"]),
+                ("GPU", &["C"]),
+                ("CPU", &["D"]),
+                ("GPU", &["E"])
+            ]),
             "{algorithm:?}"
         );
     }
@@ -107,9 +160,20 @@ fn merge_pass_unites_adjacent_same_device_subgraphs() {
     // X(CPU) feeds B(GPU); A(GPU) → B. Topological order A, X, B.
     let names = ["A", "X", "B"];
     let g = graph_from(3, &[(0, 2), (1, 2)], Some(&names));
-    let a = assign_priority(&g, "HETERO:GPU,CPU", vec![("GPU", SupportSet::from_nodes(["A", "B"])), ("CPU", SupportSet::all())]);
+    let a = assign_priority(
+        &g,
+        "HETERO:GPU,CPU",
+        vec![
+            ("GPU", SupportSet::from_nodes(["A", "B"])),
+            ("CPU", SupportSet::all()),
+        ],
+    );
     for algorithm in [Algorithm::Fast, Algorithm::Reference] {
         let p = run(&g, &a, algorithm, true);
-        assert_eq!(groups(&g, &p), set(&[("GPU", &["A", "B"]), ("CPU", &["X"])]), "{algorithm:?}");
+        assert_eq!(
+            groups(&g, &p),
+            set(&[("GPU", &["A", "B"]), ("CPU", &["X"])]),
+            "{algorithm:?}"
+        );
     }
 }

@@ -69,15 +69,39 @@ pub struct AnalyticCostModel {
 impl Default for AnalyticCostModel {
     fn default() -> Self {
         let kinds = HashMap::from([
-            ("CPU".to_string(), DeviceProfile { gflops: 50.0, mem_gbps: 20.0, launch_us: 2.0 }),
-            ("GPU".to_string(), DeviceProfile { gflops: 2_000.0, mem_gbps: 200.0, launch_us: 10.0 }),
+            (
+                "CPU".to_string(),
+                DeviceProfile {
+                    gflops: 50.0,
+                    mem_gbps: 20.0,
+                    launch_us: 2.0,
+                },
+            ),
+            (
+                "GPU".to_string(),
+                DeviceProfile {
+                    gflops: 2_000.0,
+                    mem_gbps: 200.0,
+                    launch_us: 10.0,
+                },
+            ),
         ]);
         AnalyticCostModel {
             devices: HashMap::new(),
             kinds,
-            fallback: DeviceProfile { gflops: 100.0, mem_gbps: 20.0, launch_us: 5.0 },
-            intra_host: LinkProfile { gbps: 10.0, latency_us: 10.0 },
-            inter_host: LinkProfile { gbps: 1.25, latency_us: 100.0 },
+            fallback: DeviceProfile {
+                gflops: 100.0,
+                mem_gbps: 20.0,
+                launch_us: 5.0,
+            },
+            intra_host: LinkProfile {
+                gbps: 10.0,
+                latency_us: 10.0,
+            },
+            inter_host: LinkProfile {
+                gbps: 1.25,
+                latency_us: 100.0,
+            },
         }
     }
 }
@@ -103,7 +127,11 @@ impl CostModel for AnalyticCostModel {
         if from == to {
             return 0.0;
         }
-        let link = if from.host == to.host { self.intra_host } else { self.inter_host };
+        let link = if from.host == to.host {
+            self.intra_host
+        } else {
+            self.inter_host
+        };
         link.latency_us + bytes as f64 / (link.gbps * 1e3)
     }
 }
@@ -112,7 +140,10 @@ impl CostModel for AnalyticCostModel {
 pub fn tensor_bytes(graph: &Graph, t: crate::graph::TensorId) -> u64 {
     let t = graph.tensor(t);
     let n = t.shape.as_deref().and_then(numel).unwrap_or(DEFAULT_NUMEL);
-    n * t.elem_type.and_then(|e| e.size_bytes()).unwrap_or(DEFAULT_ELEM_BYTES)
+    n * t
+        .elem_type
+        .and_then(|e| e.size_bytes())
+        .unwrap_or(DEFAULT_ELEM_BYTES)
 }
 
 fn tensor_numel(graph: &Graph, t: Option<crate::graph::TensorId>) -> f64 {
@@ -133,11 +164,26 @@ pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
     let out0 = n.outputs.first().copied().flatten();
     let out_numel = tensor_numel(graph, out0);
     let in_numel = tensor_numel(graph, input(0));
-    let bytes: u64 = n.inputs.iter().flatten().chain(n.outputs.iter().flatten()).map(|&t| tensor_bytes(graph, t)).sum();
-    let kernel_volume = |w: &[Option<i64>]| w.iter().skip(2).map(|d| d.unwrap_or(3) as f64).product::<f64>();
+    let bytes: u64 = n
+        .inputs
+        .iter()
+        .flatten()
+        .chain(n.outputs.iter().flatten())
+        .map(|&t| tensor_bytes(graph, t))
+        .sum();
+    let kernel_volume = |w: &[Option<i64>]| {
+        w.iter()
+            .skip(2)
+            .map(|d| d.unwrap_or(3) as f64)
+            .product::<f64>()
+    };
     let flops = match n.op_type.as_str() {
         "MatMul" | "MatMulInteger" | "QLinearMatMul" => {
-            let k = dims(graph, input(0)).last().copied().flatten().unwrap_or(64) as f64;
+            let k = dims(graph, input(0))
+                .last()
+                .copied()
+                .flatten()
+                .unwrap_or(64) as f64;
             2.0 * out_numel * k
         }
         "Gemm" => {
@@ -156,16 +202,24 @@ pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
             2.0 * in_numel * cout_per_group * kernel_volume(&w)
         }
         "MaxPool" | "AveragePool" | "LpPool" => out_numel * 9.0,
-        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin"
-        | "ReduceProd" | "ReduceL2" => in_numel,
-        "Softmax" | "LogSoftmax" | "LayerNormalization" | "BatchNormalization" | "InstanceNormalization"
+        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax"
+        | "ReduceMin" | "ReduceProd" | "ReduceL2" => in_numel,
+        "Softmax"
+        | "LogSoftmax"
+        | "LayerNormalization"
+        | "BatchNormalization"
+        | "InstanceNormalization"
         | "GroupNormalization" => in_numel * 5.0,
-        "Sigmoid" | "Tanh" | "Erf" | "Gelu" | "Exp" | "Log" | "HardSwish" | "Swish" | "Mish" | "Softplus"
-        | "Pow" | "Sqrt" => out_numel * 4.0,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Shape" | "Size" | "Constant"
-        | "Transpose" | "Concat" | "Slice" | "Split" | "Gather" | "Expand" | "Tile" | "Cast" | "ConstantOfShape"
-        | "Pad" | "Resize" | "DepthToSpace" | "SpaceToDepth" => 0.0,
+        "Sigmoid" | "Tanh" | "Erf" | "Gelu" | "Exp" | "Log" | "HardSwish" | "Swish" | "Mish"
+        | "Softplus" | "Pow" | "Sqrt" => out_numel * 4.0,
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Shape" | "Size"
+        | "Constant" | "Transpose" | "Concat" | "Slice" | "Split" | "Gather" | "Expand"
+        | "Tile" | "Cast" | "ConstantOfShape" | "Pad" | "Resize" | "DepthToSpace"
+        | "SpaceToDepth" => 0.0,
         _ => out_numel,
     };
-    OpWork { flops, bytes: bytes as f64 }
+    OpWork {
+        flops,
+        bytes: bytes as f64,
+    }
 }

@@ -152,7 +152,10 @@ impl Parser<'_> {
     fn end(&self) -> Result<(), DeviceParseError> {
         match self.peek() {
             None => Ok(()),
-            Some(c) => Err(self.error_at(self.pos, &format!("unexpected '{c}', expected ',' or the end"))),
+            Some(c) => Err(self.error_at(
+                self.pos,
+                &format!("unexpected '{c}', expected ',' or the end"),
+            )),
         }
     }
 
@@ -191,15 +194,23 @@ impl Parser<'_> {
             None => (word, None),
         };
         if name.is_empty() {
-            let at = if self.pos < self.input.len() { self.pos } else { name_start };
+            let at = if self.pos < self.input.len() {
+                self.pos
+            } else {
+                name_start
+            };
             return Err(self.error_at(at, "expected a device name such as CPU or GPU"));
         }
         if !name.starts_with(|c: char| c.is_ascii_uppercase())
-            || !name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         {
             return Err(self.error_at(
                 name_start,
-                &format!("device name '{name}' must be upper case letters, digits or '_' (e.g. GPU)"),
+                &format!(
+                    "device name '{name}' must be upper case letters, digits or '_' (e.g. GPU)"
+                ),
             ));
         }
         let index = match index {
@@ -209,7 +220,10 @@ impl Parser<'_> {
                 if i.is_empty() || !i.chars().all(|c| c.is_ascii_digit()) {
                     return Err(self.error_at(at, &format!("device index '{i}' must be a number")));
                 }
-                Some(i.parse().map_err(|_| self.error_at(at, "device index is too large"))?)
+                Some(
+                    i.parse()
+                        .map_err(|_| self.error_at(at, "device index is too large"))?,
+                )
             }
         };
         Ok(DeviceId {

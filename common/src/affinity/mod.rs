@@ -42,12 +42,18 @@ pub struct SupportSet {
 
 impl SupportSet {
     pub fn all() -> SupportSet {
-        SupportSet { all: true, ..Default::default() }
+        SupportSet {
+            all: true,
+            ..Default::default()
+        }
     }
 
     /// Exactly these node names (a QueryNetwork answer).
     pub fn from_nodes<I: IntoIterator<Item = S>, S: Into<String>>(nodes: I) -> SupportSet {
-        SupportSet { nodes: nodes.into_iter().map(Into::into).collect(), ..Default::default() }
+        SupportSet {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
     }
 
     pub fn contains(&self, node: &Node) -> bool {
@@ -66,7 +72,8 @@ impl SupportSet {
             }
             if let Some(op) = line.strip_prefix("op:") {
                 set.op_types.insert(op.trim().to_string());
-            } else if graph.op_by_name(line).is_some() {
+            } else if graph.onnx_node_by_name(line).is_some() {
+                // Constant nodes may be listed; they follow their consumers.
                 set.nodes.insert(line.to_string());
             } else {
                 return Err(AffinityError::UnknownNode {
@@ -96,7 +103,9 @@ impl std::str::FromStr for Policy {
         match s {
             "priority" => Ok(Policy::Priority),
             "cost" => Ok(Policy::Cost),
-            other => Err(format!("unknown policy '{other}' (expected priority or cost)")),
+            other => Err(format!(
+                "unknown policy '{other}' (expected priority or cost)"
+            )),
         }
     }
 }
@@ -128,9 +137,13 @@ pub struct CostEstimate {
 pub enum Rule {
     Manual,
     /// First supporting device; `rank` is its position in the priority list.
-    Priority { rank: usize },
+    Priority {
+        rank: usize,
+    },
     /// Cheapest device; all candidates' estimates, cheapest first.
-    Cost { estimates: Vec<CostEstimate> },
+    Cost {
+        estimates: Vec<CostEstimate>,
+    },
     /// No device supports the node; placed on the fallback device.
     Fallback,
 }
@@ -165,7 +178,11 @@ impl Assignment {
     /// Human-readable explanation of one node.
     pub fn explain(&self, graph: &Graph, e: &Explanation) -> String {
         let node = graph.node(e.node);
-        let supported: Vec<String> = e.supported_on.iter().map(|&d| self.devices[d as usize].to_string()).collect();
+        let supported: Vec<String> = e
+            .supported_on
+            .iter()
+            .map(|&d| self.devices[d as usize].to_string())
+            .collect();
         let device = &self.devices[e.device as usize];
         let why = match &e.rule {
             Rule::Manual => "manual affinity".to_string(),
@@ -174,12 +191,24 @@ impl Assignment {
             Rule::Cost { estimates } => {
                 let parts: Vec<String> = estimates
                     .iter()
-                    .map(|c| format!("{}: {:.1} compute + {:.1} transfer = {:.1} µs", c.device, c.compute_us, c.transfer_us, c.total_us))
+                    .map(|c| {
+                        format!(
+                            "{}: {:.1} compute + {:.1} transfer = {:.1} µs",
+                            c.device, c.compute_us, c.transfer_us, c.total_us
+                        )
+                    })
                     .collect();
                 format!("cost ({})", parts.join("; "))
             }
         };
-        format!("{} [{}]: supported on [{}] -> {} by {}", node.name, node.op_type, supported.join(", "), device, why)
+        format!(
+            "{} [{}]: supported on [{}] -> {} by {}",
+            node.name,
+            node.op_type,
+            supported.join(", "),
+            device,
+            why
+        )
     }
 }
 
@@ -187,7 +216,11 @@ impl Assignment {
 #[derive(Debug, thiserror::Error)]
 pub enum AffinityError {
     #[error("unknown device '{device}' in {context}; the devices are: {known}")]
-    UnknownDevice { device: String, context: String, known: String },
+    UnknownDevice {
+        device: String,
+        context: String,
+        known: String,
+    },
     #[error("no node named '{name}' ({context})")]
     UnknownNode { name: String, context: String },
     #[error("manual affinity puts node '{node}' on {device}, which does not support it")]
@@ -211,24 +244,35 @@ pub fn parse_manual_affinity(
     graph: &Graph,
     priority: &DevicePriority,
 ) -> Result<BTreeMap<NodeId, DeviceId>, AffinityError> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| AffinityError::BadFile(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| AffinityError::BadFile(e.to_string()))?;
     let map = value
         .get("affinity")
         .unwrap_or(&value)
         .as_object()
-        .ok_or_else(|| AffinityError::BadFile("expected a JSON object of node name → device".into()))?;
+        .ok_or_else(|| {
+            AffinityError::BadFile("expected a JSON object of node name → device".into())
+        })?;
     let mut out = BTreeMap::new();
     for (name, device) in map {
         let node = graph.op_by_name(name).ok_or_else(|| AffinityError::UnknownNode {
             name: name.clone(),
-            context: "manual affinity".into(),
+            context: if graph.onnx_node_by_name(name).is_some() {
+                "manual affinity: it is a Constant node, which follows the subgraphs that read it".into()
+            } else {
+                "manual affinity".into()
+            },
         })?;
-        let device = device
-            .as_str()
-            .ok_or_else(|| AffinityError::BadFile(format!("device of '{name}' must be a string")))?;
+        let device = device.as_str().ok_or_else(|| {
+            AffinityError::BadFile(format!("device of '{name}' must be a string"))
+        })?;
         let id = DeviceId::parse(device).map_err(|e| AffinityError::BadFile(e.to_string()))?;
         if priority.position(&id).is_none() {
-            return Err(unknown_device(&id, &format!("manual affinity of node '{name}'"), priority));
+            return Err(unknown_device(
+                &id,
+                &format!("manual affinity of node '{name}'"),
+                priority,
+            ));
         }
         out.insert(node, id);
     }
@@ -237,7 +281,11 @@ pub fn parse_manual_affinity(
 
 fn unknown_device(d: &DeviceId, context: &str, priority: &DevicePriority) -> AffinityError {
     let known: Vec<String> = priority.devices.iter().map(|d| d.to_string()).collect();
-    AffinityError::UnknownDevice { device: d.to_string(), context: context.to_string(), known: known.join(", ") }
+    AffinityError::UnknownDevice {
+        device: d.to_string(),
+        context: context.to_string(),
+        known: known.join(", "),
+    }
 }
 
 /// Assigns a device to every op node.
@@ -248,7 +296,11 @@ pub fn assign(graph: &Graph, req: &AffinityRequest<'_>) -> Result<Assignment, Af
     }
     let supports: Vec<&SupportSet> = devices
         .iter()
-        .map(|d| req.supports.get(d).ok_or_else(|| AffinityError::MissingSupport(d.to_string())))
+        .map(|d| {
+            req.supports
+                .get(d)
+                .ok_or_else(|| AffinityError::MissingSupport(d.to_string()))
+        })
         .collect::<Result<_, _>>()?;
     for d in req.supports.keys() {
         if req.priority.position(d).is_none() {
@@ -262,31 +314,61 @@ pub fn assign(graph: &Graph, req: &AffinityRequest<'_>) -> Result<Assignment, Af
 
     for &id in graph.topo_ops() {
         let node = graph.node(id);
-        let supported_on: Vec<DeviceIdx> =
-            (0..devices.len()).filter(|&d| supports[d].contains(node)).map(|d| d as DeviceIdx).collect();
+        let supported_on: Vec<DeviceIdx> = (0..devices.len())
+            .filter(|&d| supports[d].contains(node))
+            .map(|d| d as DeviceIdx)
+            .collect();
         let (device, rule) = if let Some(manual) = req.manual.get(&id) {
             let d = req.priority.position(manual).ok_or_else(|| {
-                unknown_device(manual, &format!("manual affinity of node '{}'", node.name), req.priority)
+                unknown_device(
+                    manual,
+                    &format!("manual affinity of node '{}'", node.name),
+                    req.priority,
+                )
             })? as DeviceIdx;
             if !supported_on.contains(&d) {
-                return Err(AffinityError::ManualUnsupported { node: node.name.clone(), device: manual.to_string() });
+                return Err(AffinityError::ManualUnsupported {
+                    node: node.name.clone(),
+                    device: manual.to_string(),
+                });
             }
             (d, Rule::Manual)
         } else if supported_on.is_empty() {
             unsupported.push(node.name.clone());
             (fallback, Rule::Fallback)
         } else if req.policy == Policy::Cost && supported_on.len() > 1 {
-            cheapest(graph, id, &supported_on, &devices, &device_of, req.cost_model)
+            cheapest(
+                graph,
+                id,
+                &supported_on,
+                &devices,
+                &device_of,
+                req.cost_model,
+            )
         } else {
-            (supported_on[0], Rule::Priority { rank: supported_on[0] as usize })
+            (
+                supported_on[0],
+                Rule::Priority {
+                    rank: supported_on[0] as usize,
+                },
+            )
         };
         device_of[id.index()] = Some(device);
-        explanations.push(Explanation { node: id, supported_on, device, rule });
+        explanations.push(Explanation {
+            node: id,
+            supported_on,
+            device,
+            rule,
+        });
     }
     if req.strict && !unsupported.is_empty() {
         return Err(AffinityError::Unsupported { nodes: unsupported });
     }
-    Ok(Assignment { devices, device_of, explanations })
+    Ok(Assignment {
+        devices,
+        device_of,
+        explanations,
+    })
 }
 
 fn cheapest(
@@ -314,14 +396,24 @@ fn cheapest(
                     Some(model.transfer_us(tensor_bytes(graph, t), from, target))
                 })
                 .sum();
-            let est = CostEstimate { device: target.to_string(), compute_us, transfer_us, total_us: compute_us + transfer_us };
+            let est = CostEstimate {
+                device: target.to_string(),
+                compute_us,
+                transfer_us,
+                total_us: compute_us + transfer_us,
+            };
             (d, est)
         })
         .collect();
     // Stable sort: ties keep priority order.
     estimates.sort_by(|a, b| a.1.total_us.total_cmp(&b.1.total_us));
     let best = estimates[0].0;
-    (best, Rule::Cost { estimates: estimates.into_iter().map(|(_, e)| e).collect() })
+    (
+        best,
+        Rule::Cost {
+            estimates: estimates.into_iter().map(|(_, e)| e).collect(),
+        },
+    )
 }
 
 impl fmt::Display for Policy {

@@ -21,7 +21,9 @@ pub enum GraphError {
         first: String,
         second: String,
     },
-    #[error("node '{node}' reads tensor '{tensor}', which no node, graph input or initializer produces")]
+    #[error(
+        "node '{node}' reads tensor '{tensor}', which no node, graph input or initializer produces"
+    )]
     UndefinedInput { node: String, tensor: String },
     #[error("graph output '{0}' is not produced by any node, graph input or initializer")]
     UndefinedOutput(String),
@@ -50,7 +52,8 @@ pub fn normalize_node_names(graph: &mut GraphProto) {
         .collect();
     for (i, node) in graph.node.iter_mut().enumerate() {
         let name = node.name.clone().unwrap_or_default();
-        let keep = !name.is_empty() && (!duplicated.contains(&name) || first_seen.insert(name.clone()));
+        let keep =
+            !name.is_empty() && (!duplicated.contains(&name) || first_seen.insert(name.clone()));
         if keep {
             continue;
         }
@@ -162,7 +165,10 @@ impl Graph {
             let name = values.and_then(|v| v.name.clone()).unwrap_or_default();
             let id = b.housekeeping(NodeKind::Constant, &name)?;
             let t = &mut b.tensors[id.index()];
-            t.elem_type = values.and_then(|v| v.data_type).filter(|&d| d != 0).map(ElemType);
+            t.elem_type = values
+                .and_then(|v| v.data_type)
+                .filter(|&d| d != 0)
+                .map(ElemType);
             t.shape = Some(sparse.dims.iter().map(|&d| Dim::Known(d)).collect());
         }
         for input in &g.input {
@@ -180,23 +186,43 @@ impl Graph {
 
         // Op nodes and their outputs first (the model need not be sorted).
         let mut op_by_name = HashMap::with_capacity(g.node.len());
+        let mut onnx_by_name = HashMap::with_capacity(g.node.len());
         for (i, n) in g.node.iter().enumerate() {
             let name = n.name.clone().unwrap_or_default();
+            // An input-less `Constant` node is data, like an initializer: it
+            // becomes a housekeeping Constant that follows its consumers.
+            let is_constant = n.op_type.as_deref() == Some("Constant")
+                && matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx"))
+                && n.input.iter().all(String::is_empty);
             let id = b.dag.add_node(Node {
                 name: name.clone(),
-                kind: NodeKind::Op,
+                kind: if is_constant {
+                    NodeKind::Constant
+                } else {
+                    NodeKind::Op
+                },
                 op_type: n.op_type.clone().unwrap_or_default(),
                 domain: n.domain.clone().unwrap_or_default(),
                 onnx_index: Some(i),
                 inputs: Vec::new(),
                 implicit_inputs: Vec::new(),
                 outputs: Vec::new(),
-                has_subgraphs: n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()),
+                has_subgraphs: n
+                    .attribute
+                    .iter()
+                    .any(|a| a.g.is_some() || !a.graphs.is_empty()),
             });
-            op_by_name.insert(name, id);
+            if !is_constant {
+                op_by_name.insert(name.clone(), id);
+            }
+            onnx_by_name.insert(name, id);
             let mut outputs = Vec::with_capacity(n.output.len());
             for out in &n.output {
-                outputs.push(if out.is_empty() { None } else { Some(b.define(out, id)?) });
+                outputs.push(if out.is_empty() {
+                    None
+                } else {
+                    Some(b.define(out, id)?)
+                });
             }
             b.dag[id].outputs = outputs;
         }
@@ -205,7 +231,11 @@ impl Graph {
             let id = NodeId::new(b.dag.node_count() - g.node.len() + i);
             let mut inputs = Vec::with_capacity(n.input.len());
             for name in &n.input {
-                inputs.push(if name.is_empty() { None } else { Some(b.resolve(name, id)?) });
+                inputs.push(if name.is_empty() {
+                    None
+                } else {
+                    Some(b.resolve(name, id)?)
+                });
             }
             let mut implicit = Vec::new();
             if b.dag[id].has_subgraphs {
@@ -248,6 +278,7 @@ impl Graph {
             tensors: b.tensors,
             tensor_by_name: b.by_name,
             op_by_name,
+            onnx_by_name,
             topo_ops,
             inputs,
             outputs,
@@ -286,14 +317,20 @@ impl Builder<'_> {
 
     fn define(&mut self, name: &str, producer: NodeId) -> Result<TensorId, GraphError> {
         if let Some(&existing) = self.by_name.get(name) {
-            let first = self.dag[self.tensors[existing.index()].producer].name.clone();
+            let first = self.dag[self.tensors[existing.index()].producer]
+                .name
+                .clone();
             return Err(GraphError::DuplicateProducer {
                 tensor: name.to_string(),
                 first,
                 second: self.dag[producer].name.clone(),
             });
         }
-        let (elem_type, shape) = self.types.get(name).map(|tp| tensor_type(tp)).unwrap_or_default();
+        let (elem_type, shape) = self
+            .types
+            .get(name)
+            .map(|tp| tensor_type(tp))
+            .unwrap_or_default();
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push(Tensor {
             name: name.to_string(),

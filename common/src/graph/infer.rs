@@ -10,7 +10,9 @@ use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 use crate::onnx::ElemType;
 
 pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
-    let Some(g) = model.graph.as_ref() else { return };
+    let Some(g) = model.graph.as_ref() else {
+        return;
+    };
     // Known constant values: initializers and outputs of Constant ops.
     let mut consts: HashMap<&str, &TensorProto> = g
         .initializer
@@ -19,19 +21,37 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
         .collect();
     for n in &g.node {
         if n.op_type.as_deref() == Some("Constant") {
-            if let (Some(out), Some(t)) = (n.output.first(), attr(n, "value").and_then(|a| a.t.as_ref())) {
+            if let (Some(out), Some(t)) = (
+                n.output.first(),
+                attr(n, "value").and_then(|a| a.t.as_ref()),
+            ) {
                 consts.insert(out.as_str(), t);
             }
         }
     }
-    for i in 0..graph.topo_ops.len() {
-        let id = graph.topo_ops[i];
+    // Constant nodes have no inputs: they go first.
+    let order: Vec<super::NodeId> = graph
+        .dag
+        .node_indices()
+        .filter(|&n| {
+            graph.dag[n].kind == super::NodeKind::Constant && graph.dag[n].onnx_index.is_some()
+        })
+        .chain(graph.topo_ops.iter().copied())
+        .collect();
+    for id in order {
         let node = &graph.dag[id];
-        let Some(proto) = node.onnx_index.and_then(|k| g.node.get(k)) else { continue };
+        let Some(proto) = node.onnx_index.and_then(|k| g.node.get(k)) else {
+            continue;
+        };
         let ins: Vec<Option<TensorId>> = node.inputs.clone();
         let outs: Vec<Option<TensorId>> = node.outputs.clone();
         let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-        let in_type = |k: usize| ins.get(k).copied().flatten().and_then(|t| graph.tensors[t.index()].elem_type);
+        let in_type = |k: usize| {
+            ins.get(k)
+                .copied()
+                .flatten()
+                .and_then(|t| graph.tensors[t.index()].elem_type)
+        };
         let in_shape = |k: usize| {
             ins.get(k)
                 .copied()
@@ -66,7 +86,9 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
 }
 
 fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
+    node.attribute
+        .iter()
+        .find(|a| a.name.as_deref() == Some(name))
 }
 
 fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
@@ -99,17 +121,27 @@ fn int_values(t: &TensorProto) -> Option<Vec<i64>> {
 }
 
 /// Element type of each output, where a rule knows it.
-fn output_types(node: &NodeProto, in_type: &dyn Fn(usize) -> Option<ElemType>) -> Vec<Option<ElemType>> {
+fn output_types(
+    node: &NodeProto,
+    in_type: &dyn Fn(usize) -> Option<ElemType>,
+) -> Vec<Option<ElemType>> {
     let op = node.op_type.as_deref().unwrap_or("");
     let n = node.output.len();
     let all = |t: Option<ElemType>| vec![t; n];
-    let from_attr_tensor = |name: &str| attr(node, name).and_then(|a| a.t.as_ref()).and_then(|t| t.data_type).map(ElemType);
+    let from_attr_tensor = |name: &str| {
+        attr(node, name)
+            .and_then(|a| a.t.as_ref())
+            .and_then(|t| t.data_type)
+            .map(ElemType)
+    };
     match op {
         "Cast" => all(attr_i(node, "to").map(|v| ElemType(v as i32))),
         "CastLike" => all(in_type(1)),
-        "Shape" | "Size" | "ArgMax" | "ArgMin" | "NonZero" | "NonMaxSuppression" => all(Some(ElemType::INT64)),
-        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or" | "Xor"
-        | "IsNaN" | "IsInf" => all(Some(ElemType::BOOL)),
+        "Shape" | "Size" | "ArgMax" | "ArgMin" | "NonZero" | "NonMaxSuppression" => {
+            all(Some(ElemType::INT64))
+        }
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or"
+        | "Xor" | "IsNaN" | "IsInf" => all(Some(ElemType::BOOL)),
         "Constant" => {
             let a = node.attribute.first();
             let t = a.and_then(|a| match a.name.as_deref()? {
@@ -122,40 +154,87 @@ fn output_types(node: &NodeProto, in_type: &dyn Fn(usize) -> Option<ElemType>) -
             all(t)
         }
         "ConstantOfShape" => all(from_attr_tensor("value").or(Some(ElemType::FLOAT))),
-        "RandomNormal" | "RandomUniform" | "EyeLike" | "RandomNormalLike" | "RandomUniformLike" | "Multinomial" => {
-            let default = if op.ends_with("Like") { in_type(0) } else if op == "Multinomial" { Some(ElemType::INT32) } else { Some(ElemType::FLOAT) };
-            all(attr_i(node, "dtype").map(|v| ElemType(v as i32)).or(default))
+        "RandomNormal" | "RandomUniform" | "EyeLike" | "RandomNormalLike" | "RandomUniformLike"
+        | "Multinomial" => {
+            let default = if op.ends_with("Like") {
+                in_type(0)
+            } else if op == "Multinomial" {
+                Some(ElemType::INT32)
+            } else {
+                Some(ElemType::FLOAT)
+            };
+            all(attr_i(node, "dtype")
+                .map(|v| ElemType(v as i32))
+                .or(default))
         }
         "TopK" => vec![in_type(0), Some(ElemType::INT64)],
         "MaxPool" => vec![in_type(0), Some(ElemType::INT64)],
-        "Unique" => vec![in_type(0), Some(ElemType::INT64), Some(ElemType::INT64), Some(ElemType::INT64)],
-        "QuantizeLinear" => all(in_type(2).or_else(|| attr_i(node, "output_dtype").filter(|&v| v != 0).map(|v| ElemType(v as i32))).or(Some(ElemType::UINT8))),
+        "Unique" => vec![
+            in_type(0),
+            Some(ElemType::INT64),
+            Some(ElemType::INT64),
+            Some(ElemType::INT64),
+        ],
+        "QuantizeLinear" => all(in_type(2)
+            .or_else(|| {
+                attr_i(node, "output_dtype")
+                    .filter(|&v| v != 0)
+                    .map(|v| ElemType(v as i32))
+            })
+            .or(Some(ElemType::UINT8))),
         "DequantizeLinear" => all(in_type(1)),
-        "DynamicQuantizeLinear" => vec![Some(ElemType::UINT8), Some(ElemType::FLOAT), Some(ElemType::UINT8)],
+        "DynamicQuantizeLinear" => vec![
+            Some(ElemType::UINT8),
+            Some(ElemType::FLOAT),
+            Some(ElemType::UINT8),
+        ],
         "Where" => all(in_type(1)),
         "If" => {
             let branch = attr(node, "then_branch").and_then(|a| a.g.as_ref());
             (0..n)
-                .map(|k| branch.and_then(|g| g.output.get(k)).and_then(|v| v.r#type.as_ref()).and_then(|tp| tensor_type(tp).0))
+                .map(|k| {
+                    branch
+                        .and_then(|g| g.output.get(k))
+                        .and_then(|v| v.r#type.as_ref())
+                        .and_then(|tp| tensor_type(tp).0)
+                })
                 .collect()
         }
         "Loop" | "Scan" => {
             let body = attr(node, "body").and_then(|a| a.g.as_ref());
             let skip = usize::from(op == "Loop");
             (0..n)
-                .map(|k| body.and_then(|g| g.output.get(k + skip)).and_then(|v| v.r#type.as_ref()).and_then(|tp| tensor_type(tp).0))
+                .map(|k| {
+                    body.and_then(|g| g.output.get(k + skip))
+                        .and_then(|v| v.r#type.as_ref())
+                        .and_then(|tp| tensor_type(tp).0)
+                })
                 .collect()
         }
         _ => all(in_type(0)),
     }
 }
 
+/// A rank read from the model, if plausible (a corrupt file must not make
+/// us allocate a billion dimensions).
+fn rank(len: i64) -> Option<usize> {
+    usize::try_from(len).ok().filter(|&r| r <= 64)
+}
+
 fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let rank = a.len().max(b.len());
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { &a[i + a.len() - rank] } else { &Dim::Known(1) };
-        let db = if i + b.len() >= rank { &b[i + b.len() - rank] } else { &Dim::Known(1) };
+        let da = if i + a.len() >= rank {
+            &a[i + a.len() - rank]
+        } else {
+            &Dim::Known(1)
+        };
+        let db = if i + b.len() >= rank {
+            &b[i + b.len() - rank]
+        } else {
+            &Dim::Known(1)
+        };
         out.push(match (da, db) {
             (Dim::Known(1), d) | (d, Dim::Known(1)) => d.clone(),
             (x, y) if x == y => x.clone(),
@@ -174,13 +253,51 @@ fn output_shape(
 ) -> Option<Vec<Dim>> {
     let op = node.op_type.as_deref().unwrap_or("");
     match op {
-        "Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Cast" | "CastLike"
-        | "Clip" | "HardSigmoid" | "HardSwish" | "Erf" | "Softmax" | "LogSoftmax" | "Identity" | "Dropout"
-        | "BatchNormalization" | "LayerNormalization" | "InstanceNormalization" | "Gelu" | "Elu" | "Selu"
-        | "Softplus" | "Floor" | "Ceil" | "Round" | "Reciprocal" | "Sin" | "Cos" | "Not" | "Sign" | "PRelu"
-        | "IsNaN" | "IsInf" | "Mish" | "Softsign" | "LRN" | "QuantizeLinear" | "DequantizeLinear" => in_shape(0),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
-        | "And" | "Or" | "Xor" | "Mod" | "Max" | "Min" | "Sum" | "Mean" | "Where" => {
+        "Relu"
+        | "LeakyRelu"
+        | "Sigmoid"
+        | "Tanh"
+        | "Exp"
+        | "Log"
+        | "Sqrt"
+        | "Neg"
+        | "Abs"
+        | "Cast"
+        | "CastLike"
+        | "Clip"
+        | "HardSigmoid"
+        | "HardSwish"
+        | "Erf"
+        | "Softmax"
+        | "LogSoftmax"
+        | "Identity"
+        | "Dropout"
+        | "BatchNormalization"
+        | "LayerNormalization"
+        | "InstanceNormalization"
+        | "Gelu"
+        | "Elu"
+        | "Selu"
+        | "Softplus"
+        | "Floor"
+        | "Ceil"
+        | "Round"
+        | "Reciprocal"
+        | "Sin"
+        | "Cos"
+        | "Not"
+        | "Sign"
+        | "PRelu"
+        | "IsNaN"
+        | "IsInf"
+        | "Mish"
+        | "Softsign"
+        | "LRN"
+        | "QuantizeLinear"
+        | "DequantizeLinear" => in_shape(0),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "LessOrEqual"
+        | "GreaterOrEqual" | "And" | "Or" | "Xor" | "Mod" | "Max" | "Min" | "Sum" | "Mean"
+        | "Where" => {
             let mut acc = in_shape(0)?;
             for k in 1..node.input.len() {
                 acc = broadcast(&acc, &in_shape(k)?)?;
@@ -193,8 +310,16 @@ fn output_shape(
                 return None;
             }
             let (a2, b2) = (
-                if a.len() == 1 { vec![Dim::Known(1), a[0].clone()] } else { a.clone() },
-                if b.len() == 1 { vec![b[0].clone(), Dim::Known(1)] } else { b.clone() },
+                if a.len() == 1 {
+                    vec![Dim::Known(1), a[0].clone()]
+                } else {
+                    a.clone()
+                },
+                if b.len() == 1 {
+                    vec![b[0].clone(), Dim::Known(1)]
+                } else {
+                    b.clone()
+                },
             );
             let mut out = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
             if a.len() > 1 {
@@ -210,8 +335,16 @@ fn output_shape(
             if a.len() != 2 || b.len() != 2 {
                 return None;
             }
-            let m = if attr_i(node, "transA").unwrap_or(0) != 0 { &a[1] } else { &a[0] };
-            let n = if attr_i(node, "transB").unwrap_or(0) != 0 { &b[0] } else { &b[1] };
+            let m = if attr_i(node, "transA").unwrap_or(0) != 0 {
+                &a[1]
+            } else {
+                &a[0]
+            };
+            let n = if attr_i(node, "transB").unwrap_or(0) != 0 {
+                &b[0]
+            } else {
+                &b[1]
+            };
             Some(vec![m.clone(), n.clone()])
         }
         "Conv" | "MaxPool" | "AveragePool" => {
@@ -222,7 +355,8 @@ fn output_shape(
             let spatial = x.len() - 2;
             let (channels, kernel) = if op == "Conv" {
                 let w = in_shape(1)?;
-                let kernel = attr_ints(node, "kernel_shape").unwrap_or_else(|| w.iter().skip(2).filter_map(Dim::known).collect());
+                let kernel = attr_ints(node, "kernel_shape")
+                    .unwrap_or_else(|| w.iter().skip(2).filter_map(Dim::known).collect());
                 (w.first()?.clone(), kernel)
             } else {
                 (x[1].clone(), attr_ints(node, "kernel_shape")?)
@@ -230,10 +364,18 @@ fn output_shape(
             if kernel.len() != spatial {
                 return None;
             }
-            let strides = attr_ints(node, "strides").filter(|v| !v.is_empty()).unwrap_or(vec![1; spatial]);
-            let dilations = attr_ints(node, "dilations").filter(|v| !v.is_empty()).unwrap_or(vec![1; spatial]);
-            let pads = attr_ints(node, "pads").filter(|v| !v.is_empty()).unwrap_or(vec![0; 2 * spatial]);
-            let auto_pad = attr(node, "auto_pad").and_then(|a| a.s.as_deref()).unwrap_or(b"NOTSET");
+            let strides = attr_ints(node, "strides")
+                .filter(|v| !v.is_empty())
+                .unwrap_or(vec![1; spatial]);
+            let dilations = attr_ints(node, "dilations")
+                .filter(|v| !v.is_empty())
+                .unwrap_or(vec![1; spatial]);
+            let pads = attr_ints(node, "pads")
+                .filter(|v| !v.is_empty())
+                .unwrap_or(vec![0; 2 * spatial]);
+            let auto_pad = attr(node, "auto_pad")
+                .and_then(|a| a.s.as_deref())
+                .unwrap_or(b"NOTSET");
             let ceil = attr_i(node, "ceil_mode").unwrap_or(0) != 0;
             if strides.len() != spatial || dilations.len() != spatial || pads.len() != 2 * spatial {
                 return None;
@@ -244,15 +386,26 @@ fn output_shape(
                     out.push(Dim::Unknown);
                     continue;
                 };
-                let eff = (kernel[i] - 1) * dilations[i] + 1;
-                let s = strides[i].max(1);
+                // i128 arithmetic: attributes come from the file and may be absurd.
+                let w = |v: i64| v as i128;
+                let eff = (w(kernel[i]) - 1) * w(dilations[i]) + 1;
+                let s = w(strides[i]).max(1);
+                let input = w(input);
                 let v = match auto_pad {
                     b"SAME_UPPER" | b"SAME_LOWER" => (input + s - 1) / s,
                     b"VALID" => (input - eff) / s + 1,
                     _ => {
-                        let span = input + pads[i] + pads[i + spatial] - eff;
-                        if ceil { (span + s - 1) / s + 1 } else { span / s + 1 }
+                        let span = input + w(pads[i]) + w(pads[i + spatial]) - eff;
+                        if ceil {
+                            (span + s - 1) / s + 1
+                        } else {
+                            span / s + 1
+                        }
                     }
+                };
+                let Ok(v) = i64::try_from(v) else {
+                    out.push(Dim::Unknown);
+                    continue;
                 };
                 out.push(Dim::Known(v));
             }
@@ -260,25 +413,44 @@ fn output_shape(
         }
         "GlobalAveragePool" | "GlobalMaxPool" => {
             let x = in_shape(0)?;
-            Some(x.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Known(1) }).collect())
+            Some(
+                x.iter()
+                    .enumerate()
+                    .map(|(i, d)| if i < 2 { d.clone() } else { Dim::Known(1) })
+                    .collect(),
+            )
         }
         "Transpose" => {
             let x = in_shape(0)?;
-            let perm = attr_ints(node, "perm").unwrap_or_else(|| (0..x.len() as i64).rev().collect());
-            perm.iter().map(|&p| x.get(usize::try_from(p).ok()?).cloned()).collect()
+            let perm =
+                attr_ints(node, "perm").unwrap_or_else(|| (0..x.len() as i64).rev().collect());
+            perm.iter()
+                .map(|&p| x.get(usize::try_from(p).ok()?).cloned())
+                .collect()
         }
         "Flatten" => {
             let x = in_shape(0)?;
             let axis = attr_i(node, "axis").unwrap_or(1);
-            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
-            let prod = |d: &[Dim]| super::numel(d).map(|v| Dim::Known(v as i64)).unwrap_or(Dim::Unknown);
-            Some(vec![prod(&x[..axis.min(x.len())]), prod(&x[axis.min(x.len())..])])
+            let axis = if axis < 0 {
+                axis + x.len() as i64
+            } else {
+                axis
+            } as usize;
+            let prod = |d: &[Dim]| {
+                super::numel(d)
+                    .map(|v| Dim::Known(v as i64))
+                    .unwrap_or(Dim::Unknown)
+            };
+            Some(vec![
+                prod(&x[..axis.min(x.len())]),
+                prod(&x[axis.min(x.len())..]),
+            ])
         }
         "Reshape" => {
             let Some(target) = const_ints(1) else {
                 // Rank from the length of the shape operand.
                 let len = in_shape(1)?.first()?.known()?;
-                return Some(vec![Dim::Unknown; usize::try_from(len).ok()?]);
+                return Some(vec![Dim::Unknown; rank(len)?]);
             };
             let x = in_shape(0);
             let allow_zero = attr_i(node, "allowzero").unwrap_or(0) != 0;
@@ -286,18 +458,25 @@ fn output_shape(
                 .iter()
                 .enumerate()
                 .map(|(i, &v)| match v {
-                    0 if !allow_zero => x.as_ref().and_then(|x| x.get(i).cloned()).unwrap_or(Dim::Unknown),
+                    0 if !allow_zero => x
+                        .as_ref()
+                        .and_then(|x| x.get(i).cloned())
+                        .unwrap_or(Dim::Unknown),
                     -1 => Dim::Unknown,
                     v => Dim::Known(v),
                 })
                 .collect();
             if let Some(pos) = target.iter().position(|&v| v == -1) {
                 let total = x.as_deref().and_then(super::numel);
-                let known: Option<u64> = out.iter().enumerate().filter(|(i, _)| *i != pos).try_fold(1u64, |a, (_, d)| Some(a * d.known()? as u64));
-                if let (Some(total), Some(known)) = (total, known) {
-                    if known > 0 {
-                        out[pos] = Dim::Known((total / known) as i64);
-                    }
+                let known: Option<u64> = out
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != pos)
+                    .try_fold(1u64, |a, (_, d)| {
+                        a.checked_mul(u64::try_from(d.known()?).ok()?)
+                    });
+                if let Some(v) = total.zip(known).and_then(|(t, k)| t.checked_div(k)) {
+                    out[pos] = Dim::Known(i64::try_from(v).unwrap_or(i64::MAX));
                 }
             }
             Some(out)
@@ -305,11 +484,15 @@ fn output_shape(
         "Concat" => {
             let axis = attr_i(node, "axis")?;
             let first = in_shape(0)?;
-            let axis = if axis < 0 { axis + first.len() as i64 } else { axis } as usize;
+            let axis = if axis < 0 {
+                axis + first.len() as i64
+            } else {
+                axis
+            } as usize;
             let mut total = Some(0i64);
             for k in 0..node.input.len() {
                 let s = in_shape(k)?;
-                total = total.and_then(|t| Some(t + s.get(axis)?.known()?));
+                total = total.and_then(|t| t.checked_add(s.get(axis)?.known()?));
             }
             let mut out = first;
             *out.get_mut(axis)? = total.map(Dim::Known).unwrap_or(Dim::Unknown);
@@ -330,7 +513,11 @@ fn output_shape(
             // Every output: the input's shape with the split axis unknown.
             let mut x = in_shape(0)?;
             let axis = attr_i(node, "axis").unwrap_or(0);
-            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
+            let axis = if axis < 0 {
+                axis + x.len() as i64
+            } else {
+                axis
+            } as usize;
             *x.get_mut(axis)? = Dim::Unknown;
             Some(x)
         }
@@ -340,50 +527,76 @@ fn output_shape(
             let (starts, ends, axes, steps) = if node.input.len() > 1 {
                 let starts = const_ints(1);
                 let ends = const_ints(2);
-                let axes = if node.input.len() > 3 && !node.input[3].is_empty() { const_ints(3) } else { starts.as_ref().map(|s| (0..s.len() as i64).collect()) };
-                let steps = if node.input.len() > 4 && !node.input[4].is_empty() { const_ints(4) } else { starts.as_ref().map(|s| vec![1; s.len()]) };
+                let axes = if node.input.len() > 3 && !node.input[3].is_empty() {
+                    const_ints(3)
+                } else {
+                    starts.as_ref().map(|s| (0..s.len() as i64).collect())
+                };
+                let steps = if node.input.len() > 4 && !node.input[4].is_empty() {
+                    const_ints(4)
+                } else {
+                    starts.as_ref().map(|s| vec![1; s.len()])
+                };
                 (starts, ends, axes, steps)
             } else {
                 let starts = attr_ints(node, "starts");
-                let axes = attr_ints(node, "axes").or_else(|| starts.as_ref().map(|s| (0..s.len() as i64).collect()));
-                (starts.clone(), attr_ints(node, "ends"), axes, starts.map(|s| vec![1; s.len()]))
+                let axes = attr_ints(node, "axes")
+                    .or_else(|| starts.as_ref().map(|s| (0..s.len() as i64).collect()));
+                (
+                    starts.clone(),
+                    attr_ints(node, "ends"),
+                    axes,
+                    starts.map(|s| vec![1; s.len()]),
+                )
             };
-            let (Some(starts), Some(ends), Some(axes), Some(steps)) = (starts, ends, axes, steps) else {
+            let (Some(starts), Some(ends), Some(axes), Some(steps)) = (starts, ends, axes, steps)
+            else {
                 return Some(vec![Dim::Unknown; x.len()]);
             };
             let mut out = x.clone();
             for (k, &axis) in axes.iter().enumerate() {
                 let axis = if axis < 0 { axis + rank } else { axis };
-                let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k)) else { return None };
+                let (Some(&start), Some(&end), Some(&step)) =
+                    (starts.get(k), ends.get(k), steps.get(k))
+                else {
+                    return None;
+                };
                 let slot = out.get_mut(usize::try_from(axis).ok()?)?;
                 let Some(d) = slot.known() else {
                     *slot = Dim::Unknown;
                     continue;
                 };
-                let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+                let (d, step) = (d as i128, step as i128);
+                let norm = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
                 let len = if step > 0 {
                     let (s, e) = (norm(start).clamp(0, d), norm(end).clamp(0, d));
                     (e - s + step - 1).div_euclid(step).max(0)
                 } else if step < 0 {
                     let (s, e) = (norm(start).clamp(0, d - 1), norm(end).clamp(-1, d - 1));
-                    (s - e + (-step) - 1).div_euclid(-step).max(0)
+                    (s - e - step - 1).div_euclid(-step).max(0)
                 } else {
                     return None;
                 };
-                *slot = Dim::Known(len);
+                *slot = Dim::Known(i64::try_from(len).ok()?);
             }
             Some(out)
         }
-        "Resize" | "Pad" | "Tile" | "ConvTranspose" | "DepthToSpace" | "SpaceToDepth" | "Upsample"
-        | "ReverseSequence" | "CumSum" | "Trilu" | "GridSample" => {
+        "Resize" | "Pad" | "Tile" | "ConvTranspose" | "DepthToSpace" | "SpaceToDepth"
+        | "Upsample" | "ReverseSequence" | "CumSum" | "Trilu" | "GridSample" => {
             // Rank-preserving; dims are not derived.
             Some(vec![Dim::Unknown; in_shape(0)?.len()])
         }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
-        | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" => {
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" => {
             let x = in_shape(0)?;
             let keep = attr_i(node, "keepdims").unwrap_or(1) != 0;
-            let axes = match attr_ints(node, "axes").or_else(|| if node.input.len() > 1 { const_ints(1) } else { None }) {
+            let axes = match attr_ints(node, "axes").or_else(|| {
+                if node.input.len() > 1 {
+                    const_ints(1)
+                } else {
+                    None
+                }
+            }) {
                 Some(a) => a,
                 None if op.starts_with("Arg") => vec![attr_i(node, "axis").unwrap_or(0)],
                 None if node.input.len() > 1 && !node.input[1].is_empty() => return None,
@@ -391,7 +604,10 @@ fn output_shape(
                 None => (0..x.len() as i64).collect(),
             };
             let rank = x.len() as i64;
-            let axes: Vec<usize> = axes.iter().map(|&a| if a < 0 { a + rank } else { a } as usize).collect();
+            let axes: Vec<usize> = axes
+                .iter()
+                .map(|&a| if a < 0 { a + rank } else { a } as usize)
+                .collect();
             Some(
                 x.into_iter()
                     .enumerate()
@@ -406,11 +622,17 @@ fn output_shape(
         "Expand" => {
             let x = in_shape(0)?;
             match const_ints(1) {
-                Some(target) => broadcast(&x, &target.into_iter().map(Dim::Known).collect::<Vec<_>>()).map(|b| {
-                    b.into_iter().map(|d| if d == Dim::Known(1) { Dim::Unknown } else { d }).collect()
-                }),
+                Some(target) => {
+                    broadcast(&x, &target.into_iter().map(Dim::Known).collect::<Vec<_>>()).map(
+                        |b| {
+                            b.into_iter()
+                                .map(|d| if d == Dim::Known(1) { Dim::Unknown } else { d })
+                                .collect()
+                        },
+                    )
+                }
                 None => {
-                    let len = in_shape(1)?.first()?.known()? as usize;
+                    let len = rank(in_shape(1)?.first()?.known()?)?;
                     Some(vec![Dim::Unknown; len.max(x.len())])
                 }
             }
@@ -418,29 +640,60 @@ fn output_shape(
         "Gather" => {
             let (x, idx) = (in_shape(0)?, in_shape(1)?);
             let axis = attr_i(node, "axis").unwrap_or(0);
-            let axis = if axis < 0 { axis + x.len() as i64 } else { axis } as usize;
+            let axis = if axis < 0 {
+                axis + x.len() as i64
+            } else {
+                axis
+            } as usize;
             if axis >= x.len() {
                 return None;
             }
-            Some(x[..axis].iter().chain(&idx).chain(&x[axis + 1..]).cloned().collect())
+            Some(
+                x[..axis]
+                    .iter()
+                    .chain(&idx)
+                    .chain(&x[axis + 1..])
+                    .cloned()
+                    .collect(),
+            )
         }
         "Range" | "NonZero" => Some(vec![Dim::Unknown; if op == "Range" { 1 } else { 2 }]),
         "Unsqueeze" | "Squeeze" => {
             let x = in_shape(0)?;
             let axes = attr_ints(node, "axes").or_else(|| const_ints(1));
-            let rank = if op == "Unsqueeze" { x.len() + axes.as_ref()?.len() } else { x.len() };
+            let rank = if op == "Unsqueeze" {
+                x.len() + axes.as_ref()?.len()
+            } else {
+                x.len()
+            };
             let norm = |a: i64| if a < 0 { a + rank as i64 } else { a } as usize;
             if op == "Unsqueeze" {
                 let axes: Vec<usize> = axes?.into_iter().map(norm).collect();
                 let mut it = x.into_iter();
-                (0..rank).map(|i| if axes.contains(&i) { Some(Dim::Known(1)) } else { it.next() }).collect()
+                (0..rank)
+                    .map(|i| {
+                        if axes.contains(&i) {
+                            Some(Dim::Known(1))
+                        } else {
+                            it.next()
+                        }
+                    })
+                    .collect()
             } else {
                 match axes {
                     Some(axes) => {
                         let axes: Vec<usize> = axes.into_iter().map(norm).collect();
-                        Some(x.into_iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d).collect())
+                        Some(
+                            x.into_iter()
+                                .enumerate()
+                                .filter(|(i, _)| !axes.contains(i))
+                                .map(|(_, d)| d)
+                                .collect(),
+                        )
                     }
-                    None if x.iter().all(|d| d.known().is_some()) => Some(x.into_iter().filter(|d| *d != Dim::Known(1)).collect()),
+                    None if x.iter().all(|d| d.known().is_some()) => {
+                        Some(x.into_iter().filter(|d| *d != Dim::Known(1)).collect())
+                    }
                     None => None,
                 }
             }

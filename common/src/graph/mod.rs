@@ -40,7 +40,8 @@ pub enum NodeKind {
     Op,
     /// A graph input (not an initializer).
     Parameter,
-    /// An initializer.
+    /// An initializer, or an input-less ONNX `Constant` node (then
+    /// `onnx_index` is set).
     Constant,
     /// A graph output.
     Result,
@@ -125,9 +126,9 @@ impl std::fmt::Display for Dim {
 
 /// Element count of a fully static shape.
 pub fn numel(shape: &[Dim]) -> Option<u64> {
-    shape
-        .iter()
-        .try_fold(1u64, |acc, d| acc.checked_mul(u64::try_from(d.known()?).ok()?))
+    shape.iter().try_fold(1u64, |acc, d| {
+        acc.checked_mul(u64::try_from(d.known()?).ok()?)
+    })
 }
 
 /// A tensor: one producer, any number of consumers.
@@ -183,6 +184,7 @@ pub struct Graph {
     pub tensors: Vec<Tensor>,
     tensor_by_name: HashMap<String, TensorId>,
     op_by_name: HashMap<String, NodeId>,
+    onnx_by_name: HashMap<String, NodeId>,
     /// Op nodes in a topological order (the model's order where it is one).
     topo_ops: Vec<NodeId>,
     /// Graph inputs that are not initializers, in model order.
@@ -218,6 +220,17 @@ impl Graph {
     /// The op node with this ONNX name.
     pub fn op_by_name(&self, name: &str) -> Option<NodeId> {
         self.op_by_name.get(name).copied()
+    }
+
+    /// The node made from the ONNX node with this name (an op, or a
+    /// `Constant` node, which is housekeeping).
+    pub fn onnx_node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.onnx_by_name.get(name).copied()
+    }
+
+    /// Number of nodes made from ONNX nodes (ops and `Constant` nodes).
+    pub fn onnx_node_count(&self) -> usize {
+        self.onnx_by_name.len()
     }
 
     /// The tensor with this name.

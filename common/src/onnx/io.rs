@@ -79,7 +79,9 @@ fn check_is_model(model: &ModelProto) -> Result<(), OnnxError> {
         .as_ref()
         .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
     if model.opset_import.is_empty() && model.ir_version.unwrap_or(0) >= 3 {
-        return Err(OnnxError::Invalid("the model declares no opset_import".into()));
+        return Err(OnnxError::Invalid(
+            "the model declares no opset_import".into(),
+        ));
     }
     if graph.node.is_empty() && graph.output.is_empty() {
         return Err(OnnxError::Invalid(
@@ -92,7 +94,11 @@ fn check_is_model(model: &ModelProto) -> Result<(), OnnxError> {
 /// Contents of the external files read so far, so each is read once.
 type FileCache = HashMap<PathBuf, Vec<u8>>;
 
-fn inline_graph(graph: &mut GraphProto, base_dir: &Path, files: &mut FileCache) -> Result<(), OnnxError> {
+fn inline_graph(
+    graph: &mut GraphProto,
+    base_dir: &Path,
+    files: &mut FileCache,
+) -> Result<(), OnnxError> {
     for tensor in graph.initializer.iter_mut() {
         inline_tensor(tensor, base_dir, files)?;
     }
@@ -123,7 +129,11 @@ fn inline_graph(graph: &mut GraphProto, base_dir: &Path, files: &mut FileCache) 
     Ok(())
 }
 
-fn inline_tensor(tensor: &mut TensorProto, base_dir: &Path, files: &mut FileCache) -> Result<(), OnnxError> {
+fn inline_tensor(
+    tensor: &mut TensorProto,
+    base_dir: &Path,
+    files: &mut FileCache,
+) -> Result<(), OnnxError> {
     if tensor.data_location != Some(DataLocation::External as i32) {
         return Ok(());
     }
@@ -167,8 +177,8 @@ fn inline_tensor(tensor: &mut TensorProto, base_dir: &Path, files: &mut FileCach
     }
     let path = base_dir.join(rel);
     if !files.contains_key(&path) {
-        let bytes =
-            std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = std::fs::read(&path)
+            .map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
         files.insert(path.clone(), bytes);
     }
     let data = &files[&path];

@@ -24,7 +24,13 @@ impl OpDag {
         debug_assert!(edges.iter().all(|&(a, b)| a < b && (b as usize) < n));
         let (succ_off, succ) = csr(n, edges.iter().map(|&(a, b)| (a, b)), edges.len());
         let (pred_off, pred) = csr(n, edges.iter().map(|&(a, b)| (b, a)), edges.len());
-        OpDag { succ_off, succ, pred_off, pred, device }
+        OpDag {
+            succ_off,
+            succ,
+            pred_off,
+            pred,
+            device,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -61,13 +67,21 @@ impl OpDag {
 
     /// Number of distinct devices referenced.
     pub fn device_count(&self) -> usize {
-        self.device.iter().map(|&d| d as usize + 1).max().unwrap_or(0)
+        self.device
+            .iter()
+            .map(|&d| d as usize + 1)
+            .max()
+            .unwrap_or(0)
     }
 }
 
 /// CSR from unsorted `(row, col)` pairs (counting sort), each row sorted
 /// and without duplicates.
-pub(crate) fn csr(n: usize, pairs: impl Iterator<Item = (u32, u32)> + Clone, len: usize) -> (Vec<u32>, Vec<u32>) {
+pub(crate) fn csr(
+    n: usize,
+    pairs: impl Iterator<Item = (u32, u32)> + Clone,
+    len: usize,
+) -> (Vec<u32>, Vec<u32>) {
     let mut off = vec![0u32; n + 1];
     for (r, _) in pairs.clone() {
         off[r as usize + 1] += 1;

@@ -99,7 +99,12 @@ pub enum JoinRule {
 pub fn select(dag: &OpDag, rule: JoinRule) -> Vec<u32> {
     let n = dag.len();
     let mut label = vec![u32::MAX; n];
-    let mut st = State { sgs: Vec::new(), mark: Vec::new(), epoch: 0, stack: Vec::new() };
+    let mut st = State {
+        sgs: Vec::new(),
+        mark: Vec::new(),
+        epoch: 0,
+        stack: Vec::new(),
+    };
     let mut parents: Vec<u32> = Vec::with_capacity(8);
     let mut others: Vec<u32> = Vec::with_capacity(8);
     let mut candidates: Vec<u32> = Vec::with_capacity(8);
@@ -115,20 +120,33 @@ pub fn select(dag: &OpDag, rule: JoinRule) -> Vec<u32> {
         // Candidates: same-device parents, largest first.
         let mut best: Option<u32> = None;
         candidates.clear();
-        candidates.extend(parents.iter().copied().filter(|&l| st.sgs[l as usize].device == dev));
+        candidates.extend(
+            parents
+                .iter()
+                .copied()
+                .filter(|&l| st.sgs[l as usize].device == dev),
+        );
         if candidates.len() > 1 {
             candidates.sort_by_key(|&l| std::cmp::Reverse(st.sgs[l as usize].size));
         }
         for &s in &candidates {
             others.clear();
             others.extend(parents.iter().copied().filter(|&l| l != s));
-            let bound = others.iter().map(|&l| st.sgs[l as usize].rank).max().unwrap_or(0);
+            let bound = others
+                .iter()
+                .map(|&l| st.sgs[l as usize].rank)
+                .max()
+                .unwrap_or(0);
             if st.mark.len() < st.sgs.len() {
                 st.mark.resize(st.sgs.len(), 0);
             }
             let ok = match rule {
                 JoinRule::Exact => !st.reaches_any(s, &others, bound),
-                JoinRule::Rank => others.is_empty() || bound < st.sgs[s as usize].rank || st.sgs[s as usize].succs.is_empty(),
+                JoinRule::Rank => {
+                    others.is_empty()
+                        || bound < st.sgs[s as usize].rank
+                        || st.sgs[s as usize].succs.is_empty()
+                }
             };
             if ok {
                 best = Some(s);
@@ -137,14 +155,28 @@ pub fn select(dag: &OpDag, rule: JoinRule) -> Vec<u32> {
         }
         let chosen = match best {
             Some(s) => {
-                let above = parents.iter().filter(|&&l| l != s).map(|&l| st.sgs[l as usize].rank + 1).max().unwrap_or(0);
+                let above = parents
+                    .iter()
+                    .filter(|&&l| l != s)
+                    .map(|&l| st.sgs[l as usize].rank + 1)
+                    .max()
+                    .unwrap_or(0);
                 st.raise(s, above);
                 st.sgs[s as usize].size += 1;
                 s
             }
             None => {
-                let rank = parents.iter().map(|&l| st.sgs[l as usize].rank + 1).max().unwrap_or(0);
-                st.sgs.push(Sg { rank, size: 1, device: dev, succs: Vec::new() });
+                let rank = parents
+                    .iter()
+                    .map(|&l| st.sgs[l as usize].rank + 1)
+                    .max()
+                    .unwrap_or(0);
+                st.sgs.push(Sg {
+                    rank,
+                    size: 1,
+                    device: dev,
+                    succs: Vec::new(),
+                });
                 (st.sgs.len() - 1) as u32
             }
         };

@@ -43,7 +43,11 @@ impl Contractor {
     /// Current successors (or predecessors) of representative `x`,
     /// normalized in place and copied into `out`.
     fn neighbours(&mut self, x: u32, forward: bool, out: &mut Vec<u32>) {
-        let mut list = std::mem::take(if forward { &mut self.succ[x as usize] } else { &mut self.pred[x as usize] });
+        let mut list = std::mem::take(if forward {
+            &mut self.succ[x as usize]
+        } else {
+            &mut self.pred[x as usize]
+        });
         for v in list.iter_mut() {
             *v = self.find(*v);
         }
@@ -63,7 +67,14 @@ impl Contractor {
     /// direction `forward` whose position lies strictly between `lo` and
     /// `hi`; false if `target` is reached other than through the direct edge
     /// `start → target`.
-    fn window_search(&mut self, start: u32, target: u32, forward: bool, (lo, hi): (u64, u64), found: &mut Vec<u32>) -> bool {
+    fn window_search(
+        &mut self,
+        start: u32,
+        target: u32,
+        forward: bool,
+        (lo, hi): (u64, u64),
+        found: &mut Vec<u32>,
+    ) -> bool {
         self.epoch += 1;
         let epoch = self.epoch;
         found.clear();
@@ -72,9 +83,17 @@ impl Contractor {
         stack.push(start);
         let mut ok = true;
         'search: while let Some(x) = stack.pop() {
-            let len = if forward { self.succ[x as usize].len() } else { self.pred[x as usize].len() };
+            let len = if forward {
+                self.succ[x as usize].len()
+            } else {
+                self.pred[x as usize].len()
+            };
             for i in 0..len {
-                let raw = if forward { self.succ[x as usize][i] } else { self.pred[x as usize][i] };
+                let raw = if forward {
+                    self.succ[x as usize][i]
+                } else {
+                    self.pred[x as usize][i]
+                };
                 let y = self.find(raw);
                 if y == x {
                     continue;
@@ -101,10 +120,24 @@ impl Contractor {
 
     /// Whether `x` has a neighbour other than `other` positioned strictly
     /// inside `(lo, hi)`.
-    fn neighbour_in_window(&mut self, x: u32, other: u32, forward: bool, (lo, hi): (u64, u64)) -> bool {
-        let len = if forward { self.succ[x as usize].len() } else { self.pred[x as usize].len() };
+    fn neighbour_in_window(
+        &mut self,
+        x: u32,
+        other: u32,
+        forward: bool,
+        (lo, hi): (u64, u64),
+    ) -> bool {
+        let len = if forward {
+            self.succ[x as usize].len()
+        } else {
+            self.pred[x as usize].len()
+        };
         (0..len).any(|i| {
-            let raw = if forward { self.succ[x as usize][i] } else { self.pred[x as usize][i] };
+            let raw = if forward {
+                self.succ[x as usize][i]
+            } else {
+                self.pred[x as usize][i]
+            };
             let y = self.find(raw);
             y != x && y != other && (lo + 1..hi).contains(&self.pos[y as usize])
         })
@@ -140,9 +173,13 @@ impl Contractor {
         if !self.exhaustive {
             return false;
         }
-        let (mut after, mut before) = (std::mem::take(&mut self.after), std::mem::take(&mut self.before));
+        let (mut after, mut before) = (
+            std::mem::take(&mut self.after),
+            std::mem::take(&mut self.before),
+        );
         // A second path is found forward; the backward search cannot find one.
-        let ok = self.window_search(s, t, true, window, &mut after) && self.window_search(t, s, false, window, &mut before);
+        let ok = self.window_search(s, t, true, window, &mut after)
+            && self.window_search(t, s, false, window, &mut before);
         if ok {
             // Renumber: [subgraphs reaching t] [s+t] [subgraphs reached from
             // s], reusing the positions they held (one slot becomes a hole).
@@ -154,7 +191,12 @@ impl Contractor {
             slots.sort_unstable();
             after.sort_unstable_by_key(|&x| self.pos[x as usize]);
             before.sort_unstable_by_key(|&x| self.pos[x as usize]);
-            for (&x, &slot) in before.iter().chain(std::iter::once(&keep)).chain(&after).zip(&slots[1..]) {
+            for (&x, &slot) in before
+                .iter()
+                .chain(std::iter::once(&keep))
+                .chain(&after)
+                .zip(&slots[1..])
+            {
                 self.pos[x as usize] = slot;
             }
             self.slots = slots;
@@ -266,13 +308,21 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
                 c.neighbours(a, true, &mut buf);
                 for &t in &buf {
                     if c.device[t as usize] == dev {
-                        heap.push(std::cmp::Reverse((c.pos[t as usize].saturating_sub(c.pos[a as usize]), a, t)));
+                        heap.push(std::cmp::Reverse((
+                            c.pos[t as usize].saturating_sub(c.pos[a as usize]),
+                            a,
+                            t,
+                        )));
                     }
                 }
                 c.neighbours(a, false, &mut buf);
                 for &p in &buf {
                     if c.device[p as usize] == dev {
-                        heap.push(std::cmp::Reverse((c.pos[a as usize].saturating_sub(c.pos[p as usize]), p, a)));
+                        heap.push(std::cmp::Reverse((
+                            c.pos[a as usize].saturating_sub(c.pos[p as usize]),
+                            p,
+                            a,
+                        )));
                     }
                 }
             }

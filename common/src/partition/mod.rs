@@ -15,7 +15,6 @@ pub mod merge;
 pub mod reference;
 mod validate;
 
-
 pub use dag::OpDag;
 pub use validate::{validate, ValidationError};
 
@@ -37,7 +36,9 @@ impl std::str::FromStr for Algorithm {
         match s {
             "fast" => Ok(Algorithm::Fast),
             "reference" => Ok(Algorithm::Reference),
-            other => Err(format!("unknown algorithm '{other}' (expected fast or reference)")),
+            other => Err(format!(
+                "unknown algorithm '{other}' (expected fast or reference)"
+            )),
         }
     }
 }
@@ -65,7 +66,11 @@ pub struct PartitionOptions {
 
 impl Default for PartitionOptions {
     fn default() -> Self {
-        PartitionOptions { algorithm: Algorithm::Fast, merge: true, portfolio_max_nodes: PORTFOLIO_MAX_NODES }
+        PartitionOptions {
+            algorithm: Algorithm::Fast,
+            merge: true,
+            portfolio_max_nodes: PORTFOLIO_MAX_NODES,
+        }
     }
 }
 
@@ -150,7 +155,11 @@ pub fn select(dag: &OpDag, options: PartitionOptions) -> Vec<u32> {
         return merge::merge(dag, &reference::select(dag));
     }
     if dag.len() > options.portfolio_max_nodes {
-        return merge::merge_in_order(dag, &fast::select(dag, fast::JoinRule::Rank), merge::MergeOrder::Local);
+        return merge::merge_in_order(
+            dag,
+            &fast::select(dag, fast::JoinRule::Rank),
+            merge::MergeOrder::Local,
+        );
     }
     let count = |labels: &[u32]| {
         let mut l = labels.to_vec();
@@ -171,7 +180,11 @@ pub fn select(dag: &OpDag, options: PartitionOptions) -> Vec<u32> {
         backwards(fast::JoinRule::Exact),
         (0..dag.len() as u32).collect(),
     ];
-    let orders = [merge::MergeOrder::DevicePriority, merge::MergeOrder::LargestFirst, merge::MergeOrder::Window];
+    let orders = [
+        merge::MergeOrder::DevicePriority,
+        merge::MergeOrder::LargestFirst,
+        merge::MergeOrder::Window,
+    ];
     let mut best: Option<(usize, Vec<u32>)> = None;
     for start in &starts {
         for order in orders {
@@ -194,7 +207,10 @@ pub fn op_dag(graph: &Graph, assignment: &Assignment) -> Result<OpDag, Partition
     }
     let device = ops
         .iter()
-        .map(|&id| assignment.device_of[id.index()].ok_or_else(|| PartitionError::Unassigned(graph.node(id).name.clone())))
+        .map(|&id| {
+            assignment.device_of[id.index()]
+                .ok_or_else(|| PartitionError::Unassigned(graph.node(id).name.clone()))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut edges = Vec::with_capacity(graph.dag.edge_count());
     for e in graph.dag.raw_edges() {
@@ -207,7 +223,11 @@ pub fn op_dag(graph: &Graph, assignment: &Assignment) -> Result<OpDag, Partition
 }
 
 /// Partitions `graph` according to `assignment`.
-pub fn partition(graph: &Graph, assignment: &Assignment, options: PartitionOptions) -> Result<Partition, PartitionError> {
+pub fn partition(
+    graph: &Graph,
+    assignment: &Assignment,
+    options: PartitionOptions,
+) -> Result<Partition, PartitionError> {
     let dag = op_dag(graph, assignment)?;
     let labels = select(&dag, options);
     let p = assemble(graph, &assignment.devices, &dag, &labels);
@@ -243,8 +263,10 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
     for &b in &cols {
         indeg[b as usize] += 1;
     }
-    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> =
-        (0..k).filter(|&g| indeg[g] == 0).map(std::cmp::Reverse).collect();
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..k)
+        .filter(|&g| indeg[g] == 0)
+        .map(std::cmp::Reverse)
+        .collect();
     let mut id_of = vec![usize::MAX; k];
     let mut next_id = 0;
     while let Some(std::cmp::Reverse(g)) = ready.pop() {
@@ -260,11 +282,9 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
     }
     // A cycle would leave groups unnumbered; number them anyway so that the
     // validator reports it instead of losing nodes.
-    for g in 0..k {
-        if id_of[g] == usize::MAX {
-            id_of[g] = next_id;
-            next_id += 1;
-        }
+    for id in id_of.iter_mut().filter(|id| **id == usize::MAX) {
+        *id = next_id;
+        next_id += 1;
     }
     let mut subgraphs: Vec<Subgraph> = (0..k)
         .map(|id| Subgraph {
@@ -301,9 +321,8 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
     let mut input_stamp = vec![0u32; graph.tensors.len()];
     let mut is_output = vec![false; graph.tensors.len()];
     let mut node_stamp = vec![0u32; graph.dag.node_count()];
-    for id in 0..k {
+    for (id, sg) in subgraphs.iter_mut().enumerate() {
         let stamp = id as u32 + 1;
-        let sg = &mut subgraphs[id];
         for &n in &sg.nodes {
             let node = graph.node(n);
             for &t in node.inputs.iter().flatten().chain(&node.implicit_inputs) {
@@ -340,8 +359,14 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         subgraphs[from as usize].outputs.push(t);
     }
     let mut passthrough_outputs = Vec::new();
-    for result in graph.dag.node_indices().filter(|&n| graph.node(n).kind == NodeKind::Result) {
-        let Some(t) = graph.node(result).inputs.first().copied().flatten() else { continue };
+    for result in graph
+        .dag
+        .node_indices()
+        .filter(|&n| graph.node(n).kind == NodeKind::Result)
+    {
+        let Some(t) = graph.node(result).inputs.first().copied().flatten() else {
+            continue;
+        };
         let producer = graph.tensor(t).producer;
         match subgraph_of[producer.index()] {
             Some(id) => {
@@ -355,7 +380,12 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
             None => {}
         }
     }
-    Partition { devices: devices.to_vec(), subgraphs, subgraph_of, passthrough_outputs }
+    Partition {
+        devices: devices.to_vec(),
+        subgraphs,
+        subgraph_of,
+        passthrough_outputs,
+    }
 }
 
 /// Where a tensor comes from (see [`assemble`]).

@@ -52,7 +52,11 @@ impl Bits {
     }
     /// `self & a & b` is non-empty.
     fn meets(&self, a: &Bits, b: &Bits) -> bool {
-        self.0.iter().zip(&a.0).zip(&b.0).any(|((x, y), z)| x & y & z != 0)
+        self.0
+            .iter()
+            .zip(&a.0)
+            .zip(&b.0)
+            .any(|((x, y), z)| x & y & z != 0)
     }
 }
 

@@ -19,9 +19,18 @@ pub enum ValidationError {
     #[error("the subgraphs form a cycle through subgraph {0}")]
     Cycle(usize),
     #[error("tensor '{tensor}' crosses from subgraph {from} to {to} but is not {what}")]
-    Boundary { tensor: String, from: usize, to: usize, what: &'static str },
+    Boundary {
+        tensor: String,
+        from: usize,
+        to: usize,
+        what: &'static str,
+    },
     #[error("subgraph {sg} lacks housekeeping node '{node}' ({kind})")]
-    Housekeeping { sg: usize, node: String, kind: &'static str },
+    Housekeeping {
+        sg: usize,
+        node: String,
+        kind: &'static str,
+    },
     #[error("graph output '{0}' is neither produced by a subgraph nor a pass-through")]
     LostOutput(String),
 }
@@ -31,7 +40,11 @@ pub enum ValidationError {
 /// ids follow a topological order; every tensor crossing a boundary is an
 /// output of its producer's subgraph and an input of each consumer's;
 /// Parameters, Constants and Results are attached where they are used.
-pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result<(), ValidationError> {
+pub fn validate(
+    graph: &Graph,
+    assignment: &Assignment,
+    p: &Partition,
+) -> Result<(), ValidationError> {
     let mut count = vec![0usize; graph.dag.node_count()];
     for (i, sg) in p.subgraphs.iter().enumerate() {
         if sg.id != i {
@@ -42,14 +55,22 @@ pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result
         }
         for &n in &sg.nodes {
             count[n.index()] += 1;
-            if assignment.device_of[n.index()] != Some(sg.device) || p.subgraph_of[n.index()] != Some(i) {
-                return Err(ValidationError::MixedDevice { sg: i, node: graph.node(n).name.clone() });
+            if assignment.device_of[n.index()] != Some(sg.device)
+                || p.subgraph_of[n.index()] != Some(i)
+            {
+                return Err(ValidationError::MixedDevice {
+                    sg: i,
+                    node: graph.node(n).name.clone(),
+                });
             }
         }
     }
     for &n in graph.topo_ops() {
         if count[n.index()] != 1 {
-            return Err(ValidationError::NodeCount(graph.node(n).name.clone(), count[n.index()]));
+            return Err(ValidationError::NodeCount(
+                graph.node(n).name.clone(),
+                count[n.index()],
+            ));
         }
     }
     // Acyclic with topological ids: every crossing edge goes to a higher id.
@@ -85,17 +106,38 @@ pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result
                             return Err(ValidationError::Cycle(to));
                         }
                         if output_of[t.index()] != from {
-                            return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an output of its producer's subgraph" });
+                            return Err(ValidationError::Boundary {
+                                tensor: name(),
+                                from,
+                                to,
+                                what: "an output of its producer's subgraph",
+                            });
                         }
                         if input_stamp[t.index()] != stamp {
-                            return Err(ValidationError::Boundary { tensor: name(), from, to, what: "an input of its consumer's subgraph" });
+                            return Err(ValidationError::Boundary {
+                                tensor: name(),
+                                from,
+                                to,
+                                what: "an input of its consumer's subgraph",
+                            });
                         }
                     }
-                    NodeKind::Parameter if node_stamp[producer.index()] != stamp || input_stamp[t.index()] != stamp => {
-                        return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Parameter" });
+                    NodeKind::Parameter
+                        if node_stamp[producer.index()] != stamp
+                            || input_stamp[t.index()] != stamp =>
+                    {
+                        return Err(ValidationError::Housekeeping {
+                            sg: to,
+                            node: name(),
+                            kind: "Parameter",
+                        });
                     }
                     NodeKind::Constant if node_stamp[producer.index()] != stamp => {
-                        return Err(ValidationError::Housekeeping { sg: to, node: name(), kind: "Constant" });
+                        return Err(ValidationError::Housekeeping {
+                            sg: to,
+                            node: name(),
+                            kind: "Constant",
+                        });
                     }
                     _ => {}
                 }
@@ -107,7 +149,11 @@ pub fn validate(graph: &Graph, assignment: &Assignment, p: &Partition) -> Result
         match p.subgraph_of[producer.index()] {
             Some(sg) => {
                 if output_of[t.index()] != sg {
-                    return Err(ValidationError::Housekeeping { sg, node: graph.tensor(t).name.clone(), kind: "Result" });
+                    return Err(ValidationError::Housekeeping {
+                        sg,
+                        node: graph.tensor(t).name.clone(),
+                        kind: "Result",
+                    });
                 }
             }
             None if p.passthrough_outputs.contains(&t) => {}

@@ -4,21 +4,33 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use tessera_common::affinity::{assign, AffinityRequest, AnalyticCostModel, Assignment, DeviceId, DevicePriority, Policy, SupportSet};
+use tessera_common::affinity::{
+    assign, AffinityRequest, AnalyticCostModel, Assignment, DeviceId, DevicePriority, Policy,
+    SupportSet,
+};
 use tessera_common::graph::Graph;
 use tessera_common::partition::{partition, Algorithm, Partition, PartitionOptions};
 use tessera_common::synth::{model_from_dag, Dag};
 
 pub fn graph_from(nodes: usize, edges: &[(u32, u32)], names: Option<&[&str]>) -> Graph {
-    let dag = Dag { nodes, edges: edges.to_vec() };
+    let dag = Dag {
+        nodes,
+        edges: edges.to_vec(),
+    };
     Graph::from_model(model_from_dag(&dag, names)).expect("synthetic model is valid")
 }
 
 /// Assigns with the priority policy; `supports` lists (device, set).
-pub fn assign_priority(graph: &Graph, priority: &str, supports: Vec<(&str, SupportSet)>) -> Assignment {
+pub fn assign_priority(
+    graph: &Graph,
+    priority: &str,
+    supports: Vec<(&str, SupportSet)>,
+) -> Assignment {
     let priority = DevicePriority::parse(priority).unwrap();
-    let supports: HashMap<DeviceId, SupportSet> =
-        supports.into_iter().map(|(d, s)| (DeviceId::parse(d).unwrap(), s)).collect();
+    let supports: HashMap<DeviceId, SupportSet> = supports
+        .into_iter()
+        .map(|(d, s)| (DeviceId::parse(d).unwrap(), s))
+        .collect();
     let model = AnalyticCostModel::default();
     assign(
         graph,
@@ -35,7 +47,16 @@ pub fn assign_priority(graph: &Graph, priority: &str, supports: Vec<(&str, Suppo
 }
 
 pub fn run(graph: &Graph, a: &Assignment, algorithm: Algorithm, merge: bool) -> Partition {
-    partition(graph, a, PartitionOptions { algorithm, merge, ..Default::default() }).unwrap()
+    partition(
+        graph,
+        a,
+        PartitionOptions {
+            algorithm,
+            merge,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// The subgraphs as (device, sorted node names), sorted.
@@ -43,7 +64,11 @@ pub fn groups(graph: &Graph, p: &Partition) -> BTreeSet<(String, Vec<String>)> {
     p.subgraphs
         .iter()
         .map(|sg| {
-            let mut names: Vec<String> = sg.nodes.iter().map(|&n| graph.node(n).name.clone()).collect();
+            let mut names: Vec<String> = sg
+                .nodes
+                .iter()
+                .map(|&n| graph.node(n).name.clone())
+                .collect();
             names.sort();
             (p.device_of(sg).to_string(), names)
         })
@@ -81,7 +106,11 @@ pub fn real_models() -> Vec<PathBuf> {
         .iter()
         .map(|n| {
             let p = dir.join(n);
-            assert!(p.exists(), "missing test model {}: run scripts/fetch-test-models.sh", p.display());
+            assert!(
+                p.exists(),
+                "missing test model {}: run scripts/fetch-test-models.sh",
+                p.display()
+            );
             p
         })
         .collect()
