@@ -113,7 +113,8 @@ proptest! {
 }
 
 /// Counts how often `fast` (with the merge pass) needs more subgraphs than
-/// `reference` (with the merge pass) over seeded random cases.
+/// `reference` (OpenVINO's algorithm as it is, and followed by our merge
+/// pass) over seeded random cases. Allowed: 5% and 10% of the cases.
 #[test]
 fn fast_rarely_needs_more_subgraphs_than_reference() {
     let cases = 300;

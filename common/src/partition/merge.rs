@@ -327,6 +327,7 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
                 }
             }
         }
+        merge_sources(&mut c, &order);
         return labels.iter().map(|&l| c.find(l)).collect();
     }
     // Grow each subgraph through its same-device neighbours in both
@@ -361,5 +362,39 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
             }
         }
     }
+    merge_sources(&mut c, &order);
     labels.iter().map(|&l| c.find(l)).collect()
+}
+
+/// Merges the subgraphs that read no other subgraph (they read only graph
+/// inputs and constants), device by device. No path can enter a source, so
+/// no merge of sources can close a cycle. Constant subexpressions that a
+/// device cannot fold into their consumers (e.g. a `Cast` of a weight on a
+/// CPU) then form one prologue instead of many tiny subgraphs.
+fn merge_sources(c: &mut Contractor, order: &[u32]) {
+    let mut first_source: Vec<Option<u32>> = Vec::new();
+    let mut buf = Vec::new();
+    for &x in order {
+        if c.find(x) != x {
+            continue;
+        }
+        c.neighbours(x, false, &mut buf);
+        if !buf.is_empty() {
+            continue;
+        }
+        let dev = c.device[x as usize] as usize;
+        if first_source.len() <= dev {
+            first_source.resize(dev + 1, None);
+        }
+        match first_source[dev] {
+            None => first_source[dev] = Some(x),
+            Some(keep) => {
+                // Both are sources: the merged one may sit at the earlier
+                // position, before every successor of either.
+                let pos = c.pos[keep as usize].min(c.pos[x as usize]);
+                c.absorb(keep, x, keep);
+                c.pos[keep as usize] = pos;
+            }
+        }
+    }
 }
