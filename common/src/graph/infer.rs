@@ -78,7 +78,12 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
             if t.elem_type.is_none() {
                 t.elem_type = types.get(k).copied().flatten();
             }
-            if t.shape.is_none() && (k == 0 || proto.op_type.as_deref() == Some("Split")) {
+            if t.shape.is_some() {
+                continue;
+            }
+            if proto.op_type.as_deref() == Some("If") {
+                t.shape = if_output_shape(proto, k);
+            } else if k == 0 || proto.op_type.as_deref() == Some("Split") {
                 t.shape = shape0.clone();
             }
         }
@@ -97,6 +102,22 @@ fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
 
 fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
     attr(node, name).map(|a| a.ints.clone())
+}
+
+/// Shape of output `k` of an `If`: the branches' declared shape where they
+/// agree, unknown dims where they differ, nothing if the ranks differ.
+fn if_output_shape(node: &NodeProto, k: usize) -> Option<Vec<Dim>> {
+    let branch = |name: &str| {
+        let g = attr(node, name)?.g.as_ref()?;
+        tensor_type(g.output.get(k)?.r#type.as_ref()?).1
+    };
+    let (a, b) = (branch("then_branch")?, branch("else_branch")?);
+    (a.len() == b.len()).then(|| {
+        a.into_iter()
+            .zip(b)
+            .map(|(x, y)| if x == y { x } else { Dim::Unknown })
+            .collect()
+    })
 }
 
 /// Integer contents of a small int64/int32 initializer.
