@@ -1,5 +1,6 @@
 //! Partitioning benchmark (a figure printer, not a timed test):
-//! `cargo bench -p tessera-common --bench partition [-- MAX_NODES]`.
+//! `cargo bench -p tessera-common --bench partition [-- MAX_NODES | --only N]`;
+//! `TESSERA_BENCH_PHASES=1` also times the phases of the linear pipeline.
 //!
 //! Random layered DAGs of 1k … 1M nodes over three devices (GPU, NPU, CPU;
 //! every node is given one of ten op kinds; GPU supports seven kinds, NPU
@@ -60,24 +61,8 @@ fn main() {
             cost_model: &cost,
         };
         let a = assign(&graph, &req).expect("assignment");
-        if std::env::var_os("PHASES").is_some() {
-            use tessera_common::partition::{assemble, fast, merge, op_dag, validate};
-            let t = Instant::now();
-            let d = op_dag(&graph, &a).unwrap();
-            let t1 = t.elapsed();
-            let l = fast::select(&d, fast::JoinRule::Rank);
-            let t2 = t.elapsed();
-            let l2 = fast::select(&d, fast::JoinRule::Exact);
-            let t3 = t.elapsed();
-            let m = merge::merge(&d, &l);
-            let t4 = t.elapsed();
-            let m2 = merge::merge(&d, &(0..n as u32).collect::<Vec<_>>());
-            let t5 = t.elapsed();
-            let p = assemble(&graph, &a.devices, &d, &m);
-            let t6 = t.elapsed();
-            validate(&graph, &a, &p).unwrap();
-            let t7 = t.elapsed();
-            println!("phases: opdag {t1:?} rank {:?} exact {:?} merge {:?} merge-singletons {:?} assemble {:?} validate {:?} ({} {})", t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, l2.len(), m2.len());
+        if std::env::var_os("TESSERA_BENCH_PHASES").is_some() {
+            print_phases(&graph, &a);
         }
         let portfolio = PartitionOptions::default().portfolio_max_nodes;
         let mut runs = vec![
@@ -123,4 +108,29 @@ fn main() {
             w[1].1 / w[0].1 / 10.0
         );
     }
+}
+
+/// Times the phases of the linear pipeline separately
+/// (`TESSERA_BENCH_PHASES=1`).
+fn print_phases(graph: &Graph, a: &tessera_common::affinity::Assignment) {
+    use tessera_common::partition::{assemble, fast, merge, op_dag, validate};
+    let t = Instant::now();
+    let dag = op_dag(graph, a).expect("op dag");
+    let t_dag = t.elapsed();
+    let labels = fast::select(&dag, fast::JoinRule::Rank);
+    let t_select = t.elapsed();
+    let merged = merge::merge_in_order(&dag, &labels, merge::MergeOrder::Local);
+    let t_merge = t.elapsed();
+    let p = assemble(graph, &a.devices, &dag, &merged);
+    let t_assemble = t.elapsed();
+    validate(graph, a, &p).expect("valid");
+    let t_validate = t.elapsed();
+    println!(
+        "phases: op-dag {:.1} ms, select {:.1} ms, merge {:.1} ms, assemble {:.1} ms, validate {:.1} ms",
+        t_dag.as_secs_f64() * 1e3,
+        (t_select - t_dag).as_secs_f64() * 1e3,
+        (t_merge - t_select).as_secs_f64() * 1e3,
+        (t_assemble - t_merge).as_secs_f64() * 1e3,
+        (t_validate - t_assemble).as_secs_f64() * 1e3
+    );
 }

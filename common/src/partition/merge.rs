@@ -10,12 +10,74 @@
 //! edge that cannot be contracted never becomes contractible later and one
 //! pass over the subgraphs reaches the fixpoint.
 
-use super::dag::OpDag;
+use super::dag::{csr, OpDag};
+
+/// One direction of the subgraph graph's adjacency: the initial lists in CSR
+/// form plus, for subgraphs that absorbed others or were normalized, an
+/// owned list. Entries may be stale (absorbed ids) or repeated; readers map
+/// them through `find`. Keeps the common case free of per-node allocations.
+struct Adjacency {
+    off: Vec<u32>,
+    cols: Vec<u32>,
+    /// The CSR row still belongs to the node's list.
+    live: Vec<bool>,
+    extra: Vec<Vec<u32>>,
+}
+
+impl Adjacency {
+    fn new(k: usize, pairs: impl Iterator<Item = (u32, u32)> + Clone, len: usize) -> Adjacency {
+        let (off, cols) = csr(k, pairs, len);
+        Adjacency {
+            off,
+            cols,
+            live: vec![true; k],
+            extra: vec![Vec::new(); k],
+        }
+    }
+
+    fn row(&self, x: u32) -> &[u32] {
+        if self.live[x as usize] {
+            &self.cols[self.off[x as usize] as usize..self.off[x as usize + 1] as usize]
+        } else {
+            &[]
+        }
+    }
+
+    fn len(&self, x: u32) -> usize {
+        self.row(x).len() + self.extra[x as usize].len()
+    }
+
+    fn at(&self, x: u32, i: usize) -> u32 {
+        let row = self.row(x);
+        if i < row.len() {
+            row[i]
+        } else {
+            self.extra[x as usize][i - row.len()]
+        }
+    }
+
+    /// Removes and returns the whole list of `x`.
+    fn take(&mut self, x: u32) -> Vec<u32> {
+        let mut list = std::mem::take(&mut self.extra[x as usize]);
+        list.extend_from_slice(self.row(x));
+        self.live[x as usize] = false;
+        list
+    }
+
+    fn absorb(&mut self, keep: u32, gone: u32) {
+        let list = self.take(gone);
+        if self.extra[keep as usize].is_empty() && !self.live[keep as usize] {
+            self.extra[keep as usize] = list;
+        } else {
+            self.extra[keep as usize].extend(list);
+        }
+    }
+}
 
 struct Contractor {
     parent: Vec<u32>,
-    succ: Vec<Vec<u32>>,
-    pred: Vec<Vec<u32>>,
+    succ: Adjacency,
+    pred: Adjacency,
     pos: Vec<u64>,
     device: Vec<u16>,
     size: Vec<u32>,
@@ -40,14 +102,22 @@ impl Contractor {
         x
     }
 
+    fn adj(&self, forward: bool) -> &Adjacency {
+        if forward {
+            &self.succ
+        } else {
+            &self.pred
+        }
+    }
+
     /// Current successors (or predecessors) of representative `x`,
     /// normalized in place and copied into `out`.
     fn neighbours(&mut self, x: u32, forward: bool, out: &mut Vec<u32>) {
-        let mut list = std::mem::take(if forward {
-            &mut self.succ[x as usize]
+        let mut list = if forward {
+            self.succ.take(x)
         } else {
-            &mut self.pred[x as usize]
-        });
+            self.pred.take(x)
+        };
         for v in list.iter_mut() {
             *v = self.find(*v);
         }
@@ -57,9 +127,9 @@ impl Contractor {
         out.clear();
         out.extend_from_slice(&list);
         if forward {
-            self.succ[x as usize] = list;
+            self.succ.extra[x as usize] = list;
         } else {
-            self.pred[x as usize] = list;
+            self.pred.extra[x as usize] = list;
         }
     }
 
@@ -83,17 +153,9 @@ impl Contractor {
         stack.push(start);
         let mut ok = true;
         'search: while let Some(x) = stack.pop() {
-            let len = if forward {
-                self.succ[x as usize].len()
-            } else {
-                self.pred[x as usize].len()
-            };
+            let len = self.adj(forward).len(x);
             for i in 0..len {
-                let raw = if forward {
-                    self.succ[x as usize][i]
-                } else {
-                    self.pred[x as usize][i]
-                };
+                let raw = self.adj(forward).at(x, i);
                 let y = self.find(raw);
                 if y == x {
                     continue;
@@ -127,17 +189,9 @@ impl Contractor {
         forward: bool,
         (lo, hi): (u64, u64),
     ) -> bool {
-        let len = if forward {
-            self.succ[x as usize].len()
-        } else {
-            self.pred[x as usize].len()
-        };
+        let len = self.adj(forward).len(x);
         (0..len).any(|i| {
-            let raw = if forward {
-                self.succ[x as usize][i]
-            } else {
-                self.pred[x as usize][i]
-            };
+            let raw = self.adj(forward).at(x, i);
             let y = self.find(raw);
             y != x && y != other && (lo + 1..hi).contains(&self.pos[y as usize])
         })
@@ -147,10 +201,8 @@ impl Contractor {
         let gone = if keep == s { t } else { s };
         self.parent[gone as usize] = keep;
         self.size[keep as usize] += self.size[gone as usize];
-        let succ = std::mem::take(&mut self.succ[gone as usize]);
-        let pred = std::mem::take(&mut self.pred[gone as usize]);
-        self.succ[keep as usize].extend(succ);
-        self.pred[keep as usize].extend(pred);
+        self.succ.absorb(keep, gone);
+        self.pred.absorb(keep, gone);
     }
 
     /// Contracts the edge `s → t` if no other path joins them, keeping
@@ -232,10 +284,6 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
     let k = labels.iter().map(|&l| l as usize + 1).max().unwrap_or(0);
     let mut device = vec![0u16; k];
     let mut size = vec![0u32; k];
-    // Adjacency may hold duplicates; they are dropped lazily.
-    let mut succ = vec![Vec::new(); k];
-    let mut pred = vec![Vec::new(); k];
-    let mut indeg = vec![0u32; k];
     let mut edges: Vec<(u32, u32)> = Vec::new();
     for v in 0..dag.len() as u32 {
         let lv = labels[v as usize];
@@ -243,23 +291,25 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
         size[lv as usize] += 1;
         for &s in dag.succs(v) {
             let ls = labels[s as usize];
-            if ls != lv && succ[lv as usize].last() != Some(&ls) {
-                succ[lv as usize].push(ls);
-                pred[ls as usize].push(lv);
-                indeg[ls as usize] += 1;
-                if order_kind == MergeOrder::Window {
-                    edges.push((lv, ls));
-                }
+            if ls != lv {
+                edges.push((lv, ls));
             }
         }
     }
+    // Rows come out sorted and without duplicates.
+    let succ = Adjacency::new(k, edges.iter().copied(), edges.len());
+    let pred = Adjacency::new(k, edges.iter().map(|&(a, b)| (b, a)), edges.len());
     // Topological numbering of the subgraph graph (Kahn).
+    let mut indeg = vec![0u32; k];
+    for &b in &succ.cols {
+        indeg[b as usize] += 1;
+    }
     let mut order: Vec<u32> = (0..k as u32).filter(|&l| indeg[l as usize] == 0).collect();
     let mut head = 0;
     while head < order.len() {
         let l = order[head];
         head += 1;
-        for &s in &succ[l as usize] {
+        for &s in succ.row(l) {
             indeg[s as usize] -= 1;
             if indeg[s as usize] == 0 {
                 order.push(s);
@@ -332,17 +382,60 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
     }
     // Grow each subgraph through its same-device neighbours in both
     // directions until nothing more can join.
-    let mut by_size = order.clone();
-    if order_kind == MergeOrder::LargestFirst {
-        by_size.sort_by_key(|&l| (std::cmp::Reverse(c.size[l as usize]), c.pos[l as usize]));
+    let by_size = if order_kind == MergeOrder::LargestFirst {
+        let mut v = order.clone();
+        v.sort_by_key(|&l| (std::cmp::Reverse(c.size[l as usize]), c.pos[l as usize]));
+        v
     } else {
-        by_size.sort_by_key(|&l| (c.device[l as usize], c.pos[l as usize]));
-    }
+        // Device by device (a stable counting sort keeps topological order).
+        let devices = c.device.iter().map(|&d| d as usize + 1).max().unwrap_or(0);
+        let mut start = vec![0usize; devices + 1];
+        for &l in &order {
+            start[c.device[l as usize] as usize + 1] += 1;
+        }
+        for d in 0..devices {
+            start[d + 1] += start[d];
+        }
+        let mut v = vec![0u32; order.len()];
+        for &l in &order {
+            let d = c.device[l as usize] as usize;
+            v[start[d]] = l;
+            start[d] += 1;
+        }
+        v
+    };
     for s in by_size {
         if c.find(s) != s {
             continue;
         }
         let dev = c.device[s as usize];
+        if !c.exhaustive {
+            // Linear mode: raw lists, no normalization; duplicates cost an
+            // O(degree) check each.
+            loop {
+                let mut merged = false;
+                for forward in [true, false] {
+                    let mut i = 0;
+                    while i < c.adj(forward).len(s) {
+                        let raw = c.adj(forward).at(s, i);
+                        i += 1;
+                        let y = c.find(raw);
+                        if y == s || c.device[y as usize] != dev {
+                            continue;
+                        }
+                        merged |= if forward {
+                            c.try_contract(s, y, s)
+                        } else {
+                            c.try_contract(y, s, s)
+                        };
+                    }
+                }
+                if !merged {
+                    break;
+                }
+            }
+            continue;
+        }
         loop {
             let mut merged = false;
             c.neighbours(s, true, &mut buf);

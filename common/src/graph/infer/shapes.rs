@@ -1,112 +1,13 @@
-//! Simple element-type and static-shape propagation for the tensors the model
-//! leaves untyped. Declared types (value_info, inputs, outputs, initializers)
-//! are never overwritten; what cannot be derived stays unknown.
+//! Static-shape rules: the shape of output 0 of an op (of every output for
+//! `Split` and `If`), where the rule can derive it.
 
-use std::collections::HashMap;
-
-use super::build::tensor_type;
-use super::{Dim, Graph, TensorId};
-use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
-use crate::onnx::ElemType;
-
-pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
-    let Some(g) = model.graph.as_ref() else {
-        return;
-    };
-    // Known constant values: initializers and outputs of Constant ops.
-    let mut consts: HashMap<&str, &TensorProto> = g
-        .initializer
-        .iter()
-        .filter_map(|t| Some((t.name.as_deref()?, t)))
-        .collect();
-    for n in &g.node {
-        if n.op_type.as_deref() == Some("Constant") {
-            if let (Some(out), Some(t)) = (
-                n.output.first(),
-                attr(n, "value").and_then(|a| a.t.as_ref()),
-            ) {
-                consts.insert(out.as_str(), t);
-            }
-        }
-    }
-    // Constant nodes have no inputs: they go first.
-    let order: Vec<super::NodeId> = graph
-        .dag
-        .node_indices()
-        .filter(|&n| {
-            graph.dag[n].kind == super::NodeKind::Constant && graph.dag[n].onnx_index.is_some()
-        })
-        .chain(graph.topo_ops.iter().copied())
-        .collect();
-    for id in order {
-        let node = &graph.dag[id];
-        let Some(proto) = node.onnx_index.and_then(|k| g.node.get(k)) else {
-            continue;
-        };
-        let ins: Vec<Option<TensorId>> = node.inputs.clone();
-        let outs: Vec<Option<TensorId>> = node.outputs.clone();
-        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-        let in_type = |k: usize| {
-            ins.get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| graph.tensors[t.index()].elem_type)
-        };
-        let in_shape = |k: usize| {
-            ins.get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| graph.tensors[t.index()].shape.clone())
-        };
-        let const_ints = |k: usize| {
-            let t = ins.get(k).copied().flatten()?;
-            int_values(consts.get(graph.tensors[t.index()].name.as_str())?)
-        };
-        let types = if default_domain {
-            output_types(proto, &in_type)
-        } else {
-            vec![]
-        };
-        let shape0 = if default_domain {
-            output_shape(proto, &in_shape, &const_ints)
-        } else {
-            None
-        };
-        for (k, out) in outs.iter().enumerate() {
-            let Some(out) = out else { continue };
-            let t = &mut graph.tensors[out.index()];
-            if t.elem_type.is_none() {
-                t.elem_type = types.get(k).copied().flatten();
-            }
-            if t.shape.is_some() {
-                continue;
-            }
-            if proto.op_type.as_deref() == Some("If") {
-                t.shape = if_output_shape(proto, k);
-            } else if k == 0 || proto.op_type.as_deref() == Some("Split") {
-                t.shape = shape0.clone();
-            }
-        }
-    }
-}
-
-fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute
-        .iter()
-        .find(|a| a.name.as_deref() == Some(name))
-}
-
-fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
-    attr(node, name).and_then(|a| a.i)
-}
-
-fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
-    attr(node, name).map(|a| a.ints.clone())
-}
+use super::super::build::tensor_type;
+use super::{attr, attr_i, attr_ints, Dim};
+use crate::onnx::proto::NodeProto;
 
 /// Shape of output `k` of an `If`: the branches' declared shape where they
 /// agree, unknown dims where they differ, nothing if the ranks differ.
-fn if_output_shape(node: &NodeProto, k: usize) -> Option<Vec<Dim>> {
+pub(super) fn if_output_shape(node: &NodeProto, k: usize) -> Option<Vec<Dim>> {
     let branch = |name: &str| {
         let g = attr(node, name)?.g.as_ref()?;
         tensor_type(g.output.get(k)?.r#type.as_ref()?).1
@@ -118,122 +19,6 @@ fn if_output_shape(node: &NodeProto, k: usize) -> Option<Vec<Dim>> {
             .map(|(x, y)| if x == y { x } else { Dim::Unknown })
             .collect()
     })
-}
-
-/// Integer contents of a small int64/int32 initializer.
-fn int_values(t: &TensorProto) -> Option<Vec<i64>> {
-    match t.data_type? {
-        7 => Some(if let Some(raw) = &t.raw_data {
-            raw.chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect()
-        } else {
-            t.int64_data.clone()
-        }),
-        6 => Some(if let Some(raw) = &t.raw_data {
-            raw.chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-                .collect()
-        } else {
-            t.int32_data.iter().map(|&v| v as i64).collect()
-        }),
-        _ => None,
-    }
-}
-
-/// Element type of each output, where a rule knows it.
-fn output_types(
-    node: &NodeProto,
-    in_type: &dyn Fn(usize) -> Option<ElemType>,
-) -> Vec<Option<ElemType>> {
-    let op = node.op_type.as_deref().unwrap_or("");
-    let n = node.output.len();
-    let all = |t: Option<ElemType>| vec![t; n];
-    let from_attr_tensor = |name: &str| {
-        attr(node, name)
-            .and_then(|a| a.t.as_ref())
-            .and_then(|t| t.data_type)
-            .map(ElemType)
-    };
-    match op {
-        "Cast" => all(attr_i(node, "to").map(|v| ElemType(v as i32))),
-        "CastLike" => all(in_type(1)),
-        "Shape" | "Size" | "ArgMax" | "ArgMin" | "NonZero" | "NonMaxSuppression" => {
-            all(Some(ElemType::INT64))
-        }
-        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or"
-        | "Xor" | "IsNaN" | "IsInf" => all(Some(ElemType::BOOL)),
-        "Constant" => {
-            let a = node.attribute.first();
-            let t = a.and_then(|a| match a.name.as_deref()? {
-                "value" => a.t.as_ref()?.data_type.map(ElemType),
-                "value_float" | "value_floats" => Some(ElemType::FLOAT),
-                "value_int" | "value_ints" => Some(ElemType::INT64),
-                "value_string" | "value_strings" => Some(ElemType::STRING),
-                _ => None,
-            });
-            all(t)
-        }
-        "ConstantOfShape" => all(from_attr_tensor("value").or(Some(ElemType::FLOAT))),
-        "RandomNormal" | "RandomUniform" | "EyeLike" | "RandomNormalLike" | "RandomUniformLike"
-        | "Multinomial" => {
-            let default = if op.ends_with("Like") {
-                in_type(0)
-            } else if op == "Multinomial" {
-                Some(ElemType::INT32)
-            } else {
-                Some(ElemType::FLOAT)
-            };
-            all(attr_i(node, "dtype")
-                .map(|v| ElemType(v as i32))
-                .or(default))
-        }
-        "TopK" => vec![in_type(0), Some(ElemType::INT64)],
-        "MaxPool" => vec![in_type(0), Some(ElemType::INT64)],
-        "Unique" => vec![
-            in_type(0),
-            Some(ElemType::INT64),
-            Some(ElemType::INT64),
-            Some(ElemType::INT64),
-        ],
-        "QuantizeLinear" => all(in_type(2)
-            .or_else(|| {
-                attr_i(node, "output_dtype")
-                    .filter(|&v| v != 0)
-                    .map(|v| ElemType(v as i32))
-            })
-            .or(Some(ElemType::UINT8))),
-        "DequantizeLinear" => all(in_type(1)),
-        "DynamicQuantizeLinear" => vec![
-            Some(ElemType::UINT8),
-            Some(ElemType::FLOAT),
-            Some(ElemType::UINT8),
-        ],
-        "Where" => all(in_type(1)),
-        "If" => {
-            let branch = attr(node, "then_branch").and_then(|a| a.g.as_ref());
-            (0..n)
-                .map(|k| {
-                    branch
-                        .and_then(|g| g.output.get(k))
-                        .and_then(|v| v.r#type.as_ref())
-                        .and_then(|tp| tensor_type(tp).0)
-                })
-                .collect()
-        }
-        "Loop" | "Scan" => {
-            let body = attr(node, "body").and_then(|a| a.g.as_ref());
-            let skip = usize::from(op == "Loop");
-            (0..n)
-                .map(|k| {
-                    body.and_then(|g| g.output.get(k + skip))
-                        .and_then(|v| v.r#type.as_ref())
-                        .and_then(|tp| tensor_type(tp).0)
-                })
-                .collect()
-        }
-        _ => all(in_type(0)),
-    }
 }
 
 /// A rank read from the model, if plausible (a corrupt file must not make
@@ -267,7 +52,7 @@ fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
 }
 
 /// Static shape of output 0, where a rule knows it.
-fn output_shape(
+pub(super) fn output_shape(
     node: &NodeProto,
     in_shape: &dyn Fn(usize) -> Option<Vec<Dim>>,
     const_ints: &dyn Fn(usize) -> Option<Vec<i64>>,
@@ -458,7 +243,7 @@ fn output_shape(
                 axis
             } as usize;
             let prod = |d: &[Dim]| {
-                super::numel(d)
+                crate::graph::numel(d)
                     .map(|v| Dim::Known(v as i64))
                     .unwrap_or(Dim::Unknown)
             };
@@ -488,7 +273,7 @@ fn output_shape(
                 })
                 .collect();
             if let Some(pos) = target.iter().position(|&v| v == -1) {
-                let total = x.as_deref().and_then(super::numel);
+                let total = x.as_deref().and_then(crate::graph::numel);
                 let known: Option<u64> = out
                     .iter()
                     .enumerate()

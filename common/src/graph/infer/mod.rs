@@ -1,0 +1,133 @@
+//! Simple element-type and static-shape propagation for the tensors the model
+//! leaves untyped. Declared types (value_info, inputs, outputs, initializers)
+//! are never overwritten; what cannot be derived stays unknown.
+//!
+//! Layout: [`types`] holds the element-type rules, [`shapes`] the static
+//! shape rules; both are looked up by op type.
+
+mod shapes;
+mod types;
+
+use std::collections::HashMap;
+
+use super::{Dim, Graph, TensorId};
+use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
+
+use shapes::{if_output_shape, output_shape};
+use types::output_types;
+
+pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
+    let Some(g) = model.graph.as_ref() else {
+        return;
+    };
+    // Known constant values: initializers and outputs of Constant ops.
+    let mut consts: HashMap<&str, &TensorProto> = g
+        .initializer
+        .iter()
+        .filter_map(|t| Some((t.name.as_deref()?, t)))
+        .collect();
+    for n in &g.node {
+        if n.op_type.as_deref() == Some("Constant") {
+            if let (Some(out), Some(t)) = (
+                n.output.first(),
+                attr(n, "value").and_then(|a| a.t.as_ref()),
+            ) {
+                consts.insert(out.as_str(), t);
+            }
+        }
+    }
+    // Constant nodes have no inputs: they go first.
+    let order: Vec<super::NodeId> = graph
+        .dag
+        .node_indices()
+        .filter(|&n| {
+            graph.dag[n].kind == super::NodeKind::Constant && graph.dag[n].onnx_index.is_some()
+        })
+        .chain(graph.topo_ops.iter().copied())
+        .collect();
+    for id in order {
+        let node = &graph.dag[id];
+        let Some(proto) = node.onnx_index.and_then(|k| g.node.get(k)) else {
+            continue;
+        };
+        let ins: Vec<Option<TensorId>> = node.inputs.clone();
+        let outs: Vec<Option<TensorId>> = node.outputs.clone();
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        let in_type = |k: usize| {
+            ins.get(k)
+                .copied()
+                .flatten()
+                .and_then(|t| graph.tensors[t.index()].elem_type)
+        };
+        let in_shape = |k: usize| {
+            ins.get(k)
+                .copied()
+                .flatten()
+                .and_then(|t| graph.tensors[t.index()].shape.clone())
+        };
+        let const_ints = |k: usize| {
+            let t = ins.get(k).copied().flatten()?;
+            int_values(consts.get(graph.tensors[t.index()].name.as_str())?)
+        };
+        let types = if default_domain {
+            output_types(proto, &in_type)
+        } else {
+            vec![]
+        };
+        let shape0 = if default_domain {
+            output_shape(proto, &in_shape, &const_ints)
+        } else {
+            None
+        };
+        for (k, out) in outs.iter().enumerate() {
+            let Some(out) = out else { continue };
+            let t = &mut graph.tensors[out.index()];
+            if t.elem_type.is_none() {
+                t.elem_type = types.get(k).copied().flatten();
+            }
+            if t.shape.is_some() {
+                continue;
+            }
+            if proto.op_type.as_deref() == Some("If") {
+                t.shape = if_output_shape(proto, k);
+            } else if k == 0 || proto.op_type.as_deref() == Some("Split") {
+                t.shape = shape0.clone();
+            }
+        }
+    }
+}
+
+pub(super) fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+    node.attribute
+        .iter()
+        .find(|a| a.name.as_deref() == Some(name))
+}
+
+pub(super) fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
+    attr(node, name).and_then(|a| a.i)
+}
+
+pub(super) fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
+    attr(node, name).map(|a| a.ints.clone())
+}
+
+/// Integer contents of a small int64/int32 initializer.
+pub(super) fn int_values(t: &TensorProto) -> Option<Vec<i64>> {
+    match t.data_type? {
+        7 => Some(if let Some(raw) = &t.raw_data {
+            raw.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect()
+        } else {
+            t.int64_data.clone()
+        }),
+        6 => Some(if let Some(raw) = &t.raw_data {
+            raw.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
+                .collect()
+        } else {
+            t.int32_data.iter().map(|&v| v as i64).collect()
+        }),
+        _ => None,
+    }
+}
