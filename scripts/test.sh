@@ -10,4 +10,14 @@ fi
 ./scripts/fetch-test-models.sh >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (cargo prints one per binary).
+passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s += $6} END {print s + 0}')
+echo "tests: $passed passed, $failed failed"
+exit "$status"
