@@ -81,21 +81,36 @@ pub fn irregular_dag(nodes: usize, rng: &mut Rng) -> Dag {
     Dag { nodes, edges }
 }
 
-fn float_info(name: &str, len: i64) -> ValueInfoProto {
+/// A typed graph input/output: element type `elem_type` (ONNX number) and
+/// static `dims`.
+pub fn tensor_info(name: &str, elem_type: i32, dims: &[i64]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| Dimension {
+            denotation: None,
+            value: Some(dimension::Value::DimValue(d)),
+        })
+        .collect();
     ValueInfoProto {
         name: Some(name.to_string()),
         r#type: Some(TypeProto {
             denotation: None,
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: vec![Dimension {
-                        denotation: None,
-                        value: Some(dimension::Value::DimValue(len)),
-                    }],
-                }),
+                elem_type: Some(elem_type),
+                shape: Some(TensorShapeProto { dim }),
             })),
         }),
+        ..Default::default()
+    }
+}
+
+/// A node of the default domain.
+pub fn node(name: &str, op_type: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        name: Some(name.to_string()),
+        op_type: Some(op_type.to_string()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     }
 }
@@ -115,7 +130,7 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
         name: Some("synthetic".into()),
         ..Default::default()
     };
-    g.input.push(float_info("x", 4));
+    g.input.push(tensor_info("x", 1, &[4]));
     for (i, p) in preds.iter().enumerate() {
         let input = if p.is_empty() {
             vec!["x".to_string()]
@@ -135,7 +150,7 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
             ..Default::default()
         });
         if !has_succ[i] {
-            g.output.push(float_info(&format!("t{i}"), 4));
+            g.output.push(tensor_info(&format!("t{i}"), 1, &[4]));
         }
     }
     ModelProto {

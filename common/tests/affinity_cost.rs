@@ -10,43 +10,8 @@ use tessera_common::affinity::{
     SupportSet,
 };
 use tessera_common::graph::Graph;
-use tessera_common::onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
-};
-
-fn info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            denotation: None,
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            denotation: None,
-                            value: Some(dimension::Value::DimValue(d)),
-                        })
-                        .collect(),
-                }),
-            })),
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {
-    NodeProto {
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.into()],
-        ..Default::default()
-    }
-}
+use tessera_common::onnx::proto::{GraphProto, ModelProto, OperatorSetIdProto, TensorProto};
+use tessera_common::synth::{node, tensor_info};
 
 /// x[512,512] → MatMul(W) → Relu → Sqrt(tiny tail on [1]) …
 fn model() -> Graph {
@@ -54,14 +19,14 @@ fn model() -> Graph {
     let g = GraphProto {
         name: Some("cost".into()),
         node: vec![
-            node("mm", "MatMul", &["x", "w"], "y"),
-            node("relu", "Relu", &["y"], "r"),
-            node("pre", "Abs", &["s"], "s1"),
-            node("mid", "Neg", &["s1"], "s2"),
-            node("post", "Sqrt", &["s2"], "s3"),
+            node("mm", "MatMul", &["x", "w"], &["y"]),
+            node("relu", "Relu", &["y"], &["r"]),
+            node("pre", "Abs", &["s"], &["s1"]),
+            node("mid", "Neg", &["s1"], &["s2"]),
+            node("post", "Sqrt", &["s2"], &["s3"]),
         ],
-        input: vec![info("x", &[n, n]), info("s", &[1])],
-        output: vec![info("r", &[n, n]), info("s3", &[1])],
+        input: vec![tensor_info("x", 1, &[n, n]), tensor_info("s", 1, &[1])],
+        output: vec![tensor_info("r", 1, &[n, n]), tensor_info("s3", 1, &[1])],
         initializer: vec![TensorProto {
             name: Some("w".into()),
             dims: vec![n, n],

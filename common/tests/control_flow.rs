@@ -9,44 +9,11 @@ use std::process::Command;
 use tessera_common::affinity::SupportSet;
 use tessera_common::graph::Graph;
 use tessera_common::onnx::proto::{
-    attribute_proto::AttributeType,
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
+    attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto,
 };
 use tessera_common::partition::Algorithm;
-
-fn info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            denotation: None,
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            denotation: None,
-                            value: Some(dimension::Value::DimValue(d)),
-                        })
-                        .collect(),
-                }),
-            })),
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
+use tessera_common::synth::{node, tensor_info};
 
 fn branch(name: &str, n: NodeProto, out: &str) -> AttributeProto {
     AttributeProto {
@@ -55,7 +22,7 @@ fn branch(name: &str, n: NodeProto, out: &str) -> AttributeProto {
         g: Some(GraphProto {
             name: Some(name.into()),
             node: vec![n],
-            output: vec![info(out, 1, &[4])],
+            output: vec![tensor_info(out, 1, &[4])],
             ..Default::default()
         }),
         ..Default::default()
@@ -86,8 +53,8 @@ fn if_model() -> ModelProto {
                 if_node,
                 node("sigmoid", "Sigmoid", &["z"], &["y"]),
             ],
-            input: vec![info("x", 1, &[4]), info("cond", 9, &[])],
-            output: vec![info("y", 1, &[4])],
+            input: vec![tensor_info("x", 1, &[4]), tensor_info("cond", 9, &[])],
+            output: vec![tensor_info("y", 1, &[4])],
             ..Default::default()
         }),
         ..Default::default()

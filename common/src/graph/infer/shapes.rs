@@ -21,6 +21,16 @@ pub(super) fn if_output_shape(node: &NodeProto, k: usize) -> Option<Vec<Dim>> {
     })
 }
 
+/// An ONNX axis (negative counts from the end) as an index in `0..=rank`.
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 {
+        axis.checked_add(rank as i64)?
+    } else {
+        axis
+    };
+    usize::try_from(a).ok().filter(|&a| a <= rank)
+}
+
 /// A rank read from the model, if plausible (a corrupt file must not make
 /// us allocate a billion dimensions).
 fn rank(len: i64) -> Option<usize> {
@@ -237,20 +247,13 @@ pub(super) fn output_shape(
         "Flatten" => {
             let x = in_shape(0)?;
             let axis = attr_i(node, "axis").unwrap_or(1);
-            let axis = if axis < 0 {
-                axis + x.len() as i64
-            } else {
-                axis
-            } as usize;
+            let axis = norm_axis(axis, x.len())?;
             let prod = |d: &[Dim]| {
                 crate::graph::numel(d)
                     .map(|v| Dim::Known(v as i64))
                     .unwrap_or(Dim::Unknown)
             };
-            Some(vec![
-                prod(&x[..axis.min(x.len())]),
-                prod(&x[axis.min(x.len())..]),
-            ])
+            Some(vec![prod(&x[..axis]), prod(&x[axis..])])
         }
         "Reshape" => {
             let Some(target) = const_ints(1) else {
@@ -290,11 +293,7 @@ pub(super) fn output_shape(
         "Concat" => {
             let axis = attr_i(node, "axis")?;
             let first = in_shape(0)?;
-            let axis = if axis < 0 {
-                axis + first.len() as i64
-            } else {
-                axis
-            } as usize;
+            let axis = norm_axis(axis, first.len())?;
             let mut total = Some(0i64);
             for k in 0..node.input.len() {
                 let s = in_shape(k)?;
@@ -319,11 +318,7 @@ pub(super) fn output_shape(
             // Every output: the input's shape with the split axis unknown.
             let mut x = in_shape(0)?;
             let axis = attr_i(node, "axis").unwrap_or(0);
-            let axis = if axis < 0 {
-                axis + x.len() as i64
-            } else {
-                axis
-            } as usize;
+            let axis = norm_axis(axis, x.len())?;
             *x.get_mut(axis)? = Dim::Unknown;
             Some(x)
         }
@@ -409,11 +404,7 @@ pub(super) fn output_shape(
                 None if attr_i(node, "noop_with_empty_axes").unwrap_or(0) != 0 => return Some(x),
                 None => (0..x.len() as i64).collect(),
             };
-            let rank = x.len() as i64;
-            let axes: Vec<usize> = axes
-                .iter()
-                .map(|&a| if a < 0 { a + rank } else { a } as usize)
-                .collect();
+            let axes: Vec<usize> = axes.iter().filter_map(|&a| norm_axis(a, x.len())).collect();
             Some(
                 x.into_iter()
                     .enumerate()
@@ -446,11 +437,7 @@ pub(super) fn output_shape(
         "Gather" => {
             let (x, idx) = (in_shape(0)?, in_shape(1)?);
             let axis = attr_i(node, "axis").unwrap_or(0);
-            let axis = if axis < 0 {
-                axis + x.len() as i64
-            } else {
-                axis
-            } as usize;
+            let axis = norm_axis(axis, x.len())?;
             if axis >= x.len() {
                 return None;
             }
@@ -472,7 +459,7 @@ pub(super) fn output_shape(
             } else {
                 x.len()
             };
-            let norm = |a: i64| if a < 0 { a + rank as i64 } else { a } as usize;
+            let norm = |a: i64| norm_axis(a, rank).unwrap_or(usize::MAX);
             if op == "Unsqueeze" {
                 let axes: Vec<usize> = axes?.into_iter().map(norm).collect();
                 let mut it = x.into_iter();
