@@ -82,10 +82,11 @@ impl<'g> Context<'g> {
         sg: usize,
     ) -> Result<ValueInfoProto, ExportError> {
         let tensor = graph.tensor(t);
+        // Tensor types come from the IR (declared types, completed by
+        // propagation); other types (sequences, maps, …) as declared.
         if let Some(v) = self.value_info.get(tensor.name.as_str()) {
-            if matches!(&v.r#type, Some(TypeProto { value: Some(type_proto::Value::TensorType(tt)), .. }) if tt.elem_type.unwrap_or(0) != 0)
-                || matches!(&v.r#type, Some(TypeProto { value: Some(v), .. }) if !matches!(v, type_proto::Value::TensorType(_)))
-            {
+            let declared = v.r#type.as_ref().and_then(|t| t.value.as_ref());
+            if declared.is_some_and(|d| !matches!(d, type_proto::Value::TensorType(_))) {
                 return Ok((*v).clone());
             }
         }
