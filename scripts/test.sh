@@ -13,7 +13,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace 2>&1 | tee "$log"
+# --nocapture: the tests print their figures (fast vs reference counts,
+# onnxruntime differences per real model).
+cargo test --workspace -- --nocapture 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary (cargo prints one per binary).
