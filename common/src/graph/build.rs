@@ -251,6 +251,7 @@ impl Graph {
             b.connect(id);
         }
         let mut outputs = Vec::with_capacity(g.output.len());
+        let mut result_nodes = Vec::with_capacity(g.output.len());
         for out in &g.output {
             let name = out.name.as_deref().unwrap_or("");
             let t = *b
@@ -270,6 +271,7 @@ impl Graph {
             });
             b.connect(id);
             outputs.push(t);
+            result_nodes.push(id);
         }
 
         let topo_ops = topological_ops(&b.dag)?;
@@ -282,6 +284,7 @@ impl Graph {
             topo_ops,
             inputs,
             outputs,
+            result_nodes,
             model: ModelProto::default(),
         };
         infer::propagate(&mut graph, &model);

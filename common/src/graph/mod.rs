@@ -191,6 +191,8 @@ pub struct Graph {
     pub inputs: Vec<TensorId>,
     /// Graph outputs, in model order.
     pub outputs: Vec<TensorId>,
+    /// The Result node of each graph output, in model order.
+    result_nodes: Vec<NodeId>,
 }
 
 impl Graph {
@@ -236,6 +238,11 @@ impl Graph {
     /// The tensor with this name.
     pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
         self.tensor_by_name.get(name).copied()
+    }
+
+    /// Result nodes (one per graph output), in model order.
+    pub fn result_nodes(&self) -> &[NodeId] {
+        &self.result_nodes
     }
 
     /// Op nodes in topological order.

@@ -286,11 +286,15 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         *id = next_id;
         next_id += 1;
     }
+    let mut sizes = vec![0usize; k];
+    for &g in &group {
+        sizes[id_of[g]] += 1;
+    }
     let mut subgraphs: Vec<Subgraph> = (0..k)
         .map(|id| Subgraph {
             id,
             device: 0,
-            nodes: Vec::new(),
+            nodes: Vec::with_capacity(sizes[id]),
             parameters: Vec::new(),
             constants: Vec::new(),
             results: Vec::new(),
@@ -359,11 +363,7 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         subgraphs[from as usize].outputs.push(t);
     }
     let mut passthrough_outputs = Vec::new();
-    for result in graph
-        .dag
-        .node_indices()
-        .filter(|&n| graph.node(n).kind == NodeKind::Result)
-    {
+    for &result in graph.result_nodes() {
         let Some(t) = graph.node(result).inputs.first().copied().flatten() else {
             continue;
         };
