@@ -14,6 +14,8 @@
 //!   pass and the validator.
 //! - [`export`]: each subgraph as a standalone ONNX model.
 //! - [`dump`]: GraphViz and JSON dumps of the decisions.
+//! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
+//!   NumPy `.npy`.
 //! - [`synth`]: synthetic models and random DAGs for tests and benchmarks.
 //!
 //! # Example
@@ -57,3 +59,4 @@ pub mod graph;
 pub mod onnx;
 pub mod partition;
 pub mod synth;
+pub mod tensor;
