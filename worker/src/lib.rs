@@ -1,5 +1,18 @@
 //! Tessera worker: hosts device plugins (one per compute backend), answers
-//! QueryNetwork, compiles the subgraphs the coordinator ships and runs them.
+//! QueryNetwork, compiles the subgraphs it is given and runs them.
 //!
-//! Status: an empty shell. The plugin API, the CPU plugin on tract and the
-//! worker daemon arrive with their own issues; see `docs/architecture.md`.
+//! Layout: [`plugin`] is the `DevicePlugin` API; [`plugins`] holds one
+//! folder per backend (`plugins/cpu`, on tract) and the registry;
+//! [`conformance`] is the ONNX node-test suite written once against
+//! `&dyn DevicePlugin`.
+//!
+//! ```no_run
+//! use tessera_worker::plugins;
+//! let cpu = plugins::create("CPU")?;
+//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?, &Default::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod conformance;
+pub mod plugin;
+pub mod plugins;

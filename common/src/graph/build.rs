@@ -83,13 +83,16 @@ pub(crate) fn tensor_type(tp: &TypeProto) -> (Option<ElemType>, Option<Vec<Dim>>
         s.dim
             .iter()
             .map(|d| match &d.value {
-                Some(crate::onnx::proto::tensor_shape_proto::dimension::Value::DimValue(v)) => {
+                // Some exporters write -1 for a dynamic dimension.
+                Some(crate::onnx::proto::tensor_shape_proto::dimension::Value::DimValue(v))
+                    if *v >= 0 =>
+                {
                     Dim::Known(*v)
                 }
                 Some(crate::onnx::proto::tensor_shape_proto::dimension::Value::DimParam(p)) => {
                     Dim::Sym(p.clone())
                 }
-                None => Dim::Unknown,
+                _ => Dim::Unknown,
             })
             .collect()
     });

@@ -1,0 +1,262 @@
+//! The conformance suite, written once against `&dyn DevicePlugin`: the ONNX
+//! backend node tests (`onnx/backend/test/data/node/*/` of the onnx 1.17
+//! wheel: `model.onnx` and `test_data_set_0/{input,output}_N.pb`) through
+//! QueryNetwork, compile and infer.
+//!
+//! Each test ends as *unsupported* (QueryNetwork refused a node, or the test
+//! data is of a kind tensors here do not carry, such as strings or
+//! sequences), *passed* or *failed*; a failure is any case QueryNetwork
+//! accepted that then did not compile, did not run or gave a wrong answer.
+//! Floats compare with rtol 1e-3 and atol 1e-4 (NaN equals NaN), integers
+//! and booleans exactly.
+//!
+//! Integer graph inputs are frozen into initializers with the test's own
+//! values before querying (they are shapes, axes or indices, which real
+//! models carry as constants); every plugin is tested the same way.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use tessera_common::onnx::proto::{ModelProto, TensorProto};
+use tessera_common::onnx::{decode_model, ElemType};
+use tessera_common::tensor::Tensor;
+
+use crate::plugin::{Config, DevicePlugin};
+
+/// The outcome of one node test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    Unsupported(String),
+    Failed(String),
+}
+
+/// Totals of a run.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub passed: Vec<String>,
+    pub unsupported: Vec<(String, String)>,
+    pub failed: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} passed, {} unsupported, {} failed",
+            self.passed.len(),
+            self.unsupported.len(),
+            self.failed.len()
+        )
+    }
+}
+
+/// The node-test folders under `root`, sorted.
+pub fn node_tests(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").exists())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+/// Runs every test folder through `plugin`.
+pub fn run(plugin: &dyn DevicePlugin, tests: &[PathBuf]) -> Report {
+    let mut report = Report::default();
+    for dir in tests {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let outcome = catch_unwind(AssertUnwindSafe(|| run_one(plugin, dir)))
+            .unwrap_or_else(|_| Outcome::Failed("panicked".into()));
+        match outcome {
+            Outcome::Passed => report.passed.push(name),
+            Outcome::Unsupported(why) => report.unsupported.push((name, why)),
+            Outcome::Failed(why) => report.failed.push((name, why)),
+        }
+    }
+    report
+}
+
+fn read_tensors(dir: &Path, prefix: &str) -> Result<Vec<TensorProto>, String> {
+    let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let stem = p
+                .file_stem()?
+                .to_str()?
+                .strip_prefix(prefix)?
+                .parse()
+                .ok()?;
+            Some((stem, p))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|(_, p)| {
+            let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
+            TensorProto::decode(&bytes[..]).map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Runs one test folder.
+pub fn run_one(plugin: &dyn DevicePlugin, dir: &Path) -> Outcome {
+    let unsupported = |m: String| Outcome::Unsupported(m);
+    let bytes = match std::fs::read(dir.join("model.onnx")) {
+        Ok(b) => b,
+        Err(e) => return Outcome::Failed(format!("cannot read model: {e}")),
+    };
+    let mut model: ModelProto = match decode_model(&bytes) {
+        Ok(m) => m,
+        Err(e) => return unsupported(format!("model: {e}")),
+    };
+    let data = dir.join("test_data_set_0");
+    let (inputs, outputs) = match (
+        read_tensors(&data, "input_"),
+        read_tensors(&data, "output_"),
+    ) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => return unsupported(format!("test data: {e}")),
+    };
+    let decode = |ts: &[TensorProto]| {
+        ts.iter()
+            .map(Tensor::from_proto)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let (Ok(input_tensors), Ok(expected)) = (decode(&inputs), decode(&outputs)) else {
+        return unsupported("test data holds strings, sequences or optionals".into());
+    };
+    let Some(graph) = model.graph.as_mut() else {
+        return Outcome::Failed("no graph".into());
+    };
+    let inits: Vec<String> = graph
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.clone())
+        .collect();
+    let real_inputs: Vec<usize> = (0..graph.input.len())
+        .filter(|&i| !inits.contains(&graph.input[i].name.clone().unwrap_or_default()))
+        .collect();
+    if real_inputs.len() != input_tensors.len() {
+        return unsupported(format!(
+            "{} graph inputs, {} test inputs",
+            real_inputs.len(),
+            input_tensors.len()
+        ));
+    }
+    // Freeze integer inputs as initializers.
+    let mut feeds = Vec::new();
+    let mut frozen = Vec::new();
+    for (k, &i) in real_inputs.iter().enumerate() {
+        let name = graph.input[i].name.clone().unwrap_or_default();
+        let t = &input_tensors[k];
+        if matches!(t.elem(), ElemType::INT64 | ElemType::INT32) {
+            graph.initializer.push(t.to_proto(&name));
+            frozen.push(i);
+        } else {
+            feeds.push(t.clone());
+        }
+    }
+    for &i in frozen.iter().rev() {
+        graph.input.remove(i);
+    }
+    let query = match plugin.query_network(&model) {
+        Ok(q) => q,
+        Err(e) => return unsupported(format!("query_network: {e}")),
+    };
+    if let Some((node, why)) = query.unsupported.iter().next() {
+        return unsupported(format!("{node}: {why}"));
+    }
+    let compiled = match plugin.compile(&model.encode_to_vec(), &Config::default()) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(format!("accepted but did not compile: {e}")),
+    };
+    let result = match compiled.infer(&feeds) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(format!("accepted but did not run: {e}")),
+    };
+    if result.outputs.len() != expected.len() {
+        return Outcome::Failed(format!(
+            "{} outputs, expected {}",
+            result.outputs.len(),
+            expected.len()
+        ));
+    }
+    for (k, (got, want)) in result.outputs.iter().zip(&expected).enumerate() {
+        if let Err(why) = compare(got, want) {
+            return Outcome::Failed(format!("output {k}: {why}"));
+        }
+    }
+    Outcome::Passed
+}
+
+fn f16_to_f32(bits: u16) -> f32 {
+    let sign = (bits >> 15) as u32;
+    let exp = ((bits >> 10) & 0x1f) as u32;
+    let frac = (bits & 0x3ff) as u32;
+    let v = match (exp, frac) {
+        (0, 0) => 0.0,
+        (0, f) => (f as f32) * 2f32.powi(-24),
+        (31, 0) => f32::INFINITY,
+        (31, _) => f32::NAN,
+        (e, f) => f32::from_bits(((e + 112) << 23) | (f << 13)),
+    };
+    if sign == 1 {
+        -v
+    } else {
+        v
+    }
+}
+
+fn as_f64(t: &Tensor) -> Option<Vec<f64>> {
+    let b = t.bytes();
+    Some(match t.elem().0 {
+        1 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        11 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        10 => b
+            .chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])) as f64)
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// Compares an output with the expected tensor (see the module doc).
+pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
+    if got.elem() != want.elem() {
+        return Err(format!("type {} instead of {}", got.elem(), want.elem()));
+    }
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "shape {:?} instead of {:?}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    match (as_f64(got), as_f64(want)) {
+        (Some(g), Some(w)) => {
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                let close =
+                    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-4 + 1e-3 * b.abs();
+                if !close {
+                    return Err(format!("element {i}: {a} instead of {b}"));
+                }
+            }
+            Ok(())
+        }
+        _ if got.bytes() == want.bytes() => Ok(()),
+        _ => Err("values differ".into()),
+    }
+}

@@ -1,0 +1,294 @@
+//! The device plugin API, after OpenVINO's plugin API (seed 003), kept
+//! small: identity and metrics, validated configuration, QueryNetwork,
+//! compilation into [`CompiledSubgraph`]s that run infer requests (several
+//! at once), export/import of compiled subgraphs, and per-node performance
+//! counters.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tessera_common::onnx::proto::ModelProto;
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+
+/// Errors of plugins and compiled subgraphs.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("{plugin} cannot run here: {reason}")]
+    Unavailable { plugin: String, reason: String },
+    #[error("unknown metric '{name}'; supported: {supported}")]
+    UnknownMetric { name: String, supported: String },
+    #[error("unsupported config key '{key}'; supported: {supported}")]
+    UnknownConfigKey { key: String, supported: String },
+    #[error("bad value '{value}' for config key {key}; allowed: {allowed}")]
+    BadConfigValue {
+        key: String,
+        value: String,
+        allowed: String,
+    },
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+    #[error("{backend} cannot compile this subgraph: {reason}")]
+    Compile { backend: String, reason: String },
+    #[error("bad inputs: {0}")]
+    BadInput(String),
+    #[error("inference failed: {0}")]
+    Infer(String),
+    #[error("cannot import blob: {0}")]
+    Import(String),
+}
+
+/// A metric's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricValue {
+    Text(String),
+    List(Vec<String>),
+    /// RANGE_FOR_ASYNC_INFER_REQUESTS: (min, max, step).
+    Range(u32, u32, u32),
+    Bool(bool),
+    Number(f64),
+}
+
+impl std::fmt::Display for MetricValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricValue::Text(s) => f.write_str(s),
+            MetricValue::List(v) => f.write_str(&v.join(", ")),
+            MetricValue::Range(a, b, c) => write!(f, "{a}..{b} step {c}"),
+            MetricValue::Bool(b) => f.write_str(if *b { "YES" } else { "NO" }),
+            MetricValue::Number(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Metric names every plugin answers.
+pub const METRICS: [&str; 10] = [
+    "FULL_DEVICE_NAME",
+    "AVAILABLE_DEVICES",
+    "SUPPORTED_METRICS",
+    "SUPPORTED_CONFIG_KEYS",
+    "OPTIMIZATION_CAPABILITIES",
+    "RANGE_FOR_ASYNC_INFER_REQUESTS",
+    "IMPORT_EXPORT_SUPPORT",
+    "DEVICE_ARCHITECTURE",
+    // Ours, for the cost model (measured once, then cached).
+    "GFLOPS",
+    "MEMORY_BANDWIDTH_GBPS",
+];
+
+/// Configuration keys and what they accept.
+pub const CONFIG_KEYS: [(&str, &str); 5] = [
+    ("DEVICE_ID", "a device index (0, 1, ...)"),
+    ("PERF_COUNT", "YES or NO"),
+    ("NUM_THREADS", "a number of threads >= 1"),
+    ("PERFORMANCE_HINT", "LATENCY or THROUGHPUT"),
+    ("NUM_REQUESTS", "a number of requests >= 1"),
+];
+
+/// A validated configuration (key → value).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    values: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Sets `key` after checking key and value.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), PluginError> {
+        let Some((_, allowed)) = CONFIG_KEYS.iter().find(|(k, _)| *k == key) else {
+            let supported: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
+            return Err(PluginError::UnknownConfigKey {
+                key: key.into(),
+                supported: supported.join(", "),
+            });
+        };
+        let positive = |v: &str| v.parse::<u32>().is_ok_and(|n| n >= 1);
+        let ok = match key {
+            "DEVICE_ID" => value.parse::<u32>().is_ok(),
+            "PERF_COUNT" => matches!(value, "YES" | "NO"),
+            "PERFORMANCE_HINT" => matches!(value, "LATENCY" | "THROUGHPUT"),
+            _ => positive(value),
+        };
+        if !ok {
+            return Err(PluginError::BadConfigValue {
+                key: key.into(),
+                value: value.into(),
+                allowed: (*allowed).into(),
+            });
+        }
+        self.values.insert(key.into(), value.into());
+        Ok(())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// `self` with `overrides` on top (per-compile config wins over the
+    /// plugin's).
+    pub fn merged(&self, overrides: &Config) -> Config {
+        let mut values = self.values.clone();
+        values.extend(overrides.values.clone());
+        Config { values }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// A QueryNetwork answer: the nodes this device runs, and why not the rest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryResult {
+    pub supported: BTreeSet<String>,
+    pub unsupported: BTreeMap<String, String>,
+}
+
+/// Name, element type and shape (`None`: dynamic) of a subgraph input or
+/// output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub elem: ElemType,
+    pub shape: Vec<Option<usize>>,
+}
+
+/// What happened to an original node in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecStatus {
+    Executed,
+    NotRun,
+    OptimizedOut,
+}
+
+/// A per-node performance counter, as in OpenVINO's `-pc` output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerfCounter {
+    pub node: String,
+    pub op_type: String,
+    pub status: ExecStatus,
+    pub real_us: u64,
+    pub cpu_us: u64,
+    pub exec_type: String,
+}
+
+impl std::fmt::Display for PerfCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = match self.status {
+            ExecStatus::Executed => "EXECUTED",
+            ExecStatus::NotRun => "NOT_RUN",
+            ExecStatus::OptimizedOut => "OPTIMIZED_OUT",
+        };
+        write!(
+            f,
+            "{}: {status} layerType: {} realTime: {} cpu: {} execType: {}",
+            self.node, self.op_type, self.real_us, self.cpu_us, self.exec_type
+        )
+    }
+}
+
+/// Outputs of one request, and its counters when PERF_COUNT is YES.
+#[derive(Debug, Clone)]
+pub struct InferResult {
+    pub outputs: Vec<Tensor>,
+    pub counters: Vec<PerfCounter>,
+}
+
+/// A subgraph compiled for one device. `infer` may be called from several
+/// threads at once, up to RANGE_FOR_ASYNC_INFER_REQUESTS.
+pub trait CompiledSubgraph: Send + Sync {
+    fn inputs(&self) -> &[TensorSpec];
+    fn outputs(&self) -> &[TensorSpec];
+    /// Runs one request; inputs in [`CompiledSubgraph::inputs`] order.
+    fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError>;
+    /// A blob that [`DevicePlugin::import`] turns back into this subgraph.
+    fn export(&self) -> Result<Vec<u8>, PluginError>;
+}
+
+/// A device plugin: one compute backend.
+pub trait DevicePlugin: Send + Sync {
+    /// The device kind, e.g. `CPU`.
+    fn name(&self) -> &str;
+    /// Devices of this kind here, e.g. `["CPU.0"]`.
+    fn available_devices(&self) -> Vec<String>;
+    /// A metric by name (see [`METRICS`]); unknown names are an error.
+    fn metric(&self, name: &str) -> Result<MetricValue, PluginError>;
+    /// Sets a plugin-wide config value (see [`CONFIG_KEYS`]).
+    fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError>;
+    /// The plugin-wide configuration.
+    fn config(&self) -> Config;
+    /// The nodes of `model` (by name) this device can run, after its own
+    /// transformations; housekeeping (inputs, initializers, outputs) is not
+    /// listed.
+    fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError>;
+    /// Compiles an exported subgraph (ONNX bytes); `config` overrides the
+    /// plugin-wide configuration for this subgraph.
+    fn compile(
+        &self,
+        onnx: &[u8],
+        config: &Config,
+    ) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
+    /// Restores an exported compiled subgraph; a blob made by another
+    /// device, backend version or configuration is an error.
+    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
+}
+
+/// The header of an exported blob: `TSRBLOB1`, a length-prefixed text
+/// header `device|backend|version|k=v;k=v`, then the payload.
+pub mod blob {
+    use super::{Config, PluginError};
+
+    const MAGIC: &[u8] = b"TSRBLOB1";
+
+    pub fn write(
+        device: &str,
+        backend: &str,
+        version: &str,
+        config: &Config,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let cfg: Vec<String> = config.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let header = format!("{device}|{backend}|{version}|{}", cfg.join(";"));
+        let mut out = Vec::with_capacity(MAGIC.len() + 4 + header.len() + payload.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Checks the header against what this plugin would write and returns
+    /// the configuration and payload.
+    pub fn read<'a>(
+        blob: &'a [u8],
+        device: &str,
+        backend: &str,
+        version: &str,
+    ) -> Result<(Config, &'a [u8]), PluginError> {
+        let err = |m: String| PluginError::Import(m);
+        if blob.len() < MAGIC.len() + 4 || &blob[..MAGIC.len()] != MAGIC {
+            return Err(err("not a Tessera compiled-subgraph blob".into()));
+        }
+        let len = u32::from_le_bytes([blob[8], blob[9], blob[10], blob[11]]) as usize;
+        let header = blob
+            .get(12..12usize.saturating_add(len))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .ok_or_else(|| err("truncated or garbled header".into()))?;
+        let parts: Vec<&str> = header.splitn(4, '|').collect();
+        let [d, b, v, cfg] = parts[..] else {
+            return Err(err("garbled header".into()));
+        };
+        if (d, b, v) != (device, backend, version) {
+            return Err(err(format!(
+                "made by {d} on {b} {v}; this is {device} on {backend} {version}"
+            )));
+        }
+        let mut config = Config::default();
+        for kv in cfg.split(';').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| err(format!("bad config entry '{kv}'")))?;
+            config.set(k, v)?;
+        }
+        Ok((config, &blob[12 + len..]))
+    }
+}

@@ -1,0 +1,487 @@
+//! The CPU plugin, on tract-onnx.
+//!
+//! Compiles an ONNX subgraph with `with_ignore_value_info(true)` and the
+//! declared input types, optimizes it and runs requests on a plan that is
+//! shared by concurrent requests (each request has its own state).
+//! QueryNetwork is honest: a node is supported only if tract builds and
+//! types it (see `query`), and ops tract is known to get wrong are refused.
+
+mod query;
+mod tract;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tessera_common::onnx::decode_model;
+use tessera_common::onnx::proto::ModelProto;
+use tessera_common::tensor::Tensor;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_core::plan::{SimplePlan, SimpleState};
+use tract_onnx::tract_core::runtime::RunOptions;
+
+use crate::plugin::{
+    blob, CompiledSubgraph, Config, DevicePlugin, ExecStatus, InferResult, MetricValue,
+    PerfCounter, PluginError, QueryResult, TensorSpec, CONFIG_KEYS, METRICS,
+};
+
+const BACKEND: &str = "tract-onnx";
+const BACKEND_VERSION: &str = "0.23";
+
+/// The CPU plugin.
+pub struct CpuPlugin {
+    name: String,
+    config: Mutex<Config>,
+    probes: query::ProbeCache,
+    calibration: OnceLock<(f64, f64)>,
+}
+
+impl CpuPlugin {
+    /// The CPU plugin, named `CPU`.
+    pub fn new() -> Result<CpuPlugin, PluginError> {
+        CpuPlugin::named("CPU")
+    }
+
+    /// A CPU plugin under another device name (a second real instance, e.g.
+    /// to exercise HETERO on one machine).
+    pub fn named(name: &str) -> Result<CpuPlugin, PluginError> {
+        if std::thread::available_parallelism().is_err() {
+            return Err(PluginError::Unavailable {
+                plugin: name.into(),
+                reason: "cannot query the CPU count".into(),
+            });
+        }
+        Ok(CpuPlugin {
+            name: name.to_string(),
+            config: Mutex::new(Config::default()),
+            probes: query::ProbeCache::default(),
+            calibration: OnceLock::new(),
+        })
+    }
+
+    fn cores() -> u32 {
+        std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1)
+    }
+
+    /// GFLOP/s of a 256³ f32 MatMul through tract, and memory bandwidth
+    /// (GB/s) of a 64 MiB copy; measured once.
+    fn calibrate(&self) -> (f64, f64) {
+        *self.calibration.get_or_init(|| {
+            let n = 256usize;
+            let gflops = (|| -> TractResult<f64> {
+                let mut model = TypedModel::default();
+                let a = model.add_source("a", f32::fact([n, n]))?;
+                let b = model.add_const("b", tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?)?;
+                let c = model.wire_node(
+                    "mm",
+                    tract_onnx::tract_core::ops::einsum::EinSum::new(
+                        "mk,kn->mn".parse()?,
+                        f32::datum_type(),
+                    ),
+                    &[a, b],
+                )?;
+                model.select_output_outlets(&c)?;
+                let plan = model.into_optimized()?.into_runnable()?;
+                let input: TValue = tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?.into();
+                plan.run(tvec![input.clone()])?;
+                let runs = 8;
+                let start = Instant::now();
+                for _ in 0..runs {
+                    plan.run(tvec![input.clone()])?;
+                }
+                Ok(2.0 * (n * n * n * runs) as f64 / start.elapsed().as_secs_f64() / 1e9)
+            })()
+            .unwrap_or(0.0);
+            let src = vec![1u8; 64 << 20];
+            let start = Instant::now();
+            let copy = src.clone();
+            let gbps = 2.0 * copy.len() as f64 / start.elapsed().as_secs_f64() / 1e9;
+            std::hint::black_box(copy);
+            (gflops, gbps)
+        })
+    }
+}
+
+fn cpu_model_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
+}
+
+impl DevicePlugin for CpuPlugin {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn available_devices(&self) -> Vec<String> {
+        vec![format!("{}.0", self.name)]
+    }
+
+    fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
+        Ok(match name {
+            "FULL_DEVICE_NAME" => MetricValue::Text(format!(
+                "{} (tract-onnx {BACKEND_VERSION})",
+                cpu_model_name()
+            )),
+            "AVAILABLE_DEVICES" => MetricValue::List(self.available_devices()),
+            "SUPPORTED_METRICS" => {
+                MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect())
+            }
+            "SUPPORTED_CONFIG_KEYS" => {
+                MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
+            }
+            "OPTIMIZATION_CAPABILITIES" => {
+                MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
+            }
+            "RANGE_FOR_ASYNC_INFER_REQUESTS" => MetricValue::Range(1, Self::cores(), 1),
+            "IMPORT_EXPORT_SUPPORT" => MetricValue::Bool(true),
+            "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
+            "GFLOPS" => MetricValue::Number(self.calibrate().0),
+            "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(self.calibrate().1),
+            other => {
+                return Err(PluginError::UnknownMetric {
+                    name: other.into(),
+                    supported: METRICS.join(", "),
+                });
+            }
+        })
+    }
+
+    fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {
+        let mut config = self
+            .config
+            .lock()
+            .map_err(|_| PluginError::Infer("config lock poisoned".into()))?;
+        config.set(key, value)
+    }
+
+    fn config(&self) -> Config {
+        self.config.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError> {
+        query::query_network(model, &self.probes)
+    }
+
+    fn compile(
+        &self,
+        onnx: &[u8],
+        config: &Config,
+    ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let config = self.config().merged(config);
+        Ok(Arc::new(CompiledCpu::new(&self.name, onnx, config)?))
+    }
+
+    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let (config, payload) = blob::read(blob, &self.name, BACKEND, BACKEND_VERSION)?;
+        // tract has no serialized plan: importing re-optimizes the embedded model.
+        Ok(Arc::new(CompiledCpu::new(&self.name, payload, config)?))
+    }
+}
+
+type Plan = Arc<SimplePlan<TypedFact, Box<dyn TypedOp>>>;
+
+/// A subgraph compiled by tract. Models that tract can only type with
+/// concrete input dims (e.g. a Reshape fed by the Shape of a dynamic batch)
+/// get one plan per input shape, built on first use.
+pub struct CompiledCpu {
+    device: String,
+    onnx: Vec<u8>,
+    config: Config,
+    /// A plan for every input shape, when tract could build one.
+    generic: Option<Plan>,
+    /// Plans by concrete input shapes.
+    by_shape: Mutex<HashMap<Vec<Vec<usize>>, Plan>>,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+    /// Original ONNX nodes (name, op type), for performance counters.
+    nodes: Vec<(String, String)>,
+}
+
+fn poisoned() -> PluginError {
+    PluginError::Infer("plan cache lock poisoned".into())
+}
+
+fn concrete(shapes: &[Vec<usize>]) -> Vec<Vec<Option<usize>>> {
+    shapes
+        .iter()
+        .map(|s| s.iter().map(|&d| Some(d)).collect())
+        .collect()
+}
+
+fn specs(
+    values: &[tessera_common::onnx::proto::ValueInfoProto],
+    skip: &[&str],
+) -> Result<Vec<TensorSpec>, PluginError> {
+    values
+        .iter()
+        .filter(|v| !skip.contains(&v.name.as_deref().unwrap_or("")))
+        .map(|v| {
+            let name = v.name.clone().unwrap_or_default();
+            let (elem, shape) = query::declared_type(v)
+                .ok_or_else(|| PluginError::InvalidModel(format!("'{name}' has no tensor type")))?;
+            Ok(TensorSpec { name, elem, shape })
+        })
+        .collect()
+}
+
+impl CompiledCpu {
+    fn new(device: &str, onnx: &[u8], config: Config) -> Result<CompiledCpu, PluginError> {
+        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let graph = model
+            .graph
+            .as_ref()
+            .ok_or_else(|| PluginError::InvalidModel("no graph".into()))?;
+        let inits: Vec<&str> = graph
+            .initializer
+            .iter()
+            .filter_map(|t| t.name.as_deref())
+            .collect();
+        let inputs = specs(&graph.input, &inits)?;
+        let outputs: Vec<TensorSpec> = specs(&graph.output, &[]).unwrap_or_default();
+        let nodes = graph
+            .node
+            .iter()
+            .map(|n| {
+                (
+                    n.name.clone().unwrap_or_default(),
+                    n.op_type.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut compiled = CompiledCpu {
+            device: device.into(),
+            onnx: onnx.to_vec(),
+            config,
+            generic: None,
+            by_shape: Mutex::new(HashMap::new()),
+            inputs,
+            outputs,
+            nodes,
+        };
+        let dynamic: Vec<Vec<Option<usize>>> =
+            compiled.inputs.iter().map(|s| s.shape.clone()).collect();
+        match compiled.build(&dynamic) {
+            Ok(plan) => compiled.generic = Some(plan),
+            Err(e) if dynamic.iter().flatten().all(Option::is_some) => return Err(e),
+            Err(_) => {
+                // Needs concrete shapes: check now with every dynamic dim 1,
+                // so that a model tract cannot run fails at compile time.
+                let ones: Vec<Vec<usize>> = dynamic
+                    .iter()
+                    .map(|s| s.iter().map(|d| d.unwrap_or(1)).collect())
+                    .collect();
+                let plan = compiled.build(&concrete(&ones))?;
+                compiled
+                    .by_shape
+                    .get_mut()
+                    .map_err(|_| poisoned())?
+                    .insert(ones, plan);
+            }
+        }
+        Ok(compiled)
+    }
+
+    /// Builds a plan for these input shapes (`None`: symbolic).
+    fn build(&self, shapes: &[Vec<Option<usize>>]) -> Result<Plan, PluginError> {
+        let compile_err = |e: TractError| PluginError::Compile {
+            backend: BACKEND.into(),
+            reason: format!("{e:#}"),
+        };
+        let mut inference = tract_onnx::onnx()
+            .with_ignore_value_info(true)
+            .model_for_read(&mut &self.onnx[..])
+            .map_err(compile_err)?;
+        for (i, (spec, shape)) in self.inputs.iter().zip(shapes).enumerate() {
+            let dt = tract::datum_type(spec.elem).ok_or_else(|| PluginError::Compile {
+                backend: BACKEND.into(),
+                reason: format!("input type {} unsupported", spec.elem),
+            })?;
+            let dims: TVec<TDim> = shape
+                .iter()
+                .enumerate()
+                .map(|(k, d)| match d {
+                    Some(v) => TDim::Val(*v as i64),
+                    None => inference.symbols.sym(&format!("in{i}_{k}")).into(),
+                })
+                .collect();
+            inference
+                .set_input_fact(i, InferenceFact::dt_shape(dt, dims))
+                .map_err(compile_err)?;
+        }
+        let typed = inference.into_optimized().map_err(compile_err)?;
+        let threads = self
+            .config
+            .get("NUM_THREADS")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1);
+        let options = RunOptions {
+            executor: (threads > 1)
+                .then(|| tract_linalg::multithread::Executor::multithread(threads)),
+            ..Default::default()
+        };
+        typed
+            .into_runnable_with_options(&options)
+            .map_err(compile_err)
+    }
+
+    /// The plan for these inputs.
+    fn plan(&self, inputs: &[Tensor]) -> Result<Plan, PluginError> {
+        if let Some(plan) = &self.generic {
+            return Ok(plan.clone());
+        }
+        let key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        if let Some(plan) = self.by_shape.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(plan.clone());
+        }
+        let plan = self.build(&concrete(&key))?;
+        self.by_shape
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), PluginError> {
+        if inputs.len() != self.inputs.len() {
+            let names: Vec<&str> = self.inputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(PluginError::BadInput(format!(
+                "expected {} inputs ({}), got {}",
+                names.len(),
+                names.join(", "),
+                inputs.len()
+            )));
+        }
+        for (t, spec) in inputs.iter().zip(&self.inputs) {
+            if t.elem() != spec.elem {
+                return Err(PluginError::BadInput(format!(
+                    "input '{}' must be {}, got {}",
+                    spec.name,
+                    spec.elem,
+                    t.elem()
+                )));
+            }
+            let fits = t.shape().len() == spec.shape.len()
+                && t.shape()
+                    .iter()
+                    .zip(&spec.shape)
+                    .all(|(&d, s)| s.is_none_or(|s| s == d));
+            if !fits {
+                let want: Vec<String> = spec
+                    .shape
+                    .iter()
+                    .map(|d| d.map(|v| v.to_string()).unwrap_or("?".into()))
+                    .collect();
+                return Err(PluginError::BadInput(format!(
+                    "input '{}' must have shape [{}], got {:?}",
+                    spec.name,
+                    want.join(","),
+                    t.shape()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn counters(&self, times: &HashMap<String, (u64, String)>) -> Vec<PerfCounter> {
+        self.nodes
+            .iter()
+            .map(|(name, op)| {
+                // tract names the nodes it derives from an ONNX node after it.
+                let mut real = 0;
+                let mut kinds = Vec::new();
+                for (tract_name, (us, kind)) in times {
+                    if tract_name == name
+                        || tract_name
+                            .strip_prefix(name.as_str())
+                            .is_some_and(|r| r.starts_with('.'))
+                    {
+                        real += us;
+                        if !kinds.contains(kind) {
+                            kinds.push(kind.clone());
+                        }
+                    }
+                }
+                let status = if kinds.is_empty() {
+                    ExecStatus::OptimizedOut
+                } else {
+                    ExecStatus::Executed
+                };
+                PerfCounter {
+                    node: name.clone(),
+                    op_type: op.clone(),
+                    status,
+                    real_us: real,
+                    cpu_us: real,
+                    exec_type: if kinds.is_empty() {
+                        "unknown".into()
+                    } else {
+                        kinds.join("+")
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+impl CompiledSubgraph for CompiledCpu {
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+
+    fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
+        self.check_inputs(inputs)?;
+        let plan = self.plan(inputs)?;
+        let values: TVec<TValue> = inputs
+            .iter()
+            .map(tract::to_tract)
+            .collect::<Result<_, _>>()?;
+        let infer_err = |e: TractError| PluginError::Infer(format!("{e:#}"));
+        let profile = self.config.get("PERF_COUNT") == Some("YES");
+        let (outputs, counters) = if profile {
+            let mut times: HashMap<String, (u64, String)> = HashMap::new();
+            let mut state = SimpleState::new(&plan).map_err(infer_err)?;
+            let outputs = state
+                .run_plan_with_eval(values, |ctx, op_state, node, input| {
+                    let start = Instant::now();
+                    let r = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
+                    let entry = times
+                        .entry(node.name.clone())
+                        .or_insert((0, node.op().name().to_string()));
+                    entry.0 += start.elapsed().as_micros() as u64;
+                    r
+                })
+                .map_err(infer_err)?;
+            (outputs, self.counters(&times))
+        } else {
+            (plan.run(values).map_err(infer_err)?, Vec::new())
+        };
+        let outputs = outputs
+            .into_iter()
+            .map(tract::from_tract)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(InferResult { outputs, counters })
+    }
+
+    fn export(&self) -> Result<Vec<u8>, PluginError> {
+        Ok(blob::write(
+            &self.device,
+            BACKEND,
+            BACKEND_VERSION,
+            &self.config,
+            &self.onnx,
+        ))
+    }
+}

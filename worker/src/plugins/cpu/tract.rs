@@ -1,0 +1,60 @@
+//! Conversions between Tessera and tract: tensors, element types, models.
+
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+use tract_onnx::prelude::{DatumType, IntoTensor, TValue, Tensor as TractTensor};
+
+use crate::plugin::PluginError;
+
+pub(super) fn datum_type(elem: ElemType) -> Option<DatumType> {
+    Some(match elem.0 {
+        1 => DatumType::F32,
+        2 => DatumType::U8,
+        3 => DatumType::I8,
+        4 => DatumType::U16,
+        5 => DatumType::I16,
+        6 => DatumType::I32,
+        7 => DatumType::I64,
+        9 => DatumType::Bool,
+        10 => DatumType::F16,
+        11 => DatumType::F64,
+        12 => DatumType::U32,
+        13 => DatumType::U64,
+        _ => return None,
+    })
+}
+
+pub(super) fn elem_type(dt: DatumType) -> Option<ElemType> {
+    (1..=13).map(ElemType).find(|&e| datum_type(e) == Some(dt))
+}
+
+/// A Tessera tensor as a tract tensor (one copy into tract's aligned buffer).
+pub(super) fn to_tract(t: &Tensor) -> Result<TValue, PluginError> {
+    let dt = datum_type(t.elem()).ok_or_else(|| {
+        PluginError::BadInput(format!("element type {} is not supported", t.elem()))
+    })?;
+    // SAFETY: `Tensor` guarantees `bytes` holds exactly shape.product()
+    // little-endian elements of `dt`, which is what tract reads.
+    let tensor = unsafe { TractTensor::from_raw_dt(dt, t.shape(), t.bytes()) }
+        .map_err(|e| PluginError::BadInput(e.to_string()))?;
+    Ok(tensor.into())
+}
+
+/// A tract output as a Tessera tensor (TDim outputs become int64).
+pub(super) fn from_tract(v: TValue) -> Result<Tensor, PluginError> {
+    let mut t: TractTensor = v.into_tensor();
+    if t.datum_type() == DatumType::TDim {
+        t = t
+            .cast_to::<i64>()
+            .map_err(|e| PluginError::Infer(e.to_string()))?
+            .into_owned();
+    }
+    let elem = elem_type(t.datum_type()).ok_or_else(|| {
+        PluginError::Infer(format!(
+            "output type {:?} has no ONNX equivalent here",
+            t.datum_type()
+        ))
+    })?;
+    Tensor::new(elem, t.shape().to_vec(), t.as_bytes().to_vec())
+        .map_err(|e| PluginError::Infer(e.to_string()))
+}

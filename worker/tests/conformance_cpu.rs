@@ -1,0 +1,52 @@
+//! The ONNX node tests through the CPU plugin: zero wrong answers among the
+//! tests its QueryNetwork accepts.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tessera_worker::conformance;
+use tessera_worker::plugins::cpu::CpuPlugin;
+
+fn node_test_root() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend/test/data/node'))"])
+        .output()
+        .expect("python3 with onnx==1.17.0 (scripts/test.sh installs it)");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn cpu_plugin_passes_the_onnx_node_tests_it_accepts() {
+    let tests = conformance::node_tests(&node_test_root()).expect("onnx node tests (onnx==1.17.0)");
+    assert!(tests.len() > 1000, "found {} node tests", tests.len());
+    let plugin = CpuPlugin::new().unwrap();
+    let report = conformance::run(&plugin, &tests);
+    println!(
+        "CPU conformance over {} ONNX node tests: {report}",
+        tests.len()
+    );
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
+    for (_, why) in &report.unsupported {
+        let key: String = why
+            .split(['(', ':'])
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(60)
+            .collect();
+        *reasons.entry(key).or_default() += 1;
+    }
+    let mut top: Vec<_> = reasons.into_iter().collect();
+    top.sort_by_key(|e| std::cmp::Reverse(e.1));
+    for (why, n) in top.iter().take(8) {
+        println!("  unsupported x{n}: {why}");
+    }
+    for (name, why) in &report.failed {
+        println!("  FAILED {name}: {why}");
+    }
+    assert!(
+        report.failed.is_empty(),
+        "{} accepted tests failed",
+        report.failed.len()
+    );
+}

@@ -1,0 +1,158 @@
+//! The CPU plugin's API: metrics, configuration, a real model against
+//! onnxruntime, bad inputs, export/import and performance counters.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tessera_common::synth::Rng;
+use tessera_common::tensor::{read_npy, write_npy, Tensor};
+use tessera_worker::plugin::{Config, DevicePlugin, ExecStatus, MetricValue, PluginError, METRICS};
+use tessera_worker::plugins::{self, cpu::CpuPlugin};
+
+fn model_path(name: &str) -> PathBuf {
+    let dir = std::env::var_os("TESSERA_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
+    let p = dir.join(name);
+    assert!(p.exists(), "run scripts/fetch-test-models.sh");
+    p
+}
+
+#[test]
+fn metrics_and_config_are_validated() {
+    let cpu = CpuPlugin::new().unwrap();
+    assert_eq!(cpu.name(), "CPU");
+    assert_eq!(cpu.available_devices(), ["CPU.0"]);
+    for m in METRICS {
+        cpu.metric(m).unwrap_or_else(|e| panic!("{m}: {e}"));
+    }
+    let MetricValue::Number(gflops) = cpu.metric("GFLOPS").unwrap() else {
+        panic!()
+    };
+    assert!(gflops > 0.1, "calibrated {gflops} GFLOP/s");
+    let err = cpu.metric("FLUX_CAPACITY").unwrap_err();
+    assert!(
+        matches!(err, PluginError::UnknownMetric { .. })
+            && err.to_string().contains("FULL_DEVICE_NAME"),
+        "{err}"
+    );
+    cpu.set_config("NUM_THREADS", "2").unwrap();
+    assert_eq!(cpu.config().get("NUM_THREADS"), Some("2"));
+    let err = cpu.set_config("NUM_THREADZ", "2").unwrap_err();
+    assert!(
+        err.to_string().contains("'NUM_THREADZ'") && err.to_string().contains("PERFORMANCE_HINT"),
+        "{err}"
+    );
+    let err = cpu.set_config("PERFORMANCE_HINT", "fast").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad value 'fast' for config key PERFORMANCE_HINT; allowed: LATENCY or THROUGHPUT"
+    );
+    assert!(cpu.set_config("NUM_REQUESTS", "0").is_err());
+    let err = plugins::create("TPU").err().unwrap();
+    assert!(err.to_string().contains("known: CPU"), "{err}");
+}
+
+#[test]
+fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
+    let path = model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let cpu = CpuPlugin::new().unwrap();
+    let model = tessera_common::onnx::load_model(&path).unwrap();
+    let query = cpu.query_network(&model).unwrap();
+    assert!(query.unsupported.is_empty(), "{:?}", query.unsupported);
+    let mut config = Config::default();
+    config.set("PERF_COUNT", "YES").unwrap();
+    let compiled = cpu
+        .compile(&std::fs::read(&path).unwrap(), &config)
+        .unwrap();
+    let spec = &compiled.inputs()[0];
+    let shape = vec![1, 3, 48, 192];
+    let mut rng = Rng::new(3);
+    let values: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| rng.below(1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let input = Tensor::from_values(shape.clone(), &values).unwrap();
+    let result = compiled.infer(std::slice::from_ref(&input)).unwrap();
+
+    // onnxruntime on the same input.
+    let dir = std::env::temp_dir().join(format!("tessera-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("x.npy"), write_npy(&input).unwrap()).unwrap();
+    let script = format!(
+        "import numpy as np, onnxruntime as ort\ns = ort.InferenceSession({:?}, providers=['CPUExecutionProvider'])\n\
+         y = s.run(None, {{{:?}: np.load({:?})}})[0]\nnp.save({:?}, y)",
+        path.to_str().unwrap(),
+        spec.name,
+        dir.join("x.npy").to_str().unwrap(),
+        dir.join("y.npy").to_str().unwrap()
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = read_npy(&std::fs::read(dir.join("y.npy")).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let got = result.outputs[0].to_vec::<f32>().unwrap();
+    let diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!("cls on the CPU plugin vs onnxruntime: max abs diff {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Performance counters per original node.
+    assert!(result
+        .counters
+        .iter()
+        .any(|c| c.status == ExecStatus::Executed && c.op_type == "Conv"));
+    assert!(result.counters.iter().all(|c| !c.to_string().is_empty()));
+
+    // Bad inputs: count, type, shape.
+    let err = compiled.infer(&[]).err().unwrap();
+    assert!(err.to_string().contains("expected 1 inputs (x)"), "{err}");
+    let ints = Tensor::from_values(shape.clone(), &vec![0i64; values.len()]).unwrap();
+    let err = compiled.infer(&[ints]).err().unwrap();
+    assert!(
+        err.to_string().contains("must be float, got int64"),
+        "{err}"
+    );
+    let rank3 = Tensor::from_values(vec![3, 48, 192], &vec![0f32; 3 * 48 * 192]).unwrap();
+    let err = compiled.infer(&[rank3]).err().unwrap();
+    assert!(
+        err.to_string().contains("input 'x' must have shape [?,3,"),
+        "{err}"
+    );
+    let channels = Tensor::from_values(vec![1, 4, 48, 192], &vec![0f32; 4 * 48 * 192]).unwrap();
+    assert!(compiled.infer(&[channels]).is_err());
+}
+
+#[test]
+fn export_import_round_trip_and_mismatches() {
+    let cpu = CpuPlugin::new().unwrap();
+    let bytes = std::fs::read(model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
+    let mut config = Config::default();
+    config.set("NUM_THREADS", "1").unwrap();
+    let compiled = cpu.compile(&bytes, &config).unwrap();
+    let blob = compiled.export().unwrap();
+    let imported = cpu.import(&blob).unwrap();
+    assert_eq!(imported.inputs(), compiled.inputs());
+    let other = CpuPlugin::named("CPU_B").unwrap();
+    let err = other.import(&blob).err().unwrap();
+    assert!(
+        err.to_string().contains("made by CPU on tract-onnx"),
+        "{err}"
+    );
+    assert!(cpu.import(b"garbage").is_err());
+    assert!(cpu.import(&blob[..20]).is_err());
+    assert!(cpu.compile(b"not onnx", &Config::default()).is_err());
+}
