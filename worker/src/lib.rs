@@ -14,5 +14,6 @@
 //! ```
 
 pub mod conformance;
+pub mod hetero;
 pub mod plugin;
 pub mod plugins;

@@ -188,6 +188,8 @@ impl DevicePlugin for CpuPlugin {
 }
 
 type Plan = Arc<SimplePlan<TypedFact, Box<dyn TypedOp>>>;
+/// Input shapes, with the bytes of small integer inputs.
+type PlanKey = Vec<(Vec<usize>, Vec<u8>)>;
 
 /// A subgraph compiled by tract. Models that tract can only type with
 /// concrete input dims (e.g. a Reshape fed by the Shape of a dynamic batch)
@@ -198,8 +200,8 @@ pub struct CompiledCpu {
     config: Config,
     /// A plan for every input shape, when tract could build one.
     generic: Option<Plan>,
-    /// Plans by concrete input shapes.
-    by_shape: Mutex<HashMap<Vec<Vec<usize>>, Plan>>,
+    /// Plans by concrete input shapes (and values of small integer inputs).
+    by_shape: Mutex<HashMap<PlanKey, Plan>>,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     /// Original ONNX nodes (name, op type), for performance counters.
@@ -269,29 +271,32 @@ impl CompiledCpu {
         };
         let dynamic: Vec<Vec<Option<usize>>> =
             compiled.inputs.iter().map(|s| s.shape.clone()).collect();
-        match compiled.build(&dynamic) {
+        match compiled.build(&dynamic, &[]) {
             Ok(plan) => compiled.generic = Some(plan),
             Err(e) if dynamic.iter().flatten().all(Option::is_some) => return Err(e),
             Err(_) => {
-                // Needs concrete shapes: check now with every dynamic dim 1,
-                // so that a model tract cannot run fails at compile time.
-                let ones: Vec<Vec<usize>> = dynamic
-                    .iter()
-                    .map(|s| s.iter().map(|d| d.unwrap_or(1)).collect())
-                    .collect();
-                let plan = compiled.build(&concrete(&ones))?;
-                compiled
-                    .by_shape
-                    .get_mut()
-                    .map_err(|_| poisoned())?
-                    .insert(ones, plan);
+                // tract needs concrete dims for this model: plans are built
+                // per input shape on first use; check now that it parses.
+                tract_onnx::onnx()
+                    .with_ignore_value_info(true)
+                    .model_for_read(&mut &compiled.onnx[..])
+                    .map_err(|e| PluginError::Compile {
+                        backend: BACKEND.into(),
+                        reason: format!("{e:#}"),
+                    })?;
             }
         }
         Ok(compiled)
     }
 
     /// Builds a plan for these input shapes (`None`: symbolic).
-    fn build(&self, shapes: &[Vec<Option<usize>>]) -> Result<Plan, PluginError> {
+    /// `values`: inputs to treat as known values (small integer tensors
+    /// such as shapes, which tract needs as constants to type a Reshape).
+    fn build(
+        &self,
+        shapes: &[Vec<Option<usize>>],
+        values: &[Option<&Tensor>],
+    ) -> Result<Plan, PluginError> {
         let compile_err = |e: TractError| PluginError::Compile {
             backend: BACKEND.into(),
             reason: format!("{e:#}"),
@@ -313,9 +318,11 @@ impl CompiledCpu {
                     None => inference.symbols.sym(&format!("in{i}_{k}")).into(),
                 })
                 .collect();
-            inference
-                .set_input_fact(i, InferenceFact::dt_shape(dt, dims))
-                .map_err(compile_err)?;
+            let fact = match values.get(i).copied().flatten() {
+                Some(v) => InferenceFact::from(tract::to_tract(v)?.into_tensor()),
+                None => InferenceFact::dt_shape(dt, dims),
+            };
+            inference.set_input_fact(i, fact).map_err(compile_err)?;
         }
         let typed = inference.into_optimized().map_err(compile_err)?;
         let threads = self
@@ -338,16 +345,71 @@ impl CompiledCpu {
         if let Some(plan) = &self.generic {
             return Ok(plan.clone());
         }
-        let key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        self.specialized(inputs)
+    }
+
+    /// The plan built for exactly these input shapes.
+    /// Small integer inputs (shapes, axes) are specialized by value too.
+    fn specialized(&self, inputs: &[Tensor]) -> Result<Plan, PluginError> {
+        let is_small_int = |t: &Tensor| matches!(t.elem().0, 6 | 7) && t.len() <= 16;
+        let values: Vec<Option<&Tensor>> = inputs
+            .iter()
+            .map(|t| is_small_int(t).then_some(t))
+            .collect();
+        let key: PlanKey = inputs
+            .iter()
+            .map(|t| {
+                (
+                    t.shape().to_vec(),
+                    if is_small_int(t) {
+                        t.bytes().to_vec()
+                    } else {
+                        Vec::new()
+                    },
+                )
+            })
+            .collect();
         if let Some(plan) = self.by_shape.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(plan.clone());
         }
-        let plan = self.build(&concrete(&key))?;
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let plan = self.build(&concrete(&shapes), &values)?;
         self.by_shape
             .lock()
             .map_err(|_| poisoned())?
             .insert(key, plan.clone());
         Ok(plan)
+    }
+
+    fn run(&self, plan: &Plan, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
+        let values: TVec<TValue> = inputs
+            .iter()
+            .map(tract::to_tract)
+            .collect::<Result<_, _>>()?;
+        let infer_err = |e: TractError| PluginError::Infer(format!("{e:#}"));
+        let (outputs, counters) = if self.config.get("PERF_COUNT") == Some("YES") {
+            let mut times: HashMap<String, (u64, String)> = HashMap::new();
+            let mut state = SimpleState::new(plan).map_err(infer_err)?;
+            let outputs = state
+                .run_plan_with_eval(values, |ctx, op_state, node, input| {
+                    let start = Instant::now();
+                    let r = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
+                    let entry = times
+                        .entry(node.name.clone())
+                        .or_insert((0, node.op().name().to_string()));
+                    entry.0 += start.elapsed().as_micros() as u64;
+                    r
+                })
+                .map_err(infer_err)?;
+            (outputs, self.counters(&times))
+        } else {
+            (plan.run(values).map_err(infer_err)?, Vec::new())
+        };
+        let outputs = outputs
+            .into_iter()
+            .map(tract::from_tract)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(InferResult { outputs, counters })
     }
 
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), PluginError> {
@@ -443,36 +505,18 @@ impl CompiledSubgraph for CompiledCpu {
 
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
         self.check_inputs(inputs)?;
-        let plan = self.plan(inputs)?;
-        let values: TVec<TValue> = inputs
-            .iter()
-            .map(tract::to_tract)
-            .collect::<Result<_, _>>()?;
-        let infer_err = |e: TractError| PluginError::Infer(format!("{e:#}"));
-        let profile = self.config.get("PERF_COUNT") == Some("YES");
-        let (outputs, counters) = if profile {
-            let mut times: HashMap<String, (u64, String)> = HashMap::new();
-            let mut state = SimpleState::new(&plan).map_err(infer_err)?;
-            let outputs = state
-                .run_plan_with_eval(values, |ctx, op_state, node, input| {
-                    let start = Instant::now();
-                    let r = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
-                    let entry = times
-                        .entry(node.name.clone())
-                        .or_insert((0, node.op().name().to_string()));
-                    entry.0 += start.elapsed().as_micros() as u64;
-                    r
-                })
-                .map_err(infer_err)?;
-            (outputs, self.counters(&times))
-        } else {
-            (plan.run(values).map_err(infer_err)?, Vec::new())
-        };
-        let outputs = outputs
-            .into_iter()
-            .map(tract::from_tract)
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(InferResult { outputs, counters })
+        match self.run(&self.plan(inputs)?, inputs) {
+            // A symbolic plan can meet a dimension it cannot resolve from
+            // the inputs alone; a plan for these shapes always can.
+            Err(e) if self.generic.is_some() => {
+                tracing::debug!(
+                    "symbolic plan failed ({e}); specializing for {:?}",
+                    inputs.iter().map(Tensor::shape).collect::<Vec<_>>()
+                );
+                self.run(&self.specialized(inputs)?, inputs)
+            }
+            r => r,
+        }
     }
 
     fn export(&self) -> Result<Vec<u8>, PluginError> {

@@ -1,0 +1,327 @@
+//! HETERO in one process: query every plugin, assign affinities, partition,
+//! export, compile each subgraph on its plugin, then run requests through
+//! the subgraph DAG (subgraphs whose inputs are ready run concurrently).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_common::affinity::{
+    assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet,
+};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::encode_model;
+use tessera_common::onnx::proto::ModelProto;
+use tessera_common::partition::{partition, Algorithm, Partition, PartitionOptions};
+use tessera_common::tensor::Tensor;
+
+use crate::plugin::{CompiledSubgraph, Config, DevicePlugin, PerfCounter, PluginError};
+
+/// Errors of loading or running a network.
+#[derive(Debug, thiserror::Error)]
+pub enum HeteroError {
+    #[error("no plugin for device {0} (registered: {1})")]
+    UnknownDevice(String, String),
+    #[error("model: {0}")]
+    Model(String),
+    #[error("planning: {0}")]
+    Plan(String),
+    #[error("subgraph {sg} on {device}: {source}")]
+    Plugin {
+        sg: usize,
+        device: String,
+        #[source]
+        source: PluginError,
+    },
+    #[error("{device} QueryNetwork: {source}")]
+    Query {
+        device: String,
+        #[source]
+        source: PluginError,
+    },
+    #[error("bad inputs: {0}")]
+    BadInput(String),
+}
+
+/// How to plan a network.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub priority: DevicePriority,
+    pub policy: Policy,
+    pub algorithm: Algorithm,
+    pub strict: bool,
+    /// Manual affinity: node name → device.
+    pub manual: BTreeMap<String, DeviceId>,
+    /// Per-compile configuration for every subgraph.
+    pub config: Config,
+}
+
+struct Stage {
+    device: String,
+    compiled: Arc<dyn CompiledSubgraph>,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    deps: Vec<usize>,
+}
+
+/// A network loaded on its plugins.
+pub struct Network {
+    graph: Graph,
+    partition: Partition,
+    stages: Vec<Stage>,
+}
+
+/// One request's outputs, with counters per subgraph.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Graph outputs in model order.
+    pub outputs: Vec<(String, Tensor)>,
+    /// Per subgraph: device, wall time and per-node counters.
+    pub subgraphs: Vec<(String, Duration, Vec<PerfCounter>)>,
+    pub total: Duration,
+}
+
+impl Network {
+    /// Plans and compiles `model` on `plugins` (device name → plugin).
+    pub fn load(
+        model: ModelProto,
+        plugins: &[(DeviceId, Arc<dyn DevicePlugin>)],
+        options: &LoadOptions,
+    ) -> Result<Network, HeteroError> {
+        let graph = Graph::from_model(model).map_err(|e| HeteroError::Model(e.to_string()))?;
+        let registered = || {
+            plugins
+                .iter()
+                .map(|(d, _)| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let plugin_of = |d: &DeviceId| {
+            plugins
+                .iter()
+                .find(|(id, _)| id == d)
+                .map(|(_, p)| p.clone())
+                .ok_or_else(|| HeteroError::UnknownDevice(d.to_string(), registered()))
+        };
+        let mut supports = HashMap::new();
+        for d in &options.priority.devices {
+            let answer = plugin_of(d)?
+                .query_network(graph.model())
+                .map_err(|source| HeteroError::Query {
+                    device: d.to_string(),
+                    source,
+                })?;
+            tracing::debug!(device = %d, supported = answer.supported.len(), "QueryNetwork");
+            supports.insert(d.clone(), SupportSet::from_nodes(answer.supported));
+        }
+        let mut manual = BTreeMap::new();
+        for (name, device) in &options.manual {
+            let node = graph
+                .op_by_name(name)
+                .ok_or_else(|| HeteroError::Plan(format!("no node named '{name}'")))?;
+            manual.insert(node, device.clone());
+        }
+        let cost = AnalyticCostModel::default();
+        let assignment = assign(
+            &graph,
+            &AffinityRequest {
+                priority: &options.priority,
+                supports: &supports,
+                manual: &manual,
+                policy: options.policy,
+                strict: options.strict,
+                cost_model: &cost,
+            },
+        )
+        .map_err(|e| HeteroError::Plan(e.to_string()))?;
+        let p = partition(
+            &graph,
+            &assignment,
+            PartitionOptions {
+                algorithm: options.algorithm,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| HeteroError::Plan(e.to_string()))?;
+        let models = tessera_common::export::export_all(&graph, &p)
+            .map_err(|e| HeteroError::Plan(e.to_string()))?;
+        let mut stages = Vec::with_capacity(models.len());
+        for (sg, m) in p.subgraphs.iter().zip(&models) {
+            let device = p.device_of(sg).clone();
+            let started = Instant::now();
+            let compiled = plugin_of(&device)?
+                .compile(&encode_model(m), &options.config)
+                .map_err(|source| HeteroError::Plugin {
+                    sg: sg.id,
+                    device: device.to_string(),
+                    source,
+                })?;
+            tracing::info!(subgraph = sg.id, %device, nodes = sg.nodes.len(), "compiled in {:?}", started.elapsed());
+            let names = |ts: &[tessera_common::graph::TensorId]| {
+                ts.iter().map(|&t| graph.tensor(t).name.clone()).collect()
+            };
+            stages.push(Stage {
+                device: device.to_string(),
+                compiled,
+                inputs: names(&sg.inputs),
+                outputs: names(&sg.outputs),
+                deps: p.dependencies(&graph, sg),
+            });
+        }
+        Ok(Network {
+            graph,
+            partition: p,
+            stages,
+        })
+    }
+
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Runs one request. `inputs` holds every graph input by name.
+    pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<RunResult, HeteroError> {
+        let started = Instant::now();
+        self.check_inputs(inputs)?;
+        let mut values: HashMap<String, Arc<Tensor>> = inputs
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::new(v.clone())))
+            .collect();
+        let mut done = vec![false; self.stages.len()];
+        let mut timings: Vec<Option<(Duration, Vec<PerfCounter>)>> = vec![None; self.stages.len()];
+        while done.iter().any(|d| !d) {
+            let ready: Vec<usize> = (0..self.stages.len())
+                .filter(|&i| !done[i] && self.stages[i].deps.iter().all(|&d| done[d]))
+                .collect();
+            if ready.is_empty() {
+                return Err(HeteroError::Plan(
+                    "subgraph dependencies do not resolve".into(),
+                ));
+            }
+            let results: Vec<(usize, Result<_, HeteroError>)> = std::thread::scope(|s| {
+                let handles: Vec<_> = ready
+                    .iter()
+                    .map(|&i| {
+                        let stage = &self.stages[i];
+                        let feeds: Vec<Tensor> = stage
+                            .inputs
+                            .iter()
+                            .filter_map(|n| values.get(n).map(|t| (**t).clone()))
+                            .collect();
+                        s.spawn(move || {
+                            let t = Instant::now();
+                            let r = stage.compiled.infer(&feeds).map_err(|source| {
+                                HeteroError::Plugin {
+                                    sg: i,
+                                    device: stage.device.clone(),
+                                    source,
+                                }
+                            });
+                            (i, r.map(|r| (r, t.elapsed())))
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            (
+                                usize::MAX,
+                                Err(HeteroError::Plan("a subgraph thread panicked".into())),
+                            )
+                        })
+                    })
+                    .collect()
+            });
+            for (i, r) in results {
+                let (result, elapsed) = r?;
+                for (name, t) in self.stages[i].outputs.iter().zip(result.outputs) {
+                    values.insert(name.clone(), Arc::new(t));
+                }
+                timings[i] = Some((elapsed, result.counters));
+                done[i] = true;
+            }
+        }
+        let outputs = self
+            .graph
+            .outputs
+            .iter()
+            .map(|&t| {
+                let name = self.graph.tensor(t).name.clone();
+                values
+                    .get(&name)
+                    .map(|v| (name.clone(), (**v).clone()))
+                    .ok_or_else(|| HeteroError::Plan(format!("output '{name}' was not produced")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let subgraphs = self
+            .stages
+            .iter()
+            .zip(timings)
+            .map(|(s, t)| {
+                let (d, c) = t.unwrap_or_default();
+                (s.device.clone(), d, c)
+            })
+            .collect();
+        Ok(RunResult {
+            outputs,
+            subgraphs,
+            total: started.elapsed(),
+        })
+    }
+
+    fn check_inputs(&self, inputs: &HashMap<String, Tensor>) -> Result<(), HeteroError> {
+        let expected: Vec<&str> = self
+            .graph
+            .inputs
+            .iter()
+            .map(|&t| self.graph.tensor(t).name.as_str())
+            .collect();
+        for name in inputs.keys() {
+            if !expected.contains(&name.as_str()) {
+                return Err(HeteroError::BadInput(format!(
+                    "unknown input '{name}'; the inputs are: {}",
+                    expected.join(", ")
+                )));
+            }
+        }
+        for &t in &self.graph.inputs {
+            let spec = self.graph.tensor(t);
+            let given = inputs.get(&spec.name).ok_or_else(|| {
+                HeteroError::BadInput(format!(
+                    "missing input '{}' ({})",
+                    spec.name,
+                    spec.type_string()
+                ))
+            })?;
+            if spec.elem_type.is_some_and(|e| e != given.elem()) {
+                return Err(HeteroError::BadInput(format!(
+                    "input '{}' must be {}, got {}",
+                    spec.name,
+                    spec.type_string(),
+                    given.elem()
+                )));
+            }
+            if let Some(shape) = &spec.shape {
+                let fits = shape.len() == given.shape().len()
+                    && shape
+                        .iter()
+                        .zip(given.shape())
+                        .all(|(d, &g)| d.known().is_none_or(|k| k == g as i64));
+                if !fits {
+                    return Err(HeteroError::BadInput(format!(
+                        "input '{}' must have shape {}, got {:?}",
+                        spec.name,
+                        spec.type_string(),
+                        given.shape()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
