@@ -1,15 +1,17 @@
 //! `tessera`: the command-line tool.
 //!
-//! Today it has one command, `partition`, a dry run of Tessera's planner:
-//! affinity assignment and subgraph selection for an ONNX model, with the
-//! decisions explained and dumped as GraphViz and JSON. Device support comes
-//! from `--supports` files until real QueryNetwork answers replace them.
+//! Commands: `partition`, a dry run of Tessera's planner (affinity and
+//! subgraph selection, explained and dumped as GraphViz and JSON, device
+//! support from `--supports` files); `run --local`, one inference through
+//! HETERO on this machine's plugins, inputs and outputs as `.npy`.
 //!
 //! ```text
 //! tessera partition model.onnx --devices HETERO:GPU,CPU --supports GPU=gpu.txt --dump-dir dumps
+//! tessera run model.onnx --devices HETERO:CPU --local --random --output-dir out --perf-counts
 //! ```
 
 mod partition;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,8 @@ struct Cli {
 enum Command {
     /// Assign devices to nodes and cut the model into subgraphs (dry run).
     Partition(partition::PartitionArgs),
+    /// Run one inference through HETERO on this machine's plugins.
+    Run(run::RunArgs),
 }
 
 /// Writes to stdout; a closed pipe (`tessera ... | head`) is not an error.
@@ -55,6 +59,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),
+        Command::Run(args) => run::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

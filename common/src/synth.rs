@@ -164,3 +164,61 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
         ..Default::default()
     }
 }
+
+/// Seeded inputs for every graph input of `graph`: dynamic dims are 1 for
+/// the first (batch) and 64 for the others; floats uniform in [-1, 1),
+/// integers in [0, 256), booleans fair. `None` for an input whose type or
+/// rank is unknown or not numeric.
+pub fn random_inputs(
+    graph: &crate::graph::Graph,
+    seed: u64,
+) -> Option<Vec<(String, crate::tensor::Tensor)>> {
+    use crate::onnx::ElemType;
+    use crate::tensor::Tensor;
+    let mut rng = Rng::new(seed);
+    graph
+        .inputs
+        .iter()
+        .map(|&t| {
+            let t = graph.tensor(t);
+            let shape: Vec<usize> = t
+                .shape
+                .as_ref()?
+                .iter()
+                .enumerate()
+                .map(|(k, d)| {
+                    d.known()
+                        .and_then(|v| usize::try_from(v).ok())
+                        .unwrap_or(if k == 0 { 1 } else { 64 })
+                })
+                .collect();
+            let n: usize = shape.iter().product();
+            let tensor = match t.elem_type? {
+                ElemType::FLOAT => Tensor::from_values(
+                    shape,
+                    &(0..n)
+                        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
+                        .collect::<Vec<_>>(),
+                ),
+                ElemType::INT32 => Tensor::from_values(
+                    shape,
+                    &(0..n).map(|_| rng.below(256) as i32).collect::<Vec<_>>(),
+                ),
+                ElemType::INT64 => Tensor::from_values(
+                    shape,
+                    &(0..n).map(|_| rng.below(256) as i64).collect::<Vec<_>>(),
+                ),
+                ElemType::UINT8 => Tensor::from_values(
+                    shape,
+                    &(0..n).map(|_| rng.below(256) as u8).collect::<Vec<_>>(),
+                ),
+                ElemType::BOOL => {
+                    Tensor::from_values(shape, &(0..n).map(|_| rng.chance(0.5)).collect::<Vec<_>>())
+                }
+                _ => return None,
+            }
+            .ok()?;
+            Some((t.name.clone(), tensor))
+        })
+        .collect()
+}

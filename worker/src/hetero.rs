@@ -202,41 +202,51 @@ impl Network {
                     "subgraph dependencies do not resolve".into(),
                 ));
             }
-            let results: Vec<(usize, Result<_, HeteroError>)> = std::thread::scope(|s| {
-                let handles: Vec<_> = ready
+            let run_stage = |i: usize, feeds: Vec<Tensor>| {
+                let stage = &self.stages[i];
+                let t = Instant::now();
+                let r = stage
+                    .compiled
+                    .infer(&feeds)
+                    .map_err(|source| HeteroError::Plugin {
+                        sg: i,
+                        device: stage.device.clone(),
+                        source,
+                    });
+                (i, r.map(|r| (r, t.elapsed())))
+            };
+            let feeds_of = |i: usize| -> Vec<Tensor> {
+                self.stages[i]
+                    .inputs
                     .iter()
-                    .map(|&i| {
-                        let stage = &self.stages[i];
-                        let feeds: Vec<Tensor> = stage
-                            .inputs
-                            .iter()
-                            .filter_map(|n| values.get(n).map(|t| (**t).clone()))
-                            .collect();
-                        s.spawn(move || {
-                            let t = Instant::now();
-                            let r = stage.compiled.infer(&feeds).map_err(|source| {
-                                HeteroError::Plugin {
-                                    sg: i,
-                                    device: stage.device.clone(),
-                                    source,
-                                }
-                            });
-                            (i, r.map(|r| (r, t.elapsed())))
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            (
-                                usize::MAX,
-                                Err(HeteroError::Plan("a subgraph thread panicked".into())),
-                            )
-                        })
-                    })
+                    .filter_map(|n| values.get(n).map(|t| (**t).clone()))
                     .collect()
-            });
+            };
+            // One ready subgraph runs on this thread; several run concurrently.
+            let results: Vec<(usize, Result<_, HeteroError>)> = if ready.len() == 1 {
+                vec![run_stage(ready[0], feeds_of(ready[0]))]
+            } else {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = ready
+                        .iter()
+                        .map(|&i| {
+                            let feeds = feeds_of(i);
+                            s.spawn(move || run_stage(i, feeds))
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                (
+                                    usize::MAX,
+                                    Err(HeteroError::Plan("a subgraph thread panicked".into())),
+                                )
+                            })
+                        })
+                        .collect()
+                })
+            };
             for (i, r) in results {
                 let (result, elapsed) = r?;
                 for (name, t) in self.stages[i].outputs.iter().zip(result.outputs) {

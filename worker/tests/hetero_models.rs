@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
 use tessera_common::graph::Graph;
-use tessera_common::onnx::{load_model, ElemType};
+use tessera_common::onnx::load_model;
 use tessera_common::partition::Algorithm;
 use tessera_common::synth::Rng;
 use tessera_common::tensor::{read_npy, write_npy, Tensor};
@@ -23,43 +23,10 @@ fn models_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")))
 }
 
-/// Seeded inputs: dynamic dims are 1 (batch) or 64; floats in [-1, 1),
-/// integers in [0, 256).
 fn random_inputs(graph: &Graph, seed: u64) -> HashMap<String, Tensor> {
-    let mut rng = Rng::new(seed);
-    graph
-        .inputs
-        .iter()
-        .map(|&t| {
-            let t = graph.tensor(t);
-            let shape: Vec<usize> = t
-                .shape
-                .as_ref()
-                .unwrap()
-                .iter()
-                .enumerate()
-                .map(|(k, d)| {
-                    d.known()
-                        .map(|v| v as usize)
-                        .unwrap_or(if k == 0 { 1 } else { 64 })
-                })
-                .collect();
-            let n: usize = shape.iter().product();
-            let tensor = match t.elem_type.unwrap() {
-                ElemType::FLOAT => {
-                    let v: Vec<f32> = (0..n)
-                        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
-                        .collect();
-                    Tensor::from_values(shape, &v).unwrap()
-                }
-                ElemType::INT32 => {
-                    let v: Vec<i32> = (0..n).map(|_| rng.below(256) as i32).collect();
-                    Tensor::from_values(shape, &v).unwrap()
-                }
-                other => panic!("input type {other}"),
-            };
-            (t.name.clone(), tensor)
-        })
+    tessera_common::synth::random_inputs(graph, seed)
+        .expect("numeric inputs")
+        .into_iter()
         .collect()
 }
 

@@ -27,6 +27,8 @@ use crate::plugin::{
 
 const BACKEND: &str = "tract-onnx";
 const BACKEND_VERSION: &str = "0.23";
+/// Specialized plans kept per compiled subgraph.
+const MAX_PLANS: usize = 32;
 
 /// The CPU plugin.
 pub struct CpuPlugin {
@@ -191,15 +193,15 @@ type Plan = Arc<SimplePlan<TypedFact, Box<dyn TypedOp>>>;
 /// Input shapes, with the bytes of small integer inputs.
 type PlanKey = Vec<(Vec<usize>, Vec<u8>)>;
 
-/// A subgraph compiled by tract. Models that tract can only type with
-/// concrete input dims (e.g. a Reshape fed by the Shape of a dynamic batch)
-/// get one plan per input shape, built on first use.
+/// A subgraph compiled by tract. Requests run on a plan specialized for
+/// their input shapes (and the values of small integer inputs such as
+/// shapes), built on first use and cached: tract optimizes concrete shapes
+/// best, and some models (a Reshape fed by the Shape of a dynamic batch)
+/// type only with them. `compile` checks the model with symbolic dims.
 pub struct CompiledCpu {
     device: String,
     onnx: Vec<u8>,
     config: Config,
-    /// A plan for every input shape, when tract could build one.
-    generic: Option<Plan>,
     /// Plans by concrete input shapes (and values of small integer inputs).
     by_shape: Mutex<HashMap<PlanKey, Plan>>,
     inputs: Vec<TensorSpec>,
@@ -263,7 +265,6 @@ impl CompiledCpu {
             device: device.into(),
             onnx: onnx.to_vec(),
             config,
-            generic: None,
             by_shape: Mutex::new(HashMap::new()),
             inputs,
             outputs,
@@ -272,7 +273,19 @@ impl CompiledCpu {
         let dynamic: Vec<Vec<Option<usize>>> =
             compiled.inputs.iter().map(|s| s.shape.clone()).collect();
         match compiled.build(&dynamic, &[]) {
-            Ok(plan) => compiled.generic = Some(plan),
+            // Kept for the first request if its shapes are the declared ones.
+            Ok(plan) if dynamic.iter().flatten().all(Option::is_some) => {
+                let key = dynamic
+                    .iter()
+                    .map(|s| (s.iter().flatten().copied().collect(), Vec::new()))
+                    .collect();
+                compiled
+                    .by_shape
+                    .get_mut()
+                    .map_err(|_| poisoned())?
+                    .insert(key, plan);
+            }
+            Ok(_) => {}
             Err(e) if dynamic.iter().flatten().all(Option::is_some) => return Err(e),
             Err(_) => {
                 // tract needs concrete dims for this model: plans are built
@@ -340,15 +353,6 @@ impl CompiledCpu {
             .map_err(compile_err)
     }
 
-    /// The plan for these inputs.
-    fn plan(&self, inputs: &[Tensor]) -> Result<Plan, PluginError> {
-        if let Some(plan) = &self.generic {
-            return Ok(plan.clone());
-        }
-        self.specialized(inputs)
-    }
-
-    /// The plan built for exactly these input shapes.
     /// Small integer inputs (shapes, axes) are specialized by value too.
     fn specialized(&self, inputs: &[Tensor]) -> Result<Plan, PluginError> {
         let is_small_int = |t: &Tensor| matches!(t.elem().0, 6 | 7) && t.len() <= 16;
@@ -372,12 +376,14 @@ impl CompiledCpu {
         if let Some(plan) = self.by_shape.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(plan.clone());
         }
+        tracing::debug!(shapes = ?inputs.iter().map(Tensor::shape).collect::<Vec<_>>(), "specializing a plan");
         let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let plan = self.build(&concrete(&shapes), &values)?;
-        self.by_shape
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(key, plan.clone());
+        let mut cache = self.by_shape.lock().map_err(|_| poisoned())?;
+        if cache.len() >= MAX_PLANS {
+            cache.clear();
+        }
+        cache.insert(key, plan.clone());
         Ok(plan)
     }
 
@@ -505,18 +511,7 @@ impl CompiledSubgraph for CompiledCpu {
 
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
         self.check_inputs(inputs)?;
-        match self.run(&self.plan(inputs)?, inputs) {
-            // A symbolic plan can meet a dimension it cannot resolve from
-            // the inputs alone; a plan for these shapes always can.
-            Err(e) if self.generic.is_some() => {
-                tracing::debug!(
-                    "symbolic plan failed ({e}); specializing for {:?}",
-                    inputs.iter().map(Tensor::shape).collect::<Vec<_>>()
-                );
-                self.run(&self.specialized(inputs)?, inputs)
-            }
-            r => r,
-        }
+        self.run(&self.specialized(inputs)?, inputs)
     }
 
     fn export(&self) -> Result<Vec<u8>, PluginError> {

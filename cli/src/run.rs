@@ -1,0 +1,171 @@
+//! `tessera run`: one inference through HETERO on this machine's plugins.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
+use tessera_common::graph::Graph;
+use tessera_common::partition::Algorithm;
+use tessera_common::tensor::{read_npy, write_npy, Tensor};
+use tessera_common::{onnx, synth};
+use tessera_worker::hetero::{LoadOptions, Network};
+use tessera_worker::plugin::{Config, DevicePlugin};
+use tessera_worker::plugins;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Device priority list, e.g. HETERO:CPU (each kind must have a plugin here).
+    #[arg(long, default_value = "HETERO:CPU")]
+    devices: String,
+    /// Run on this machine's plugins (the distributed runtime is not built yet).
+    #[arg(long)]
+    local: bool,
+    /// NAME=FILE.npy for a model input.
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// Seeded random values for inputs not given with --input.
+    #[arg(long)]
+    random: bool,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write every output as <name>.npy here (characters outside
+    /// A-Za-z0-9._- become _).
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Print per-subgraph, per-node performance counters and a total.
+    #[arg(long)]
+    perf_counts: bool,
+    #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
+    policy: String,
+    #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
+    algorithm: String,
+    /// Fail if a node is supported by no device.
+    #[arg(long)]
+    strict: bool,
+    /// Manual affinity JSON {"node": "DEVICE"}.
+    #[arg(long)]
+    affinity: Option<PathBuf>,
+}
+
+/// An output name as a file name: characters outside `A-Za-z0-9._-` → `_`.
+pub fn output_file_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.npy")
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    if !args.local {
+        bail!("no coordinator yet: pass --local to run on this machine's plugins");
+    }
+    let model = onnx::load_model(&args.model)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let priority = DevicePriority::parse(&args.devices).context("--devices")?;
+    let mut plugin_list: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = Vec::new();
+    for d in &priority.devices {
+        if d.host.is_some() {
+            bail!("--devices {d}: devices on other hosts need a cluster; --local runs on this machine");
+        }
+        plugin_list.push((
+            d.clone(),
+            plugins::create(d.kind()).with_context(|| format!("device {d}"))?,
+        ));
+    }
+    let graph = Graph::from_model(model.clone())?;
+    let manual: BTreeMap<String, DeviceId> = match &args.affinity {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let ids = tessera_common::affinity::parse_manual_affinity(&text, &graph, &priority)?;
+            ids.into_iter()
+                .map(|(n, d)| (graph.node(n).name.clone(), d))
+                .collect()
+        }
+        None => BTreeMap::new(),
+    };
+    let mut config = Config::default();
+    if args.perf_counts {
+        config.set("PERF_COUNT", "YES")?;
+    }
+    let options = LoadOptions {
+        priority,
+        policy: args.policy.parse::<Policy>().map_err(anyhow::Error::msg)?,
+        algorithm: args
+            .algorithm
+            .parse::<Algorithm>()
+            .map_err(anyhow::Error::msg)?,
+        strict: args.strict,
+        manual,
+        config,
+    };
+    let network = Network::load(model, &plugin_list, &options)?;
+
+    let mut inputs: HashMap<String, Tensor> = HashMap::new();
+    for spec in &args.inputs {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+        inputs.insert(
+            name.to_string(),
+            read_npy(&bytes).with_context(|| format!("--input {spec}"))?,
+        );
+    }
+    if args.random {
+        let generated = synth::random_inputs(network.graph(), args.seed)
+            .context("--random: an input has an unknown or non-numeric type")?;
+        for (name, t) in generated {
+            inputs.entry(name).or_insert(t);
+        }
+    }
+    let result = network.run(&inputs)?;
+
+    let mut out = String::new();
+    use std::fmt::Write as _;
+    let p = network.partition();
+    let _ = writeln!(
+        out,
+        "{} subgraphs on {}; {:.2} ms",
+        p.subgraphs.len(),
+        args.devices,
+        result.total.as_secs_f64() * 1e3
+    );
+    if args.perf_counts {
+        let mut total_us = 0;
+        for (i, (device, time, counters)) in result.subgraphs.iter().enumerate() {
+            let _ = writeln!(out, "subgraph{i} ({device}): {} µs", time.as_micros());
+            for c in counters {
+                let _ = writeln!(out, "subgraph{i}: {c}");
+            }
+            total_us += time.as_micros();
+        }
+        let _ = writeln!(out, "Total time: {total_us} microseconds");
+    }
+    for (name, t) in &result.outputs {
+        let _ = writeln!(out, "output {name}: {} {:?}", t.elem(), t.shape());
+    }
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, t) in &result.outputs {
+            let path = dir.join(output_file_name(name));
+            std::fs::write(&path, write_npy(t)?)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            let _ = writeln!(out, "wrote {}", path.display());
+        }
+    }
+    crate::print_stdout(&out);
+    Ok(())
+}

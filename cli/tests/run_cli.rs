@@ -1,0 +1,166 @@
+//! `tessera run --local`: .npy in, .npy out, same numbers as onnxruntime;
+//! bad inputs are clear errors.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tessera_common::synth::Rng;
+use tessera_common::tensor::{read_npy, write_npy, Tensor};
+
+fn model(name: &str) -> PathBuf {
+    let dir = std::env::var_os("TESSERA_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
+    dir.join(name)
+}
+
+fn tessera(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("tessera runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn run_matches_onnxruntime_through_npy_files() {
+    let dir = std::env::temp_dir().join(format!("tessera-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let mut rng = Rng::new(9);
+    let x: Vec<f32> = (0..3 * 48 * 192)
+        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    let input = dir.join("x.npy");
+    std::fs::write(
+        &input,
+        write_npy(&Tensor::from_values(vec![1, 3, 48, 192], &x).unwrap()).unwrap(),
+    )
+    .unwrap();
+    let out_dir = dir.join("out");
+    let (ok, stdout, stderr) = tessera(&[
+        "run",
+        m.to_str().unwrap(),
+        "--devices",
+        "HETERO:CPU",
+        "--local",
+        "--input",
+        &format!("x={}", input.display()),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--perf-counts",
+    ]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("Total time:") && stdout.contains("EXECUTED"),
+        "{stdout}"
+    );
+    let files: Vec<PathBuf> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let got = read_npy(&std::fs::read(&files[0]).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let script = format!(
+        "import numpy as np, onnxruntime as ort\ns = ort.InferenceSession({:?}, providers=['CPUExecutionProvider'])\n\
+         np.save({:?}, s.run(None, {{'x': np.load({:?})}})[0])",
+        m.to_str().unwrap(),
+        dir.join("want.npy").to_str().unwrap(),
+        input.to_str().unwrap()
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = read_npy(&std::fs::read(dir.join("want.npy")).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff <= 1e-4, "max abs diff {diff}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_rejects_bad_input_clearly() {
+    let dir = std::env::temp_dir().join(format!("tessera-run-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let m = m.to_str().unwrap();
+    let ints = dir.join("ints.npy");
+    std::fs::write(
+        &ints,
+        write_npy(&Tensor::from_values(vec![1, 3, 48, 192], &vec![0i64; 3 * 48 * 192]).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let small = dir.join("small.npy");
+    std::fs::write(
+        &small,
+        write_npy(&Tensor::from_values(vec![3, 48, 192], &vec![0f32; 3 * 48 * 192]).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let garbage = dir.join("garbage.npy");
+    std::fs::write(&garbage, b"nope").unwrap();
+    let input = |f: &PathBuf, name: &str| format!("{name}={}", f.display());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--input".into(), input(&small, "nope")],
+            "unknown input 'nope'",
+        ),
+        (
+            vec!["--input".into(), input(&ints, "x")],
+            "input 'x' must be float",
+        ),
+        (
+            vec!["--input".into(), input(&small, "x")],
+            "input 'x' must have shape",
+        ),
+        (
+            vec!["--input".into(), input(&garbage, "x")],
+            "not a valid .npy file",
+        ),
+        (vec![], "missing input 'x'"),
+        (
+            vec!["--devices".into(), "HETERO:TPU".into()],
+            "unknown device kind",
+        ),
+        (
+            vec!["--devices".into(), "HETERO:node-a/CPU".into()],
+            "need a cluster",
+        ),
+    ];
+    for (extra, expect) in cases {
+        let mut args = vec!["run".to_string(), m.to_string(), "--local".into()];
+        args.extend(extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, stdout, stderr) = tessera(&refs);
+        assert!(!ok, "{args:?} should fail: {stdout}");
+        assert!(
+            stderr.contains(expect),
+            "{args:?}: expected '{expect}' in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let (ok, _, stderr) = tessera(&["run", m, "--random"]);
+    assert!(!ok && stderr.contains("--local"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
