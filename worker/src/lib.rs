@@ -3,8 +3,9 @@
 //!
 //! Layout: [`plugin`] is the `DevicePlugin` API; [`plugins`] holds one
 //! folder per backend (`plugins/cpu`, on tract) and the registry;
+//! [`hetero`] runs a model split across plugins in one process;
 //! [`conformance`] is the ONNX node-test suite written once against
-//! `&dyn DevicePlugin`.
+//! `&dyn DevicePlugin`. See `docs/plugins.md`.
 //!
 //! ```no_run
 //! use tessera_worker::plugins;
