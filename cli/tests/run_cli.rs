@@ -68,16 +68,16 @@ fn run_matches_onnxruntime_through_npy_files() {
         .unwrap()
         .to_vec::<f32>()
         .unwrap();
-    let script = format!(
-        "import numpy as np, onnxruntime as ort\ns = ort.InferenceSession({:?}, providers=['CPUExecutionProvider'])\n\
-         np.save({:?}, s.run(None, {{'x': np.load({:?})}})[0])",
-        m.to_str().unwrap(),
-        dir.join("want.npy").to_str().unwrap(),
-        input.to_str().unwrap()
-    );
     let out = Command::new("python3")
-        .arg("-c")
-        .arg(&script)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/python/ort_run.py"
+        ))
+        .args([
+            m.to_str().unwrap(),
+            dir.join("ort").to_str().unwrap(),
+            &format!("x={}", input.display()),
+        ])
         .output()
         .unwrap();
     assert!(
@@ -85,7 +85,7 @@ fn run_matches_onnxruntime_through_npy_files() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let want = read_npy(&std::fs::read(dir.join("want.npy")).unwrap())
+    let want = read_npy(&std::fs::read(dir.join("ort/out0.npy")).unwrap())
         .unwrap()
         .to_vec::<f32>()
         .unwrap();

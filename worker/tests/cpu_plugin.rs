@@ -1,22 +1,12 @@
 //! The CPU plugin's API: metrics, configuration, a real model against
 //! onnxruntime, bad inputs, export/import and performance counters.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod util;
 
 use tessera_common::synth::Rng;
-use tessera_common::tensor::{read_npy, write_npy, Tensor};
+use tessera_common::tensor::Tensor;
 use tessera_worker::plugin::{Config, DevicePlugin, ExecStatus, MetricValue, PluginError, METRICS};
 use tessera_worker::plugins::{self, cpu::CpuPlugin};
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TESSERA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
-    let p = dir.join(name);
-    assert!(p.exists(), "run scripts/fetch-test-models.sh");
-    p
-}
 
 #[test]
 fn metrics_and_config_are_validated() {
@@ -55,7 +45,7 @@ fn metrics_and_config_are_validated() {
 
 #[test]
 fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
-    let path = model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let path = util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
     let cpu = CpuPlugin::new().unwrap();
     let model = tessera_common::onnx::load_model(&path).unwrap();
     let query = cpu.query_network(&model).unwrap();
@@ -76,36 +66,8 @@ fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
 
     // onnxruntime on the same input.
     let dir = std::env::temp_dir().join(format!("tessera-cpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("x.npy"), write_npy(&input).unwrap()).unwrap();
-    let script = format!(
-        "import numpy as np, onnxruntime as ort\ns = ort.InferenceSession({:?}, providers=['CPUExecutionProvider'])\n\
-         y = s.run(None, {{{:?}: np.load({:?})}})[0]\nnp.save({:?}, y)",
-        path.to_str().unwrap(),
-        spec.name,
-        dir.join("x.npy").to_str().unwrap(),
-        dir.join("y.npy").to_str().unwrap()
-    );
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let want = read_npy(&std::fs::read(dir.join("y.npy")).unwrap())
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap();
-    let got = result.outputs[0].to_vec::<f32>().unwrap();
-    let diff = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let want = util::onnxruntime(&path, &[(spec.name.clone(), input.clone())], &dir);
+    let diff = util::max_abs_diff(&result.outputs[0], &want[0]);
     println!("cls on the CPU plugin vs onnxruntime: max abs diff {diff:e}");
     assert!(diff <= 1e-4, "{diff}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -139,7 +101,7 @@ fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
 #[test]
 fn export_import_round_trip_and_mismatches() {
     let cpu = CpuPlugin::new().unwrap();
-    let bytes = std::fs::read(model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
+    let bytes = std::fs::read(util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
     let mut config = Config::default();
     config.set("NUM_THREADS", "1").unwrap();
     let compiled = cpu.compile(&bytes, &config).unwrap();
