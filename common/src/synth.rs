@@ -3,11 +3,7 @@
 //! runs in onnxruntime), random layered and irregular DAGs, and a small
 //! deterministic PRNG so results repeat across runs and machines.
 
-use crate::onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
+use crate::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
 
 /// SplitMix64: tiny, deterministic, good enough for test data.
 #[derive(Debug, Clone)]
@@ -81,28 +77,7 @@ pub fn irregular_dag(nodes: usize, rng: &mut Rng) -> Dag {
     Dag { nodes, edges }
 }
 
-/// A typed graph input/output: element type `elem_type` (ONNX number) and
-/// static `dims`.
-pub fn tensor_info(name: &str, elem_type: i32, dims: &[i64]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| Dimension {
-            denotation: None,
-            value: Some(dimension::Value::DimValue(d)),
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.to_string()),
-        r#type: Some(TypeProto {
-            denotation: None,
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem_type),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-        }),
-        ..Default::default()
-    }
-}
+pub use crate::onnx::tensor_info;
 
 /// A node of the default domain.
 pub fn node(name: &str, op_type: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {

@@ -84,3 +84,29 @@ impl std::fmt::Display for ElemType {
         f.write_str(&self.name().to_lowercase())
     }
 }
+
+/// A `ValueInfoProto` for a tensor of element type `elem_type` (the ONNX
+/// number) and static `dims`.
+pub fn tensor_info(name: &str, elem_type: i32, dims: &[i64]) -> proto::ValueInfoProto {
+    use proto::tensor_shape_proto::{dimension, Dimension};
+    let dim = dims
+        .iter()
+        .map(|&d| Dimension {
+            denotation: None,
+            value: Some(dimension::Value::DimValue(d)),
+        })
+        .collect();
+    proto::ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(proto::TypeProto {
+            denotation: None,
+            value: Some(proto::type_proto::Value::TensorType(
+                proto::type_proto::Tensor {
+                    elem_type: Some(elem_type),
+                    shape: Some(proto::TensorShapeProto { dim }),
+                },
+            )),
+        }),
+        ..Default::default()
+    }
+}

@@ -13,9 +13,8 @@ use std::sync::Mutex;
 use prost::Message;
 use tessera_common::graph::{Dim, Graph, NodeKind};
 use tessera_common::onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
+    tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
+    TypeProto, ValueInfoProto,
 };
 use tessera_common::onnx::ElemType;
 use tract_onnx::prelude::*;
@@ -132,24 +131,8 @@ fn known_wrong(
 /// whether tract can run the op, and tract types some ops (a Reshape fed
 /// by a Shape) only with concrete dims, which it will have at run time.
 fn value_info(name: &str, elem: ElemType, shape: &[Dim]) -> ValueInfoProto {
-    let dim = shape
-        .iter()
-        .map(|d| Dimension {
-            denotation: None,
-            value: Some(dimension::Value::DimValue(d.known().unwrap_or(1))),
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            denotation: None,
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem.0),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-        }),
-        ..Default::default()
-    }
+    let dims: Vec<i64> = shape.iter().map(|d| d.known().unwrap_or(1)).collect();
+    tessera_common::onnx::tensor_info(name, elem.0, &dims)
 }
 
 /// `model` with every dynamic graph-input dim set to 1 (see [`value_info`]).
