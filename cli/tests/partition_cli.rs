@@ -1,26 +1,11 @@
 //! `tessera partition` end to end: a real model, supports files, dumps in
 //! the stable JSON form, exported subgraphs, and clear errors.
 
+mod util;
+
 use std::path::PathBuf;
-use std::process::Command;
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("TESSERA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")))
-}
-
-fn tessera(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("tessera runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use util::{model, tessera};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tessera-cli-{name}-{}", std::process::id()));
@@ -30,7 +15,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn partitions_a_real_model_with_dumps() {
-    let model = models_dir().join("ch_PP-OCRv4_det_infer.onnx");
+    let model = model("ch_PP-OCRv4_det_infer.onnx");
     assert!(model.exists(), "run scripts/fetch-test-models.sh");
     let dir = temp_dir("dump");
     let supports = dir.join("gpu.txt");
@@ -85,7 +70,7 @@ fn partitions_a_real_model_with_dumps() {
 
 #[test]
 fn bad_input_gives_clear_errors() {
-    let model = models_dir().join("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let model = model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
     let m = model.to_str().unwrap();
     let dir = temp_dir("errors");
     let garbage = dir.join("garbage.onnx");

@@ -1,30 +1,15 @@
 //! `tessera run --local`: .npy in, .npy out, same numbers as onnxruntime;
 //! bad inputs are clear errors.
 
+mod util;
+
 use std::path::PathBuf;
 use std::process::Command;
 
+use util::{model, tessera};
+
 use tessera_common::synth::Rng;
 use tessera_common::tensor::{read_npy, write_npy, Tensor};
-
-fn model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TESSERA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
-    dir.join(name)
-}
-
-fn tessera(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("tessera runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
 
 #[test]
 fn run_matches_onnxruntime_through_npy_files() {
