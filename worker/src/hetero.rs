@@ -187,10 +187,8 @@ impl Network {
     pub fn run(&self, inputs: &HashMap<String, Tensor>) -> Result<RunResult, HeteroError> {
         let started = Instant::now();
         self.check_inputs(inputs)?;
-        let mut values: HashMap<String, Arc<Tensor>> = inputs
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::new(v.clone())))
-            .collect();
+        // Tensors produced so far; graph inputs are read from `inputs`.
+        let mut values: HashMap<String, Tensor> = HashMap::new();
         let mut done = vec![false; self.stages.len()];
         let mut timings: Vec<Option<(Duration, Vec<PerfCounter>)>> = vec![None; self.stages.len()];
         while done.iter().any(|d| !d) {
@@ -219,7 +217,7 @@ impl Network {
                 self.stages[i]
                     .inputs
                     .iter()
-                    .filter_map(|n| values.get(n).map(|t| (**t).clone()))
+                    .filter_map(|n| values.get(n).or_else(|| inputs.get(n)).cloned())
                     .collect()
             };
             // One ready subgraph runs on this thread; several run concurrently.
@@ -250,7 +248,7 @@ impl Network {
             for (i, r) in results {
                 let (result, elapsed) = r?;
                 for (name, t) in self.stages[i].outputs.iter().zip(result.outputs) {
-                    values.insert(name.clone(), Arc::new(t));
+                    values.insert(name.clone(), t);
                 }
                 timings[i] = Some((elapsed, result.counters));
                 done[i] = true;
@@ -264,7 +262,8 @@ impl Network {
                 let name = self.graph.tensor(t).name.clone();
                 values
                     .get(&name)
-                    .map(|v| (name.clone(), (**v).clone()))
+                    .or_else(|| inputs.get(&name))
+                    .map(|v| (name.clone(), v.clone()))
                     .ok_or_else(|| HeteroError::Plan(format!("output '{name}' was not produced")))
             })
             .collect::<Result<Vec<_>, _>>()?;
