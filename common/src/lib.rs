@@ -13,6 +13,8 @@
 //! - [`partition`]: subgraph selection (`fast`, `reference`), the merge
 //!   pass and the validator.
 //! - [`export`]: each subgraph as a standalone ONNX model.
+//! - [`decompose`]: ops a backend lacks rewritten as standard ONNX ops (a
+//!   plugin's transformations before QueryNetwork and compilation).
 //! - [`dump`]: GraphViz and JSON dumps of the decisions.
 //! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
 //!   NumPy `.npy`.
@@ -53,6 +55,7 @@
 //! ```
 
 pub mod affinity;
+pub mod decompose;
 pub mod dump;
 pub mod export;
 pub mod graph;

@@ -4,18 +4,12 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "../../../tests/rust/models.rs"]
+mod models;
+
 /// A real test model (`scripts/fetch-test-models.sh`).
 pub fn model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TESSERA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "missing {}: run scripts/fetch-test-models.sh",
-        p.display()
-    );
-    p
+    models::model_path(name)
 }
 
 /// Runs the `tessera` binary: (success, stdout, stderr).

@@ -10,6 +10,8 @@ mod proto;
 
 pub use npy::{read_npy, write_npy};
 
+use bytes::Bytes;
+
 use crate::onnx::ElemType;
 
 /// Why bytes could not become a tensor.
@@ -36,17 +38,25 @@ pub enum TensorError {
     External(String),
 }
 
-/// A dense tensor.
+/// A dense tensor. Its bytes are shared and immutable: a clone costs a
+/// reference count, not a copy (intermediate tensors handed to several
+/// consumers, or to the network, are not copied).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {
     elem: ElemType,
     shape: Vec<usize>,
-    data: Vec<u8>,
+    data: Bytes,
 }
 
 impl Tensor {
-    /// A tensor over `data` (row-major, little-endian); the length must match.
-    pub fn new(elem: ElemType, shape: Vec<usize>, data: Vec<u8>) -> Result<Tensor, TensorError> {
+    /// A tensor over `data` (row-major, little-endian); the length must
+    /// match. A `Vec<u8>` or `Bytes` is taken over without a copy.
+    pub fn new(
+        elem: ElemType,
+        shape: Vec<usize>,
+        data: impl Into<Bytes>,
+    ) -> Result<Tensor, TensorError> {
+        let data = data.into();
         let size = elem
             .size_bytes()
             .ok_or_else(|| TensorError::UnsupportedType(elem.name()))?;
@@ -95,8 +105,9 @@ impl Tensor {
         &self.data
     }
 
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.data
+    /// The bytes as a shared buffer (no copy).
+    pub fn shared_bytes(&self) -> Bytes {
+        self.data.clone()
     }
 
     /// The elements as `T`, which must be the tensor's element type.

@@ -1,24 +1,14 @@
 //! Helpers shared by the worker's integration tests.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use tessera_common::tensor::{read_npy, write_npy, Tensor};
 
-/// Folder of the real test models (`scripts/fetch-test-models.sh`).
-pub fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TESSERA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "missing {}: run scripts/fetch-test-models.sh",
-        p.display()
-    );
-    p
-}
+#[path = "../../../tests/rust/models.rs"]
+mod models;
+pub use models::model_path;
 
 /// Outputs of onnxruntime on `inputs` (through `tests/python/ort_run.py`).
 pub fn onnxruntime(model: &Path, inputs: &[(String, Tensor)], dir: &Path) -> Vec<Tensor> {

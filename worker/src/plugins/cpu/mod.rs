@@ -200,7 +200,10 @@ type PlanKey = Vec<(Vec<usize>, Vec<u8>)>;
 /// type only with them. `compile` checks the model with symbolic dims.
 pub struct CompiledCpu {
     device: String,
+    /// The subgraph as compiled (exported as it is).
     onnx: Vec<u8>,
+    /// What tract builds: `onnx` with the ops tract lacks decomposed.
+    tract_onnx: Vec<u8>,
     config: Config,
     /// Plans by concrete input shapes (and values of small integer inputs).
     by_shape: Mutex<HashMap<PlanKey, Plan>>,
@@ -261,9 +264,14 @@ impl CompiledCpu {
                 )
             })
             .collect();
+        let tract_onnx = match query::for_tract(&model)? {
+            Some(decomposed) => tessera_common::onnx::encode_model(&decomposed),
+            None => onnx.to_vec(),
+        };
         let mut compiled = CompiledCpu {
             device: device.into(),
             onnx: onnx.to_vec(),
+            tract_onnx,
             config,
             by_shape: Mutex::new(HashMap::new()),
             inputs,
@@ -292,7 +300,7 @@ impl CompiledCpu {
                 // per input shape on first use; check now that it parses.
                 tract_onnx::onnx()
                     .with_ignore_value_info(true)
-                    .model_for_read(&mut &compiled.onnx[..])
+                    .model_for_read(&mut &compiled.tract_onnx[..])
                     .map_err(|e| PluginError::Compile {
                         backend: BACKEND.into(),
                         reason: format!("{e:#}"),
@@ -316,7 +324,7 @@ impl CompiledCpu {
         };
         let mut inference = tract_onnx::onnx()
             .with_ignore_value_info(true)
-            .model_for_read(&mut &self.onnx[..])
+            .model_for_read(&mut &self.tract_onnx[..])
             .map_err(compile_err)?;
         for (i, (spec, shape)) in self.inputs.iter().zip(shapes).enumerate() {
             let dt = tract::datum_type(spec.elem).ok_or_else(|| PluginError::Compile {

@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 use prost::Message;
+use tessera_common::decompose::decompose;
 use tessera_common::graph::{Dim, Graph, NodeKind};
 use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
@@ -79,7 +80,6 @@ fn known_wrong(
             Some(format!("{op} direction other than forward"))
         }
         "Attention" => Some("Attention is not computed correctly by tract".into()),
-        "BitShift" => Some("BitShift edge cases are wrong in tract".into()),
         "Celu" if input_type(0) == Some(ElemType(10)) => {
             Some("Celu on float16 is wrong in tract".into())
         }
@@ -88,9 +88,12 @@ fn known_wrong(
         {
             Some("AveragePool with dilations is wrong in tract".into())
         }
+        // (Decomposed into integer MatMul and float rescaling when the
+        // types are known; refused if that rule declined.)
         "QLinearMatMul" if input_type(0) == Some(ElemType(3)) => {
             Some("QLinearMatMul on int8 is wrong in tract".into())
         }
+        "BitShift" => Some("BitShift by the bit width or more is wrong in tract".into()),
         _ if op.starts_with("Reduce") && input_type(0) == Some(ElemType::BOOL) => {
             Some(format!("{op} on booleans"))
         }
@@ -253,6 +256,51 @@ pub(super) fn query_network(
 ) -> Result<QueryResult, PluginError> {
     let graph =
         Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+    // Ops tract lacks are rewritten first (as at compile); an original node
+    // is supported when every node of its expansion is.
+    let decomposed = decompose(&graph, |_| true);
+    let inner = if decomposed.origin.is_empty() {
+        query_graph(&graph, cache, |_| false)?
+    } else {
+        let expanded = Graph::from_model(decomposed.model.clone())
+            .map_err(|e| PluginError::InvalidModel(format!("after decomposition: {e}")))?;
+        query_graph(&expanded, cache, |n| decomposed.origin.contains_key(n))?
+    };
+    let mut result = QueryResult::default();
+    for (node, why) in inner.unsupported {
+        let original = decomposed.original(&node).to_string();
+        // A node a rule declined was probed as it is; say why it was kept.
+        let why = match decomposed.declined.get(&original) {
+            Some(declined) => format!("{why} ({declined})"),
+            None if original != node => format!("{node} of its expansion: {why}"),
+            None => why,
+        };
+        result.unsupported.entry(original).or_insert(why);
+    }
+    for node in inner.supported {
+        let original = decomposed.original(&node);
+        if !result.unsupported.contains_key(original) {
+            result.supported.insert(original.to_string());
+        }
+    }
+    Ok(result)
+}
+
+/// The model `compile` hands to tract: ops tract lacks decomposed.
+pub(super) fn for_tract(model: &ModelProto) -> Result<Option<ModelProto>, PluginError> {
+    let graph =
+        Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+    let decomposed = decompose(&graph, |_| true);
+    Ok((!decomposed.origin.is_empty()).then_some(decomposed.model))
+}
+
+/// `written_by_us(name)`: the node is part of an expansion, written to
+/// avoid what `known_wrong` refuses (e.g. a BitShift with clamped amounts).
+fn query_graph(
+    graph: &Graph,
+    cache: &ProbeCache,
+    written_by_us: impl Fn(&str) -> bool,
+) -> Result<QueryResult, PluginError> {
     // The graph names unnamed nodes; probe against its (normalized) model.
     let named = graph.model();
     let source = named
@@ -267,14 +315,14 @@ pub(super) fn query_network(
         let Some(node) = graph.node(id).onnx_index.and_then(|i| source.node.get(i)) else {
             continue;
         };
-        if let Some(why) = known_wrong(node, &graph, id) {
+        if let Some(why) = known_wrong(node, graph, id).filter(|_| !written_by_us(&name)) {
             result.unsupported.insert(name, why);
             continue;
         }
         let outcome = if whole {
             Ok(())
         } else {
-            probe_node(named, &graph, id, cache)
+            probe_node(named, graph, id, cache)
         };
         match outcome {
             Ok(()) => {

@@ -40,7 +40,17 @@ pub(super) fn to_tract(t: &Tensor) -> Result<TValue, PluginError> {
     Ok(tensor.into())
 }
 
-/// A tract output as a Tessera tensor (TDim outputs become int64).
+/// A tract tensor's buffer, owned by a `Bytes` (outputs are not copied).
+struct TractBytes(TractTensor);
+
+impl AsRef<[u8]> for TractBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// A tract output as a Tessera tensor (TDim outputs become int64), over
+/// tract's buffer without a copy.
 pub(super) fn from_tract(v: TValue) -> Result<Tensor, PluginError> {
     let mut t: TractTensor = v.into_tensor();
     if t.datum_type() == DatumType::TDim {
@@ -55,6 +65,7 @@ pub(super) fn from_tract(v: TValue) -> Result<Tensor, PluginError> {
             t.datum_type()
         ))
     })?;
-    Tensor::new(elem, t.shape().to_vec(), t.as_bytes().to_vec())
+    let shape = t.shape().to_vec();
+    Tensor::new(elem, shape, bytes::Bytes::from_owner(TractBytes(t)))
         .map_err(|e| PluginError::Infer(e.to_string()))
 }

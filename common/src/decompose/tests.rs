@@ -1,0 +1,220 @@
+//! Structure of the expansions; their numerics are checked against the ONNX
+//! node tests by the plugins' conformance suites.
+
+use super::*;
+use crate::onnx::proto::{
+    attribute_proto::AttributeType, GraphProto, ModelProto, OperatorSetIdProto,
+};
+use crate::onnx::tensor_info;
+use crate::synth::node;
+
+fn model(n: NodeProto, inputs: Vec<crate::onnx::proto::ValueInfoProto>, opset: i64) -> Graph {
+    model_with(n, inputs, Vec::new(), opset)
+}
+
+fn model_with(
+    n: NodeProto,
+    inputs: Vec<crate::onnx::proto::ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+    opset: i64,
+) -> Graph {
+    let outputs = n
+        .output
+        .iter()
+        .map(|o| crate::onnx::proto::ValueInfoProto {
+            name: Some(o.clone()),
+            ..Default::default()
+        })
+        .collect();
+    let m = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(GraphProto {
+            node: vec![n],
+            input: inputs,
+            output: outputs,
+            initializer,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Graph::from_model(m).expect("valid model")
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        i: Some(v),
+        r#type: Some(AttributeType::Int as i32),
+        ..Default::default()
+    }
+}
+
+fn ops(d: &Decomposed) -> Vec<String> {
+    d.model
+        .graph
+        .as_ref()
+        .map(|g| g.node.iter().filter_map(|n| n.op_type.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn nll_with_weight_and_ignore_index_masks_and_normalizes() {
+    let mut n = node(
+        "loss",
+        "NegativeLogLikelihoodLoss",
+        &["x", "t", "w"],
+        &["y"],
+    );
+    n.attribute.push(int_attr("ignore_index", -1));
+    let g = model(
+        n,
+        vec![
+            tensor_info("x", 1, &[3, 5]),
+            tensor_info("t", 7, &[3]),
+            tensor_info("w", 1, &[5]),
+        ],
+        13,
+    );
+    let d = decompose(&g, |_| true);
+    assert_eq!(
+        ops(&d),
+        [
+            "Equal",
+            "Where",
+            "Unsqueeze",
+            "GatherElements",
+            "Squeeze",
+            "Gather",
+            "Not",
+            "Cast",
+            "Mul",
+            "Neg",
+            "Mul",
+            "ReduceSum",
+            "ReduceSum",
+            "Div"
+        ]
+    );
+    let graph = d.model.graph.as_ref().expect("graph");
+    assert_eq!(
+        graph.node.last().map(|n| n.output.clone()),
+        Some(vec!["y".into()])
+    );
+    assert!(graph
+        .node
+        .iter()
+        .all(|n| d.origin[n.name.as_deref().unwrap_or("")] == "loss"));
+    assert!(d.declined.is_empty());
+}
+
+#[test]
+fn opset_12_takes_axes_as_attributes() {
+    let n = node("loss", "NegativeLogLikelihoodLoss", &["x", "t"], &["y"]);
+    let g = model(
+        n,
+        vec![tensor_info("x", 1, &[3, 5]), tensor_info("t", 7, &[3])],
+        12,
+    );
+    let d = decompose(&g, |_| true);
+    let graph = d.model.graph.as_ref().expect("graph");
+    let unsqueeze = graph
+        .node
+        .iter()
+        .find(|n| n.op_type.as_deref() == Some("Unsqueeze"))
+        .expect("an Unsqueeze");
+    assert_eq!(unsqueeze.input.len(), 1);
+    assert_eq!(unsqueeze.attribute[0].ints, [1]);
+    assert_eq!(ops(&d).last().map(String::as_str), Some("ReduceMean"));
+}
+
+#[test]
+fn softmax_cross_entropy_writes_log_prob_as_its_second_output() {
+    let n = node("sce", "SoftmaxCrossEntropyLoss", &["s", "t"], &["y", "lp"]);
+    let g = model(
+        n,
+        vec![
+            tensor_info("s", 1, &[2, 4, 3]),
+            tensor_info("t", 7, &[2, 3]),
+        ],
+        13,
+    );
+    let d = decompose(&g, |_| true);
+    let graph = d.model.graph.as_ref().expect("graph");
+    assert_eq!(graph.node[0].op_type.as_deref(), Some("LogSoftmax"));
+    assert_eq!(graph.node[0].output, ["lp"]);
+    let gather = graph
+        .node
+        .iter()
+        .find(|n| n.op_type.as_deref() == Some("GatherElements"))
+        .expect("a GatherElements");
+    assert_eq!(gather.input[0], "lp");
+}
+
+#[test]
+fn unwanted_ops_and_declined_nodes_stay_as_they_are() {
+    let mut n = node("pool", "LpPool", &["x"], &["y"]);
+    n.attribute.push(AttributeProto {
+        name: Some("kernel_shape".into()),
+        ints: vec![2, 2],
+        r#type: Some(AttributeType::Ints as i32),
+        ..Default::default()
+    });
+    let mut dilated = n.clone();
+    dilated.attribute.push(AttributeProto {
+        name: Some("dilations".into()),
+        ints: vec![2, 2],
+        r#type: Some(AttributeType::Ints as i32),
+        ..Default::default()
+    });
+    let x = || vec![tensor_info("x", 1, &[1, 1, 5, 5])];
+    assert_eq!(
+        ops(&decompose(&model(n, x(), 18), |op| op != "LpPool")),
+        ["LpPool"]
+    );
+    let d = decompose(&model(dilated.clone(), x(), 18), |_| true);
+    assert_eq!(ops(&d), ["Abs", "Pow", "Conv", "Pow"]);
+    // Without a static shape the dilated form cannot be written.
+    let dynamic = vec![tensor_info("x", 1, &[1, 1, -1, 5])];
+    let d = decompose(&model(dilated, dynamic, 18), |_| true);
+    assert_eq!(ops(&d), ["LpPool"]);
+    assert!(d.declined["pool"].contains("not static"));
+}
+
+#[test]
+fn center_crop_pad_crops_and_pads_around_the_centre() {
+    let n = node("ccp", "CenterCropPad", &["x", "shape"], &["y"]);
+    let shape = crate::tensor::Tensor::from_values(vec![3], &[6i64, 10, 3]).expect("tensor");
+    let g = model_with(
+        n,
+        vec![tensor_info("x", 1, &[10, 7, 3])],
+        vec![shape.to_proto("shape")],
+        18,
+    );
+    let d = decompose(&g, |_| true);
+    assert_eq!(ops(&d), ["Slice", "Pad"]);
+    let inits = &d.model.graph.as_ref().expect("graph").initializer;
+    let values = |name: &str| {
+        let t = inits
+            .iter()
+            .find(|t| t.name.as_deref() == Some(name))
+            .expect("constant");
+        crate::tensor::Tensor::from_proto(t)
+            .and_then(|t| t.to_vec::<i64>())
+            .expect("int64")
+    };
+    // Crop 10 → 6 from 2; pad 7 → 10 with 1 before and 2 after.
+    assert_eq!(values("ccp.c0"), [2]);
+    assert_eq!(values("ccp.c1"), [8]);
+    assert_eq!(values("ccp.c3"), [0, 1, 0, 0, 2, 0]);
+}
+
+#[test]
+fn affine_grid_base_coordinates() {
+    assert_eq!(super::layout::coordinates(3, true), [-1.0, 0.0, 1.0]);
+    let c = super::layout::coordinates(2, false);
+    assert_eq!(c, [-0.5, 0.5]);
+}
