@@ -3,13 +3,16 @@
 //! Commands: `partition`, a dry run of Tessera's planner (affinity and
 //! subgraph selection, explained and dumped as GraphViz and JSON, device
 //! support from `--supports` files); `run --local`, one inference through
-//! HETERO on this machine's plugins, inputs and outputs as `.npy`.
+//! HETERO on this machine's plugins, inputs and outputs as `.npy`;
+//! `certs init`, the cluster CA and node certificates.
 //!
 //! ```text
 //! tessera partition model.onnx --devices HETERO:GPU,CPU --supports GPU=gpu.txt --dump-dir dumps
 //! tessera run model.onnx --devices HETERO:CPU --local --random --output-dir out --perf-counts
+//! tessera certs init --dir certs --cluster lab --nodes coordinator,node-a,node-b,client
 //! ```
 
+mod certs;
 mod partition;
 mod run;
 
@@ -32,6 +35,9 @@ enum Command {
     Partition(partition::PartitionArgs),
     /// Run one inference through HETERO on this machine's plugins.
     Run(run::RunArgs),
+    /// Cluster certificates (mutual TLS between all nodes).
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
 }
 
 /// Writes to stdout; a closed pipe (`tessera ... | head`) is not an error.
@@ -60,6 +66,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),
         Command::Run(args) => run::run(args),
+        Command::Certs(command) => certs::run(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -18,6 +18,8 @@
 //! - [`dump`]: GraphViz and JSON dumps of the decisions.
 //! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
 //!   NumPy `.npy`.
+//! - [`wire`]: the wire protocol (frames, handshake, control messages,
+//!   tensor frames, limits), without sockets.
 //! - [`synth`]: synthetic models and random DAGs for tests and benchmarks.
 //!
 //! # Example
@@ -63,3 +65,4 @@ pub mod onnx;
 pub mod partition;
 pub mod synth;
 pub mod tensor;
+pub mod wire;

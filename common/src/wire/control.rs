@@ -1,0 +1,183 @@
+//! Control messages, by family: membership (workers → coordinator),
+//! QueryNetwork and deployment (coordinator → workers), networks and
+//! requests (clients ↔ coordinator, and failures along the data plane).
+//! A message that describes a model carries it as the frame's payload.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::frame::{FrameKind, Limits};
+use super::{codec, WireError};
+
+/// One device of a worker, with the figures the cost policy uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// `CPU`, `GPU`, ...
+    pub device: String,
+    pub full_name: String,
+    pub gflops: f64,
+    pub bandwidth_gbps: f64,
+    /// Other metrics by name, printable.
+    pub metrics: Vec<(String, String)>,
+}
+
+/// Where a subgraph output goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Destination {
+    /// Another worker's data-plane address (worker-to-worker streaming).
+    Worker { name: String, addr: String },
+    /// A final output: back to the coordinator.
+    Coordinator,
+}
+
+/// A subgraph output and its consumers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub tensor: String,
+    pub to: Vec<Destination>,
+}
+
+/// A subgraph to compile and serve (its model is the frame's payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploySpec {
+    pub network: u64,
+    pub subgraph: u32,
+    pub device: String,
+    /// SHA-256 of the model, hex: the worker's compile-cache key.
+    pub model_hash: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<Route>,
+}
+
+/// QueryNetwork's answer for one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceAnswer {
+    pub device: String,
+    pub supported: Vec<String>,
+    /// Node and why not.
+    pub unsupported: Vec<(String, String)>,
+}
+
+/// What a client asks when it loads a network (its model is the payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadRequest {
+    pub name: String,
+    /// A device priority, e.g. `HETERO:node-a/GPU.0,node-b/CPU`.
+    pub devices: String,
+    /// `priority` or `cost`.
+    pub policy: String,
+    pub strict: bool,
+    /// Manual affinity: node name → device.
+    pub affinity: Vec<(String, String)>,
+}
+
+/// Control messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Control {
+    // Membership.
+    /// A worker joins: its name, data-plane address and devices.
+    Register {
+        name: String,
+        data_addr: String,
+        devices: Vec<DeviceInfo>,
+    },
+    Registered {
+        heartbeat_ms: u64,
+    },
+    Heartbeat {
+        seq: u64,
+        in_flight: u32,
+    },
+
+    // QueryNetwork and deployment.
+    /// Which nodes of the payload model can these devices run?
+    QueryNetwork {
+        devices: Vec<String>,
+    },
+    QueryResult {
+        answers: Vec<DeviceAnswer>,
+    },
+    Deploy(DeploySpec),
+    /// Long work under way (compiling, shipping a model).
+    Progress {
+        what: String,
+        done: u64,
+        total: u64,
+    },
+    Deployed {
+        network: u64,
+        subgraph: u32,
+        compile_ms: u64,
+        cached: bool,
+    },
+    Undeploy {
+        network: u64,
+    },
+
+    // Networks and requests.
+    LoadNetwork(LoadRequest),
+    /// The plan, as the JSON dump of the partition.
+    NetworkLoaded {
+        network: u64,
+        plan: String,
+    },
+    /// A request; `inputs` tensor frames follow on the same stream.
+    Infer {
+        network: u64,
+        request: u64,
+        inputs: u32,
+        deadline_ms: u64,
+    },
+    /// A request's results; `outputs` tensor frames follow.
+    InferDone {
+        network: u64,
+        request: u64,
+        outputs: u32,
+    },
+    Unload {
+        network: u64,
+    },
+    /// Something failed: a request (if given) or the operation this stream
+    /// carried.
+    Failed {
+        request: Option<u64>,
+        error: String,
+    },
+}
+
+impl Control {
+    /// The message's name, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Register { .. } => "Register",
+            Control::Registered { .. } => "Registered",
+            Control::Heartbeat { .. } => "Heartbeat",
+            Control::QueryNetwork { .. } => "QueryNetwork",
+            Control::QueryResult { .. } => "QueryResult",
+            Control::Deploy(_) => "Deploy",
+            Control::Progress { .. } => "Progress",
+            Control::Deployed { .. } => "Deployed",
+            Control::Undeploy { .. } => "Undeploy",
+            Control::LoadNetwork(_) => "LoadNetwork",
+            Control::NetworkLoaded { .. } => "NetworkLoaded",
+            Control::Infer { .. } => "Infer",
+            Control::InferDone { .. } => "InferDone",
+            Control::Unload { .. } => "Unload",
+            Control::Failed { .. } => "Failed",
+        }
+    }
+
+    /// The frame's prefix and header for a payload of `payload_len` bytes
+    /// (0 for messages without one).
+    pub fn encode(&self, payload_len: u64, limits: &Limits) -> Result<Vec<u8>, WireError> {
+        codec::encode_frame(FrameKind::Control, self, payload_len, limits)
+    }
+
+    /// The whole frame, payload included (for small payloads; large ones are
+    /// written after [`Control::encode`] in chunks).
+    pub fn encode_with(&self, payload: &Bytes, limits: &Limits) -> Result<Vec<u8>, WireError> {
+        let mut out = self.encode(payload.len() as u64, limits)?;
+        out.extend_from_slice(payload);
+        Ok(out)
+    }
+}

@@ -1,0 +1,226 @@
+//! The wire protocol: round trips, limits, garbled and truncated input.
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::control::{Control, DeploySpec, Destination, Route};
+use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
+use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::{
+    chunks, Frame, FrameDecoder, Limits, Prefix, WireError, PROTOCOL_VERSION,
+};
+
+fn decode_all(bytes: &[u8], limits: Limits) -> Result<Vec<Frame>, WireError> {
+    let mut d = FrameDecoder::new(limits);
+    d.push(bytes);
+    let mut frames = Vec::new();
+    while let Some(f) = d.next_frame()? {
+        frames.push(f);
+    }
+    d.finish()?;
+    Ok(frames)
+}
+
+#[test]
+fn frames_round_trip_whatever_the_read_sizes() {
+    let limits = Limits::default();
+    let hello = Handshake::Hello(Hello::new("lab", "node-a", Role::Worker));
+    let deploy = Control::Deploy(DeploySpec {
+        network: 3,
+        subgraph: 1,
+        device: "CPU".into(),
+        model_hash: "ab".repeat(32),
+        inputs: vec!["x".into()],
+        outputs: vec![Route {
+            tensor: "y".into(),
+            to: vec![
+                Destination::Worker {
+                    name: "node-b".into(),
+                    addr: "127.0.0.1:7001".into(),
+                },
+                Destination::Coordinator,
+            ],
+        }],
+    });
+    let model = Bytes::from(vec![7u8; 1000]);
+    let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
+    let mut stream = hello.encode(&limits).unwrap();
+    stream.extend(deploy.encode_with(&model, &limits).unwrap());
+    stream.extend(TensorHeader::new(3, 9, "y", &t).encode(&limits).unwrap());
+    for c in chunks(&t.shared_bytes(), 4096) {
+        stream.extend_from_slice(&c);
+    }
+    for piece in [1usize, 7, 100, 65536] {
+        let mut d = FrameDecoder::new(limits);
+        let mut frames = Vec::new();
+        for part in stream.chunks(piece) {
+            d.push(part);
+            while let Some(f) = d.next_frame().unwrap() {
+                frames.push(f);
+            }
+        }
+        d.finish().unwrap();
+        assert_eq!(frames.len(), 3, "read size {piece}");
+        assert_eq!(frames[0], Frame::Handshake(hello.clone()));
+        assert_eq!(frames[1], Frame::Control(deploy.clone(), model.clone()));
+        let Frame::Tensor(h, payload) = frames[2].clone() else {
+            panic!("a tensor frame")
+        };
+        assert_eq!((h.network, h.request, h.name.as_str()), (3, 9, "y"));
+        assert_eq!(h.into_tensor(payload).unwrap(), t);
+    }
+}
+
+#[test]
+fn chunks_are_slices_of_one_buffer() {
+    let payload = Bytes::from((0..=255u8).collect::<Vec<_>>());
+    let parts: Vec<Bytes> = chunks(&payload, 100).collect();
+    assert_eq!(
+        parts.iter().map(Bytes::len).collect::<Vec<_>>(),
+        [100, 100, 56]
+    );
+    assert_eq!(parts[1].as_ptr(), payload[100..].as_ptr());
+    assert_eq!(parts.concat(), payload.to_vec());
+}
+
+#[test]
+fn oversized_frames_are_refused_from_the_prefix() {
+    let small = Limits {
+        max_header: 64,
+        max_payload: 1024,
+    };
+    // A header over the limit is refused when encoding...
+    let big = Control::Failed {
+        request: None,
+        error: "x".repeat(100),
+    };
+    assert!(matches!(
+        big.encode(0, &small),
+        Err(WireError::Encode { .. })
+    ));
+    // ... and when decoding, before reading the body.
+    let bytes = big.encode(0, &Limits::default()).unwrap();
+    assert!(matches!(
+        decode_all(&bytes, small),
+        Err(WireError::HeaderTooLarge { .. })
+    ));
+    let prefix = Prefix {
+        kind: tessera_common::wire::FrameKind::Tensor,
+        header_len: 10,
+        payload_len: 1 << 40,
+    };
+    assert_eq!(
+        Prefix::decode(&prefix.encode(), &small),
+        Err(WireError::PayloadTooLarge {
+            len: 1 << 40,
+            max: 1024
+        })
+    );
+}
+
+#[test]
+fn garbled_and_truncated_frames_are_errors() {
+    let limits = Limits::default();
+    let frame = Control::Heartbeat {
+        seq: 1,
+        in_flight: 0,
+    }
+    .encode(0, &limits)
+    .unwrap();
+    let mut bad = frame.clone();
+    bad[0] = b'X';
+    assert!(matches!(
+        decode_all(&bad, limits),
+        Err(WireError::BadMagic(_))
+    ));
+    let mut bad = frame.clone();
+    bad[2] = 99;
+    assert_eq!(decode_all(&bad, limits), Err(WireError::UnknownKind(99)));
+    let mut bad = frame.clone();
+    bad[Prefix::LEN] = 200; // an enum variant that does not exist
+    assert!(matches!(
+        decode_all(&bad, limits),
+        Err(WireError::Decode { .. })
+    ));
+    assert!(matches!(
+        decode_all(&frame[..frame.len() - 1], limits),
+        Err(WireError::Truncated(_))
+    ));
+    // A tensor payload that does not match its header (2 floats, 4 bytes).
+    let t = Tensor::from_values(vec![2], &[1f32, 2.0]).unwrap();
+    let frame = TensorHeader::new(1, 1, "x", &t).encode(&limits).unwrap();
+    let mut p = [0u8; Prefix::LEN];
+    p.copy_from_slice(&frame[..Prefix::LEN]);
+    let mut prefix = Prefix::decode(&p, &limits).unwrap();
+    prefix.payload_len = 4;
+    let mut stream = prefix.encode().to_vec();
+    stream.extend_from_slice(&frame[Prefix::LEN..]);
+    stream.extend_from_slice(&[0u8; 4]);
+    assert!(matches!(
+        decode_all(&stream, limits),
+        Err(WireError::Tensor { .. })
+    ));
+}
+
+#[test]
+fn handshake_checks_version_cluster_and_role() {
+    let ok = Hello::new("lab", "node-a", Role::Worker);
+    assert_eq!(handshake::check(&ok, "lab", &[Role::Worker]), Ok(()));
+    let mut old = ok.clone();
+    old.protocol = PROTOCOL_VERSION + 1;
+    let err = handshake::check(&old, "lab", &[Role::Worker]).unwrap_err();
+    assert!(matches!(err, HandshakeError::Version { .. }));
+    assert!(err.to_string().contains("protocol version"));
+    let err = handshake::check(&ok, "prod", &[Role::Worker]).unwrap_err();
+    assert!(
+        err.to_string().contains("cluster 'lab', not 'prod'"),
+        "{err}"
+    );
+    let err = handshake::check(&ok, "lab", &[Role::Client]).unwrap_err();
+    assert!(err.to_string().contains("expected client"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Random bytes, fed in random pieces, never panic the decoder.
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), piece in 1usize..64) {
+        let mut d = FrameDecoder::new(Limits { max_header: 256, max_payload: 4096 });
+        for part in bytes.chunks(piece) {
+            d.push(part);
+            if d.next_frame().is_err() {
+                break;
+            }
+        }
+    }
+
+    /// A valid prefix followed by random header bytes never panics either.
+    #[test]
+    fn random_headers_never_panic(kind in 1u8..4, header in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(b"TS");
+        frame.push(kind);
+        frame.push(0);
+        frame.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&0u64.to_le_bytes());
+        frame.extend_from_slice(&header);
+        let mut d = FrameDecoder::new(Limits::default());
+        d.push(&frame);
+        let _ = d.next_frame();
+    }
+
+    /// Tensor frames round-trip any shape and type.
+    #[test]
+    fn tensor_frames_round_trip(dims in proptest::collection::vec(0usize..5, 0..4), seed in any::<u8>()) {
+        let n: usize = dims.iter().product();
+        let values: Vec<i32> = (0..n).map(|i| i as i32 * i32::from(seed)).collect();
+        let t = Tensor::from_values(dims, &values).unwrap();
+        let limits = Limits::default();
+        let mut bytes = TensorHeader::new(1, 2, "t", &t).encode(&limits).unwrap();
+        bytes.extend_from_slice(t.bytes());
+        let frames = decode_all(&bytes, limits).unwrap();
+        let Frame::Tensor(h, payload) = frames[0].clone() else { panic!("tensor") };
+        prop_assert_eq!(h.into_tensor(payload).unwrap(), t);
+    }
+}

@@ -1,0 +1,197 @@
+//! The cluster's certificates: a CA per cluster, and a certificate per node
+//! signed by it (`tessera certs init`). Every certificate names its node
+//! and carries [`CLUSTER_SAN`], the name peers verify servers by, so any
+//! node can dial any other by address; what a certificate proves is
+//! membership of the cluster (signed by its CA).
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use crate::NetError;
+
+/// The DNS name in every node certificate; TLS clients verify servers
+/// against it.
+pub const CLUSTER_SAN: &str = "tessera.cluster";
+
+fn cert_error(e: rcgen::Error) -> NetError {
+    NetError::Certificate(e.to_string())
+}
+
+/// A cluster CA: its certificate and signing key, PEM.
+pub struct ClusterCa {
+    pub cert_pem: String,
+    key: KeyPair,
+    cert: rcgen::Certificate,
+}
+
+/// A node's certificate (signed by the cluster CA) and key, PEM, with the
+/// CA certificate it trusts.
+#[derive(Clone)]
+pub struct NodeIdentity {
+    pub name: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub ca_pem: String,
+}
+
+impl std::fmt::Debug for NodeIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("NodeIdentity")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterCa {
+    /// A new CA for `cluster`.
+    pub fn generate(cluster: &str) -> Result<ClusterCa, NetError> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_error)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("Tessera cluster CA: {cluster}"));
+        dn.push(DnType::OrganizationName, cluster);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().map_err(cert_error)?;
+        let cert = params.self_signed(&key).map_err(cert_error)?;
+        Ok(ClusterCa {
+            cert_pem: cert.pem(),
+            key,
+            cert,
+        })
+    }
+
+    /// The CA from its PEM certificate and key (as `certs init` wrote them).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<ClusterCa, NetError> {
+        let key = KeyPair::from_pem(key_pem).map_err(cert_error)?;
+        let params = CertificateParams::from_ca_cert_pem(cert_pem).map_err(cert_error)?;
+        // Re-signing the same subject and key gives an issuer equivalent to
+        // the stored certificate for signing.
+        let cert = params.self_signed(&key).map_err(cert_error)?;
+        Ok(ClusterCa {
+            cert_pem: cert_pem.to_string(),
+            key,
+            cert,
+        })
+    }
+
+    pub fn key_pem(&self) -> String {
+        self.key.serialize_pem()
+    }
+
+    /// A certificate for node `name`, valid as TLS server and client.
+    pub fn issue(&self, name: &str) -> Result<NodeIdentity, NetError> {
+        if name.is_empty() || name.len() > 64 || !name.chars().all(valid_name_char) {
+            return Err(NetError::Certificate(format!(
+                "node name '{name}' must be 1–64 characters of A-Z a-z 0-9 . _ -"
+            )));
+        }
+        let mut params = CertificateParams::new(vec![CLUSTER_SAN.to_string(), name.to_string()])
+            .map_err(cert_error)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(cert_error)?;
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .map_err(cert_error)?;
+        Ok(NodeIdentity {
+            name: name.to_string(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            ca_pem: self.cert_pem.clone(),
+        })
+    }
+}
+
+fn valid_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// Throw-away certificates for an embedded cluster: a fresh CA (never
+/// written anywhere) and one identity per node name.
+pub fn ephemeral(cluster: &str, nodes: &[&str]) -> Result<Vec<NodeIdentity>, NetError> {
+    let ca = ClusterCa::generate(cluster)?;
+    nodes.iter().map(|n| ca.issue(n)).collect()
+}
+
+fn write(path: &Path, contents: &str, secret: bool) -> Result<(), NetError> {
+    std::fs::write(path, contents).map_err(|e| NetError::Io {
+        what: format!("write {}", path.display()),
+        reason: e.to_string(),
+    })?;
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
+            NetError::Io {
+                what: format!("chmod {}", path.display()),
+                reason: e.to_string(),
+            }
+        })?;
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String, NetError> {
+    std::fs::read_to_string(path).map_err(|e| NetError::Io {
+        what: format!("read {}", path.display()),
+        reason: e.to_string(),
+    })
+}
+
+/// `tessera certs init`: writes `ca.pem` and `ca.key` (reusing them if
+/// `dir` already has them) and `<node>.pem` / `<node>.key` for each node.
+/// Returns the files written.
+pub fn init_dir(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<Vec<PathBuf>, NetError> {
+    std::fs::create_dir_all(dir).map_err(|e| NetError::Io {
+        what: format!("create {}", dir.display()),
+        reason: e.to_string(),
+    })?;
+    let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let mut written = Vec::new();
+    let ca = if ca_cert.exists() && ca_key.exists() {
+        ClusterCa::from_pem(&read(&ca_cert)?, &read(&ca_key)?)?
+    } else {
+        let ca = ClusterCa::generate(cluster)?;
+        write(&ca_cert, &ca.cert_pem, false)?;
+        write(&ca_key, &ca.key_pem(), true)?;
+        written.extend([ca_cert, ca_key]);
+        ca
+    };
+    for node in nodes {
+        let id = ca.issue(node)?;
+        let (cert, key) = (
+            dir.join(format!("{node}.pem")),
+            dir.join(format!("{node}.key")),
+        );
+        write(&cert, &id.cert_pem, false)?;
+        write(&key, &id.key_pem, true)?;
+        written.extend([cert, key]);
+    }
+    Ok(written)
+}
+
+/// A node's identity from `<dir>/<name>.pem`, `<dir>/<name>.key` and
+/// `<dir>/ca.pem`.
+pub fn load_identity(dir: &Path, name: &str) -> Result<NodeIdentity, NetError> {
+    Ok(NodeIdentity {
+        name: name.to_string(),
+        cert_pem: read(&dir.join(format!("{name}.pem")))?,
+        key_pem: read(&dir.join(format!("{name}.key")))?,
+        ca_pem: read(&dir.join("ca.pem"))?,
+    })
+}

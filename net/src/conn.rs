@@ -1,0 +1,274 @@
+//! Nodes, connections and framed streams. A [`Node`] is one QUIC endpoint
+//! that both dials and accepts (workers stream to each other). Every
+//! connection starts with the handshake on its first bidirectional stream,
+//! which then stays the connection's control stream.
+
+use std::net::SocketAddr;
+
+use bytes::{Bytes, BytesMut};
+use tessera_common::wire::frame::decode_body;
+use tessera_common::wire::handshake::{self, Handshake, Hello, Role};
+use tessera_common::wire::{chunks, Frame, Limits, Prefix, WireError};
+
+use crate::certs::{NodeIdentity, CLUSTER_SAN};
+use crate::{tls, NetError};
+
+/// Payload chunk size when writing.
+const CHUNK: usize = 1 << 20;
+
+/// A QUIC endpoint with this node's identity.
+pub struct Node {
+    endpoint: quinn::Endpoint,
+    hello: Hello,
+    cluster: String,
+    limits: Limits,
+}
+
+/// An established, handshaken connection.
+pub struct Peer {
+    pub connection: quinn::Connection,
+    /// What the peer said about itself.
+    pub hello: Hello,
+    /// The control stream (the handshake's).
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("remote", &self.connection.remote_address())
+            .field("hello", &self.hello)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peer {
+    pub fn remote(&self) -> SocketAddr {
+        self.connection.remote_address()
+    }
+}
+
+impl Node {
+    /// Binds `addr` (port 0: any free port). Must run inside a tokio runtime.
+    pub fn bind(
+        addr: SocketAddr,
+        identity: &NodeIdentity,
+        cluster: &str,
+        role: Role,
+    ) -> Result<Node, NetError> {
+        let mut endpoint =
+            quinn::Endpoint::server(tls::server_config(identity)?, addr).map_err(|e| {
+                NetError::Io {
+                    what: format!("bind {addr}"),
+                    reason: e.to_string(),
+                }
+            })?;
+        endpoint.set_default_client_config(tls::client_config(identity)?);
+        Ok(Node {
+            endpoint,
+            hello: Hello::new(cluster, &identity.name, role),
+            cluster: cluster.to_string(),
+            limits: Limits::default(),
+        })
+    }
+
+    /// A node with another client configuration (tests: a client without a
+    /// certificate).
+    pub fn with_client_config(mut self, config: quinn::ClientConfig) -> Node {
+        self.endpoint.set_default_client_config(config);
+        self
+    }
+
+    /// This node's hello (tests: another protocol version).
+    pub fn hello_mut(&mut self) -> &mut Hello {
+        &mut self.hello
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, NetError> {
+        self.endpoint.local_addr().map_err(|e| NetError::Io {
+            what: "local address".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Dials `addr` and handshakes.
+    pub async fn dial(&self, addr: SocketAddr) -> Result<Peer, NetError> {
+        let connect = |reason: String| NetError::Connect { addr, reason };
+        let connection = self
+            .endpoint
+            .connect(addr, CLUSTER_SAN)
+            .map_err(|e| connect(e.to_string()))?
+            .await
+            .map_err(|e| connect(e.to_string()))?;
+        // In TLS 1.3 the server checks our certificate after our side of the
+        // handshake is done, so a refusal of it shows up here, on the first
+        // stream: report it as the connection's failure, with the TLS alert
+        // quinn recorded as the close reason.
+        let failed = |e: String| match connection.close_reason() {
+            Some(why) => connect(why.to_string()),
+            None => connect(e),
+        };
+        let (mut send, mut recv) = connection
+            .open_bi()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let hello = Handshake::Hello(self.hello.clone()).encode(&self.limits)?;
+        write_all(&mut send, &hello)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        match recv_frame(&mut recv, &self.limits).await {
+            Ok(Some(Frame::Handshake(Handshake::Welcome(theirs)))) => Ok(Peer {
+                connection,
+                hello: theirs,
+                send,
+                recv,
+            }),
+            Ok(Some(Frame::Handshake(Handshake::Refused(reason)))) => {
+                Err(NetError::Refused { addr, reason })
+            }
+            Ok(Some(other)) => Err(NetError::Wire(WireError::Unexpected {
+                expected: "handshake reply".into(),
+                got: other.kind().name().into(),
+            })),
+            Ok(None) => Err(failed("closed during the handshake".into())),
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+
+    /// Waits for the next connection and handshakes with it; `None` once the
+    /// endpoint is closed. A peer that fails TLS or the handshake is an
+    /// error for that connection only: call again for the next.
+    pub async fn accept(&self, accepted: &[Role]) -> Option<Result<Peer, NetError>> {
+        let incoming = self.endpoint.accept().await?;
+        Some(self.handshake_incoming(incoming, accepted).await)
+    }
+
+    async fn handshake_incoming(
+        &self,
+        incoming: quinn::Incoming,
+        accepted: &[Role],
+    ) -> Result<Peer, NetError> {
+        let addr = incoming.remote_address();
+        let connect = |reason: String| NetError::Connect { addr, reason };
+        let connection = incoming.await.map_err(|e| connect(e.to_string()))?;
+        let (mut send, mut recv) = connection
+            .accept_bi()
+            .await
+            .map_err(|e| connect(e.to_string()))?;
+        let hello = match recv_frame(&mut recv, &self.limits).await? {
+            Some(Frame::Handshake(Handshake::Hello(h))) => h,
+            Some(other) => {
+                let reason = format!("expected a hello, got a {} frame", other.kind().name());
+                refuse(&mut send, &reason, &self.limits).await;
+                return Err(NetError::Handshake { addr, reason });
+            }
+            None => return Err(connect("closed before its hello".into())),
+        };
+        if let Err(e) = handshake::check(&hello, &self.cluster, accepted) {
+            refuse(&mut send, &e.to_string(), &self.limits).await;
+            connection.close(1u32.into(), b"refused");
+            return Err(NetError::Handshake {
+                addr,
+                reason: e.to_string(),
+            });
+        }
+        let welcome = Handshake::Welcome(self.hello.clone()).encode(&self.limits)?;
+        write_all(&mut send, &welcome).await?;
+        Ok(Peer {
+            connection,
+            hello,
+            send,
+            recv,
+        })
+    }
+
+    /// Closes the endpoint and waits until peers were told.
+    pub async fn shutdown(&self) {
+        self.endpoint.close(0u32.into(), b"shutdown");
+        self.endpoint.wait_idle().await;
+    }
+}
+
+async fn refuse(send: &mut quinn::SendStream, reason: &str, limits: &Limits) {
+    if let Ok(frame) = Handshake::Refused(reason.to_string()).encode(limits) {
+        let _ = write_all(send, &frame).await;
+        let _ = send.finish();
+        // Let the refusal reach the peer before the connection closes.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;
+    }
+}
+
+async fn write_all(send: &mut quinn::SendStream, bytes: &[u8]) -> Result<(), NetError> {
+    send.write_all(bytes)
+        .await
+        .map_err(|e| NetError::Stream(e.to_string()))
+}
+
+/// Writes a frame: its prefix and header (`head`, from an `encode`), then
+/// the payload in chunks that are slices of it.
+pub async fn send_frame(
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    payload: Option<&Bytes>,
+) -> Result<(), NetError> {
+    write_all(send, head).await?;
+    if let Some(payload) = payload {
+        for chunk in chunks(payload, CHUNK) {
+            send.write_chunk(chunk)
+                .await
+                .map_err(|e| NetError::Stream(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the next frame; `None` when the peer finished the stream cleanly
+/// between frames. A frame that breaks the protocol or the limits is an
+/// error (the caller closes the stream).
+pub async fn recv_frame(
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+) -> Result<Option<Frame>, NetError> {
+    let mut raw = [0u8; Prefix::LEN];
+    match recv.read_exact(&mut raw).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(n)) => {
+            return Err(NetError::Wire(WireError::Truncated(n)))
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(NetError::Stream(e.to_string())),
+    }
+    let prefix = Prefix::decode(&raw, limits)?;
+    let mut header = vec![0u8; prefix.header_len as usize];
+    read_exact(recv, &mut header).await?;
+    let len = usize::try_from(prefix.payload_len).map_err(|_| WireError::PayloadTooLarge {
+        len: prefix.payload_len,
+        max: usize::MAX as u64,
+    })?;
+    let mut payload = BytesMut::with_capacity(len);
+    while payload.len() < len {
+        match recv.read_chunk(len - payload.len(), true).await {
+            Ok(Some(chunk)) => payload.extend_from_slice(&chunk.bytes),
+            Ok(None) => return Err(NetError::Wire(WireError::Truncated(payload.len()))),
+            Err(e) => return Err(NetError::Stream(e.to_string())),
+        }
+    }
+    Ok(Some(decode_body(
+        prefix.kind,
+        &header,
+        payload.freeze(),
+        limits,
+    )?))
+}
+
+async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), NetError> {
+    recv.read_exact(buf).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(n) => NetError::Wire(WireError::Truncated(n)),
+        quinn::ReadExactError::ReadError(e) => NetError::Stream(e.to_string()),
+    })
+}

@@ -1,0 +1,61 @@
+//! `tessera-net`: the transport between coordinator, workers and clients —
+//! QUIC (quinn) with mutual TLS (rustls on aws-lc-rs), certificates from a
+//! per-cluster CA, and streams that carry `tessera_common::wire` frames.
+//! Security is always on: a peer without a certificate from the cluster CA
+//! is refused during the TLS handshake, a peer of another protocol version,
+//! cluster or role at the Tessera handshake.
+//!
+//! Layout: [`certs`] (cluster CA, node certificates, `certs init`, throw-away
+//! certificates for embedded clusters), [`tls`] (rustls/quinn
+//! configurations), [`conn`] (nodes that dial and accept, the handshake,
+//! framed streams).
+//!
+//! # Example
+//!
+//! ```
+//! use tessera_common::wire::handshake::Role;
+//! use tessera_net::{certs, Node};
+//!
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let ids = certs::ephemeral("demo", &["coordinator", "node-a"])?;
+//! let any = "127.0.0.1:0".parse()?;
+//! let coordinator = Node::bind(any, &ids[0], "demo", Role::Coordinator)?;
+//! let worker = Node::bind(any, &ids[1], "demo", Role::Worker)?;
+//! let addr = coordinator.local_addr()?;
+//! let (accepted, dialed) = tokio::join!(coordinator.accept(&[Role::Worker]), worker.dial(addr));
+//! assert_eq!(accepted.unwrap()?.hello.node, "node-a");
+//! assert_eq!(dialed?.hello.node, "coordinator");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod certs;
+pub mod conn;
+pub mod tls;
+
+use std::net::SocketAddr;
+
+pub use conn::{recv_frame, send_frame, Node, Peer};
+use tessera_common::wire::WireError;
+
+/// Transport errors.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("certificate: {0}")]
+    Certificate(String),
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    #[error("{what}: {reason}")]
+    Io { what: String, reason: String },
+    #[error("connection with {addr} failed: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("{addr} refused us: {reason}")]
+    Refused { addr: SocketAddr, reason: String },
+    #[error("refused {addr}: {reason}")]
+    Handshake { addr: SocketAddr, reason: String },
+    #[error("stream: {0}")]
+    Stream(String),
+    #[error(transparent)]
+    Wire(#[from] WireError),
+}

@@ -1,0 +1,228 @@
+//! QUIC with mutual TLS on loopback: framed streams, and every way a peer
+//! is refused, with the listener serving on afterwards.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::control::Control;
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::{Frame, PROTOCOL_VERSION};
+use tessera_net::certs::{self, ClusterCa};
+use tessera_net::{recv_frame, send_frame, tls, NetError, Node, Peer};
+use tokio::sync::mpsc;
+
+fn any() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("address")
+}
+
+/// A coordinator that accepts workers and reports each accepted peer or
+/// refusal.
+fn serve(node: Arc<Node>) -> mpsc::UnboundedReceiver<Result<Peer, NetError>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(r) = node.accept(&[Role::Worker, Role::Client]).await {
+            if tx.send(r).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A coordinator node of cluster `lab`, shared with its accept loop.
+fn coordinator(ca: &ClusterCa) -> Arc<Node> {
+    let id = ca.issue("coordinator").unwrap();
+    Arc::new(Node::bind(any(), &id, "lab", Role::Coordinator).unwrap())
+}
+
+/// A coordinator and a worker of cluster `lab`, connected: (coordinator,
+/// worker, the worker's side, the coordinator's side).
+async fn connected() -> (Arc<Node>, Node, Peer, Peer) {
+    let ca = ClusterCa::generate("lab").unwrap();
+    let coordinator = coordinator(&ca);
+    let mut accepted = serve(coordinator.clone());
+    let worker = Node::bind(any(), &ca.issue("node-a").unwrap(), "lab", Role::Worker).unwrap();
+    let addr = coordinator.local_addr().unwrap();
+    let peer = worker.dial(addr).await.unwrap();
+    let theirs = accepted.recv().await.unwrap().unwrap();
+    (coordinator, worker, peer, theirs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_carries_control_and_tensor_frames() {
+    let (_coordinator, worker, mut peer, mut theirs) = connected().await;
+    assert_eq!(peer.hello.node, "coordinator");
+    assert_eq!(
+        (theirs.hello.node.as_str(), theirs.hello.role),
+        ("node-a", Role::Worker)
+    );
+
+    // 8 MB tensor and a control message with a payload, on the control stream.
+    let values: Vec<f32> = (0..2_000_000).map(|i| i as f32).collect();
+    let t = Tensor::from_values(vec![2, 1_000_000], &values).unwrap();
+    let limits = *worker.limits();
+    let model = Bytes::from(vec![3u8; 4096]);
+    let query = Control::QueryNetwork {
+        devices: vec!["CPU".into()],
+    };
+    // Sender and receiver run together: QUIC flow control holds the sender
+    // until the receiver reads.
+    let sending = async {
+        send_frame(
+            &mut peer.send,
+            &query.encode(4096, &limits).unwrap(),
+            Some(&model),
+        )
+        .await
+        .unwrap();
+        let head = TensorHeader::new(1, 2, "x", &t).encode(&limits).unwrap();
+        send_frame(&mut peer.send, &head, Some(&t.shared_bytes()))
+            .await
+            .unwrap();
+        peer.send.finish().unwrap();
+    };
+    let receiving = async {
+        let mut frames = Vec::new();
+        while let Some(frame) = recv_frame(&mut theirs.recv, &limits).await.unwrap() {
+            frames.push(frame);
+        }
+        frames
+    };
+    let ((), frames) = tokio::join!(sending, receiving);
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frames[0], Frame::Control(query, model));
+    let Frame::Tensor(h, payload) = frames[1].clone() else {
+        panic!("a tensor frame")
+    };
+    assert_eq!(h.into_tensor(payload).unwrap(), t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
+    let ca = ClusterCa::generate("lab").unwrap();
+    let coordinator = coordinator(&ca);
+    let addr = coordinator.local_addr().unwrap();
+    let mut accepted = serve(coordinator.clone());
+
+    // A certificate from another CA.
+    let stranger = ClusterCa::generate("lab").unwrap().issue("node-x").unwrap();
+    let mut id = stranger.clone();
+    id.ca_pem = ca.cert_pem.clone(); // it trusts our CA, but we do not trust it
+    let node = Node::bind(any(), &id, "lab", Role::Worker).unwrap();
+    let err = node.dial(addr).await.expect_err("a foreign certificate");
+    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // No certificate at all.
+    let bare = Node::bind(any(), &ca.issue("node-y").unwrap(), "lab", Role::Client)
+        .unwrap()
+        .with_client_config(tls::client_config_without_certificate(&ca.cert_pem).unwrap());
+    let err = bare.dial(addr).await.expect_err("no certificate");
+    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // Another protocol version, another cluster, a role not accepted.
+    let mut old = Node::bind(any(), &ca.issue("node-z").unwrap(), "lab", Role::Worker).unwrap();
+    old.hello_mut().protocol = PROTOCOL_VERSION + 1;
+    let err = old.dial(addr).await.expect_err("another version");
+    let text = err.to_string();
+    assert!(
+        text.contains("refused us") && text.contains("protocol version"),
+        "{text}"
+    );
+    assert!(accepted.recv().await.unwrap().is_err());
+    let other = Node::bind(any(), &ca.issue("node-w").unwrap(), "prod", Role::Worker).unwrap();
+    let err = other.dial(addr).await.expect_err("another cluster");
+    assert!(err.to_string().contains("cluster 'prod'"), "{err}");
+    assert!(accepted.recv().await.unwrap().is_err());
+    let rival = Node::bind(
+        any(),
+        &ca.issue("coord-2").unwrap(),
+        "lab",
+        Role::Coordinator,
+    )
+    .unwrap();
+    let err = rival
+        .dial(addr)
+        .await
+        .expect_err("a coordinator may not dial one");
+    assert!(err.to_string().contains("may not connect"), "{err}");
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // A proper worker still gets in.
+    let good = Node::bind(any(), &ca.issue("node-a").unwrap(), "lab", Role::Worker).unwrap();
+    good.dial(addr).await.unwrap();
+    assert_eq!(accepted.recv().await.unwrap().unwrap().hello.node, "node-a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbled_stream_fails_alone() {
+    let (_coordinator, worker, mut peer, mut theirs) = connected().await;
+    let limits = *worker.limits();
+
+    // A second stream carrying garbage, then a frame claiming 1 TB.
+    let (mut send, _recv) = peer.connection.open_bi().await.unwrap();
+    send.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    send.finish().unwrap();
+    let (_s, mut recv) = theirs.connection.accept_bi().await.unwrap();
+    let err = recv_frame(&mut recv, &limits).await.expect_err("garbage");
+    assert!(err.to_string().contains("not a Tessera frame"), "{err}");
+    let (mut send, _recv) = peer.connection.open_bi().await.unwrap();
+    let mut huge = Control::Heartbeat {
+        seq: 1,
+        in_flight: 0,
+    }
+    .encode(0, &limits)
+    .unwrap();
+    huge[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    send.write_all(&huge).await.unwrap();
+    let (_s, mut recv) = theirs.connection.accept_bi().await.unwrap();
+    let err = recv_frame(&mut recv, &limits).await.expect_err("oversized");
+    assert!(err.to_string().contains("exceeds the limit"), "{err}");
+
+    // The control stream still works.
+    let beat = Control::Heartbeat {
+        seq: 7,
+        in_flight: 0,
+    };
+    send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)
+        .await
+        .unwrap();
+    let got = recv_frame(&mut theirs.recv, &limits).await.unwrap();
+    assert_eq!(got, Some(Frame::Control(beat, Bytes::new())));
+}
+
+#[test]
+fn certs_init_writes_and_reuses_the_cluster_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = certs::init_dir(dir.path(), "lab", &["coordinator", "node-a"]).unwrap();
+    assert_eq!(written.len(), 6);
+    // A second run adds a node under the same CA.
+    let again = certs::init_dir(dir.path(), "lab", &["node-b"]).unwrap();
+    assert_eq!(again.len(), 2);
+    let a = certs::load_identity(dir.path(), "node-a").unwrap();
+    let b = certs::load_identity(dir.path(), "node-b").unwrap();
+    assert_eq!(a.ca_pem, b.ca_pem);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let server = Node::bind(any(), &a, "lab", Role::Worker).unwrap();
+        let client = Node::bind(any(), &b, "lab", Role::Worker).unwrap();
+        let addr = server.local_addr().unwrap();
+        let (accepted, dialed) = tokio::join!(server.accept(&[Role::Worker]), client.dial(addr));
+        assert_eq!(accepted.unwrap().unwrap().hello.node, "node-b");
+        assert_eq!(dialed.unwrap().hello.node, "node-a");
+    });
+    assert!(certs::init_dir(dir.path(), "lab", &["bad name"]).is_err());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
