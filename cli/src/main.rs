@@ -14,6 +14,7 @@
 
 mod certs;
 mod partition;
+mod remote;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -33,11 +34,20 @@ struct Cli {
 enum Command {
     /// Assign devices to nodes and cut the model into subgraphs (dry run).
     Partition(partition::PartitionArgs),
-    /// Run one inference through HETERO on this machine's plugins.
+    /// Run one inference: on a cluster, an embedded local cluster, or
+    /// (--local) through HETERO in this process.
     Run(run::RunArgs),
     /// Cluster certificates (mutual TLS between all nodes).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Write the bundled example model (a small seeded CNN) to a file.
+    ExampleModel {
+        /// Where to write it.
+        #[arg(long, default_value = "examples/models/small_cnn.onnx")]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
 }
 
 /// Writes to stdout; a closed pipe (`tessera ... | head`) is not an error.
@@ -55,18 +65,16 @@ pub(crate) fn print_stdout(text: &str) {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tessera_cli::init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),
         Command::Run(args) => run::run(args),
         Command::Certs(command) => certs::run(command),
+        Command::ExampleModel { out, seed } => {
+            tessera_common::onnx::save_model(&tessera_common::synth::small_cnn(seed), &out)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,4 +1,7 @@
-//! `tessera run`: one inference through HETERO on this machine's plugins.
+//! `tessera run`: one inference. On a cluster (`--coordinator ADDR`), on an
+//! embedded local cluster (the default: an in-process coordinator and
+//! `--workers` workers over QUIC on loopback), or through HETERO on this
+//! machine's plugins without any network (`--local`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -18,38 +21,45 @@ use tessera_worker::plugins;
 #[derive(Args)]
 pub struct RunArgs {
     /// The ONNX model.
-    model: PathBuf,
-    /// Device priority list, e.g. HETERO:CPU (each kind must have a plugin here).
-    #[arg(long, default_value = "HETERO:CPU")]
-    devices: String,
-    /// Run on this machine's plugins (the distributed runtime is not built yet).
+    pub(crate) model: PathBuf,
+    /// Device priority list: HETERO:CPU, or on a cluster
+    /// HETERO:node-a/CPU,node-b/CPU (a bare kind: that kind on every
+    /// worker). Default: HETERO:CPU with --local, every device otherwise.
     #[arg(long)]
-    local: bool,
+    pub(crate) devices: Option<String>,
+    /// Run through HETERO in this process, without a cluster.
+    #[arg(long, conflicts_with = "coordinator")]
+    pub(crate) local: bool,
+    /// The cluster's coordinator (default: start an embedded local cluster).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) coordinator: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(crate) remote: crate::remote::RemoteArgs,
     /// NAME=FILE.npy for a model input.
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
+    pub(crate) inputs: Vec<String>,
     /// Seeded random values for inputs not given with --input.
     #[arg(long)]
-    random: bool,
+    pub(crate) random: bool,
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Write every output as <name>.npy here (characters outside
     /// A-Za-z0-9._- become _).
     #[arg(long)]
-    output_dir: Option<PathBuf>,
+    pub(crate) output_dir: Option<PathBuf>,
     /// Print per-subgraph, per-node performance counters and a total.
     #[arg(long)]
-    perf_counts: bool,
+    pub(crate) perf_counts: bool,
     #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
-    policy: String,
+    pub(crate) policy: String,
     #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
-    algorithm: String,
+    pub(crate) algorithm: String,
     /// Fail if a node is supported by no device.
     #[arg(long)]
-    strict: bool,
+    pub(crate) strict: bool,
     /// Manual affinity JSON {"node": "DEVICE"}.
     #[arg(long)]
-    affinity: Option<PathBuf>,
+    pub(crate) affinity: Option<PathBuf>,
 }
 
 /// An output name as a file name: characters outside `A-Za-z0-9._-` → `_`.
@@ -69,11 +79,12 @@ pub fn output_file_name(name: &str) -> String {
 
 pub fn run(args: RunArgs) -> Result<()> {
     if !args.local {
-        bail!("no coordinator yet: pass --local to run on this machine's plugins");
+        return crate::remote::run(args);
     }
+    let devices = args.devices.clone().unwrap_or_else(|| "HETERO:CPU".into());
     let model = onnx::load_model(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    let priority = DevicePriority::parse(&args.devices).context("--devices")?;
+    let priority = DevicePriority::parse(&devices).context("--devices")?;
     let mut plugin_list: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = Vec::new();
     for d in &priority.devices {
         if d.host.is_some() {
@@ -113,24 +124,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let network = Network::load(model, &plugin_list, &options)?;
 
-    let mut inputs: HashMap<String, Tensor> = HashMap::new();
-    for spec in &args.inputs {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
-        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
-        inputs.insert(
-            name.to_string(),
-            read_npy(&bytes).with_context(|| format!("--input {spec}"))?,
-        );
-    }
-    if args.random {
-        let generated = synth::random_inputs(network.graph(), args.seed)
-            .context("--random: an input has an unknown or non-numeric type")?;
-        for (name, t) in generated {
-            inputs.entry(name).or_insert(t);
-        }
-    }
+    let inputs = read_inputs(&args, network.graph())?;
     let result = network.run(&inputs)?;
 
     let mut out = String::new();
@@ -140,7 +134,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         out,
         "{} subgraphs on {}; {:.2} ms",
         p.subgraphs.len(),
-        args.devices,
+        devices,
         result.total.as_secs_f64() * 1e3
     );
     if args.perf_counts {
@@ -157,15 +151,45 @@ pub fn run(args: RunArgs) -> Result<()> {
     for (name, t) in &result.outputs {
         let _ = writeln!(out, "output {name}: {} {:?}", t.elem(), t.shape());
     }
+    write_outputs(&args, &result.outputs, &mut out)?;
+    crate::print_stdout(&out);
+    Ok(())
+}
+
+/// The inputs from `--input` files, the rest random with `--random`.
+pub fn read_inputs(args: &RunArgs, graph: &Graph) -> Result<HashMap<String, Tensor>> {
+    let mut inputs: HashMap<String, Tensor> = HashMap::new();
+    for spec in &args.inputs {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+        inputs.insert(
+            name.to_string(),
+            read_npy(&bytes).with_context(|| format!("--input {spec}"))?,
+        );
+    }
+    if args.random {
+        let generated = synth::random_inputs(graph, args.seed)
+            .context("--random: an input has an unknown or non-numeric type")?;
+        for (name, t) in generated {
+            inputs.entry(name).or_insert(t);
+        }
+    }
+    Ok(inputs)
+}
+
+/// Writes every output as `.npy` under `--output-dir`, if given.
+pub fn write_outputs(args: &RunArgs, outputs: &[(String, Tensor)], out: &mut String) -> Result<()> {
+    use std::fmt::Write as _;
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        for (name, t) in &result.outputs {
+        for (name, t) in outputs {
             let path = dir.join(output_file_name(name));
             std::fs::write(&path, write_npy(t)?)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let _ = writeln!(out, "wrote {}", path.display());
         }
     }
-    crate::print_stdout(&out);
     Ok(())
 }

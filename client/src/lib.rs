@@ -1,5 +1,350 @@
-//! Tessera client SDK: connects to a coordinator, loads networks and runs
-//! inference requests.
+//! `tessera-client`: the Rust SDK for a Tessera cluster.
 //!
-//! Status: an empty shell; the SDK arrives with the distributed issue.
-//! See `docs/architecture.md`.
+//! [`Client::connect`] dials the coordinator (QUIC, mutual TLS with a
+//! certificate from the cluster CA); [`Client::load_network`] ships an ONNX
+//! model, which the coordinator plans over the cluster's devices and
+//! deploys, and returns a [`Network`] with its [`Plan`]. [`Network::infer`]
+//! runs one request; [`Network::infer_many`] submits many at once
+//! (pipelined through the workers) and returns their results in order.
+//! Tensors convert from and to `ndarray` ([`tensor`]). Errors are a
+//! [`ClientError`].
+//!
+//! Layout: this file (client, networks, requests), [`plan`] (the plan a
+//! load returns), [`tensor`] (ndarray conversions).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use tessera_client::{tensor, Client, LoadOptions};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let identity = tessera_net::certs::load_identity("certs".as_ref(), "client")?;
+//! let client = Client::connect("127.0.0.1:7400".parse()?, &identity, "lab").await?;
+//! let network = client
+//!     .load_network(std::fs::read("model.onnx")?, LoadOptions::devices("HETERO:node-a/CPU,node-b/CPU"))
+//!     .await?;
+//! for sg in &network.plan().subgraphs {
+//!     println!("subgraph {} on {}: {} nodes", sg.id, sg.device, sg.nodes);
+//! }
+//! let x = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[1, 3, 32, 32]));
+//! let outputs = network.infer(vec![("x".into(), tensor::from_array(&x)?)]).await?;
+//! let y: ndarray::ArrayD<f32> = tensor::to_array(&outputs.tensors[0].1)?;
+//! network.unload().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod plan;
+pub mod tensor;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::control::{Control, LoadRequest};
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::{Frame, Limits};
+use tessera_net::certs::NodeIdentity;
+use tessera_net::{recv_frame, send_frame, NetError, Node};
+
+pub use plan::Plan;
+
+/// What can go wrong, by kind.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to the coordinator: {0}")]
+    Connect(#[source] NetError),
+    #[error("loading the network failed: {0}")]
+    Load(String),
+    #[error("request failed: {0}")]
+    Infer(String),
+    #[error("unload failed: {0}")]
+    Unload(String),
+    #[error("bad tensor: {0}")]
+    Tensor(String),
+    #[error("connection to the coordinator: {0}")]
+    Connection(String),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// How to load a network.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// A name for logs.
+    pub name: String,
+    /// Device priority, e.g. `HETERO:node-a/GPU,node-b/CPU`; a bare kind
+    /// (`CPU`) means that kind on every worker; empty: every device.
+    pub devices: String,
+    /// `priority` (first device in the list that supports a node) or
+    /// `cost` (cheapest by the workers' metrics and measured links).
+    pub policy: String,
+    /// Fail instead of falling back when a node's device cannot run it.
+    pub strict: bool,
+    /// Manual affinity: node name → device (`node-b/CPU`).
+    pub affinity: Vec<(String, String)>,
+}
+
+impl LoadOptions {
+    /// Options with a device priority and the defaults otherwise.
+    pub fn devices(devices: &str) -> LoadOptions {
+        LoadOptions {
+            devices: devices.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A request's results.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// Graph outputs in model order.
+    pub tensors: Vec<(String, Tensor)>,
+    /// Compute time of each subgraph that ran, by subgraph id.
+    pub subgraphs: Vec<(u32, Duration)>,
+}
+
+impl Outputs {
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+struct Inner {
+    /// Keeps the endpoint alive.
+    _node: Node,
+    connection: quinn::Connection,
+    limits: Limits,
+}
+
+/// A connection to a cluster's coordinator. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// A loaded network.
+#[derive(Clone)]
+pub struct Network {
+    client: Client,
+    id: u64,
+    plan: Arc<Plan>,
+    deadline: Option<Duration>,
+}
+
+impl Client {
+    /// Dials the coordinator at `addr` of cluster `cluster`.
+    pub async fn connect(
+        addr: SocketAddr,
+        identity: &NodeIdentity,
+        cluster: &str,
+    ) -> Result<Client, ClientError> {
+        let any: SocketAddr = if addr.is_ipv6() {
+            "[::]:0".parse()
+        } else {
+            "0.0.0.0:0".parse()
+        }
+        .map_err(|e: std::net::AddrParseError| ClientError::Connection(e.to_string()))?;
+        let node =
+            Node::bind(any, identity, cluster, Role::Client).map_err(ClientError::Connect)?;
+        let peer = node.dial(addr).await.map_err(ClientError::Connect)?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                limits: *node.limits(),
+                connection: peer.connection,
+                _node: node,
+            }),
+        })
+    }
+
+    async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
+        self.inner.connection.open_bi().await.map_err(|e| {
+            ClientError::Connection(
+                self.inner
+                    .connection
+                    .close_reason()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|| e.to_string()),
+            )
+        })
+    }
+
+    /// Ships `model` (ONNX bytes) and waits until it is deployed.
+    pub async fn load_network(
+        &self,
+        model: impl Into<Bytes>,
+        options: LoadOptions,
+    ) -> Result<Network, ClientError> {
+        self.load_network_with_progress(model, options, |_, _, _| {})
+            .await
+    }
+
+    /// [`Client::load_network`], calling `progress(what, done, total)` as
+    /// the coordinator reports it (QueryNetwork, compilation, deployment).
+    pub async fn load_network_with_progress(
+        &self,
+        model: impl Into<Bytes>,
+        options: LoadOptions,
+        mut progress: impl FnMut(&str, u64, u64),
+    ) -> Result<Network, ClientError> {
+        let model = model.into();
+        let limits = self.inner.limits;
+        let request = Control::LoadNetwork(LoadRequest {
+            name: options.name,
+            devices: options.devices,
+            policy: if options.policy.is_empty() {
+                "priority".into()
+            } else {
+                options.policy
+            },
+            strict: options.strict,
+            affinity: options.affinity,
+        });
+        let (mut send, mut recv) = self.open().await?;
+        let head = request
+            .encode(model.len() as u64, &limits)
+            .map_err(|e| ClientError::Load(e.to_string()))?;
+        send_frame(&mut send, &head, Some(&model))
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        let _ = send.finish();
+        loop {
+            match recv_frame(&mut recv, &limits).await {
+                Ok(Some(Frame::Control(Control::Progress { what, done, total }, _))) => {
+                    progress(&what, done, total)
+                }
+                Ok(Some(Frame::Control(Control::NetworkLoaded { network, plan }, _))) => {
+                    let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
+                    return Ok(Network {
+                        client: self.clone(),
+                        id: network,
+                        plan: Arc::new(plan),
+                        deadline: None,
+                    });
+                }
+                Ok(Some(Frame::Control(Control::Failed { error, .. }, _))) => {
+                    return Err(ClientError::Load(error))
+                }
+                Ok(other) => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+                Err(e) => return Err(ClientError::Connection(e.to_string())),
+            }
+        }
+    }
+}
+
+impl Network {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Subgraphs, devices and hosts.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Sets every later request's deadline (default: the coordinator's).
+    pub fn with_deadline(mut self, deadline: Duration) -> Network {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Runs one request: every graph input by name.
+    pub async fn infer(&self, inputs: Vec<(String, Tensor)>) -> Result<Outputs, ClientError> {
+        let limits = self.client.inner.limits;
+        let (mut send, mut recv) = self.client.open().await?;
+        let msg = Control::Infer {
+            network: self.id,
+            request: 0,
+            inputs: inputs.len() as u32,
+            deadline_ms: self.deadline.map_or(0, |d| d.as_millis() as u64),
+        };
+        let io = |e: NetError| ClientError::Connection(e.to_string());
+        let head = msg
+            .encode(0, &limits)
+            .map_err(|e| ClientError::Infer(e.to_string()))?;
+        send_frame(&mut send, &head, None).await.map_err(io)?;
+        for (name, t) in &inputs {
+            let head = TensorHeader::new(self.id, 0, name, t)
+                .encode(&limits)
+                .map_err(|e| ClientError::Tensor(e.to_string()))?;
+            send_frame(&mut send, &head, Some(&t.shared_bytes()))
+                .await
+                .map_err(io)?;
+        }
+        let _ = send.finish();
+        let (count, subgraphs) = match recv_frame(&mut recv, &limits).await.map_err(io)? {
+            Some(Frame::Control(
+                Control::InferDone {
+                    outputs, subgraphs, ..
+                },
+                _,
+            )) => (outputs, subgraphs),
+            Some(Frame::Control(Control::Failed { error, .. }, _)) => {
+                return Err(ClientError::Infer(error))
+            }
+            other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+        };
+        let mut tensors = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            match recv_frame(&mut recv, &limits).await.map_err(io)? {
+                Some(Frame::Tensor(header, payload)) => {
+                    let name = header.name.clone();
+                    let t = header
+                        .into_tensor(payload)
+                        .map_err(|e| ClientError::Tensor(e.to_string()))?;
+                    tensors.push((name, t));
+                }
+                other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+            }
+        }
+        Ok(Outputs {
+            tensors,
+            subgraphs: subgraphs
+                .into_iter()
+                .map(|(sg, us)| (sg, Duration::from_micros(us)))
+                .collect(),
+        })
+    }
+
+    /// Submits every request at once (they pipeline through the workers)
+    /// and returns their results in the order given.
+    pub async fn infer_many(
+        &self,
+        requests: Vec<Vec<(String, Tensor)>>,
+    ) -> Vec<Result<Outputs, ClientError>> {
+        let mut tasks = Vec::with_capacity(requests.len());
+        for inputs in requests {
+            let net = self.clone();
+            tasks.push(tokio::spawn(async move { net.infer(inputs).await }));
+        }
+        let mut results = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            results.push(
+                t.await
+                    .unwrap_or_else(|e| Err(ClientError::Infer(format!("request task: {e}")))),
+            );
+        }
+        results
+    }
+
+    /// Stops the network's subgraphs on the workers.
+    pub async fn unload(self) -> Result<(), ClientError> {
+        let limits = self.client.inner.limits;
+        let (mut send, mut recv) = self.client.open().await?;
+        let head = Control::Unload { network: self.id }
+            .encode(0, &limits)
+            .map_err(|e| ClientError::Unload(e.to_string()))?;
+        send_frame(&mut send, &head, None)
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        let _ = send.finish();
+        match recv_frame(&mut recv, &limits).await {
+            Ok(Some(Frame::Control(Control::Unloaded { .. }, _))) => Ok(()),
+            Ok(Some(Frame::Control(Control::Failed { error, .. }, _))) => {
+                Err(ClientError::Unload(error))
+            }
+            other => Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+        }
+    }
+}

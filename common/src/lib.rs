@@ -15,6 +15,8 @@
 //! - [`export`]: each subgraph as a standalone ONNX model.
 //! - [`decompose`]: ops a backend lacks rewritten as standard ONNX ops (a
 //!   plugin's transformations before QueryNetwork and compilation).
+//! - [`plan`]: affinity, partition and export in one call (HETERO and the
+//!   coordinator), and the check of a request's inputs.
 //! - [`dump`]: GraphViz and JSON dumps of the decisions.
 //! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
 //!   NumPy `.npy`.
@@ -63,6 +65,7 @@ pub mod export;
 pub mod graph;
 pub mod onnx;
 pub mod partition;
+pub mod plan;
 pub mod synth;
 pub mod tensor;
 pub mod wire;

@@ -197,3 +197,95 @@ pub fn random_inputs(
         })
         .collect()
 }
+
+/// A small image classifier with a real CNN shape, for the README's main
+/// job and the cluster tests: `image` float[1,3,64,64] → three Conv+Relu
+/// stages (two with MaxPool), GlobalAveragePool, Flatten, Gemm to 10
+/// classes, Softmax → `probs` float[1,10]. Weights are seeded uniform in
+/// ±sqrt(6/fan_in), so every `seed` gives the same model on any machine.
+/// Node names: conv1 relu1 pool1 conv2 relu2 pool2 conv3 relu3 gap flatten
+/// fc softmax.
+pub fn small_cnn(seed: u64) -> ModelProto {
+    use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+    use crate::tensor::Tensor;
+
+    let mut rng = Rng::new(seed);
+    let mut g = GraphProto {
+        name: Some("small_cnn".into()),
+        ..Default::default()
+    };
+    let mut weight = |g: &mut GraphProto, name: &str, shape: &[usize], fan_in: usize| {
+        let bound = (6.0 / fan_in as f64).sqrt();
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
+            .map(|v| v as f32)
+            .collect();
+        let t = Tensor::from_values(shape.to_vec(), &values).expect("sizes match by construction");
+        g.initializer.push(t.to_proto(name));
+    };
+    let ints = |name: &str, v: &[i64]| AttributeProto {
+        name: Some(name.into()),
+        ints: v.to_vec(),
+        r#type: Some(AttributeType::Ints as i32),
+        ..Default::default()
+    };
+    let with = |mut n: NodeProto, attrs: Vec<AttributeProto>| {
+        n.attribute = attrs;
+        n
+    };
+    g.input.push(tensor_info("image", 1, &[1, 3, 64, 64]));
+    let mut input = "image".to_string();
+    for (i, (cin, cout, pool)) in [(3, 16, true), (16, 32, true), (32, 32, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let k = i + 1;
+        let (w, b) = (format!("conv{k}.w"), format!("conv{k}.b"));
+        weight(&mut g, &w, &[cout, cin, 3, 3], cin * 9);
+        weight(&mut g, &b, &[cout], cin * 9);
+        let conv = format!("conv{k}");
+        g.node.push(with(
+            node(&conv, "Conv", &[&input, &w, &b], &[&conv]),
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+        ));
+        let relu = format!("relu{k}");
+        g.node.push(node(&relu, "Relu", &[&conv], &[&relu]));
+        input = relu;
+        if pool {
+            let p = format!("pool{k}");
+            g.node.push(with(
+                node(&p, "MaxPool", &[&input], &[&p]),
+                vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+            ));
+            input = p;
+        }
+    }
+    g.node
+        .push(node("gap", "GlobalAveragePool", &[&input], &["gap"]));
+    g.node
+        .push(node("flatten", "Flatten", &["gap"], &["flatten"]));
+    weight(&mut g, "fc.w", &[10, 32], 32);
+    weight(&mut g, "fc.b", &[10], 32);
+    let mut fc = node("fc", "Gemm", &["flatten", "fc.w", "fc.b"], &["logits"]);
+    fc.attribute.push(AttributeProto {
+        name: Some("transB".into()),
+        i: Some(1),
+        r#type: Some(AttributeType::Int as i32),
+        ..Default::default()
+    });
+    g.node.push(fc);
+    g.node
+        .push(node("softmax", "Softmax", &["logits"], &["probs"]));
+    g.output.push(tensor_info("probs", 1, &[1, 10]));
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        producer_name: Some("tessera-synth".into()),
+        graph: Some(g),
+        ..Default::default()
+    }
+}

@@ -8,7 +8,8 @@
 //! Layout: [`certs`] (cluster CA, node certificates, `certs init`, throw-away
 //! certificates for embedded clusters), [`tls`] (rustls/quinn
 //! configurations), [`conn`] (nodes that dial and accept, the handshake,
-//! framed streams).
+//! framed streams), [`link`] (data-plane links: a writer task per peer,
+//! and the reader of a peer's streams).
 //!
 //! # Example
 //!
@@ -32,11 +33,13 @@
 
 pub mod certs;
 pub mod conn;
+pub mod link;
 pub mod tls;
 
 use std::net::SocketAddr;
 
 pub use conn::{recv_frame, send_frame, Node, Peer};
+pub use link::{serve_streams, Link};
 use tessera_common::wire::WireError;
 
 /// Transport errors.

@@ -6,13 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_common::affinity::{
-    assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet,
-};
+use tessera_common::affinity::{AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::partition::{partition, Algorithm, Partition, PartitionOptions};
+use tessera_common::partition::{Algorithm, Partition};
+use tessera_common::plan::{check_inputs, plan, PlanError, PlanOptions};
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{CompiledSubgraph, Config, DevicePlugin, PerfCounter, PluginError};
@@ -114,60 +113,39 @@ impl Network {
             tracing::debug!(device = %d, supported = answer.supported.len(), "QueryNetwork");
             supports.insert(d.clone(), SupportSet::from_nodes(answer.supported));
         }
-        let mut manual = BTreeMap::new();
-        for (name, device) in &options.manual {
-            let node = graph
-                .op_by_name(name)
-                .ok_or_else(|| HeteroError::Plan(format!("no node named '{name}'")))?;
-            manual.insert(node, device.clone());
-        }
-        let cost = AnalyticCostModel::default();
-        let assignment = assign(
+        let planned = plan(
             &graph,
-            &AffinityRequest {
-                priority: &options.priority,
-                supports: &supports,
-                manual: &manual,
+            &supports,
+            &AnalyticCostModel::default(),
+            &PlanOptions {
+                priority: options.priority.clone(),
                 policy: options.policy,
-                strict: options.strict,
-                cost_model: &cost,
-            },
-        )
-        .map_err(|e| HeteroError::Plan(e.to_string()))?;
-        let p = partition(
-            &graph,
-            &assignment,
-            PartitionOptions {
                 algorithm: options.algorithm,
-                ..Default::default()
+                strict: options.strict,
+                manual: options.manual.clone(),
             },
         )
         .map_err(|e| HeteroError::Plan(e.to_string()))?;
-        let models = tessera_common::export::export_all(&graph, &p)
-            .map_err(|e| HeteroError::Plan(e.to_string()))?;
-        let mut stages = Vec::with_capacity(models.len());
-        for (sg, m) in p.subgraphs.iter().zip(&models) {
-            let device = p.device_of(sg).clone();
+        let mut stages = Vec::with_capacity(planned.stages.len());
+        for (i, stage) in planned.stages.into_iter().enumerate() {
             let started = Instant::now();
-            let compiled = plugin_of(&device)?
-                .compile(&encode_model(m), &options.config)
+            let compiled = plugin_of(&stage.device)?
+                .compile(&encode_model(&stage.model), &options.config)
                 .map_err(|source| HeteroError::Plugin {
-                    sg: sg.id,
-                    device: device.to_string(),
+                    sg: i,
+                    device: stage.device.to_string(),
                     source,
                 })?;
-            tracing::info!(subgraph = sg.id, %device, nodes = sg.nodes.len(), "compiled in {:?}", started.elapsed());
-            let names = |ts: &[tessera_common::graph::TensorId]| {
-                ts.iter().map(|&t| graph.tensor(t).name.clone()).collect()
-            };
+            tracing::info!(subgraph = i, device = %stage.device, nodes = stage.nodes, "compiled in {:?}", started.elapsed());
             stages.push(Stage {
-                device: device.to_string(),
+                device: stage.device.to_string(),
                 compiled,
-                inputs: names(&sg.inputs),
-                outputs: names(&sg.outputs),
-                deps: p.dependencies(&graph, sg),
+                inputs: stage.inputs,
+                outputs: stage.outputs,
+                deps: stage.deps,
             });
         }
+        let p = planned.partition;
         Ok(Network {
             graph,
             partition: p,
@@ -284,53 +262,9 @@ impl Network {
     }
 
     fn check_inputs(&self, inputs: &HashMap<String, Tensor>) -> Result<(), HeteroError> {
-        let expected: Vec<&str> = self
-            .graph
-            .inputs
-            .iter()
-            .map(|&t| self.graph.tensor(t).name.as_str())
-            .collect();
-        for name in inputs.keys() {
-            if !expected.contains(&name.as_str()) {
-                return Err(HeteroError::BadInput(format!(
-                    "unknown input '{name}'; the inputs are: {}",
-                    expected.join(", ")
-                )));
-            }
-        }
-        for &t in &self.graph.inputs {
-            let spec = self.graph.tensor(t);
-            let given = inputs.get(&spec.name).ok_or_else(|| {
-                HeteroError::BadInput(format!(
-                    "missing input '{}' ({})",
-                    spec.name,
-                    spec.type_string()
-                ))
-            })?;
-            if spec.elem_type.is_some_and(|e| e != given.elem()) {
-                return Err(HeteroError::BadInput(format!(
-                    "input '{}' must be {}, got {}",
-                    spec.name,
-                    spec.type_string(),
-                    given.elem()
-                )));
-            }
-            if let Some(shape) = &spec.shape {
-                let fits = shape.len() == given.shape().len()
-                    && shape
-                        .iter()
-                        .zip(given.shape())
-                        .all(|(d, &g)| d.known().is_none_or(|k| k == g as i64));
-                if !fits {
-                    return Err(HeteroError::BadInput(format!(
-                        "input '{}' must have shape {}, got {:?}",
-                        spec.name,
-                        spec.type_string(),
-                        given.shape()
-                    )));
-                }
-            }
-        }
-        Ok(())
+        check_inputs(&self.graph, inputs).map_err(|e| match e {
+            PlanError::BadInput(m) => HeteroError::BadInput(m),
+            e => HeteroError::Plan(e.to_string()),
+        })
     }
 }

@@ -4,6 +4,8 @@
 //! Layout: [`plugin`] is the `DevicePlugin` API; [`plugins`] holds one
 //! folder per backend (`plugins/cpu`, on tract) and the registry;
 //! [`hetero`] runs a model split across plugins in one process;
+//! [`daemon`] serves the plugins to a cluster (registration, QueryNetwork,
+//! deployment, one actix actor per subgraph, worker-to-worker streaming);
 //! [`conformance`] is the ONNX node-test suite written once against
 //! `&dyn DevicePlugin`. See `docs/plugins.md`.
 //!
@@ -15,6 +17,7 @@
 //! ```
 
 pub mod conformance;
+pub mod daemon;
 pub mod hetero;
 pub mod plugin;
 pub mod plugins;

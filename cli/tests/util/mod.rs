@@ -4,8 +4,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+pub mod cluster;
 #[path = "../../../tests/rust/models.rs"]
 mod models;
+#[path = "../../../tests/rust/oracle.rs"]
+pub mod oracle;
 
 /// A real test model (`scripts/fetch-test-models.sh`).
 pub fn model(name: &str) -> PathBuf {

@@ -59,7 +59,7 @@ impl std::str::FromStr for DeviceId {
 }
 
 /// An ordered device priority list, e.g. from `HETERO:GPU,CPU`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DevicePriority {
     pub devices: Vec<DeviceId>,
 }

@@ -133,9 +133,25 @@ pub enum Control {
         network: u64,
         request: u64,
         outputs: u32,
+        /// Per subgraph that ran: its id and compute time in microseconds.
+        subgraphs: Vec<(u32, u64)>,
     },
     Unload {
         network: u64,
+    },
+    /// The answer to `Unload`.
+    Unloaded {
+        network: u64,
+    },
+    /// A worker ran one subgraph of a request (per-request counters).
+    Ran {
+        request: u64,
+        subgraph: u32,
+        micros: u64,
+    },
+    /// Coordinator → workers: a request failed; drop what it left behind.
+    Cancel {
+        request: u64,
     },
     /// Something failed: a request (if given) or the operation this stream
     /// carried.
@@ -163,6 +179,9 @@ impl Control {
             Control::Infer { .. } => "Infer",
             Control::InferDone { .. } => "InferDone",
             Control::Unload { .. } => "Unload",
+            Control::Unloaded { .. } => "Unloaded",
+            Control::Ran { .. } => "Ran",
+            Control::Cancel { .. } => "Cancel",
             Control::Failed { .. } => "Failed",
         }
     }

@@ -1,0 +1,63 @@
+//! `coordinator --config cluster.toml`: the cluster's coordinator. Prints
+//! `listening on ADDR` once bound, then serves until interrupted.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tessera_coordinator::config::CoordinatorConfig;
+use tessera_coordinator::Coordinator;
+
+#[derive(Parser)]
+#[command(name = "coordinator", version, about = "Tessera's coordinator")]
+struct Args {
+    /// TOML configuration (keys: configs/cluster.toml); TESSERA_<KEY>
+    /// environment variables override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override `listen`.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+}
+
+fn main() -> std::process::ExitCode {
+    tessera_cli::init_tracing();
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut config = CoordinatorConfig::load(args.config.as_deref(), |k| std::env::var(k).ok())?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let identity =
+        tessera_net::certs::load_identity(&config.certs, &config.name).with_context(|| {
+            format!(
+                "the coordinator's certificate '{}' in {}",
+                config.name,
+                config.certs.display()
+            )
+        })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(async move {
+        let coordinator = Coordinator::bind(config, &identity)?;
+        tessera_cli::announce(&format!("listening on {}", coordinator.local_addr()?));
+        tokio::select! {
+            () = coordinator.serve() => {}
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("interrupted; closing connections");
+                coordinator.shutdown().await;
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,130 @@
+//! `worker --devices CPU [--name node-a] [--listen ADDR] [--coordinator
+//! ADDR] [--config worker.toml]`: serves this machine's devices to a
+//! cluster. Prints `registered as NAME, data on ADDR` once registered.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use tessera_worker::daemon::config::WorkerConfig;
+use tessera_worker::daemon::{self, WorkerOptions};
+
+#[derive(Parser)]
+#[command(name = "worker", version, about = "Tessera's worker")]
+struct Args {
+    /// Device kinds to serve, e.g. CPU,GPU.
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<String>,
+    /// This worker's name (its certificate is <certs>/<name>.pem).
+    #[arg(long)]
+    name: Option<String>,
+    /// Address for worker-to-worker streams (port 0: any free port).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Address other workers dial, if not the bound one.
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// The coordinator's address.
+    #[arg(long)]
+    coordinator: Option<SocketAddr>,
+    /// TOML configuration (keys: configs/worker.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory made by `tessera certs init`.
+    #[arg(long)]
+    certs: Option<PathBuf>,
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Threads per subgraph (plugin NUM_THREADS).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Compiled-subgraph cache directory.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
+fn main() -> std::process::ExitCode {
+    tessera_cli::init_tracing();
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_addr(what: &str, text: &str) -> Result<SocketAddr> {
+    text.parse()
+        .with_context(|| format!("{what}: '{text}' is not an address like 127.0.0.1:7400"))
+}
+
+fn run(args: Args) -> Result<()> {
+    let file = match &args.config {
+        Some(path) => WorkerConfig::load(path).map_err(anyhow::Error::msg)?,
+        None => WorkerConfig::default(),
+    };
+    let devices = if args.devices.is_empty() {
+        file.devices.clone().unwrap_or_else(|| vec!["CPU".into()])
+    } else {
+        args.devices.clone()
+    };
+    let name = args
+        .name
+        .or(file.name)
+        .unwrap_or_else(|| "node-a".to_string());
+    let listen = match (args.listen, &file.listen) {
+        (Some(a), _) => a,
+        (None, Some(text)) => parse_addr("listen", text)?,
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let advertise = match (args.advertise, &file.advertise) {
+        (Some(a), _) => Some(a),
+        (None, Some(text)) => Some(parse_addr("advertise", text)?),
+        (None, None) => None,
+    };
+    let coordinator = match (args.coordinator, &file.coordinator) {
+        (Some(a), _) => a,
+        (None, Some(text)) => parse_addr("coordinator", text)?,
+        (None, None) => bail!("no coordinator: pass --coordinator ADDR or set it in --config"),
+    };
+    let certs = args
+        .certs
+        .or(file.certs)
+        .unwrap_or_else(|| PathBuf::from("certs"));
+    let mut config: Vec<(String, String)> = file.plugin.into_iter().collect();
+    if let Some(t) = args.threads {
+        config.push(("NUM_THREADS".into(), t.to_string()));
+    }
+    let options = WorkerOptions {
+        name: name.clone(),
+        devices,
+        listen,
+        advertise,
+        coordinator,
+        cluster: args
+            .cluster
+            .or(file.cluster)
+            .unwrap_or_else(|| "tessera".into()),
+        mailbox: file.mailbox.unwrap_or(64),
+        cache_dir: args.cache_dir.or(file.cache_dir),
+        config,
+    };
+    let identity = tessera_net::certs::load_identity(&certs, &name)
+        .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    });
+    system.block_on(async move {
+        let announced = name.clone();
+        daemon::run(options, &identity, move |addr| {
+            tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
+        })
+        .await
+    })?;
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! The embedded local cluster: an in-process coordinator and workers that
+//! talk real QUIC with mutual TLS on loopback, with throw-away certificates
+//! made in memory (no set-up for a new user). Must run inside an actix
+//! system on a tokio runtime (see [`run_system`]).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tessera_coordinator::config::CoordinatorConfig;
+use tessera_coordinator::Coordinator;
+use tessera_net::certs::{self, NodeIdentity};
+use tessera_worker::daemon::{self, WorkerOptions};
+
+pub const CLUSTER: &str = "local";
+
+/// A running embedded cluster.
+pub struct Embedded {
+    pub coordinator: Coordinator,
+    pub addr: SocketAddr,
+    /// The client's identity (same throw-away CA).
+    pub client: NodeIdentity,
+    pub workers: Vec<String>,
+}
+
+/// Worker names: node-a, node-b, ...
+pub fn worker_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let letter = (b'a' + (i % 26) as u8) as char;
+            if i < 26 {
+                format!("node-{letter}")
+            } else {
+                format!("node-{letter}{}", i / 26)
+            }
+        })
+        .collect()
+}
+
+/// Starts a coordinator and `workers` workers serving `devices`, each
+/// compiling with `plugin_config`; returns once all have registered.
+pub async fn start(
+    workers: usize,
+    devices: &[String],
+    plugin_config: &[(String, String)],
+) -> Result<Embedded> {
+    if workers == 0 {
+        bail!("an embedded cluster needs at least one worker");
+    }
+    let names = worker_names(workers);
+    let mut all: Vec<&str> = vec!["coordinator", "client"];
+    all.extend(names.iter().map(String::as_str));
+    let ids = certs::ephemeral(CLUSTER, &all)?;
+    let config = CoordinatorConfig {
+        cluster: CLUSTER.into(),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..Default::default()
+    };
+    let coordinator = Coordinator::bind(config, &ids[0])?;
+    let addr = coordinator.local_addr()?;
+    let serving = coordinator.clone();
+    tokio::spawn(async move { serving.serve().await });
+    for (name, id) in names.iter().zip(&ids[2..]) {
+        let options = WorkerOptions {
+            name: name.clone(),
+            devices: devices.to_vec(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            coordinator: addr,
+            cluster: CLUSTER.into(),
+            mailbox: 64,
+            cache_dir: None,
+            config: plugin_config.to_vec(),
+        };
+        let id = id.clone();
+        let name = name.clone();
+        let coordinator = coordinator.clone();
+        actix::spawn(async move {
+            if let Err(e) = daemon::run(options, &id, |_| {}).await {
+                if coordinator.shared().shutting_down() {
+                    tracing::debug!(worker = %name, "stopped with the cluster: {e}");
+                } else {
+                    tracing::warn!(worker = %name, "stopped: {e}");
+                }
+            }
+        });
+    }
+    let started = Instant::now();
+    while coordinator.workers().len() < workers {
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "embedded workers did not register within 30 s (registered: {:?})",
+                coordinator.workers()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Embedded {
+        coordinator,
+        addr,
+        client: ids[1].clone(),
+        workers: names,
+    })
+}
+
+/// Runs `f` inside an actix system on a tokio multi-thread runtime (actors
+/// on the system thread, QUIC and compute on tokio's threads).
+pub fn run_system<F, T>(f: F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    });
+    system.block_on(f).context("embedded cluster")
+}

@@ -1,0 +1,24 @@
+//! Shared by Tessera's binaries (`tessera`, `coordinator`, `worker`):
+//! logging set-up, start-up announcements, and the embedded local cluster
+//! ([`cluster`]).
+
+pub mod cluster;
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// One line on stdout, flushed at once (scripts and tests wait for it).
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+}

@@ -1,0 +1,169 @@
+//! `tessera run` on a cluster: through the client SDK, either to a running
+//! coordinator (`--coordinator ADDR`, certificates from `--certs`) or to an
+//! embedded local cluster started in this process.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tessera_client::{Client, LoadOptions, Network};
+use tessera_common::graph::Graph;
+use tessera_common::onnx;
+
+use crate::run::{read_inputs, write_outputs, RunArgs};
+
+#[derive(Args)]
+pub struct RemoteArgs {
+    /// Directory made by `tessera certs init` (with --coordinator).
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// This client's name: its certificate is <certs>/<name>.pem.
+    #[arg(long, default_value = "client")]
+    pub name: String,
+    /// The cluster's name (with --coordinator).
+    #[arg(long, default_value = "tessera")]
+    pub cluster: String,
+    /// Workers of the embedded local cluster.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Devices each embedded worker serves.
+    #[arg(long, default_value = "CPU", value_delimiter = ',')]
+    pub worker_devices: Vec<String>,
+    /// Threads per subgraph on each embedded worker (plugin NUM_THREADS).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// The request's deadline in milliseconds (default: the coordinator's).
+    #[arg(long)]
+    pub deadline_ms: Option<u64>,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    tessera_cli::cluster::run_system(run_async(args))
+}
+
+async fn run_async(args: RunArgs) -> Result<()> {
+    let bytes = std::fs::read(&args.model)
+        .with_context(|| format!("cannot read {}", args.model.display()))?;
+    let graph = Graph::from_model(
+        onnx::decode_model(&bytes).with_context(|| format!("{}", args.model.display()))?,
+    )?;
+    let inputs = read_inputs(&args, &graph)?;
+    let (client, embedded) = match args.coordinator {
+        Some(addr) => {
+            let id = tessera_net::certs::load_identity(&args.remote.certs, &args.remote.name)
+                .context("the client's certificate (make one with `tessera certs init`)")?;
+            let client = Client::connect(addr, &id, &args.remote.cluster).await?;
+            (client, None)
+        }
+        None => {
+            let mut config = Vec::new();
+            if let Some(t) = args.remote.threads {
+                config.push(("NUM_THREADS".to_string(), t.to_string()));
+            }
+            let cluster = tessera_cli::cluster::start(
+                args.remote.workers,
+                &args.remote.worker_devices,
+                &config,
+            )
+            .await?;
+            eprintln!(
+                "embedded cluster: coordinator on {}, workers {}",
+                cluster.addr,
+                cluster.workers.join(", ")
+            );
+            let client =
+                Client::connect(cluster.addr, &cluster.client, tessera_cli::cluster::CLUSTER)
+                    .await?;
+            (client, Some(cluster))
+        }
+    };
+    let affinity: Vec<(String, String)> = match &args.affinity {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let map: BTreeMap<String, String> = serde_json::from_str(&text).with_context(|| {
+                format!("{}: expected {{\"node\": \"host/DEVICE\"}}", path.display())
+            })?;
+            map.into_iter().collect()
+        }
+        None => Vec::new(),
+    };
+    let options = LoadOptions {
+        name: args.model.display().to_string(),
+        devices: args.devices.clone().unwrap_or_default(),
+        policy: args.policy.clone(),
+        strict: args.strict,
+        affinity,
+    };
+    let started = Instant::now();
+    let mut network = client
+        .load_network_with_progress(bytes, options, |what, done, total| {
+            eprintln!("[{done}/{total}] {what}")
+        })
+        .await?;
+    eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
+    if let Some(ms) = args.remote.deadline_ms {
+        network = network.with_deadline(std::time::Duration::from_millis(ms));
+    }
+    let mut out = describe_plan(&network);
+    let started = Instant::now();
+    let result = network.infer(inputs.into_iter().collect()).await?;
+    let total = started.elapsed();
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "request: {:.2} ms", total.as_secs_f64() * 1e3);
+    if args.perf_counts {
+        let mut sum = 0;
+        for (sg, time) in &result.subgraphs {
+            let device = network
+                .plan()
+                .subgraphs
+                .iter()
+                .find(|s| s.id == u64::from(*sg))
+                .map_or("?", |s| s.device.as_str());
+            let _ = writeln!(out, "subgraph{sg} ({device}): {} µs", time.as_micros());
+            sum += time.as_micros();
+        }
+        let _ = writeln!(
+            out,
+            "Total compute: {sum} microseconds; network and scheduling: {} microseconds",
+            total.as_micros().saturating_sub(sum)
+        );
+    }
+    for (name, t) in &result.tensors {
+        let _ = writeln!(out, "output {name}: {} {:?}", t.elem(), t.shape());
+    }
+    write_outputs(&args, &result.tensors, &mut out)?;
+    crate::print_stdout(&out);
+    network.unload().await?;
+    if let Some(cluster) = embedded {
+        cluster.coordinator.shutdown().await;
+    }
+    Ok(())
+}
+
+/// The plan, one line per subgraph.
+fn describe_plan(network: &Network) -> String {
+    use std::fmt::Write as _;
+    let plan = network.plan();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} subgraphs on {}",
+        plan.subgraphs.len(),
+        plan.hosts.join(", ")
+    );
+    for sg in &plan.subgraphs {
+        let _ = writeln!(
+            out,
+            "subgraph{} on {}: {} nodes, inputs {}, outputs {}",
+            sg.id,
+            sg.device,
+            sg.nodes,
+            sg.inputs.join(","),
+            sg.outputs.join(",")
+        );
+    }
+    out
+}

@@ -1,0 +1,217 @@
+//! End to end on a real cluster: a `coordinator` and two `worker`
+//! processes on loopback QUIC with mutual TLS, driven through the client
+//! SDK. Results are checked against onnxruntime on the same seeded inputs
+//! (max abs diff ≤ 1e-4).
+
+mod util;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use tessera_client::LoadOptions;
+use tessera_common::graph::Graph;
+use tessera_common::onnx::{decode_model, encode_model};
+use tessera_common::synth::{self, Rng};
+use tessera_common::tensor::Tensor;
+use util::cluster::Cluster;
+use util::oracle::{max_abs_diff, onnxruntime, onnxruntime_many};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Every op node of `graph` on node-a or node-b: `split` decides by the
+/// node's position in topological order.
+fn affinity(graph: &Graph, mut split: impl FnMut(usize, usize) -> bool) -> Vec<(String, String)> {
+    let ops = graph.topo_ops();
+    let n = ops.len();
+    ops.iter()
+        .enumerate()
+        .map(|(i, &op)| {
+            let host = if split(i, n) { "node-b" } else { "node-a" };
+            (graph.node(op).name.clone(), format!("{host}/CPU"))
+        })
+        .collect()
+}
+
+#[test]
+fn ppocr_det_and_rec_split_across_two_workers_match_onnxruntime() {
+    let cluster = Cluster::start("ppocr", &["node-a", "node-b"], 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        for (name, how) in [
+            ("ch_PP-OCRv4_det_infer.onnx", "halves"),
+            ("ch_PP-OCRv4_rec_infer.onnx", "seeded random"),
+        ] {
+            let path = util::model(name);
+            let bytes = std::fs::read(&path).unwrap();
+            let graph = Graph::from_model(decode_model(&bytes).unwrap()).unwrap();
+            let mut rng = Rng::new(3);
+            let affinity = match how {
+                "halves" => affinity(&graph, |i, n| i >= n / 2),
+                _ => affinity(&graph, |_, _| rng.chance(0.5)),
+            };
+            let options = LoadOptions {
+                devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+                strict: true,
+                affinity,
+                ..Default::default()
+            };
+            let mut steps = Vec::new();
+            let network = client
+                .load_network_with_progress(bytes, options, |what, done, total| {
+                    steps.push(format!("{what} {done}/{total}"))
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan = network.plan();
+            let hosts: HashSet<&str> = plan
+                .subgraphs
+                .iter()
+                .map(|s| s.device.split('/').next().unwrap())
+                .collect();
+            assert_eq!(hosts.len(), 2, "{name}: both workers used");
+            assert!(
+                steps.iter().any(|s| s.starts_with("deployed subgraphs")),
+                "{name}: progress was reported: {steps:?}"
+            );
+            let inputs = synth::random_inputs(&graph, 11).unwrap();
+            let want = onnxruntime(&path, &inputs, &cluster.dir.join(name));
+            let started = Instant::now();
+            let got = network
+                .infer(inputs.clone())
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let elapsed = started.elapsed();
+            assert_eq!(got.tensors.len(), want.len());
+            let diff = got
+                .tensors
+                .iter()
+                .zip(&want)
+                .map(|((_, g), w)| max_abs_diff(g, w))
+                .fold(0.0, f32::max);
+            println!(
+                "{name} split by {how} over node-a and node-b: {} subgraphs, {:.1} ms, \
+                 max abs diff vs onnxruntime {diff:e}",
+                plan.subgraphs.len(),
+                elapsed.as_secs_f64() * 1e3
+            );
+            assert!(diff <= TOLERANCE, "{name}: max abs diff {diff}");
+            // Subgraphs ahead of the last may report after the outputs came.
+            assert!(
+                !got.subgraphs.is_empty() && got.subgraphs.len() <= plan.subgraphs.len(),
+                "subgraph times: {:?}",
+                got.subgraphs
+            );
+            network.unload().await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn sixty_four_concurrent_requests_complete_correctly_and_in_order() {
+    let cluster = Cluster::start("pipeline", &["node-a", "node-b"], 1);
+    let model = synth::small_cnn(7);
+    let path = cluster.dir.join("small_cnn.onnx");
+    std::fs::write(&path, encode_model(&model)).unwrap();
+    let graph = Graph::from_model(model.clone()).unwrap();
+    let requests: Vec<Vec<(String, Tensor)>> = (0..64)
+        .map(|seed| synth::random_inputs(&graph, seed).unwrap())
+        .collect();
+    let want = onnxruntime_many(&path, &requests, &cluster.dir.join("ort"));
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let options = LoadOptions {
+            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+            affinity: affinity(&graph, |i, n| i >= n / 2),
+            ..Default::default()
+        };
+        let network = client
+            .load_network(encode_model(&model), options)
+            .await
+            .unwrap();
+        assert_eq!(network.plan().subgraphs.len(), 2);
+        let results = network.infer_many(requests.clone()).await;
+        assert_eq!(results.len(), 64);
+        for (i, (got, want)) in results.into_iter().zip(&want).enumerate() {
+            let got = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
+            let diff = max_abs_diff(&got.tensors[0].1, &want[0]);
+            assert!(diff <= TOLERANCE, "request {i}: max abs diff {diff}");
+        }
+        // Distinct inputs give distinct outputs, so the order is checked too.
+        assert_ne!(want[0][0], want[1][0]);
+        network.unload().await.unwrap();
+    });
+}
+
+#[test]
+fn a_worker_that_dies_mid_request_fails_it_with_its_name_and_the_cluster_serves_on() {
+    let mut cluster = Cluster::start("dead-worker", &["node-a", "node-b"], 1);
+    let path = util::model("ch_PP-OCRv4_rec_infer.onnx");
+    let bytes = std::fs::read(&path).unwrap();
+    let graph = Graph::from_model(decode_model(&bytes).unwrap()).unwrap();
+    let inputs = synth::random_inputs(&graph, 5).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let split = LoadOptions {
+            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+            affinity: affinity(&graph, |i, n| i >= n / 2),
+            ..Default::default()
+        };
+        let deadline = Duration::from_secs(20);
+        let network = client
+            .load_network(bytes.clone(), split)
+            .await
+            .unwrap()
+            .with_deadline(deadline);
+        network.infer(inputs.clone()).await.unwrap();
+
+        // Many requests in flight, then node-b is killed (no goodbye).
+        let submitted = Instant::now();
+        let in_flight = {
+            let network = network.clone();
+            let batch = vec![inputs.clone(); 24];
+            tokio::spawn(async move { network.infer_many(batch).await })
+        };
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        cluster.workers[1].kill();
+        let results = in_flight.await.unwrap();
+        let elapsed = submitted.elapsed();
+        let errors: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        println!(
+            "node-b killed: {} of {} requests failed, all answered in {:.2} s (deadline {} s); first error: {:?}",
+            errors.len(),
+            results.len(),
+            elapsed.as_secs_f64(),
+            deadline.as_secs(),
+            errors.first()
+        );
+        assert!(!errors.is_empty(), "requests still needed node-b");
+        for e in &errors {
+            assert!(e.contains("node-b"), "the error names the worker: {e}");
+        }
+        assert!(elapsed < deadline, "nothing waits for the deadline");
+
+        // The coordinator and node-a serve on: a network on node-a alone.
+        let alone = client
+            .load_network(bytes, LoadOptions::devices("HETERO:node-a/CPU"))
+            .await
+            .unwrap();
+        let got = alone.infer(inputs.clone()).await.unwrap();
+        let want = onnxruntime(&path, &inputs, &cluster.dir.join("ort"));
+        assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= TOLERANCE);
+        assert!(cluster.coordinator.running());
+    });
+}

@@ -1,0 +1,195 @@
+//! A real cluster for end-to-end tests: `coordinator` and `worker`
+//! processes on loopback ports, certificates from `tessera certs init`.
+//! Every process is killed when the cluster is dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const CLUSTER: &str = "lab";
+
+/// A child process, killed on drop; its stderr goes to a log file.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin` and waits (up to 60 s) for a stdout line that starts with
+    /// `ready`; returns the process and that line.
+    pub fn start(
+        name: &str,
+        bin: &str,
+        args: &[String],
+        dir: &Path,
+        ready: &str,
+    ) -> (Proc, String) {
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {bin}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let wanted = ready.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with(&wanted) {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let mut proc = Proc {
+            name: name.into(),
+            child,
+            log,
+        };
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => (proc, line),
+            Err(_) => {
+                let status = proc.child.try_wait().ok().flatten();
+                panic!(
+                    "{name} did not print '{ready}' (exit: {status:?}); log:\n{}",
+                    proc.log_text()
+                )
+            }
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: the process gets no chance to say goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A coordinator and workers.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub certs: PathBuf,
+    pub addr: SocketAddr,
+    pub coordinator: Proc,
+    pub workers: Vec<Proc>,
+}
+
+/// Runs `tessera certs init` for `nodes` into `dir`.
+pub fn certs_init(dir: &Path, cluster: &str, nodes: &[&str]) {
+    let (ok, _, err) = super::tessera(&[
+        "certs",
+        "init",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--cluster",
+        cluster,
+        "--nodes",
+        &nodes.join(","),
+    ]);
+    assert!(ok, "certs init: {err}");
+}
+
+impl Cluster {
+    /// A coordinator (heartbeats every 200 ms, workers dropped after 1.5 s
+    /// of silence) and one worker per name, each serving CPU with
+    /// `threads` threads per subgraph.
+    pub fn start(test: &str, workers: &[&str], threads: usize) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let certs = dir.join("certs");
+        let mut nodes = vec!["coordinator", "client"];
+        nodes.extend(workers);
+        certs_init(&certs, CLUSTER, &nodes);
+        let config = dir.join("cluster.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "cluster = \"{CLUSTER}\"\nlisten = \"127.0.0.1:0\"\ncerts = \"{}\"\n\
+                 heartbeat_ms = 200\nworker_timeout_ms = 1500\nrequest_deadline_ms = 60000\n",
+                certs.display()
+            ),
+        )
+        .unwrap();
+        let (coordinator, line) = Proc::start(
+            "coordinator",
+            env!("CARGO_BIN_EXE_coordinator"),
+            &["--config".into(), config.display().to_string()],
+            &dir,
+            "listening on ",
+        );
+        let addr: SocketAddr = line["listening on ".len()..].trim().parse().unwrap();
+        let mut cluster = Cluster {
+            dir,
+            certs,
+            addr,
+            coordinator,
+            workers: Vec::new(),
+        };
+        for name in workers {
+            let (w, _) = cluster.worker(name, &cluster.certs.clone(), threads);
+            cluster.workers.push(w);
+        }
+        cluster
+    }
+
+    /// Starts worker `name` with certificates from `certs`; returns it and
+    /// its announcement line.
+    pub fn worker(&self, name: &str, certs: &Path, threads: usize) -> (Proc, String) {
+        Proc::start(
+            name,
+            env!("CARGO_BIN_EXE_worker"),
+            &self.worker_args(name, certs, threads),
+            &self.dir,
+            "registered as ",
+        )
+    }
+
+    pub fn worker_args(&self, name: &str, certs: &Path, threads: usize) -> Vec<String> {
+        [
+            "--devices",
+            "CPU",
+            "--name",
+            name,
+            "--coordinator",
+            &self.addr.to_string(),
+            "--certs",
+            certs.to_str().unwrap(),
+            "--cluster",
+            CLUSTER,
+            "--threads",
+            &threads.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// A client with the cluster's `client` certificate.
+    pub async fn client(&self) -> tessera_client::Client {
+        let id = tessera_net::certs::load_identity(&self.certs, "client").unwrap();
+        tessera_client::Client::connect(self.addr, &id, CLUSTER)
+            .await
+            .unwrap()
+    }
+}

@@ -1,0 +1,177 @@
+//! Planning a network, from the devices' QueryNetwork answers to exported
+//! subgraphs: affinity assignment, subgraph selection and export, plus the
+//! check of a request's inputs against the graph. HETERO in one process and
+//! the distributed coordinator both plan through here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::affinity::{
+    assign, AffinityRequest, Assignment, CostModel, DeviceId, DevicePriority, Policy, SupportSet,
+};
+use crate::graph::{Graph, TensorId};
+use crate::onnx::proto::ModelProto;
+use crate::partition::{partition, Algorithm, Partition, PartitionOptions};
+use crate::tensor::Tensor;
+
+/// Why a network could not be planned, or a request's inputs do not fit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no node named '{0}' (manual affinity)")]
+    UnknownNode(String),
+    #[error("affinity: {0}")]
+    Affinity(String),
+    #[error("partition: {0}")]
+    Partition(String),
+    #[error("export: {0}")]
+    Export(String),
+    #[error("bad inputs: {0}")]
+    BadInput(String),
+}
+
+/// How to plan.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    pub priority: DevicePriority,
+    pub policy: Policy,
+    pub algorithm: Algorithm,
+    pub strict: bool,
+    /// Manual affinity: node name → device.
+    pub manual: BTreeMap<String, DeviceId>,
+}
+
+/// One subgraph, ready to compile.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub device: DeviceId,
+    pub model: ModelProto,
+    /// Input and output tensor names, in the exported model's order.
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// Stages whose outputs this one reads.
+    pub deps: Vec<usize>,
+    pub nodes: usize,
+}
+
+/// A planned network.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub assignment: Assignment,
+    pub partition: Partition,
+    pub stages: Vec<Stage>,
+}
+
+/// Plans `graph` over the devices of `options.priority`, each supporting
+/// the nodes of its entry in `supports`.
+pub fn plan(
+    graph: &Graph,
+    supports: &HashMap<DeviceId, SupportSet>,
+    cost_model: &dyn CostModel,
+    options: &PlanOptions,
+) -> Result<Plan, PlanError> {
+    let mut manual = BTreeMap::new();
+    for (name, device) in &options.manual {
+        let node = graph
+            .op_by_name(name)
+            .ok_or_else(|| PlanError::UnknownNode(name.clone()))?;
+        manual.insert(node, device.clone());
+    }
+    let assignment = assign(
+        graph,
+        &AffinityRequest {
+            priority: &options.priority,
+            supports,
+            manual: &manual,
+            policy: options.policy,
+            strict: options.strict,
+            cost_model,
+        },
+    )
+    .map_err(|e| PlanError::Affinity(e.to_string()))?;
+    let partition = partition(
+        graph,
+        &assignment,
+        PartitionOptions {
+            algorithm: options.algorithm,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| PlanError::Partition(e.to_string()))?;
+    let models = crate::export::export_all(graph, &partition)
+        .map_err(|e| PlanError::Export(e.to_string()))?;
+    let names = |ts: &[TensorId]| -> Vec<String> {
+        ts.iter().map(|&t| graph.tensor(t).name.clone()).collect()
+    };
+    let stages = partition
+        .subgraphs
+        .iter()
+        .zip(models)
+        .map(|(sg, model)| Stage {
+            device: partition.device_of(sg).clone(),
+            model,
+            inputs: names(&sg.inputs),
+            outputs: names(&sg.outputs),
+            deps: partition.dependencies(graph, sg),
+            nodes: sg.nodes.len(),
+        })
+        .collect();
+    Ok(Plan {
+        assignment,
+        partition,
+        stages,
+    })
+}
+
+/// The graph's input and output names, in model order.
+pub fn io_names(graph: &Graph) -> (Vec<String>, Vec<String>) {
+    let names = |ts: &[TensorId]| ts.iter().map(|&t| graph.tensor(t).name.clone()).collect();
+    (names(&graph.inputs), names(&graph.outputs))
+}
+
+/// Checks that `inputs` holds every graph input, with its element type and
+/// a shape that fits, and nothing else.
+pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<(), PlanError> {
+    let bad = |m: String| PlanError::BadInput(m);
+    let (expected, _) = io_names(graph);
+    for name in inputs.keys() {
+        if !expected.contains(name) {
+            return Err(bad(format!(
+                "unknown input '{name}'; the inputs are: {}",
+                expected.join(", ")
+            )));
+        }
+    }
+    for &t in &graph.inputs {
+        let spec = graph.tensor(t);
+        let given = inputs.get(&spec.name).ok_or_else(|| {
+            bad(format!(
+                "missing input '{}' ({})",
+                spec.name,
+                spec.type_string()
+            ))
+        })?;
+        if spec.elem_type.is_some_and(|e| e != given.elem()) {
+            return Err(bad(format!(
+                "input '{}' must be {}, got {}",
+                spec.name,
+                spec.type_string(),
+                given.elem()
+            )));
+        }
+        if let Some(shape) = &spec.shape {
+            let fits = shape.len() == given.shape().len()
+                && shape
+                    .iter()
+                    .zip(given.shape())
+                    .all(|(d, &g)| d.known().is_none_or(|k| k == g as i64));
+            if !fits {
+                return Err(bad(format!(
+                    "input '{}' must have shape {}, got {:?}",
+                    spec.name,
+                    spec.type_string(),
+                    given.shape()
+                )));
+            }
+        }
+    }
+    Ok(())
+}

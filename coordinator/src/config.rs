@@ -1,0 +1,116 @@
+//! The coordinator's configuration: a TOML file (every key documented in
+//! `configs/cluster.toml`), each key overridable by an environment variable
+//! `TESSERA_<KEY>` (e.g. `TESSERA_LISTEN=0.0.0.0:7400`). Unknown keys are
+//! an error, not ignored.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Every key, for environment overrides and error messages.
+pub const KEYS: [&str; 8] = [
+    "cluster",
+    "name",
+    "listen",
+    "certs",
+    "heartbeat_ms",
+    "worker_timeout_ms",
+    "request_deadline_ms",
+    "inter_host_gbps",
+];
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoordinatorConfig {
+    /// Cluster name: peers of another cluster are refused.
+    pub cluster: String,
+    /// This node's name (its certificate is `<certs>/<name>.pem`).
+    pub name: String,
+    /// QUIC address workers and clients dial.
+    pub listen: SocketAddr,
+    /// Directory made by `tessera certs init`.
+    pub certs: PathBuf,
+    /// How often workers send heartbeats.
+    pub heartbeat_ms: u64,
+    /// A worker silent this long is dropped.
+    pub worker_timeout_ms: u64,
+    /// Deadline of a request whose client gives none.
+    pub request_deadline_ms: u64,
+    /// Network bandwidth between hosts assumed by the cost policy, GB/s
+    /// (latency is measured).
+    pub inter_host_gbps: f64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            cluster: "tessera".into(),
+            name: "coordinator".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            certs: PathBuf::from("certs"),
+            heartbeat_ms: 1000,
+            worker_timeout_ms: 5000,
+            request_deadline_ms: 30_000,
+            inter_host_gbps: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration {origin}: {reason}")]
+pub struct ConfigError {
+    pub origin: String,
+    pub reason: String,
+}
+
+impl CoordinatorConfig {
+    /// Reads `path` (if given), then applies `TESSERA_<KEY>` variables from
+    /// `env`.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<CoordinatorConfig, ConfigError> {
+        let origin = path
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "(defaults)".into());
+        let err = |reason: String| ConfigError {
+            origin: origin.clone(),
+            reason,
+        };
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            if !path.exists() {
+                return Err(err("no such file".into()));
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        for key in KEYS {
+            let var = format!("TESSERA_{}", key.to_uppercase());
+            if let Some(value) = env(&var) {
+                builder = builder
+                    .set_override(key, value)
+                    .map_err(|e| err(format!("{var}: {e}")))?;
+            }
+        }
+        let built = builder.build().map_err(|e| err(e.to_string()))?;
+        let cfg: CoordinatorConfig = built.try_deserialize().map_err(|e| {
+            let text = e.to_string();
+            if text.contains("unknown field") {
+                err(format!("{text} (known keys: {})", KEYS.join(", ")))
+            } else {
+                err(text)
+            }
+        })?;
+        if cfg.heartbeat_ms == 0 || cfg.worker_timeout_ms <= cfg.heartbeat_ms {
+            return Err(err(format!(
+                "worker_timeout_ms ({}) must exceed heartbeat_ms ({}) > 0",
+                cfg.worker_timeout_ms, cfg.heartbeat_ms
+            )));
+        }
+        if cfg.inter_host_gbps <= 0.0 {
+            return Err(err("inter_host_gbps must be positive".into()));
+        }
+        Ok(cfg)
+    }
+}

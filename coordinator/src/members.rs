@@ -1,0 +1,222 @@
+//! Cluster membership: a worker registers on its connection's control
+//! stream, then sends heartbeats, per-subgraph timings and request failures
+//! there; its final outputs arrive on unidirectional streams. A worker
+//! whose connection closes, or that stays silent longer than
+//! `worker_timeout_ms`, is dropped, and every request waiting on it fails
+//! with an error that names it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tessera_common::wire::control::{Control, DeviceInfo};
+use tessera_common::wire::Frame;
+use tessera_net::{recv_frame, send_frame, serve_streams, Link, Peer};
+
+use crate::Shared;
+
+/// A registered worker.
+pub struct WorkerEntry {
+    pub name: String,
+    /// Where other workers stream to it.
+    pub data_addr: String,
+    pub devices: Vec<DeviceInfo>,
+    pub connection: quinn::Connection,
+    /// Graph inputs to this worker.
+    pub tensors: Link,
+    pub last_seen: Mutex<Instant>,
+}
+
+impl WorkerEntry {
+    pub fn rtt(&self) -> Duration {
+        self.connection.rtt()
+    }
+}
+
+/// One worker's session, from registration until it is lost.
+pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
+    let Peer {
+        connection,
+        hello,
+        mut send,
+        mut recv,
+    } = peer;
+    let limits = *shared.node.limits();
+    let name = hello.node.clone();
+    let (data_addr, devices) = match recv_frame(&mut recv, &limits).await {
+        Ok(Some(Frame::Control(
+            Control::Register {
+                name: claimed,
+                data_addr,
+                devices,
+            },
+            _,
+        ))) if claimed == name => (data_addr, devices),
+        Ok(Some(Frame::Control(Control::Register { name: claimed, .. }, _))) => {
+            refuse(
+                &mut send,
+                format!("registered as '{claimed}' with the certificate of '{name}'"),
+                &limits,
+            )
+            .await;
+            return;
+        }
+        other => {
+            tracing::warn!(worker = %name, "expected Register, got {other:?}");
+            return;
+        }
+    };
+    if shared.workers.contains_key(&name) {
+        refuse(
+            &mut send,
+            format!("a worker named '{name}' is already registered"),
+            &limits,
+        )
+        .await;
+        return;
+    }
+    let registered = Control::Registered {
+        heartbeat_ms: shared.config.heartbeat_ms,
+    };
+    let Ok(head) = registered.encode(0, &limits) else {
+        return;
+    };
+    if send_frame(&mut send, &head, None).await.is_err() {
+        return;
+    }
+    let entry = Arc::new(WorkerEntry {
+        name: name.clone(),
+        data_addr,
+        devices,
+        tensors: Link::open(connection.clone(), &name, limits, 64),
+        connection: connection.clone(),
+        last_seen: Mutex::new(Instant::now()),
+    });
+    let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
+    tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
+    shared.workers.insert(name.clone(), entry.clone());
+
+    // Final outputs.
+    let outputs = {
+        let shared = shared.clone();
+        serve_streams(connection.clone(), limits, move |frame| {
+            let shared = shared.clone();
+            async move {
+                match frame {
+                    Frame::Tensor(header, payload) => {
+                        crate::requests::output_arrived(&shared, header, payload)
+                    }
+                    Frame::Control(
+                        Control::Ran {
+                            request,
+                            subgraph,
+                            micros,
+                        },
+                        _,
+                    ) => crate::requests::ran(&shared, request, subgraph, micros),
+                    other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
+                }
+            }
+        })
+    };
+    // Control stream: heartbeats, timings, failures.
+    let control = {
+        let shared = shared.clone();
+        let entry = entry.clone();
+        async move {
+            loop {
+                match recv_frame(&mut recv, &limits).await {
+                    Ok(Some(Frame::Control(msg, _))) => {
+                        if let Ok(mut seen) = entry.last_seen.lock() {
+                            *seen = Instant::now();
+                        }
+                        match msg {
+                            Control::Heartbeat { .. } => {}
+                            Control::Ran {
+                                request,
+                                subgraph,
+                                micros,
+                            } => crate::requests::ran(&shared, request, subgraph, micros),
+                            Control::Failed {
+                                request: Some(request),
+                                error,
+                            } => crate::requests::fail(&shared, request, error),
+                            other => {
+                                tracing::warn!(worker = %entry.name, "unexpected {}", other.name())
+                            }
+                        }
+                    }
+                    Ok(Some(other)) => {
+                        return format!("unexpected {:?} frame on its control stream", other.kind())
+                    }
+                    Ok(None) => return "it closed its control stream".to_string(),
+                    Err(e) => return e.to_string(),
+                }
+            }
+        }
+    };
+    let why = tokio::select! {
+        why = outputs => why,
+        why = control => why,
+    };
+    let why = connection
+        .close_reason()
+        .map(|r| r.to_string())
+        .unwrap_or(why);
+    connection.close(3u32.into(), b"dropped");
+    lost(&shared, &name, &why);
+}
+
+/// Drops a worker and fails the requests that wait on it.
+pub fn lost(shared: &Shared, name: &str, why: &str) {
+    if shared.workers.remove(name).is_none() {
+        return;
+    }
+    if shared.shutting_down() {
+        tracing::debug!(worker = %name, "worker disconnected at shutdown: {why}");
+    } else {
+        tracing::warn!(worker = %name, "worker lost: {why}");
+    }
+    crate::requests::fail_on_worker(shared, name, &format!("worker {name} was lost: {why}"));
+}
+
+async fn refuse(
+    send: &mut quinn::SendStream,
+    error: String,
+    limits: &tessera_common::wire::Limits,
+) {
+    tracing::warn!("refusing a worker: {error}");
+    let msg = Control::Failed {
+        request: None,
+        error,
+    };
+    if let Ok(head) = msg.encode(0, limits) {
+        let _ = send_frame(send, &head, None).await;
+        let _ = send.finish();
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+    }
+}
+
+/// Drops workers silent for longer than `worker_timeout_ms`.
+pub async fn watchdog(shared: Arc<Shared>) {
+    let timeout = Duration::from_millis(shared.config.worker_timeout_ms);
+    let every = Duration::from_millis(shared.config.heartbeat_ms);
+    loop {
+        tokio::time::sleep(every).await;
+        let silent: Vec<Arc<WorkerEntry>> = shared
+            .workers
+            .iter()
+            .filter(|w| {
+                w.last_seen
+                    .lock()
+                    .map(|seen| seen.elapsed() > timeout)
+                    .unwrap_or(false)
+            })
+            .map(|w| w.value().clone())
+            .collect();
+        for w in silent {
+            let why = format!("no heartbeat for {} ms", timeout.as_millis());
+            lost(&shared, &w.name, &why);
+            w.connection.close(4u32.into(), why.as_bytes());
+        }
+    }
+}

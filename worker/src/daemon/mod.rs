@@ -1,0 +1,487 @@
+//! The worker daemon: serves this machine's device plugins to a cluster.
+//!
+//! It dials the coordinator (mutual TLS), registers its devices with their
+//! metrics and sends heartbeats on the connection's control stream. The
+//! coordinator opens one bidirectional stream per operation (QueryNetwork,
+//! Deploy, Undeploy, Cancel); tensors arrive on unidirectional streams from
+//! the coordinator (graph inputs) and from other workers (intermediate
+//! tensors), and are dispatched to one actix actor per deployed subgraph
+//! ([`actor`]); outputs stream to their consumers ([`routes`]). Compiled
+//! subgraphs are cached on disk by model hash ([`cache`]).
+//!
+//! [`run`] must be called inside an actix system on a tokio multi-thread
+//! runtime (`actix_rt::System::with_tokio_rt`).
+
+pub mod actor;
+pub mod cache;
+pub mod config;
+pub mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Actor;
+use bytes::Bytes;
+use tessera_common::onnx::decode_model;
+use tessera_common::wire::control::{Control, DeploySpec, DeviceAnswer, DeviceInfo};
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::Frame;
+use tessera_net::{recv_frame, send_frame, serve_streams, Link, NetError, Node, Peer};
+
+use crate::plugin::{Config, DevicePlugin, MetricValue, PluginError};
+use crate::plugins;
+use actor::{Stop, SubgraphActor};
+use cache::CompileCache;
+use routes::Router;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub name: String,
+    /// Device kinds to serve (`CPU`, `GPU`).
+    pub devices: Vec<String>,
+    /// Address to accept worker-to-worker streams on.
+    pub listen: SocketAddr,
+    /// Address other workers dial (default: the bound address).
+    pub advertise: Option<SocketAddr>,
+    pub coordinator: SocketAddr,
+    pub cluster: String,
+    /// Bounded mailbox of each subgraph actor.
+    pub mailbox: usize,
+    /// Where compiled subgraphs are cached (none: no cache).
+    pub cache_dir: Option<PathBuf>,
+    /// Plugin configuration (e.g. `NUM_THREADS`) for every compile.
+    pub config: Vec<(String, String)>,
+}
+
+/// Why a worker stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("device {device}: {source}\n  devices this machine has: {available}")]
+    Device {
+        device: String,
+        available: String,
+        #[source]
+        source: PluginError,
+    },
+    #[error("no devices to serve")]
+    NoDevices,
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("the coordinator refused registration: {0}")]
+    Registration(String),
+    #[error("lost the coordinator: {0}")]
+    CoordinatorLost(String),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+}
+
+/// The device kinds this build can serve here, with why not for the rest.
+pub fn available_devices() -> String {
+    plugins::BACKENDS
+        .iter()
+        .map(|(kind, _)| match plugins::create(kind) {
+            Ok(_) => kind.to_string(),
+            Err(e) => format!("{kind} (not available: {e})"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One served device.
+struct Device {
+    kind: String,
+    plugin: Arc<dyn DevicePlugin>,
+}
+
+/// Creates the plugins for `kinds`; unknown or unavailable devices are an
+/// error that lists what this machine has.
+fn open_devices(kinds: &[String], config: &[(String, String)]) -> Result<Vec<Device>, WorkerError> {
+    if kinds.is_empty() {
+        return Err(WorkerError::NoDevices);
+    }
+    let mut devices = Vec::new();
+    for kind in kinds {
+        let plugin = plugins::create(kind).map_err(|source| WorkerError::Device {
+            device: kind.clone(),
+            available: available_devices(),
+            source,
+        })?;
+        for (k, v) in config {
+            plugin.set_config(k, v)?;
+        }
+        devices.push(Device {
+            kind: kind.clone(),
+            plugin,
+        });
+    }
+    Ok(devices)
+}
+
+fn device_info(d: &Device) -> DeviceInfo {
+    let number = |name: &str| match d.plugin.metric(name) {
+        Ok(MetricValue::Number(x)) => x,
+        _ => 0.0,
+    };
+    DeviceInfo {
+        device: d.kind.clone(),
+        full_name: d
+            .plugin
+            .metric("FULL_DEVICE_NAME")
+            .map(|m| m.to_string())
+            .unwrap_or_default(),
+        gflops: number("GFLOPS"),
+        bandwidth_gbps: number("MEMORY_BANDWIDTH_GBPS"),
+        metrics: Vec::new(),
+    }
+}
+
+struct State {
+    name: String,
+    devices: Vec<Device>,
+    router: Arc<Router>,
+    cache: Option<CompileCache>,
+    mailbox: usize,
+    config: Config,
+    node: Arc<Node>,
+    /// The actix system's arbiter: actors start there (not from tokio tasks).
+    arbiter: actix::ArbiterHandle,
+}
+
+/// Runs the worker until the coordinator goes away or the endpoint closes.
+/// `ready` is called once registered, with the worker's data address.
+pub async fn run(
+    options: WorkerOptions,
+    identity: &tessera_net::certs::NodeIdentity,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), WorkerError> {
+    let devices = open_devices(&options.devices, &options.config)?;
+    let node = Arc::new(Node::bind(
+        options.listen,
+        identity,
+        &options.cluster,
+        Role::Worker,
+    )?);
+    let data_addr = options.advertise.unwrap_or(node.local_addr()?);
+    let Peer {
+        connection,
+        mut send,
+        mut recv,
+        ..
+    } = node.dial(options.coordinator).await?;
+    let limits = *node.limits();
+    let infos: Vec<DeviceInfo> = devices.iter().map(device_info).collect();
+    let register = Control::Register {
+        name: options.name.clone(),
+        data_addr: data_addr.to_string(),
+        devices: infos,
+    };
+    send_frame(
+        &mut send,
+        &register.encode(0, &limits).map_err(NetError::from)?,
+        None,
+    )
+    .await?;
+    let heartbeat = match recv_frame(&mut recv, &limits).await? {
+        Some(Frame::Control(Control::Registered { heartbeat_ms }, _)) => {
+            Duration::from_millis(heartbeat_ms.max(50))
+        }
+        Some(Frame::Control(Control::Failed { error, .. }, _)) => {
+            return Err(WorkerError::Registration(error))
+        }
+        other => {
+            return Err(WorkerError::Registration(format!(
+                "unexpected answer: {other:?}"
+            )))
+        }
+    };
+    tracing::info!(name = %options.name, %data_addr, "registered with the coordinator");
+    let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
+    let to_coordinator = Link::open(connection.clone(), "coordinator", limits, 64);
+    let router = Arc::new(Router::new(
+        &options.name,
+        node.clone(),
+        to_coordinator,
+        control.clone(),
+    ));
+    let mut config = Config::default();
+    for (k, v) in &options.config {
+        config.set(k, v)?;
+    }
+    let state = Arc::new(State {
+        name: options.name.clone(),
+        devices,
+        router: router.clone(),
+        cache: options.cache_dir.clone().map(CompileCache::new),
+        mailbox: options.mailbox.max(1),
+        config,
+        node: node.clone(),
+        arbiter: actix::Arbiter::current(),
+    });
+    ready(data_addr);
+
+    // Heartbeats on the control stream.
+    let beats = control.clone();
+    tokio::spawn(async move {
+        let mut seq = 0;
+        loop {
+            tokio::time::sleep(heartbeat).await;
+            seq += 1;
+            let beat = Control::Heartbeat { seq, in_flight: 0 };
+            if beats.send_control(&beat).await.is_err() {
+                break;
+            }
+        }
+    });
+    // Graph inputs from the coordinator.
+    tokio::spawn(serve_streams(
+        connection.clone(),
+        limits,
+        tensor_handler(router.clone()),
+    ));
+    // Intermediate tensors from other workers.
+    let accepting = state.clone();
+    tokio::spawn(async move {
+        while let Some(peer) = accepting.node.accept(&[Role::Worker]).await {
+            match peer {
+                Ok(peer) => {
+                    tracing::debug!(peer = %peer.hello.node, "worker connected");
+                    tokio::spawn(serve_streams(
+                        peer.connection,
+                        limits,
+                        tensor_handler(accepting.router.clone()),
+                    ));
+                }
+                Err(e) => tracing::warn!("refused a peer: {e}"),
+            }
+        }
+    });
+    // Operations from the coordinator, one per stream; the control stream
+    // ending means the coordinator is gone.
+    let ops = {
+        let connection = connection.clone();
+        let state = state.clone();
+        async move {
+            loop {
+                let (send, recv) = match connection.accept_bi().await {
+                    Ok(s) => s,
+                    Err(e) => return e.to_string(),
+                };
+                tokio::spawn(serve_operation(state.clone(), send, recv));
+            }
+        }
+    };
+    let watch = async move {
+        loop {
+            match recv_frame(&mut recv, &limits).await {
+                Ok(Some(frame)) => tracing::debug!("control frame {:?}", frame.kind()),
+                Ok(None) => return "it closed the control stream".to_string(),
+                Err(e) => return e.to_string(),
+            }
+        }
+    };
+    let why = tokio::select! {
+        why = ops => why,
+        why = watch => why,
+    };
+    node.shutdown().await;
+    Err(WorkerError::CoordinatorLost(
+        connection
+            .close_reason()
+            .map(|r| r.to_string())
+            .unwrap_or(why),
+    ))
+}
+
+/// Tensor frames → local actors.
+fn tensor_handler(
+    router: Arc<Router>,
+) -> impl Fn(Frame) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    move |frame| {
+        let router = router.clone();
+        Box::pin(async move {
+            match frame {
+                Frame::Tensor(header, payload) => {
+                    let (network, request) = (header.network, header.request);
+                    let name: Arc<str> = header.name.as_str().into();
+                    match header.into_tensor(payload) {
+                        Ok(t) => router.dispatch(network, request, name, t).await,
+                        Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
+                    }
+                }
+                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
+            }
+        })
+    }
+}
+
+/// One operation stream from the coordinator.
+async fn serve_operation(
+    state: Arc<State>,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
+    let limits = *state.node.limits();
+    let reply = match recv_frame(&mut recv, &limits).await {
+        Ok(Some(Frame::Control(msg, payload))) => operation(&state, msg, payload, &mut send).await,
+        Ok(Some(other)) => Err(format!(
+            "expected an operation, got a {:?} frame",
+            other.kind()
+        )),
+        Ok(None) => return,
+        Err(e) => Err(e.to_string()),
+    };
+    let reply = reply.unwrap_or_else(|error| {
+        tracing::warn!("{error}");
+        Control::Failed {
+            request: None,
+            error,
+        }
+    });
+    if let Ok(head) = reply.encode(0, &limits) {
+        let _ = send_frame(&mut send, &head, None).await;
+    }
+    let _ = send.finish();
+}
+
+async fn operation(
+    state: &Arc<State>,
+    msg: Control,
+    payload: Bytes,
+    send: &mut quinn::SendStream,
+) -> Result<Control, String> {
+    match msg {
+        Control::QueryNetwork { devices } => {
+            let model = decode_model(&payload).map_err(|e| format!("QueryNetwork: {e}"))?;
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut answers = Vec::new();
+                for kind in &devices {
+                    let device = state.device(kind)?;
+                    let r = device
+                        .plugin
+                        .query_network(&model)
+                        .map_err(|e| format!("{}/{kind} QueryNetwork: {e}", state.name))?;
+                    answers.push(DeviceAnswer {
+                        device: kind.clone(),
+                        supported: r.supported.into_iter().collect(),
+                        unsupported: r.unsupported.into_iter().collect(),
+                    });
+                }
+                Ok(Control::QueryResult { answers })
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+        Control::Deploy(spec) => deploy(state, spec, payload, send).await,
+        Control::Undeploy { network } => {
+            for actor in state.router.remove(network) {
+                actor.do_send(Stop);
+            }
+            Ok(Control::Unloaded { network })
+        }
+        Control::Cancel { request } => {
+            state.router.forget(request);
+            Ok(Control::Cancel { request })
+        }
+        other => Err(format!("a worker does not take {}", other.name())),
+    }
+}
+
+impl State {
+    fn device(&self, kind: &str) -> Result<&Device, String> {
+        self.devices.iter().find(|d| d.kind == kind).ok_or_else(|| {
+            let have: Vec<&str> = self.devices.iter().map(|d| d.kind.as_str()).collect();
+            format!(
+                "{} has no device {kind}; it serves {}",
+                self.name,
+                have.join(", ")
+            )
+        })
+    }
+}
+
+/// Compiles (or loads from the cache) one subgraph and starts its actor.
+async fn deploy(
+    state: &Arc<State>,
+    spec: DeploySpec,
+    model: Bytes,
+    send: &mut quinn::SendStream,
+) -> Result<Control, String> {
+    let limits = *state.node.limits();
+    let what = format!(
+        "compiling subgraph {} on {}/{}",
+        spec.subgraph, state.name, spec.device
+    );
+    let progress = Control::Progress {
+        what: what.clone(),
+        done: 0,
+        total: 1,
+    };
+    if let Ok(head) = progress.encode(0, &limits) {
+        let _ = send_frame(send, &head, None).await;
+    }
+    let plugin = state.device(&spec.device)?.plugin.clone();
+    let cache = state.cache.clone();
+    let config = state.config.clone();
+    let key = format!("{}-{}", spec.device, spec.model_hash);
+    let started = Instant::now();
+    let (compiled, cached) = tokio::task::spawn_blocking(move || {
+        if let Some(cache) = &cache {
+            if let Some(blob) = cache.get(&key) {
+                match plugin.import(&blob) {
+                    Ok(c) => return Ok((c, true)),
+                    Err(e) => tracing::warn!("cached subgraph {key} unusable, recompiling: {e}"),
+                }
+            }
+        }
+        let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
+        if let Some(cache) = &cache {
+            match compiled.export() {
+                Ok(blob) => cache.put(&key, &blob),
+                Err(e) => tracing::debug!("not caching {key}: {e}"),
+            }
+        }
+        Ok::<_, String>((compiled, false))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("{what}: {e}"))?;
+    let compile_ms = started.elapsed().as_millis() as u64;
+    tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
+    let inputs: Vec<Arc<str>> = spec.inputs.iter().map(|n| n.as_str().into()).collect();
+    let outputs: Vec<Arc<str>> = spec
+        .outputs
+        .iter()
+        .map(|r| r.tensor.as_str().into())
+        .collect();
+    let routes = spec
+        .outputs
+        .iter()
+        .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
+        .collect();
+    let actor = SubgraphActor::new(
+        spec.network,
+        spec.subgraph,
+        format!("{}/{}", state.name, spec.device),
+        compiled,
+        inputs.clone(),
+        outputs,
+        state.router.clone(),
+        state.mailbox,
+    );
+    let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
+    state.router.add(spec.network, &actor, &inputs, routes);
+    Ok(Control::Deployed {
+        network: spec.network,
+        subgraph: spec.subgraph,
+        compile_ms,
+        cached,
+    })
+}

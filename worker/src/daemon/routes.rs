@@ -1,0 +1,214 @@
+//! Where tensors go. Incoming tensors (from the coordinator or another
+//! worker) are dispatched to the local subgraph actors that read them;
+//! outputs are streamed to their consumers: local actors directly, other
+//! workers over worker-to-worker links (dialled on first use), final
+//! outputs back to the coordinator.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use dashmap::DashMap;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::control::{Control, Destination};
+use tessera_common::wire::Limits;
+use tessera_net::{Link, Node};
+
+use super::actor::{Arrived, Forget, SubgraphActor};
+
+/// Frames that may wait in one link's queue.
+const LINK_DEPTH: usize = 64;
+
+pub struct Router {
+    /// This worker's name.
+    pub name: String,
+    node: Arc<Node>,
+    limits: Limits,
+    /// Tensors to the coordinator.
+    coordinator: Link,
+    /// Control messages to the coordinator (failures, timings).
+    control: Link,
+    /// Local consumers: (network, tensor) → actors.
+    consumers: DashMap<(u64, Arc<str>), Vec<Addr<SubgraphActor>>>,
+    /// Destinations of each subgraph output: (network, tensor) → where.
+    routes: DashMap<(u64, Arc<str>), Vec<Destination>>,
+    /// Links to other workers, by name.
+    peers: tokio::sync::Mutex<HashMap<String, Link>>,
+}
+
+impl Router {
+    pub fn new(name: &str, node: Arc<Node>, coordinator: Link, control: Link) -> Router {
+        Router {
+            name: name.into(),
+            limits: *node.limits(),
+            node,
+            coordinator,
+            control,
+            consumers: DashMap::new(),
+            routes: DashMap::new(),
+            peers: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Registers a deployed subgraph: its actor reads `inputs`, its outputs
+    /// go to `routes`.
+    pub fn add(
+        &self,
+        network: u64,
+        actor: &Addr<SubgraphActor>,
+        inputs: &[Arc<str>],
+        routes: Vec<(Arc<str>, Vec<Destination>)>,
+    ) {
+        if inputs.is_empty() {
+            // Constants only: runs on the request's trigger.
+            self.consumers
+                .entry((network, super::actor::TRIGGER.into()))
+                .or_default()
+                .push(actor.clone());
+        }
+        for name in inputs {
+            self.consumers
+                .entry((network, name.clone()))
+                .or_default()
+                .push(actor.clone());
+        }
+        for (tensor, to) in routes {
+            self.routes.insert((network, tensor), to);
+        }
+    }
+
+    /// Forgets a network; returns its actors (to stop them).
+    pub fn remove(&self, network: u64) -> Vec<Addr<SubgraphActor>> {
+        let mut actors: Vec<Addr<SubgraphActor>> = Vec::new();
+        self.consumers.retain(|(n, _), addrs| {
+            if *n == network {
+                for a in addrs.drain(..) {
+                    if !actors.iter().any(|b| b == &a) {
+                        actors.push(a);
+                    }
+                }
+                false
+            } else {
+                true
+            }
+        });
+        self.routes.retain(|(n, _), _| *n != network);
+        actors
+    }
+
+    /// Hands an arrived tensor to the local actors that read it (waiting
+    /// while a mailbox is full: back-pressure on the sender's stream).
+    pub async fn dispatch(&self, network: u64, request: u64, name: Arc<str>, tensor: Tensor) {
+        let actors = match self.consumers.get(&(network, name.clone())) {
+            Some(a) => a.clone(),
+            None => {
+                tracing::warn!(network, request, tensor = %name, "no subgraph here reads this tensor");
+                return;
+            }
+        };
+        for actor in actors {
+            let msg = Arrived {
+                request,
+                name: name.clone(),
+                tensor: tensor.clone(),
+            };
+            if actor.send(msg).await.is_err() {
+                tracing::warn!(network, request, "a subgraph actor has stopped");
+            }
+        }
+    }
+
+    /// Drops a failed request's partial inputs everywhere on this worker.
+    pub fn forget(&self, request: u64) {
+        for entry in self.consumers.iter() {
+            for actor in entry.value() {
+                actor.do_send(Forget { request });
+            }
+        }
+    }
+
+    async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
+        let mut peers = self.peers.lock().await;
+        if let Some(link) = peers.get(name).filter(|l| l.is_open()) {
+            return Ok(link.clone());
+        }
+        let socket = addr
+            .parse()
+            .map_err(|e| format!("bad address '{addr}' for worker {name}: {e}"))?;
+        let peer = self
+            .node
+            .dial(socket)
+            .await
+            .map_err(|e| format!("cannot reach worker {name}: {e}"))?;
+        let link = Link::open(peer.connection, name, self.limits, LINK_DEPTH);
+        peers.insert(name.to_string(), link.clone());
+        Ok(link)
+    }
+
+    /// Tells the coordinator how long a subgraph ran and streams its outputs
+    /// of a request to their consumers.
+    pub async fn deliver(
+        &self,
+        network: u64,
+        subgraph: u32,
+        request: u64,
+        outputs: Vec<(Arc<str>, Tensor)>,
+        elapsed: Duration,
+    ) {
+        let ran = Control::Ran {
+            request,
+            subgraph,
+            micros: elapsed.as_micros() as u64,
+        };
+        // On the data link, ahead of the outputs it ships to the coordinator.
+        if let Err(e) = self.coordinator.send_control(&ran).await {
+            tracing::warn!("cannot report to the coordinator: {e}");
+        }
+        for (name, tensor) in outputs {
+            let to = match self.routes.get(&(network, name.clone())) {
+                Some(to) => to.clone(),
+                None => continue,
+            };
+            for dest in to {
+                let sent = match &dest {
+                    Destination::Worker { name: w, .. } if *w == self.name => {
+                        self.dispatch(network, request, name.clone(), tensor.clone())
+                            .await;
+                        Ok(())
+                    }
+                    Destination::Worker { name: w, addr } => match self.peer(w, addr).await {
+                        Ok(link) => link
+                            .send_tensor(network, request, &name, &tensor)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        Err(e) => Err(e),
+                    },
+                    Destination::Coordinator => self
+                        .coordinator
+                        .send_tensor(network, request, &name, &tensor)
+                        .await
+                        .map_err(|e| e.to_string()),
+                };
+                if let Err(e) = sent {
+                    self.fail(request, format!("sending '{name}' from {}: {e}", self.name))
+                        .await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reports a failed request to the coordinator.
+    pub async fn fail(&self, request: u64, error: String) {
+        tracing::warn!(request, "{error}");
+        self.forget(request);
+        let msg = Control::Failed {
+            request: Some(request),
+            error,
+        };
+        if let Err(e) = self.control.send_control(&msg).await {
+            tracing::warn!("cannot report to the coordinator: {e}");
+        }
+    }
+}
