@@ -57,13 +57,22 @@ impl Node {
         cluster: &str,
         role: Role,
     ) -> Result<Node, NetError> {
+        let io = |e: std::io::Error| NetError::Io {
+            what: format!("bind {addr}"),
+            reason: e.to_string(),
+        };
+        let socket = udp_socket(addr).map_err(io)?;
+        let runtime = quinn::default_runtime().ok_or_else(|| NetError::Io {
+            what: format!("bind {addr}"),
+            reason: "no async runtime (call inside tokio)".into(),
+        })?;
+        let mut config = quinn::EndpointConfig::default();
+        config
+            .max_udp_payload_size(tls::MAX_UDP_PAYLOAD + 48)
+            .map_err(|e| NetError::Tls(e.to_string()))?;
         let mut endpoint =
-            quinn::Endpoint::server(tls::server_config(identity)?, addr).map_err(|e| {
-                NetError::Io {
-                    what: format!("bind {addr}"),
-                    reason: e.to_string(),
-                }
-            })?;
+            quinn::Endpoint::new(config, Some(tls::server_config(identity)?), socket, runtime)
+                .map_err(io)?;
         endpoint.set_default_client_config(tls::client_config(identity)?);
         Ok(Node {
             endpoint,
@@ -250,7 +259,9 @@ pub async fn recv_frame(
         len: prefix.payload_len,
         max: usize::MAX as u64,
     })?;
-    let mut payload = BytesMut::with_capacity(len);
+    // Reserve at most 64 MiB up front: a peer announcing a large payload
+    // must send it before it is held in memory.
+    let mut payload = BytesMut::with_capacity(len.min(64 << 20));
     while payload.len() < len {
         match recv.read_chunk(len - payload.len(), true).await {
             Ok(Some(chunk)) => payload.extend_from_slice(&chunk.bytes),
@@ -272,3 +283,53 @@ async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), 
         quinn::ReadExactError::ReadError(e) => NetError::Stream(e.to_string()),
     })
 }
+
+/// Socket buffers asked for: with the default ~200 KB, bulk transfers
+/// overflow the receive buffer and lose thousands of packets (findings.md).
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// A UDP socket bound to `addr` with large send and receive buffers (the
+/// kernel may cap them at `net.core.rmem_max`; that is not an error).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(false);
+    }
+    if let Err(e) = socket.set_recv_buffer_size(SOCKET_BUFFER) {
+        tracing::debug!("UDP receive buffer: {e}");
+    }
+    if let Err(e) = socket.set_send_buffer_size(SOCKET_BUFFER) {
+        tracing::debug!("UDP send buffer: {e}");
+    }
+    force_buffers(&socket);
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// Above `net.core.rmem_max` only with CAP_NET_ADMIN (root in a container):
+/// SO_RCVBUFFORCE / SO_SNDBUFFORCE; without it the capped size stays.
+#[cfg(target_os = "linux")]
+fn force_buffers(socket: &socket2::Socket) {
+    use std::os::fd::AsRawFd;
+    let size = SOCKET_BUFFER as libc::c_int;
+    for option in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {
+        // SAFETY: a valid socket descriptor and a c_int option value of the
+        // size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!("forcing UDP buffers: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn force_buffers(_: &socket2::Socket) {}

@@ -1,0 +1,390 @@
+//! Distributed figures (a figure printer, not a timed test):
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|rtt|split|pipeline]`.
+//!
+//! Each figure is a ratio of two runs made in this one process, alternating
+//! where it matters, so noise on a shared machine hits both alike:
+//! - streaming: tensors between two QUIC nodes (Tessera's data-plane link)
+//!   vs plain TCP on loopback, 1 MB and 64 MB tensors (target ≥ 0.8);
+//! - rtt: a small request's round trip through an embedded cluster
+//!   (client → coordinator → worker → coordinator → client), p50/p99;
+//! - split: PP-OCRv4 rec split in halves over two workers vs the same split
+//!   in one process (HETERO), median latency ratio (target ≤ 1.10);
+//! - pipeline: rec split into two stages on two workers with one thread
+//!   each vs one worker with one thread running it whole, throughput with
+//!   16 requests in flight (target ≥ 1.7).
+//!
+//! The embedded cluster is a coordinator and workers in this process
+//! talking QUIC with mutual TLS on loopback.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tessera_client::{Client, LoadOptions, Network};
+use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::{decode_model, encode_model, ElemType};
+use tessera_common::partition::Algorithm;
+use tessera_common::synth;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::Frame;
+use tessera_net::{certs, serve_streams, Link, Node};
+use tessera_worker::hetero;
+use tessera_worker::plugin::{Config, DevicePlugin};
+use tessera_worker::plugins::cpu::CpuPlugin;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn model_path(name: &str) -> PathBuf {
+    std::env::var_os("TESSERA_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")))
+        .join(name)
+}
+
+fn main() -> Result<()> {
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    });
+    system.block_on(async move {
+        if run("streaming") {
+            streaming().await?;
+        }
+        if run("rtt") {
+            rtt().await?;
+        }
+        if run("split") {
+            split().await?;
+        }
+        if run("pipeline") {
+            pipeline().await?;
+        }
+        Ok(())
+    })
+}
+
+/// GB/s sending `count` tensors of `size` bytes over a Tessera link.
+async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
+    let ids = certs::ephemeral("bench", &["a", "b"])?;
+    let any: SocketAddr = "127.0.0.1:0".parse()?;
+    let a = Node::bind(any, &ids[0], "bench", Role::Worker)?;
+    let b = Node::bind(any, &ids[1], "bench", Role::Worker)?;
+    let addr = b.local_addr()?;
+    let (accepted, dialed) = tokio::join!(b.accept(&[Role::Worker]), a.dial(addr));
+    let (peer_b, peer_a) = (accepted.ok_or("no connection")??, dialed?);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    tokio::spawn(serve_streams(
+        peer_b.connection.clone(),
+        *b.limits(),
+        move |f| {
+            let tx = tx.clone();
+            async move {
+                if let Frame::Tensor(_, payload) = f {
+                    let _ = tx.send(payload.len());
+                }
+            }
+        },
+    ));
+    let link = Link::open(peer_a.connection.clone(), "b", *a.limits(), 8);
+    let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
+    let started = Instant::now();
+    let sending = async {
+        for i in 0..count {
+            link.send_tensor(1, i as u64, "t", &tensor).await?;
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    };
+    let receiving = async {
+        let mut got = 0;
+        while got < size * count {
+            got += rx.recv().await.ok_or("receiver closed")?;
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    };
+    let (s, r) = tokio::join!(sending, receiving);
+    s?;
+    r?;
+    let secs = started.elapsed().as_secs_f64();
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok((size * count) as f64 / secs / 1e9)
+}
+
+/// GB/s for the same over plain TCP: a 16-byte header, then the bytes.
+async fn tcp_throughput(size: usize, count: usize) -> Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let receiver = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut head = [0u8; 16];
+        for _ in 0..count {
+            s.read_exact(&mut head).await?;
+            let mut buf = vec![0u8; size];
+            s.read_exact(&mut buf).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let payload = vec![1u8; size];
+    let started = Instant::now();
+    for _ in 0..count {
+        s.write_all(&[0u8; 16]).await?;
+        s.write_all(&payload).await?;
+    }
+    s.flush().await?;
+    receiver.await??;
+    Ok((size * count) as f64 / started.elapsed().as_secs_f64() / 1e9)
+}
+
+async fn streaming() -> Result<()> {
+    println!("streaming between two nodes on loopback (median of 3, alternating)");
+    println!(
+        "{:<10} {:>12} {:>12} {:>8}",
+        "tensor", "QUIC GB/s", "TCP GB/s", "ratio"
+    );
+    for (size, count) in [(1 << 20, 256), (64 << 20, 6)] {
+        let (mut q, mut t) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            q.push(quic_throughput(size, count).await?);
+            t.push(tcp_throughput(size, count).await?);
+        }
+        let (q, t) = (median(q), median(t));
+        println!(
+            "{:<10} {q:>12.2} {t:>12.2} {:>8.2}",
+            format!("{} MB", size >> 20),
+            q / t
+        );
+    }
+    Ok(())
+}
+
+async fn cluster(
+    workers: usize,
+    threads: Option<usize>,
+) -> Result<(tessera_cli::cluster::Embedded, Client)> {
+    let config: Vec<(String, String)> = threads
+        .map(|t| vec![("NUM_THREADS".to_string(), t.to_string())])
+        .unwrap_or_default();
+    let c = tessera_cli::cluster::start(workers, &["CPU".to_string()], &config).await?;
+    let client = Client::connect(c.addr, &c.client, tessera_cli::cluster::CLUSTER).await?;
+    Ok((c, client))
+}
+
+async fn rtt() -> Result<()> {
+    let (c, client) = cluster(1, Some(1)).await?;
+    let dag = synth::Dag {
+        nodes: 1,
+        edges: vec![],
+    };
+    let model = synth::model_from_dag(&dag, None);
+    let network = client
+        .load_network(encode_model(&model), LoadOptions::default())
+        .await?;
+    let x = Tensor::from_values(vec![4], &[1f32, 2.0, 3.0, 4.0])?;
+    let mut times = Vec::new();
+    for i in 0..520 {
+        let t = Instant::now();
+        network.infer(vec![("x".into(), x.clone())]).await?;
+        if i >= 20 {
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    println!(
+        "small request round trip (client → coordinator → worker → back, 500 requests): p50 {:.0} µs, p99 {:.0} µs",
+        percentile(times.clone(), 0.5),
+        percentile(times, 0.99)
+    );
+    network.unload().await?;
+    c.coordinator.shutdown().await;
+    Ok(())
+}
+
+/// Halves of the rec model by topological position: (node, first half?).
+fn halves(graph: &Graph) -> Vec<(String, bool)> {
+    let ops = graph.topo_ops();
+    let n = ops.len();
+    ops.iter()
+        .enumerate()
+        .map(|(i, &op)| (graph.node(op).name.clone(), i < n / 2))
+        .collect()
+}
+
+/// A model's bytes, graph and seeded inputs.
+type Loaded = (Vec<u8>, Graph, Vec<(String, Tensor)>);
+
+fn rec() -> Result<Option<Loaded>> {
+    let path = model_path("ch_PP-OCRv4_rec_infer.onnx");
+    if !path.exists() {
+        println!(
+            "(skipped: {} missing; run scripts/fetch-test-models.sh)",
+            path.display()
+        );
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&path)?;
+    let graph = Graph::from_model(decode_model(&bytes)?)?;
+    let inputs = synth::random_inputs(&graph, 1).ok_or("numeric inputs")?;
+    Ok(Some((bytes, graph, inputs)))
+}
+
+fn split_options(graph: &Graph, a: &str, b: &str) -> LoadOptions {
+    LoadOptions {
+        devices: format!("HETERO:{a},{b}"),
+        affinity: halves(graph)
+            .into_iter()
+            .map(|(n, first)| (n, if first { a } else { b }.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn split() -> Result<()> {
+    let Some((bytes, graph, inputs)) = rec()? else {
+        return Ok(());
+    };
+    let (c, client) = cluster(2, None).await?;
+    let network = client
+        .load_network(
+            bytes.clone(),
+            split_options(&graph, "node-a/CPU", "node-b/CPU"),
+        )
+        .await?;
+    let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = vec![
+        (DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?)),
+        (
+            DeviceId::parse("CPU_B")?,
+            Arc::new(CpuPlugin::named("CPU_B")?),
+        ),
+    ];
+    let manual: BTreeMap<String, DeviceId> = halves(&graph)
+        .into_iter()
+        .map(|(n, first)| Ok((n, DeviceId::parse(if first { "CPU" } else { "CPU_B" })?)))
+        .collect::<Result<_>>()?;
+    let local = hetero::Network::load(
+        decode_model(&bytes)?,
+        &plugins,
+        &hetero::LoadOptions {
+            priority: DevicePriority::parse("HETERO:CPU,CPU_B")?,
+            policy: Policy::Priority,
+            algorithm: Algorithm::Fast,
+            strict: true,
+            manual,
+            config: Config::default(),
+        },
+    )?;
+    let feeds: HashMap<String, Tensor> = inputs.iter().cloned().collect();
+    let (mut remote_ms, mut local_ms) = (Vec::new(), Vec::new());
+    for i in 0..23 {
+        let t = Instant::now();
+        network.infer(inputs.clone()).await?;
+        let r = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        local.run(&feeds)?;
+        let l = t.elapsed().as_secs_f64() * 1e3;
+        if i >= 3 {
+            remote_ms.push(r);
+            local_ms.push(l);
+        }
+    }
+    let (r, l) = (median(remote_ms), median(local_ms));
+    println!(
+        "rec split in halves: two workers {r:.2} ms, one process (HETERO) {l:.2} ms, ratio {:.3} (median of 20, alternating)",
+        r / l
+    );
+    network.unload().await?;
+    c.coordinator.shutdown().await;
+    Ok(())
+}
+
+/// Requests per second with `in_flight` requests outstanding.
+async fn throughput(
+    network: &Network,
+    inputs: &[(String, Tensor)],
+    total: usize,
+    in_flight: usize,
+) -> Result<f64> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..total {
+        let permit = gate.clone().acquire_owned().await?;
+        let (network, inputs) = (network.clone(), inputs.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let r = network.infer(inputs).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn pipeline() -> Result<()> {
+    let Some((bytes, graph, inputs)) = rec()? else {
+        return Ok(());
+    };
+    let (total, in_flight) = (96, 16);
+    let (c2, client2) = cluster(2, Some(1)).await?;
+    let two = client2
+        .load_network(
+            bytes.clone(),
+            split_options(&graph, "node-a/CPU", "node-b/CPU"),
+        )
+        .await?;
+    let (c1, client1) = cluster(1, Some(1)).await?;
+    let one = client1
+        .load_network(bytes, LoadOptions::devices("HETERO:node-a/CPU"))
+        .await?;
+    two.infer(inputs.clone()).await?;
+    let stages = two.infer(inputs.clone()).await?;
+    println!(
+        "pipeline stage times (µs): {:?}",
+        stages
+            .subgraphs
+            .iter()
+            .map(|(s, d)| (*s, d.as_micros()))
+            .collect::<Vec<_>>()
+    );
+    one.infer(inputs.clone()).await?;
+    let (mut t2, mut t1) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        t2.push(throughput(&two, &inputs, total, in_flight).await?);
+        t1.push(throughput(&one, &inputs, total, in_flight).await?);
+    }
+    let (t2, t1) = (median(t2), median(t1));
+    println!(
+        "pipelining rec, {in_flight} in flight, one thread per worker: two stages on two workers {t2:.1} req/s, \
+         one worker {t1:.1} req/s, ratio {:.2} (median of 3, alternating)",
+        t2 / t1
+    );
+    two.unload().await?;
+    one.unload().await?;
+    c2.coordinator.shutdown().await;
+    c1.coordinator.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! A real cluster refuses what it must, with clear errors, and serves on:
+//! a worker with a certificate from another CA, a client without a
+//! certificate, a peer of another protocol version, a garbled frame, an
+//! oversized message, unknown devices, inputs of the wrong shape.
+
+mod util;
+
+use std::net::SocketAddr;
+
+use tessera_client::{ClientError, LoadOptions};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::encode_model;
+use tessera_common::synth;
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::frame::FrameKind;
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::{Frame, Prefix, PROTOCOL_VERSION};
+use tessera_net::{certs, recv_frame, tls, Node};
+use util::cluster::{certs_init, Cluster, CLUSTER};
+use util::oracle::{max_abs_diff, onnxruntime};
+
+fn any() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Writes `bytes` on a new stream of a proper client connection and
+/// returns the coordinator's answer (a `Failed` message's error).
+async fn answer_to(cluster: &Cluster, bytes: &[u8]) -> String {
+    let id = certs::load_identity(&cluster.certs, "client").unwrap();
+    let node = Node::bind(any(), &id, CLUSTER, Role::Client).unwrap();
+    let peer = node.dial(cluster.addr).await.unwrap();
+    let (mut send, mut recv) = peer.connection.open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    let _ = send.finish();
+    match recv_frame(&mut recv, node.limits()).await {
+        Ok(Some(Frame::Control(
+            tessera_common::wire::control::Control::Failed { error, .. },
+            _,
+        ))) => error,
+        other => panic!("expected a Failed answer, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_peers_and_bad_messages_are_refused_and_the_cluster_serves_on() {
+    let cluster = Cluster::start("refusals", &["node-a", "node-b"], 1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // A worker whose certificate comes from another CA: it exits with an
+    // error; the coordinator logs the refusal.
+    let foreign = cluster.dir.join("foreign-certs");
+    certs_init(&foreign, CLUSTER, &["node-x"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_worker"))
+        .args(cluster.worker_args("node-x", &foreign, 1))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("error:") && stderr.contains("connection"),
+        "{stderr}"
+    );
+    println!("foreign worker: {}", stderr.trim());
+
+    rt.block_on(async {
+        // A client without any certificate.
+        let id = certs::load_identity(&cluster.certs, "client").unwrap();
+        let bare = Node::bind(any(), &id, CLUSTER, Role::Client)
+            .unwrap()
+            .with_client_config(tls::client_config_without_certificate(&id.ca_pem).unwrap());
+        let err = bare.dial(cluster.addr).await.expect_err("no certificate");
+        println!("client without a certificate: {err}");
+
+        // Another protocol version.
+        let mut old = Node::bind(any(), &id, CLUSTER, Role::Client).unwrap();
+        old.hello_mut().protocol = PROTOCOL_VERSION + 1;
+        let err = old.dial(cluster.addr).await.expect_err("another version");
+        assert!(err.to_string().contains("protocol version"), "{err}");
+
+        // Garbage, then a frame announcing a payload over the limit.
+        let error = answer_to(&cluster, b"GET / HTTP/1.1\r\n\r\n").await;
+        assert!(error.contains("not a Tessera frame"), "{error}");
+        let huge = Prefix {
+            kind: FrameKind::Control,
+            header_len: 8,
+            payload_len: 1 << 40,
+        };
+        let error = answer_to(&cluster, &huge.encode()).await;
+        assert!(error.contains("exceeds the limit"), "{error}");
+
+        // Unknown devices, inputs of the wrong shape.
+        let client = cluster.client().await;
+        let model = synth::small_cnn(7);
+        let bytes = encode_model(&model);
+        let err = client
+            .load_network(bytes.clone(), LoadOptions::devices("HETERO:node-z/CPU"))
+            .await
+            .err()
+            .expect("an unknown device");
+        assert!(matches!(err, ClientError::Load(_)), "{err}");
+        assert!(
+            err.to_string().contains("node-a/CPU") && err.to_string().contains("node-b/CPU"),
+            "the error lists the cluster's devices: {err}"
+        );
+        let network = client
+            .load_network(bytes, LoadOptions::devices("CPU"))
+            .await
+            .unwrap();
+        let wrong = Tensor::from_values(vec![1, 3, 32, 32], &vec![0f32; 3 * 32 * 32]).unwrap();
+        let err = network
+            .infer(vec![("image".into(), wrong)])
+            .await
+            .err()
+            .expect("a wrong shape");
+        assert!(err.to_string().contains("must have shape"), "{err}");
+
+        // It still serves, correctly.
+        let graph = Graph::from_model(model.clone()).unwrap();
+        let inputs = synth::random_inputs(&graph, 3).unwrap();
+        let path = cluster.dir.join("small_cnn.onnx");
+        std::fs::write(&path, encode_model(&model)).unwrap();
+        let want = onnxruntime(&path, &inputs, &cluster.dir.join("ort"));
+        let got = network.infer(inputs).await.unwrap();
+        assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= 1e-4);
+    });
+    let log = cluster.coordinator.log_text();
+    assert!(
+        log.contains("refused"),
+        "the coordinator logged refusals:\n{log}"
+    );
+}
