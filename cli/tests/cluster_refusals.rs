@@ -114,8 +114,7 @@ fn bad_peers_and_bad_messages_are_refused_and_the_cluster_serves_on() {
         let err = network
             .infer(vec![("image".into(), wrong)])
             .await
-            .err()
-            .expect("a wrong shape");
+            .expect_err("a wrong shape");
         assert!(err.to_string().contains("must have shape"), "{err}");
 
         // It still serves, correctly.
