@@ -4,9 +4,12 @@
 
 pub mod cluster;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `warn`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only
+/// on a terminal.
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

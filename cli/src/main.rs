@@ -4,15 +4,21 @@
 //! subgraph selection, explained and dumped as GraphViz and JSON, device
 //! support from `--supports` files); `run --local`, one inference through
 //! HETERO on this machine's plugins, inputs and outputs as `.npy`;
-//! `certs init`, the cluster CA and node certificates.
+//! `run` on a cluster; `query`, `plan`, `bench`, `cluster` against a
+//! cluster (`--coordinator ADDR`) or an embedded local one; `certs init`,
+//! the cluster CA and node certificates; `example-model`.
 //!
 //! ```text
 //! tessera partition model.onnx --devices HETERO:GPU,CPU --supports GPU=gpu.txt --dump-dir dumps
 //! tessera run model.onnx --devices HETERO:CPU --local --random --output-dir out --perf-counts
+//! tessera run model.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU --random
+//! tessera plan model.onnx --devices CPU --policy cost --dump-dir dumps --explain
+//! tessera bench model.onnx --requests 64 --concurrency 16
 //! tessera certs init --dir certs --cluster lab --nodes coordinator,node-a,node-b,client
 //! ```
 
 mod certs;
+mod cluster_cmds;
 mod partition;
 mod remote;
 mod run;
@@ -37,6 +43,15 @@ enum Command {
     /// Run one inference: on a cluster, an embedded local cluster, or
     /// (--local) through HETERO in this process.
     Run(run::RunArgs),
+    /// QueryNetwork on every device of a cluster: which nodes each can run.
+    Query(cluster_cmds::QueryArgs),
+    /// Plan a model on a cluster without deploying it: the partition, why
+    /// each node went where, predicted costs, .json/.dot dumps.
+    Plan(cluster_cmds::PlanArgs),
+    /// Throughput and latency with N requests in flight.
+    Bench(cluster_cmds::BenchArgs),
+    /// A cluster's workers, devices, metrics and health.
+    Cluster(cluster_cmds::ClusterArgs),
     /// Cluster certificates (mutual TLS between all nodes).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -70,6 +85,10 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),
         Command::Run(args) => run::run(args),
+        Command::Query(args) => cluster_cmds::query(args),
+        Command::Plan(args) => cluster_cmds::plan(args),
+        Command::Bench(args) => cluster_cmds::bench(args),
+        Command::Cluster(args) => cluster_cmds::cluster(args),
         Command::Certs(command) => certs::run(command),
         Command::ExampleModel { out, seed } => {
             tessera_common::onnx::save_model(&tessera_common::synth::small_cnn(seed), &out)

@@ -14,8 +14,13 @@ use tessera_common::onnx;
 
 use crate::run::{read_inputs, write_outputs, RunArgs};
 
+/// Which cluster: `--coordinator ADDR` with certificates from `--certs`,
+/// or an embedded local cluster started in this process.
 #[derive(Args)]
 pub struct RemoteArgs {
+    /// The cluster's coordinator (default: start an embedded local cluster).
+    #[arg(long, value_name = "ADDR")]
+    pub coordinator: Option<std::net::SocketAddr>,
     /// Directory made by `tessera certs init` (with --coordinator).
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
@@ -39,6 +44,50 @@ pub struct RemoteArgs {
     pub deadline_ms: Option<u64>,
 }
 
+/// Connects to the coordinator, or starts an embedded cluster and connects
+/// to it.
+pub async fn connect(
+    args: &RemoteArgs,
+) -> Result<(Client, Option<tessera_cli::cluster::Embedded>)> {
+    match args.coordinator {
+        Some(addr) => {
+            let id = tessera_net::certs::load_identity(&args.certs, &args.name)
+                .context("the client's certificate (make one with `tessera certs init`)")?;
+            let client = Client::connect(addr, &id, &args.cluster).await?;
+            Ok((client, None))
+        }
+        None => {
+            let mut config = Vec::new();
+            if let Some(t) = args.threads {
+                config.push(("NUM_THREADS".to_string(), t.to_string()));
+            }
+            let cluster =
+                tessera_cli::cluster::start(args.workers, &args.worker_devices, &config).await?;
+            eprintln!(
+                "embedded cluster: coordinator on {}, workers {}",
+                cluster.addr,
+                cluster.workers.join(", ")
+            );
+            let client =
+                Client::connect(cluster.addr, &cluster.client, tessera_cli::cluster::CLUSTER)
+                    .await?;
+            Ok((client, Some(cluster)))
+        }
+    }
+}
+
+/// Reads a manual affinity file: JSON `{"node": "host/DEVICE"}`.
+pub fn read_affinity(path: Option<&std::path::Path>) -> Result<Vec<(String, String)>> {
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let map: BTreeMap<String, String> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: expected {{\"node\": \"host/DEVICE\"}}", path.display()))?;
+    Ok(map.into_iter().collect())
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     tessera_cli::cluster::run_system(run_async(args))
 }
@@ -50,46 +99,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         onnx::decode_model(&bytes).with_context(|| format!("{}", args.model.display()))?,
     )?;
     let inputs = read_inputs(&args, &graph)?;
-    let (client, embedded) = match args.coordinator {
-        Some(addr) => {
-            let id = tessera_net::certs::load_identity(&args.remote.certs, &args.remote.name)
-                .context("the client's certificate (make one with `tessera certs init`)")?;
-            let client = Client::connect(addr, &id, &args.remote.cluster).await?;
-            (client, None)
-        }
-        None => {
-            let mut config = Vec::new();
-            if let Some(t) = args.remote.threads {
-                config.push(("NUM_THREADS".to_string(), t.to_string()));
-            }
-            let cluster = tessera_cli::cluster::start(
-                args.remote.workers,
-                &args.remote.worker_devices,
-                &config,
-            )
-            .await?;
-            eprintln!(
-                "embedded cluster: coordinator on {}, workers {}",
-                cluster.addr,
-                cluster.workers.join(", ")
-            );
-            let client =
-                Client::connect(cluster.addr, &cluster.client, tessera_cli::cluster::CLUSTER)
-                    .await?;
-            (client, Some(cluster))
-        }
-    };
-    let affinity: Vec<(String, String)> = match &args.affinity {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let map: BTreeMap<String, String> = serde_json::from_str(&text).with_context(|| {
-                format!("{}: expected {{\"node\": \"host/DEVICE\"}}", path.display())
-            })?;
-            map.into_iter().collect()
-        }
-        None => Vec::new(),
-    };
+    let (client, embedded) = connect(&args.remote).await?;
+    let affinity = read_affinity(args.affinity.as_deref())?;
     let options = LoadOptions {
         name: args.model.display().to_string(),
         devices: args.devices.clone().unwrap_or_default(),
@@ -144,9 +155,13 @@ async fn run_async(args: RunArgs) -> Result<()> {
 }
 
 /// The plan, one line per subgraph.
-fn describe_plan(network: &Network) -> String {
+pub fn describe_plan(network: &Network) -> String {
+    plan_lines(network.plan())
+}
+
+/// The plan, one line per subgraph.
+pub fn plan_lines(plan: &tessera_client::Plan) -> String {
     use std::fmt::Write as _;
-    let plan = network.plan();
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -30,9 +30,6 @@ pub struct RunArgs {
     /// Run through HETERO in this process, without a cluster.
     #[arg(long, conflicts_with = "coordinator")]
     pub(crate) local: bool,
-    /// The cluster's coordinator (default: start an embedded local cluster).
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) coordinator: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(crate) remote: crate::remote::RemoteArgs,
     /// NAME=FILE.npy for a model input.

@@ -42,6 +42,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, LoadRequest};
+pub use tessera_common::wire::control::{DeviceAnswer, WorkerState};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
@@ -186,26 +187,111 @@ impl Client {
         &self,
         model: impl Into<Bytes>,
         options: LoadOptions,
-        mut progress: impl FnMut(&str, u64, u64),
+        progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let model = model.into();
+        let request = load_request(options, false);
+        match self.operation(&request, Some(model.into()), progress).await {
+            Ok(Control::NetworkLoaded { network, plan }) => {
+                let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
+                Ok(Network {
+                    client: self.clone(),
+                    id: network,
+                    plan: Arc::new(plan),
+                    deadline: None,
+                })
+            }
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// Plans `model` as [`Client::load_network`] would, deploying nothing:
+    /// the partition, why each node went where, predicted costs.
+    pub async fn plan(
+        &self,
+        model: impl Into<Bytes>,
+        options: LoadOptions,
+    ) -> Result<Plan, ClientError> {
+        let request = load_request(options, true);
+        match self
+            .operation(&request, Some(model.into()), |_, _, _| {})
+            .await
+        {
+            Ok(Control::NetworkLoaded { plan, .. }) => {
+                Plan::parse(&plan).map_err(ClientError::Protocol)
+            }
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// QueryNetwork on every device of `devices` (a priority string; empty:
+    /// every device): which nodes each `host/DEVICE` can run.
+    pub async fn query(
+        &self,
+        model: impl Into<Bytes>,
+        devices: &str,
+    ) -> Result<Vec<DeviceAnswer>, ClientError> {
+        let msg = Control::QueryNetwork {
+            devices: vec![devices.to_string()],
+        };
+        match self.operation(&msg, Some(model.into()), |_, _, _| {}).await {
+            Ok(Control::QueryResult { answers }) => Ok(answers),
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// The cluster's workers, their devices and health.
+    pub async fn cluster(&self) -> Result<ClusterState, ClientError> {
+        match self
+            .operation(&Control::ClusterInfo, None, |_, _, _| {})
+            .await
+        {
+            Ok(Control::ClusterState {
+                workers,
+                networks,
+                in_flight,
+            }) => Ok(ClusterState {
+                workers,
+                networks,
+                in_flight,
+            }),
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Protocol(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// One operation on its own stream: the message (and payload), any
+    /// progress, then the answer.
+    async fn operation(
+        &self,
+        msg: &Control,
+        payload: Option<Bytes>,
+        mut progress: impl FnMut(&str, u64, u64),
+    ) -> Result<Control, OpError> {
         let limits = self.inner.limits;
-        let request = Control::LoadNetwork(LoadRequest {
-            name: options.name,
-            devices: options.devices,
-            policy: if options.policy.is_empty() {
-                "priority".into()
-            } else {
-                options.policy
-            },
-            strict: options.strict,
-            affinity: options.affinity,
-        });
         let (mut send, mut recv) = self.open().await?;
-        let head = request
-            .encode(model.len() as u64, &limits)
-            .map_err(|e| ClientError::Load(e.to_string()))?;
-        send_frame(&mut send, &head, Some(&model))
+        let head = msg
+            .encode(payload.as_ref().map_or(0, |p| p.len() as u64), &limits)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        send_frame(&mut send, &head, payload.as_ref())
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
         let _ = send.finish();
@@ -214,23 +300,54 @@ impl Client {
                 Ok(Some(Frame::Control(Control::Progress { what, done, total }, _))) => {
                     progress(&what, done, total)
                 }
-                Ok(Some(Frame::Control(Control::NetworkLoaded { network, plan }, _))) => {
-                    let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
-                    return Ok(Network {
-                        client: self.clone(),
-                        id: network,
-                        plan: Arc::new(plan),
-                        deadline: None,
-                    });
-                }
                 Ok(Some(Frame::Control(Control::Failed { error, .. }, _))) => {
-                    return Err(ClientError::Load(error))
+                    return Err(OpError::Failed(error))
                 }
-                Ok(other) => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
-                Err(e) => return Err(ClientError::Connection(e.to_string())),
+                Ok(Some(Frame::Control(answer, _))) => return Ok(answer),
+                Ok(other) => {
+                    return Err(ClientError::Protocol(format!("unexpected {other:?}")).into())
+                }
+                Err(e) => return Err(ClientError::Connection(e.to_string()).into()),
             }
         }
     }
+}
+
+/// An operation's failure: the coordinator's error, or the client's.
+enum OpError {
+    Failed(String),
+    Client(ClientError),
+}
+
+impl From<ClientError> for OpError {
+    fn from(e: ClientError) -> OpError {
+        OpError::Client(e)
+    }
+}
+
+fn load_request(options: LoadOptions, dry_run: bool) -> Control {
+    Control::LoadNetwork(LoadRequest {
+        name: options.name,
+        devices: options.devices,
+        policy: if options.policy.is_empty() {
+            "priority".into()
+        } else {
+            options.policy
+        },
+        strict: options.strict,
+        affinity: options.affinity,
+        dry_run,
+    })
+}
+
+/// The cluster as the coordinator sees it.
+#[derive(Debug, Clone)]
+pub struct ClusterState {
+    pub workers: Vec<WorkerState>,
+    /// Networks loaded.
+    pub networks: u32,
+    /// Requests running.
+    pub in_flight: u32,
 }
 
 impl Network {

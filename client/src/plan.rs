@@ -13,6 +13,10 @@ pub struct PlanSubgraph {
     pub nodes: usize,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    /// The cost model's estimates: compute on its device, and moving its
+    /// inputs from their producers' devices (µs).
+    pub predicted_compute_us: f64,
+    pub predicted_transfer_us: f64,
 }
 
 /// A loaded network's plan.
@@ -23,6 +27,14 @@ pub struct Plan {
     pub hosts: Vec<String>,
     /// The whole dump (`affinity`, `explanations`, ...).
     pub json: Value,
+}
+
+impl Plan {
+    /// Why `node` went where it did (its rule and the devices that support
+    /// it), as the coordinator explained it.
+    pub fn explanation(&self, node: &str) -> Option<&Value> {
+        self.json["explanations"].get(node)
+    }
 }
 
 impl Plan {
@@ -47,6 +59,8 @@ impl Plan {
                 nodes: sg["nodes"].as_array().map_or(0, Vec::len),
                 inputs: strings(&sg["inputs"]),
                 outputs: strings(&sg["outputs"]),
+                predicted_compute_us: sg["predicted_compute_us"].as_f64().unwrap_or(0.0),
+                predicted_transfer_us: sg["predicted_transfer_us"].as_f64().unwrap_or(0.0),
             })
             .collect();
         Ok(Plan {

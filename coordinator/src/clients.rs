@@ -1,12 +1,13 @@
 //! Client sessions: a client opens one bidirectional stream per operation
-//! (`LoadNetwork`, `Infer`, `Unload`); many run at once. A malformed
+//! (`LoadNetwork`, also as a dry run, `Infer`, `Unload`, `QueryNetwork`,
+//! `ClusterInfo`); many run at once. A malformed
 //! operation fails on its own stream; the session and the others go on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_common::wire::control::Control;
+use tessera_common::wire::control::{Control, WorkerState};
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::{recv_frame, send_frame, Peer};
@@ -69,21 +70,54 @@ async fn operation(
 ) -> Result<(), String> {
     let limits = *shared.node.limits();
     match msg {
+        Control::LoadNetwork(request) if request.dry_run => {
+            let (tx, rx) = mpsc::channel::<Control>(64);
+            let plan = with_progress(load::dry_run(shared, request, payload, tx), rx, send).await?;
+            write(send, &Control::NetworkLoaded { network: 0, plan }, &limits).await
+        }
         Control::LoadNetwork(request) => {
-            let (tx, mut rx) = mpsc::channel::<Control>(64);
-            let loading = load::load_network(shared, request, payload, tx);
-            tokio::pin!(loading);
-            // Forward progress while loading.
-            let loaded = loop {
-                tokio::select! {
-                    result = &mut loading => break result,
-                    Some(p) = rx.recv() => write(send, &p, &limits).await?,
-                }
-            };
-            let deployed = loaded.map_err(|e| e.to_string())?;
+            let (tx, rx) = mpsc::channel::<Control>(64);
+            let deployed =
+                with_progress(load::load_network(shared, request, payload, tx), rx, send).await?;
             let msg = Control::NetworkLoaded {
                 network: deployed.id,
                 plan: deployed.plan.clone(),
+            };
+            write(send, &msg, &limits).await
+        }
+        Control::QueryNetwork { devices } => {
+            let (tx, rx) = mpsc::channel::<Control>(64);
+            let spec = devices.join(",");
+            let answers = with_progress(load::query(shared, &spec, payload, tx), rx, send).await?;
+            write(send, &Control::QueryResult { answers }, &limits).await
+        }
+        Control::ClusterInfo => {
+            let mut workers: Vec<WorkerState> = shared
+                .workers
+                .iter()
+                .map(|w| WorkerState {
+                    name: w.name.clone(),
+                    data_addr: w.data_addr.clone(),
+                    devices: w.devices.clone(),
+                    silent_ms: w
+                        .last_seen
+                        .lock()
+                        .map(|t| t.elapsed().as_millis() as u64)
+                        .unwrap_or(0),
+                    rtt_us: w.rtt().as_micros() as u64,
+                    networks: shared
+                        .networks
+                        .iter()
+                        .filter(|n| n.hosts.contains(&w.name))
+                        .map(|n| n.id)
+                        .collect(),
+                })
+                .collect();
+            workers.sort_by(|a, b| a.name.cmp(&b.name));
+            let msg = Control::ClusterState {
+                workers,
+                networks: shared.networks.len() as u32,
+                in_flight: shared.pending.len() as u32,
             };
             write(send, &msg, &limits).await
         }
@@ -137,6 +171,22 @@ async fn operation(
             write(send, &Control::Unloaded { network }, &limits).await
         }
         other => Err(format!("a client may not send {}", other.name())),
+    }
+}
+
+/// Runs `work`, forwarding the progress it reports to the client.
+async fn with_progress<T>(
+    work: impl std::future::Future<Output = Result<T, CoordinatorError>>,
+    mut progress: mpsc::Receiver<Control>,
+    send: &mut quinn::SendStream,
+) -> Result<T, String> {
+    tokio::pin!(work);
+    let limits = Limits::default();
+    loop {
+        tokio::select! {
+            result = &mut work => return result.map_err(|e| e.to_string()),
+            Some(p) = progress.recv() => write(send, &p, &limits).await?,
+        }
     }
 }
 

@@ -9,13 +9,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use tessera_common::affinity::CostModel;
 use tessera_common::affinity::{
     AnalyticCostModel, DeviceId, DevicePriority, DeviceProfile, LinkProfile, Policy, SupportSet,
 };
 use tessera_common::graph::Graph;
 use tessera_common::onnx::{decode_model, encode_model};
 use tessera_common::plan::{io_names, plan, PlanOptions};
-use tessera_common::wire::control::{Control, DeploySpec, Destination, LoadRequest, Route};
+use tessera_common::wire::control::{
+    Control, DeploySpec, Destination, DeviceAnswer, LoadRequest, Route,
+};
 use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame};
 use tokio::sync::mpsc;
@@ -203,20 +206,27 @@ fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> Anal
     model
 }
 
-/// Loads `model` as asked; returns the network's id and plan.
-pub async fn load_network(
-    shared: &Arc<Shared>,
-    request: LoadRequest,
-    model: Bytes,
-    progress: mpsc::Sender<Control>,
-) -> Result<Arc<Deployed>, CoordinatorError> {
-    let proto = decode_model(&model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
-    let graph = Graph::from_model(proto).map_err(|e| CoordinatorError::Model(e.to_string()))?;
-    let devices = devices(shared, &request.devices)?;
+/// The devices of a request, their QueryNetwork answers (asked of every
+/// worker at once), and the plan.
+struct Planned {
+    graph: Graph,
+    by_host: ByHost,
+    plan: tessera_common::plan::Plan,
+    cost: AnalyticCostModel,
+}
 
-    // QueryNetwork: one stream per worker, all at once.
-    let mut by_host: BTreeMap<String, (Arc<WorkerEntry>, Vec<String>)> = BTreeMap::new();
-    for (d, w) in &devices {
+/// Workers by name, with the device kinds asked of each.
+type ByHost = BTreeMap<String, (Arc<WorkerEntry>, Vec<String>)>;
+
+/// QueryNetwork for `devices`, one stream per worker, all at once.
+async fn query_all(
+    shared: &Arc<Shared>,
+    devices: &[(DeviceId, Arc<WorkerEntry>)],
+    model: &Bytes,
+    progress: &mpsc::Sender<Control>,
+) -> Result<(ByHost, Vec<(DeviceId, DeviceAnswer)>), CoordinatorError> {
+    let mut by_host: ByHost = BTreeMap::new();
+    for (d, w) in devices {
         let entry = by_host
             .entry(w.name.clone())
             .or_insert_with(|| (w.clone(), Vec::new()));
@@ -228,8 +238,6 @@ pub async fn load_network(
         let msg = Control::QueryNetwork {
             devices: kinds.clone(),
         };
-        let model = model.clone();
-        let progress = progress.clone();
         async move {
             let _ = progress
                 .send(Control::Progress {
@@ -238,7 +246,7 @@ pub async fn load_network(
                     total: 1,
                 })
                 .await;
-            let answer = ask(shared, w, &msg, Some(&model), None).await?;
+            let answer = ask(shared, w, &msg, Some(model), None).await?;
             match answer {
                 Control::QueryResult { answers } => Ok((w.name.clone(), answers)),
                 other => Err(CoordinatorError::Worker(format!(
@@ -249,21 +257,55 @@ pub async fn load_network(
             }
         }
     });
-    let answers = futures_join(queries).await?;
-    let mut supports = HashMap::new();
-    for (host, answers) in answers {
+    let mut out = Vec::new();
+    for (host, answers) in futures_join(queries).await? {
         for a in answers {
             let id = devices
                 .iter()
                 .map(|(d, _)| d)
                 .find(|d| d.host.as_deref() == Some(host.as_str()) && d.name == a.device);
             if let Some(id) = id {
-                supports.insert(id.clone(), SupportSet::from_nodes(a.supported.clone()));
+                out.push((id.clone(), a));
             }
         }
     }
+    Ok((by_host, out))
+}
 
-    // Plan.
+/// Which nodes each `host/DEVICE` of `spec` supports (a client's
+/// `tessera query`); answers are named `host/DEVICE`.
+pub async fn query(
+    shared: &Arc<Shared>,
+    spec: &str,
+    model: Bytes,
+    progress: mpsc::Sender<Control>,
+) -> Result<Vec<DeviceAnswer>, CoordinatorError> {
+    decode_model(&model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let devices = devices(shared, spec)?;
+    let (_, answers) = query_all(shared, &devices, &model, &progress).await?;
+    Ok(answers
+        .into_iter()
+        .map(|(id, a)| DeviceAnswer {
+            device: id.to_string(),
+            ..a
+        })
+        .collect())
+}
+
+async fn plan_request(
+    shared: &Arc<Shared>,
+    request: &LoadRequest,
+    model: &Bytes,
+    progress: &mpsc::Sender<Control>,
+) -> Result<Planned, CoordinatorError> {
+    let proto = decode_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let graph = Graph::from_model(proto).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let devices = devices(shared, &request.devices)?;
+    let (by_host, answers) = query_all(shared, &devices, model, progress).await?;
+    let supports: HashMap<DeviceId, SupportSet> = answers
+        .into_iter()
+        .map(|(id, a)| (id, SupportSet::from_nodes(a.supported)))
+        .collect();
     let mut manual = BTreeMap::new();
     for (node, device) in &request.affinity {
         let d = DeviceId::parse(device).map_err(|e| CoordinatorError::Devices(e.to_string()))?;
@@ -283,12 +325,101 @@ pub async fn load_network(
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
-    let planned = plan(&graph, &supports, &cost, &options)
+    let plan = plan(&graph, &supports, &cost, &options)
         .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
+    Ok(Planned {
+        graph,
+        by_host,
+        plan,
+        cost,
+    })
+}
+
+/// The plan as JSON: the partition dump, plus per subgraph its host, its
+/// predicted compute time and the predicted transfer time of its inputs.
+fn plan_json(p: &Planned, network: u64, hosts: &[String]) -> String {
+    let (graph, planned) = (&p.graph, &p.plan);
+    let part = &planned.partition;
+    let mut json = tessera_common::dump::subgraphs_json(graph, &planned.assignment, part);
+    if let Some(subgraphs) = json["subgraphs"].as_array_mut() {
+        for (sg, v) in part.subgraphs.iter().zip(subgraphs) {
+            let device = part.device_of(sg);
+            let compute: f64 = sg
+                .nodes
+                .iter()
+                .map(|&n| p.cost.compute_us(graph, n, device))
+                .sum();
+            let transfer: f64 = sg
+                .inputs
+                .iter()
+                .map(|&t| {
+                    let producer = graph.tensor(t).producer;
+                    let from = part.subgraph_of[producer.index()]
+                        .map(|i| part.device_of(&part.subgraphs[i]));
+                    let bytes = tessera_common::affinity::tensor_bytes(graph, t);
+                    from.map_or(0.0, |from| p.cost.transfer_us(bytes, from, device))
+                })
+                .sum();
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("host".into(), serde_json::json!(device.host));
+                obj.insert(
+                    "predicted_compute_us".into(),
+                    serde_json::json!(compute.round()),
+                );
+                obj.insert(
+                    "predicted_transfer_us".into(),
+                    serde_json::json!(transfer.round()),
+                );
+            }
+        }
+    }
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("network".into(), serde_json::json!(network));
+        obj.insert("hosts".into(), serde_json::json!(hosts));
+    }
+    json.to_string()
+}
+
+fn hosts_of(planned: &Planned) -> Vec<String> {
+    let mut hosts: Vec<String> = planned
+        .plan
+        .stages
+        .iter()
+        .filter_map(|s| s.device.host.clone())
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+/// Plans `model` as asked without deploying it; returns the plan (JSON).
+pub async fn dry_run(
+    shared: &Arc<Shared>,
+    request: LoadRequest,
+    model: Bytes,
+    progress: mpsc::Sender<Control>,
+) -> Result<String, CoordinatorError> {
+    let planned = plan_request(shared, &request, &model, &progress).await?;
+    Ok(plan_json(&planned, 0, &hosts_of(&planned)))
+}
+
+/// Loads `model` as asked; returns the network's id and plan.
+pub async fn load_network(
+    shared: &Arc<Shared>,
+    request: LoadRequest,
+    model: Bytes,
+    progress: mpsc::Sender<Control>,
+) -> Result<Arc<Deployed>, CoordinatorError> {
+    let planned_request = plan_request(shared, &request, &model, &progress).await?;
+    let (graph, by_host, planned) = (
+        &planned_request.graph,
+        &planned_request.by_host,
+        &planned_request.plan,
+    );
     let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
     let host_of = |d: &DeviceId| d.host.clone().unwrap_or_default();
     let worker_of = |h: &str| by_host.get(h).map(|(w, _)| w.clone());
-    let (input_names, output_names) = io_names(&graph);
+    let (input_names, output_names) = io_names(graph);
 
     // Routes: each output to the workers whose subgraphs read it, and to
     // the coordinator when it is a graph output.
@@ -391,8 +522,6 @@ pub async fn load_network(
         return Err(e);
     }
 
-    let mut plan_json =
-        tessera_common::dump::subgraphs_json(&graph, &planned.assignment, &planned.partition);
     let placements: Vec<Placement> = planned
         .stages
         .iter()
@@ -402,20 +531,17 @@ pub async fn load_network(
             nodes: s.nodes,
         })
         .collect();
-    if let Some(obj) = plan_json.as_object_mut() {
-        obj.insert("network".into(), serde_json::json!(network));
-        obj.insert("hosts".into(), serde_json::json!(hosts));
-    }
+    let plan = plan_json(&planned_request, network, &hosts);
     let deployed = Arc::new(Deployed {
         id: network,
         name: request.name,
-        graph,
+        graph: graph.clone(),
         outputs: output_names,
         input_routes,
         trigger_hosts,
         hosts,
         placements,
-        plan: plan_json.to_string(),
+        plan,
     });
     shared.networks.insert(network, deployed.clone());
     tracing::info!(network, subgraphs = total, "network loaded");

@@ -179,10 +179,24 @@ impl Cluster {
             CLUSTER,
             "--threads",
             &threads.to_string(),
+            "--cache-dir",
+            &self.dir.join(format!("cache-{name}")).display().to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect()
+    }
+
+    /// Arguments that point `tessera` at this cluster.
+    pub fn client_args(&self) -> Vec<String> {
+        vec![
+            "--coordinator".into(),
+            self.addr.to_string(),
+            "--certs".into(),
+            self.certs.display().to_string(),
+            "--cluster".into(),
+            CLUSTER.into(),
+        ]
     }
 
     /// A client with the cluster's `client` certificate.

@@ -69,6 +69,22 @@ pub struct LoadRequest {
     pub strict: bool,
     /// Manual affinity: node name → device.
     pub affinity: Vec<(String, String)>,
+    /// Plan only: answer with the plan, deploy nothing.
+    pub dry_run: bool,
+}
+
+/// One worker as the coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerState {
+    pub name: String,
+    pub data_addr: String,
+    pub devices: Vec<DeviceInfo>,
+    /// Since its last message.
+    pub silent_ms: u64,
+    /// Round-trip time the coordinator measures.
+    pub rtt_us: u64,
+    /// Networks with subgraphs on it.
+    pub networks: Vec<u64>,
 }
 
 /// Control messages.
@@ -90,7 +106,9 @@ pub enum Control {
     },
 
     // QueryNetwork and deployment.
-    /// Which nodes of the payload model can these devices run?
+    /// Which nodes of the payload model can these devices run? (A client
+    /// asks the coordinator with `host/DEVICE` names or a priority string;
+    /// the coordinator asks each worker with its device kinds.)
     QueryNetwork {
         devices: Vec<String>,
     },
@@ -153,6 +171,13 @@ pub enum Control {
     Cancel {
         request: u64,
     },
+    /// Client → coordinator: the cluster's workers.
+    ClusterInfo,
+    ClusterState {
+        workers: Vec<WorkerState>,
+        networks: u32,
+        in_flight: u32,
+    },
     /// Something failed: a request (if given) or the operation this stream
     /// carried.
     Failed {
@@ -182,6 +207,8 @@ impl Control {
             Control::Unloaded { .. } => "Unloaded",
             Control::Ran { .. } => "Ran",
             Control::Cancel { .. } => "Cancel",
+            Control::ClusterInfo => "ClusterInfo",
+            Control::ClusterState { .. } => "ClusterState",
             Control::Failed { .. } => "Failed",
         }
     }

@@ -1,0 +1,343 @@
+//! `tessera query`, `plan`, `bench` and `cluster`: questions to a cluster
+//! (`--coordinator ADDR`) or to an embedded local one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessera_client::LoadOptions;
+use tessera_common::graph::Graph;
+use tessera_common::onnx;
+
+use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs};
+
+/// A model and how to place it.
+#[derive(Args)]
+pub struct ModelArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Device priority, e.g. HETERO:node-a/CPU,node-b/CPU (a bare kind: that
+    /// kind on every worker; default: every device).
+    #[arg(long, default_value = "")]
+    devices: String,
+    #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
+    policy: String,
+    /// Fail if a node is supported by no device.
+    #[arg(long)]
+    strict: bool,
+    /// Manual affinity JSON {"node": "host/DEVICE"}.
+    #[arg(long)]
+    affinity: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl ModelArgs {
+    fn read(&self) -> Result<Vec<u8>> {
+        std::fs::read(&self.model).with_context(|| format!("cannot read {}", self.model.display()))
+    }
+
+    fn options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            name: self.model.display().to_string(),
+            devices: self.devices.clone(),
+            policy: self.policy.clone(),
+            strict: self.strict,
+            affinity: read_affinity(self.affinity.as_deref())?,
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// List the unsupported nodes with the reason.
+    #[arg(long)]
+    verbose: bool,
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Write <model>_plan.json and <model>_plan.dot here.
+    #[arg(long)]
+    dump_dir: Option<PathBuf>,
+    /// Print why each node went where.
+    #[arg(long)]
+    explain: bool,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Requests in all.
+    #[arg(long, default_value_t = 64)]
+    requests: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+fn model_stem(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+pub fn query(args: QueryArgs) -> Result<()> {
+    tessera_cli::cluster::run_system(async move {
+        let bytes = args.model.read()?;
+        let (client, embedded) = connect(&args.model.remote).await?;
+        let answers = client.query(bytes, &args.model.devices).await?;
+        let mut out = String::new();
+        use std::fmt::Write as _;
+        for a in &answers {
+            let total = a.supported.len() + a.unsupported.len();
+            let _ = writeln!(
+                out,
+                "{}: supports {} of {total} nodes",
+                a.device,
+                a.supported.len()
+            );
+            if args.verbose {
+                for (node, why) in &a.unsupported {
+                    let _ = writeln!(out, "  {node}: {why}");
+                }
+            }
+        }
+        crate::print_stdout(&out);
+        if let Some(c) = embedded {
+            c.coordinator.shutdown().await;
+        }
+        Ok(())
+    })
+}
+
+pub fn plan(args: PlanArgs) -> Result<()> {
+    tessera_cli::cluster::run_system(async move {
+        let bytes = args.model.read()?;
+        let (client, embedded) = connect(&args.model.remote).await?;
+        let plan = client.plan(bytes, args.model.options()?).await?;
+        let mut out = plan_lines(&plan);
+        use std::fmt::Write as _;
+        let (compute, transfer): (f64, f64) =
+            plan.subgraphs.iter().fold((0.0, 0.0), |(c, t), s| {
+                (c + s.predicted_compute_us, t + s.predicted_transfer_us)
+            });
+        for sg in &plan.subgraphs {
+            let _ = writeln!(
+                out,
+                "subgraph{}: predicted {:.0} µs compute, {:.0} µs moving its inputs",
+                sg.id, sg.predicted_compute_us, sg.predicted_transfer_us
+            );
+        }
+        let _ = writeln!(
+            out,
+            "predicted total: {compute:.0} µs compute, {transfer:.0} µs transfers (sequential)"
+        );
+        if args.explain {
+            if let Some(map) = plan.json["explanations"].as_object() {
+                for (node, why) in map {
+                    let device = plan.json["affinity"][node].as_str().unwrap_or("?");
+                    let _ = writeln!(out, "{node} → {device}: {why}");
+                }
+            }
+        }
+        if let Some(dir) = &args.dump_dir {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let stem = model_stem(&args.model.model);
+            let json_path = dir.join(format!("{stem}_plan.json"));
+            std::fs::write(&json_path, serde_json::to_string_pretty(&plan.json)?)
+                .with_context(|| format!("cannot write {}", json_path.display()))?;
+            let graph = Graph::from_model(onnx::decode_model(&args.model.read()?)?)?;
+            let dot_path = dir.join(format!("{stem}_plan.dot"));
+            std::fs::write(&dot_path, plan_dot(&graph, &plan))
+                .with_context(|| format!("cannot write {}", dot_path.display()))?;
+            let _ = writeln!(
+                out,
+                "wrote {} and {}",
+                json_path.display(),
+                dot_path.display()
+            );
+        }
+        crate::print_stdout(&out);
+        if let Some(c) = embedded {
+            c.coordinator.shutdown().await;
+        }
+        Ok(())
+    })
+}
+
+/// GraphViz: one cluster box per subgraph (labelled with its device),
+/// nodes inside, edges between nodes.
+fn plan_dot(graph: &Graph, plan: &tessera_client::Plan) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n");
+    let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    if let Some(subgraphs) = plan.json["subgraphs"].as_array() {
+        for sg in subgraphs {
+            let id = sg["id"].as_u64().unwrap_or(0);
+            let device = sg["device"].as_str().unwrap_or("?");
+            let _ = writeln!(
+                out,
+                "  subgraph cluster_{id} {{\n    label=\"subgraph{id} on {}\";",
+                quote(device)
+            );
+            for n in sg["nodes"].as_array().into_iter().flatten() {
+                if let Some(n) = n.as_str() {
+                    let _ = writeln!(out, "    \"{}\";", quote(n));
+                }
+            }
+            out.push_str("  }\n");
+        }
+    }
+    let placed: std::collections::HashSet<&str> = plan.json["affinity"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    for &op in graph.topo_ops() {
+        let node = graph.node(op);
+        for t in node.all_inputs() {
+            let producer = &graph.node(graph.tensor(t).producer).name;
+            if placed.contains(producer.as_str()) {
+                let _ = writeln!(
+                    out,
+                    "  \"{}\" -> \"{}\";",
+                    quote(producer),
+                    quote(&node.name)
+                );
+            }
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    if args.requests == 0 || args.concurrency == 0 {
+        bail!("--requests and --concurrency must be at least 1");
+    }
+    tessera_cli::cluster::run_system(async move {
+        let bytes = args.model.read()?;
+        let graph = Graph::from_model(onnx::decode_model(&bytes)?)?;
+        let inputs = tessera_common::synth::random_inputs(&graph, args.seed)
+            .context("an input has an unknown or non-numeric type")?;
+        let (client, embedded) = connect(&args.model.remote).await?;
+        let network = client
+            .load_network_with_progress(bytes, args.model.options()?, |what, done, total| {
+                eprintln!("[{done}/{total}] {what}")
+            })
+            .await?;
+        crate::print_stdout(&plan_lines(network.plan()));
+        // Warm-up: the first request specializes plans for its shapes.
+        network.infer(inputs.clone()).await?;
+        let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let started = Instant::now();
+        for _ in 0..args.requests {
+            let permit = gate.clone().acquire_owned().await?;
+            let (network, inputs, tx) = (network.clone(), inputs.clone(), tx.clone());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = network.infer(inputs).await.map(|_| t.elapsed());
+                drop(permit);
+                let _ = tx.send(r);
+            });
+        }
+        drop(tx);
+        let mut latencies: Vec<Duration> = Vec::with_capacity(args.requests);
+        let mut failures = Vec::new();
+        while let Some(r) = rx.recv().await {
+            match r {
+                Ok(d) => latencies.push(d),
+                Err(e) => failures.push(e.to_string()),
+            }
+            progress_bar(latencies.len() + failures.len(), args.requests);
+        }
+        eprintln!();
+        let elapsed = started.elapsed();
+        if let Some(first) = failures.first() {
+            bail!(
+                "{} of {} requests failed; first: {first}",
+                failures.len(),
+                args.requests
+            );
+        }
+        latencies.sort();
+        let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+        crate::print_stdout(&format!(
+            "{} requests, {} in flight: {:.1} requests/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms\n",
+            args.requests,
+            args.concurrency,
+            args.requests as f64 / elapsed.as_secs_f64(),
+            at(0.5).as_secs_f64() * 1e3,
+            at(0.9).as_secs_f64() * 1e3,
+            at(0.99).as_secs_f64() * 1e3,
+        ));
+        network.unload().await?;
+        if let Some(c) = embedded {
+            c.coordinator.shutdown().await;
+        }
+        Ok(())
+    })
+}
+
+/// `[#####     ] 12/64` on stderr, redrawn in place.
+fn progress_bar(done: usize, total: usize) {
+    let width = 30;
+    let filled = done * width / total.max(1);
+    eprint!(
+        "\r[{}{}] {done}/{total}",
+        "#".repeat(filled),
+        " ".repeat(width - filled)
+    );
+}
+
+pub fn cluster(args: ClusterArgs) -> Result<()> {
+    tessera_cli::cluster::run_system(async move {
+        let (client, embedded) = connect(&args.remote).await?;
+        let state = client.cluster().await?;
+        let mut out = String::new();
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "{} workers, {} networks loaded, {} requests running",
+            state.workers.len(),
+            state.networks,
+            state.in_flight
+        );
+        for w in &state.workers {
+            let _ = writeln!(
+                out,
+                "{} at {}: last heard {} ms ago, rtt {} µs, networks {:?}",
+                w.name, w.data_addr, w.silent_ms, w.rtt_us, w.networks
+            );
+            for d in &w.devices {
+                let _ = writeln!(
+                    out,
+                    "  {}/{}: {} ({:.1} GFLOPS, {:.1} GB/s)",
+                    w.name, d.device, d.full_name, d.gflops, d.bandwidth_gbps
+                );
+            }
+        }
+        crate::print_stdout(&out);
+        if let Some(c) = embedded {
+            c.coordinator.shutdown().await;
+        }
+        Ok(())
+    })
+}
