@@ -1,0 +1,47 @@
+//! `worker.toml`: the shipped example parses; unknown keys are an error;
+//! unknown devices are an error that lists what this machine has.
+
+use std::path::Path;
+
+use tessera_worker::daemon::config::WorkerConfig;
+use tessera_worker::daemon::{self, WorkerOptions};
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/worker.toml");
+
+#[test]
+fn the_example_parses() {
+    let cfg = WorkerConfig::load(Path::new(EXAMPLE)).unwrap();
+    assert_eq!(cfg.devices, Some(vec!["CPU".to_string()]));
+    assert_eq!(cfg.coordinator.as_deref(), Some("127.0.0.1:7400"));
+    assert_eq!(cfg.mailbox, Some(64));
+}
+
+#[test]
+fn unknown_keys_are_an_error() {
+    let path = std::env::temp_dir().join(format!("tessera-worker-{}.toml", std::process::id()));
+    std::fs::write(&path, "name = \"node-a\"\ndevice = [\"CPU\"]\n").unwrap();
+    let err = WorkerConfig::load(&path).unwrap_err();
+    assert!(err.contains("device"), "{err}");
+}
+
+#[test]
+fn unknown_devices_list_what_this_machine_has() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ids = tessera_net::certs::ephemeral("lab", &["node-a"]).unwrap();
+    let options = WorkerOptions {
+        name: "node-a".into(),
+        devices: vec!["TPU".into()],
+        listen: "127.0.0.1:0".parse().unwrap(),
+        advertise: None,
+        coordinator: "127.0.0.1:9".parse().unwrap(),
+        cluster: "lab".into(),
+        mailbox: 4,
+        cache_dir: None,
+        config: Vec::new(),
+    };
+    let err = rt
+        .block_on(daemon::run(options, &ids[0], |_| {}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("TPU") && err.contains("devices this machine has: CPU"), "{err}");
+}
