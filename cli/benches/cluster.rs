@@ -99,7 +99,7 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     tokio::spawn(serve_streams(
         peer_b.connection.clone(),
         *b.limits(),
-        move |f| {
+        move |f, _| {
             let tx = tx.clone();
             async move {
                 if let Frame::Tensor(_, payload) = f {

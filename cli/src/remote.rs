@@ -39,6 +39,9 @@ pub struct RemoteArgs {
     /// Threads per subgraph on each embedded worker (plugin NUM_THREADS).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Embedded workers count time per node (plugin PERF_COUNT).
+    #[arg(skip)]
+    pub perf_counts: bool,
     /// The request's deadline in milliseconds (default: the coordinator's).
     #[arg(long)]
     pub deadline_ms: Option<u64>,
@@ -58,6 +61,9 @@ pub async fn connect(
         }
         None => {
             let mut config = Vec::new();
+            if args.perf_counts {
+                config.push(("PERF_COUNT".to_string(), "YES".to_string()));
+            }
             if let Some(t) = args.threads {
                 config.push(("NUM_THREADS".to_string(), t.to_string()));
             }
@@ -88,7 +94,8 @@ pub fn read_affinity(path: Option<&std::path::Path>) -> Result<Vec<(String, Stri
     Ok(map.into_iter().collect())
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(mut args: RunArgs) -> Result<()> {
+    args.remote.perf_counts = args.perf_counts;
     tessera_cli::cluster::run_system(run_async(args))
 }
 
@@ -135,6 +142,16 @@ async fn run_async(args: RunArgs) -> Result<()> {
                 .map_or("?", |s| s.device.as_str());
             let _ = writeln!(out, "subgraph{sg} ({device}): {} µs", time.as_micros());
             sum += time.as_micros();
+        }
+        for (sg, n) in &result.counters.nodes {
+            let _ = writeln!(out, "subgraph{sg}: {}: realTime: {} µs", n.node, n.micros);
+        }
+        for t in &result.counters.transfers {
+            let _ = writeln!(
+                out,
+                "transfer {} {} → {}: {} bytes in {} µs",
+                t.tensor, t.from, t.to, t.bytes, t.micros
+            );
         }
         let _ = writeln!(
             out,

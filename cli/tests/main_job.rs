@@ -1,6 +1,6 @@
 //! The README's main job (`scripts/demo.sh`): `tessera run` on the
 //! embedded local cluster with the bundled small CNN split over two
-//! workers prints the plan and per-subgraph counters, and its output is
+//! workers prints the plan and counters per subgraph, node and transfer, and its output is
 //! onnxruntime's (max abs diff ≤ 1e-4). The bundled model is exactly what
 //! `tessera example-model` generates.
 
@@ -52,6 +52,11 @@ fn the_main_job_runs_on_an_embedded_cluster_and_matches_onnxruntime() {
         "subgraph1 on node-b/CPU: 6 nodes",
         "subgraph0 (node-a/CPU): ",
         "subgraph1 (node-b/CPU): ",
+        "subgraph0: conv1: realTime: ",
+        "subgraph1: softmax: realTime: ",
+        "transfer image coordinator → node-a: 49152 bytes in ",
+        "transfer pool2 node-a → node-b: 32768 bytes in ",
+        "transfer probs node-b → coordinator: 40 bytes in ",
         "Total compute: ",
         "output probs: float [1, 10]",
     ] {

@@ -42,7 +42,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, LoadRequest};
-pub use tessera_common::wire::control::{DeviceAnswer, WorkerState};
+pub use tessera_common::wire::control::{Counters, DeviceAnswer, NodeTime, Transfer, WorkerState};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
@@ -104,6 +104,9 @@ pub struct Outputs {
     pub tensors: Vec<(String, Tensor)>,
     /// Compute time of each subgraph that ran, by subgraph id.
     pub subgraphs: Vec<(u32, Duration)>,
+    /// Everything counted: per subgraph, per node (where the workers'
+    /// plugins count per node: `PERF_COUNT`), per tensor moved.
+    pub counters: Counters,
 }
 
 impl Outputs {
@@ -390,13 +393,13 @@ impl Network {
                 .map_err(io)?;
         }
         let _ = send.finish();
-        let (count, subgraphs) = match recv_frame(&mut recv, &limits).await.map_err(io)? {
+        let (count, counters) = match recv_frame(&mut recv, &limits).await.map_err(io)? {
             Some(Frame::Control(
                 Control::InferDone {
-                    outputs, subgraphs, ..
+                    outputs, counters, ..
                 },
                 _,
-            )) => (outputs, subgraphs),
+            )) => (outputs, counters),
             Some(Frame::Control(Control::Failed { error, .. }, _)) => {
                 return Err(ClientError::Infer(error))
             }
@@ -417,10 +420,12 @@ impl Network {
         }
         Ok(Outputs {
             tensors,
-            subgraphs: subgraphs
-                .into_iter()
-                .map(|(sg, us)| (sg, Duration::from_micros(us)))
+            subgraphs: counters
+                .subgraphs
+                .iter()
+                .map(|&(sg, us)| (sg, Duration::from_micros(us)))
                 .collect(),
+            counters,
         })
     }
 

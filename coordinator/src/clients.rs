@@ -151,7 +151,7 @@ async fn operation(
                 network,
                 request,
                 outputs: done.outputs.len() as u32,
-                subgraphs: done.subgraphs,
+                counters: done.counters,
             };
             write(send, &reply, &limits).await?;
             for (name, t) in &done.outputs {

@@ -98,21 +98,26 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
     // Final outputs.
     let outputs = {
         let shared = shared.clone();
-        serve_streams(connection.clone(), limits, move |frame| {
-            let shared = shared.clone();
+        let from: Arc<str> = name.as_str().into();
+        serve_streams(connection.clone(), limits, move |frame, took| {
+            let (shared, from) = (shared.clone(), from.clone());
             async move {
                 match frame {
                     Frame::Tensor(header, payload) => {
-                        crate::requests::output_arrived(&shared, header, payload)
+                        crate::requests::output_arrived(&shared, &from, header, payload, took)
                     }
                     Frame::Control(
                         Control::Ran {
                             request,
                             subgraph,
                             micros,
+                            nodes,
                         },
                         _,
-                    ) => crate::requests::ran(&shared, request, subgraph, micros),
+                    ) => crate::requests::ran(&shared, request, subgraph, micros, nodes),
+                    Frame::Control(Control::Moved(transfer), _) => {
+                        crate::requests::moved(&shared, transfer)
+                    }
                     other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
                 }
             }
@@ -131,11 +136,6 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
                         }
                         match msg {
                             Control::Heartbeat { .. } => {}
-                            Control::Ran {
-                                request,
-                                subgraph,
-                                micros,
-                            } => crate::requests::ran(&shared, request, subgraph, micros),
                             Control::Failed {
                                 request: Some(request),
                                 error,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::Control;
+use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
 use tessera_common::wire::tensor::TensorHeader;
 use tokio::sync::oneshot;
 
@@ -28,8 +28,7 @@ const TRIGGER: &str = "";
 pub struct Done {
     /// Graph outputs in model order.
     pub outputs: Vec<(String, Tensor)>,
-    /// (subgraph, compute µs) for every subgraph that ran.
-    pub subgraphs: Vec<(u32, u64)>,
+    pub counters: Counters,
 }
 
 /// A request in flight.
@@ -40,7 +39,7 @@ pub struct Pending {
     /// Graph outputs still to come.
     missing: Vec<String>,
     outputs: HashMap<String, Tensor>,
-    subgraphs: Vec<(u32, u64)>,
+    counters: Counters,
     done: Option<oneshot::Sender<Result<HashMap<String, Tensor>, String>>>,
 }
 
@@ -82,7 +81,7 @@ pub async fn infer(
             hosts: net.hosts.clone(),
             missing: computed.clone(),
             outputs: HashMap::new(),
-            subgraphs: Vec::new(),
+            counters: Counters::default(),
             done: Some(tx),
         },
     );
@@ -138,9 +137,9 @@ pub async fn infer(
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut subgraphs = pending.map(|p| p.subgraphs).unwrap_or_default();
-            subgraphs.sort_unstable();
-            return Ok(Done { outputs, subgraphs });
+            let mut counters = pending.map(|p| p.counters).unwrap_or_default();
+            counters.subgraphs.sort_unstable();
+            return Ok(Done { outputs, counters });
         }
         Ok(Err(e)) => CoordinatorError::Worker(e),
         Err(_) => CoordinatorError::Deadline {
@@ -175,10 +174,17 @@ async fn cancel(shared: &Arc<Shared>, request: u64, hosts: &[String]) {
     }
 }
 
-/// A final output from a worker.
-pub fn output_arrived(shared: &Shared, header: TensorHeader, payload: Bytes) {
+/// A final output from worker `from`, which took `took` to arrive.
+pub fn output_arrived(
+    shared: &Shared,
+    from: &str,
+    header: TensorHeader,
+    payload: Bytes,
+    took: Duration,
+) {
     let request = header.request;
     let name = header.name.clone();
+    let bytes = payload.len() as u64;
     let tensor = match header.into_tensor(payload) {
         Ok(t) => t,
         Err(e) => return fail(shared, request, format!("bad output tensor: {e}")),
@@ -187,6 +193,14 @@ pub fn output_arrived(shared: &Shared, header: TensorHeader, payload: Bytes) {
         tracing::debug!(request, "output of a finished request");
         return;
     };
+    p.counters.transfers.push(Transfer {
+        request,
+        tensor: name.clone(),
+        from: from.into(),
+        to: shared.config.name.clone(),
+        bytes,
+        micros: took.as_micros() as u64,
+    });
     p.missing.retain(|m| *m != name);
     p.outputs.insert(name, tensor);
     if p.missing.is_empty() {
@@ -197,10 +211,20 @@ pub fn output_arrived(shared: &Shared, header: TensorHeader, payload: Bytes) {
     }
 }
 
-/// A subgraph's compute time for a request.
-pub fn ran(shared: &Shared, request: u64, subgraph: u32, micros: u64) {
+/// A subgraph's compute time (and its nodes') for a request.
+pub fn ran(shared: &Shared, request: u64, subgraph: u32, micros: u64, nodes: Vec<NodeTime>) {
     if let Some(mut p) = shared.pending.get_mut(&request) {
-        p.subgraphs.push((subgraph, micros));
+        p.counters.subgraphs.push((subgraph, micros));
+        p.counters
+            .nodes
+            .extend(nodes.into_iter().map(|n| (subgraph, n)));
+    }
+}
+
+/// A tensor of a request moved between workers (or to one).
+pub fn moved(shared: &Shared, transfer: Transfer) {
+    if let Some(mut p) = shared.pending.get_mut(&transfer.request) {
+        p.counters.transfers.push(transfer);
     }
 }
 

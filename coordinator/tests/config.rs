@@ -45,15 +45,27 @@ fn environment_variables_override_keys() {
 #[test]
 fn unknown_keys_and_bad_values_are_clear_errors() {
     let path = write("typo.toml", "listen = \"127.0.0.1:7400\"\nheartbeat = 5\n");
-    let err = CoordinatorConfig::load(Some(&path), no_env).unwrap_err().to_string();
-    assert!(err.contains("heartbeat") && err.contains("known keys"), "{err}");
+    let err = CoordinatorConfig::load(Some(&path), no_env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("heartbeat") && err.contains("known keys"),
+        "{err}"
+    );
 
     let path = write("addr.toml", "listen = \"nowhere\"\n");
-    let err = CoordinatorConfig::load(Some(&path), no_env).unwrap_err().to_string();
+    let err = CoordinatorConfig::load(Some(&path), no_env)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("addr.toml"), "{err}");
 
-    let path = write("timeouts.toml", "heartbeat_ms = 1000\nworker_timeout_ms = 500\n");
-    let err = CoordinatorConfig::load(Some(&path), no_env).unwrap_err().to_string();
+    let path = write(
+        "timeouts.toml",
+        "heartbeat_ms = 1000\nworker_timeout_ms = 500\n",
+    );
+    let err = CoordinatorConfig::load(Some(&path), no_env)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("worker_timeout_ms"), "{err}");
 
     let err = CoordinatorConfig::load(Some(Path::new("/nonexistent/cluster.toml")), no_env)

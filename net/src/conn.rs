@@ -243,6 +243,16 @@ pub async fn recv_frame(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
 ) -> Result<Option<Frame>, NetError> {
+    Ok(recv_frame_timed(recv, limits)
+        .await?
+        .map(|(frame, _)| frame))
+}
+
+/// [`recv_frame`], with the time from the frame's first byte to its last.
+pub async fn recv_frame_timed(
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+) -> Result<Option<(Frame, std::time::Duration)>, NetError> {
     let mut raw = [0u8; Prefix::LEN];
     match recv.read_exact(&mut raw).await {
         Ok(()) => {}
@@ -252,6 +262,7 @@ pub async fn recv_frame(
         }
         Err(quinn::ReadExactError::ReadError(e)) => return Err(NetError::Stream(e.to_string())),
     }
+    let started = std::time::Instant::now();
     let prefix = Prefix::decode(&raw, limits)?;
     let mut header = vec![0u8; prefix.header_len as usize];
     read_exact(recv, &mut header).await?;
@@ -269,12 +280,9 @@ pub async fn recv_frame(
             Err(e) => return Err(NetError::Stream(e.to_string())),
         }
     }
-    Ok(Some(decode_body(
-        prefix.kind,
-        &header,
-        payload.freeze(),
-        limits,
-    )?))
+    let elapsed = started.elapsed();
+    let frame = decode_body(prefix.kind, &header, payload.freeze(), limits)?;
+    Ok(Some((frame, elapsed)))
 }
 
 async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), NetError> {

@@ -38,7 +38,7 @@ pub mod tls;
 
 use std::net::SocketAddr;
 
-pub use conn::{recv_frame, send_frame, Node, Peer};
+pub use conn::{recv_frame, recv_frame_timed, send_frame, Node, Peer};
 pub use link::{serve_streams, Link};
 use tessera_common::wire::WireError;
 

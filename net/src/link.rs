@@ -13,7 +13,7 @@ use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tokio::sync::mpsc;
 
-use crate::conn::{recv_frame, send_frame};
+use crate::conn::{recv_frame_timed, send_frame};
 use crate::NetError;
 
 /// One frame to write: prefix and header, then the payload.
@@ -152,7 +152,8 @@ impl Link {
 }
 
 /// Reads every unidirectional stream `connection` accepts, each in its own
-/// task, handing frames to `on_frame`. A stream that breaks the protocol is
+/// task, handing frames to `on_frame` with the time each took to arrive
+/// (first byte to last). A stream that breaks the protocol is
 /// stopped and logged; the connection and its other streams go on. Returns
 /// when the connection closes, with its reason.
 pub async fn serve_streams<F, Fut>(
@@ -161,7 +162,7 @@ pub async fn serve_streams<F, Fut>(
     on_frame: F,
 ) -> String
 where
-    F: Fn(Frame) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Frame, std::time::Duration) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     loop {
@@ -175,8 +176,8 @@ where
         let connection_closed = move |_: &quinn::RecvStream| conn.close_reason().is_some();
         tokio::spawn(async move {
             loop {
-                match recv_frame(&mut recv, &limits).await {
-                    Ok(Some(frame)) => on_frame(frame).await,
+                match recv_frame_timed(&mut recv, &limits).await {
+                    Ok(Some((frame, took))) => on_frame(frame, took).await,
                     Ok(None) => break,
                     Err(e) if connection_closed(&recv) => {
                         tracing::debug!(%remote, "data stream ended with its connection: {e}");

@@ -43,5 +43,8 @@ fn unknown_devices_list_what_this_machine_has() {
         .block_on(daemon::run(options, &ids[0], |_| {}))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("TPU") && err.contains("devices this machine has: CPU"), "{err}");
+    assert!(
+        err.contains("TPU") && err.contains("devices this machine has: CPU"),
+        "{err}"
+    );
 }

@@ -87,6 +87,36 @@ pub struct WorkerState {
     pub networks: Vec<u64>,
 }
 
+/// One node's time in one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTime {
+    pub node: String,
+    pub micros: u64,
+}
+
+/// One tensor moved between two nodes of the cluster for a request: its
+/// receiver's time from the frame's first byte to its last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub request: u64,
+    pub tensor: String,
+    pub from: String,
+    pub to: String,
+    pub bytes: u64,
+    pub micros: u64,
+}
+
+/// A request's performance counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// (subgraph, compute µs) for each subgraph that ran.
+    pub subgraphs: Vec<(u32, u64)>,
+    /// (subgraph, node time) where plugins count per node.
+    pub nodes: Vec<(u32, NodeTime)>,
+    /// Every tensor moved, coordinator and workers alike.
+    pub transfers: Vec<Transfer>,
+}
+
 /// Control messages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Control {
@@ -151,8 +181,7 @@ pub enum Control {
         network: u64,
         request: u64,
         outputs: u32,
-        /// Per subgraph that ran: its id and compute time in microseconds.
-        subgraphs: Vec<(u32, u64)>,
+        counters: Counters,
     },
     Unload {
         network: u64,
@@ -161,12 +190,16 @@ pub enum Control {
     Unloaded {
         network: u64,
     },
-    /// A worker ran one subgraph of a request (per-request counters).
+    /// A worker ran one subgraph of a request (per-request counters);
+    /// `nodes` when its plugin counts per node (`PERF_COUNT`).
     Ran {
         request: u64,
         subgraph: u32,
         micros: u64,
+        nodes: Vec<NodeTime>,
     },
+    /// A tensor of a request arrived (reported by its receiver).
+    Moved(Transfer),
     /// Coordinator → workers: a request failed; drop what it left behind.
     Cancel {
         request: u64,
@@ -206,6 +239,7 @@ impl Control {
             Control::Unload { .. } => "Unload",
             Control::Unloaded { .. } => "Unloaded",
             Control::Ran { .. } => "Ran",
+            Control::Moved(_) => "Moved",
             Control::Cancel { .. } => "Cancel",
             Control::ClusterInfo => "ClusterInfo",
             Control::ClusterState { .. } => "ClusterState",

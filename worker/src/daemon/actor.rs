@@ -12,7 +12,9 @@ use actix::prelude::*;
 use tessera_common::tensor::Tensor;
 
 use super::routes::Router;
-use crate::plugin::CompiledSubgraph;
+use tessera_common::wire::control::NodeTime;
+
+use crate::plugin::{CompiledSubgraph, ExecStatus};
 
 /// The tensor name that triggers subgraphs without inputs.
 pub const TRIGGER: &str = "";
@@ -124,9 +126,18 @@ impl SubgraphActor {
                     let outputs: Vec<(Arc<str>, Tensor)> =
                         actor.outputs.iter().cloned().zip(result.outputs).collect();
                     let elapsed = started.elapsed();
+                    let nodes = result
+                        .counters
+                        .into_iter()
+                        .filter(|c| c.status == ExecStatus::Executed)
+                        .map(|c| NodeTime {
+                            node: c.node,
+                            micros: c.real_us,
+                        })
+                        .collect();
                     tokio::spawn(async move {
                         router
-                            .deliver(network, subgraph, request, outputs, elapsed)
+                            .deliver(network, subgraph, request, outputs, elapsed, nodes)
                             .await
                     });
                 }

@@ -239,7 +239,7 @@ pub async fn run(
     tokio::spawn(serve_streams(
         connection.clone(),
         limits,
-        tensor_handler(router.clone()),
+        tensor_handler(router.clone(), "coordinator".into()),
     ));
     // Intermediate tensors from other workers.
     let accepting = state.clone();
@@ -251,7 +251,7 @@ pub async fn run(
                     tokio::spawn(serve_streams(
                         peer.connection,
                         limits,
-                        tensor_handler(accepting.router.clone()),
+                        tensor_handler(accepting.router.clone(), peer.hello.node.clone()),
                     ));
                 }
                 Err(e) => tracing::warn!("refused a peer: {e}"),
@@ -295,23 +295,32 @@ pub async fn run(
     ))
 }
 
-/// Tensor frames → local actors.
+/// Tensor frames from peer `from` → local actors; each arrival is reported
+/// to the coordinator as a transfer.
 fn tensor_handler(
     router: Arc<Router>,
-) -> impl Fn(Frame) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    from: String,
+) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
        + Clone
        + Send
        + Sync
        + 'static {
-    move |frame| {
-        let router = router.clone();
+    let from: Arc<str> = from.into();
+    move |frame, took| {
+        let (router, from) = (router.clone(), from.clone());
         Box::pin(async move {
             match frame {
                 Frame::Tensor(header, payload) => {
                     let (network, request) = (header.network, header.request);
                     let name: Arc<str> = header.name.as_str().into();
+                    let bytes = payload.len() as u64;
                     match header.into_tensor(payload) {
-                        Ok(t) => router.dispatch(network, request, name, t).await,
+                        Ok(t) => {
+                            router.dispatch(network, request, name.clone(), t).await;
+                            if !name.is_empty() {
+                                router.moved(request, &name, &from, bytes, took).await;
+                            }
+                        }
                         Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
                     }
                 }

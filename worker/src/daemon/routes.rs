@@ -11,7 +11,7 @@ use std::time::Duration;
 use actix::Addr;
 use dashmap::DashMap;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, Destination};
+use tessera_common::wire::control::{Control, Destination, NodeTime, Transfer};
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
 
@@ -155,11 +155,13 @@ impl Router {
         request: u64,
         outputs: Vec<(Arc<str>, Tensor)>,
         elapsed: Duration,
+        nodes: Vec<NodeTime>,
     ) {
         let ran = Control::Ran {
             request,
             subgraph,
             micros: elapsed.as_micros() as u64,
+            nodes,
         };
         // On the data link, ahead of the outputs it ships to the coordinator.
         if let Err(e) = self.coordinator.send_control(&ran).await {
@@ -196,6 +198,21 @@ impl Router {
                     return;
                 }
             }
+        }
+    }
+
+    /// Reports a tensor that arrived here to the coordinator.
+    pub async fn moved(&self, request: u64, tensor: &str, from: &str, bytes: u64, took: Duration) {
+        let msg = Control::Moved(Transfer {
+            request,
+            tensor: tensor.into(),
+            from: from.into(),
+            to: self.name.clone(),
+            bytes,
+            micros: took.as_micros() as u64,
+        });
+        if let Err(e) = self.coordinator.send_control(&msg).await {
+            tracing::debug!("cannot report a transfer: {e}");
         }
     }
 
