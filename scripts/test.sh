@@ -15,7 +15,7 @@ trap 'rm -f "$log"' EXIT
 set +e
 # --nocapture: the tests print their figures (fast vs reference counts,
 # onnxruntime differences per real model).
-cargo test --workspace -- --nocapture 2>&1 | tee "$log"
+cargo test --workspace --no-fail-fast -- --nocapture 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary (cargo prints one per binary).

@@ -12,6 +12,9 @@
 //! Layout: this file (client, networks, requests), [`plan`] (the plan a
 //! load returns), [`tensor`] (ndarray conversions).
 //!
+//! A runnable example against an embedded local cluster:
+//! `cargo run --example sdk -p tessera-cli` (`cli/examples/sdk.rs`).
+//!
 //! # Example
 //!
 //! ```no_run

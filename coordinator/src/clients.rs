@@ -105,6 +105,7 @@ async fn operation(
                         .map(|t| t.elapsed().as_millis() as u64)
                         .unwrap_or(0),
                     rtt_us: w.rtt().as_micros() as u64,
+                    bandwidth_gbps: w.bandwidth_gbps().unwrap_or(0.0),
                     networks: shared
                         .networks
                         .iter()
@@ -184,7 +185,13 @@ async fn with_progress<T>(
     let limits = Limits::default();
     loop {
         tokio::select! {
-            result = &mut work => return result.map_err(|e| e.to_string()),
+            result = &mut work => {
+                // What was reported just before the end still goes out.
+                while let Ok(p) = progress.try_recv() {
+                    write(send, &p, &limits).await?;
+                }
+                return result.map_err(|e| e.to_string());
+            }
             Some(p) = progress.recv() => write(send, &p, &limits).await?,
         }
     }

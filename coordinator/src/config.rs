@@ -37,8 +37,8 @@ pub struct CoordinatorConfig {
     pub worker_timeout_ms: u64,
     /// Deadline of a request whose client gives none.
     pub request_deadline_ms: u64,
-    /// Network bandwidth between hosts assumed by the cost policy, GB/s
-    /// (latency is measured).
+    /// Network bandwidth between hosts assumed by the cost policy until the
+    /// coordinator has measured it, GB/s (latency is always measured).
     pub inter_host_gbps: f64,
 }
 

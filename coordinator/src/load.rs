@@ -175,12 +175,14 @@ fn devices(
         .collect()
 }
 
-/// The cost model: each device's reported figures, the measured round trip
-/// to its host as link latency.
+/// The cost model: each device's reported figures; between hosts, the
+/// round-trip time and bandwidth the coordinator measures.
 fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> AnalyticCostModel {
     let mut model = AnalyticCostModel::default();
     let mut rtt_us = Vec::new();
+    let mut gbps = Vec::new();
     for (id, worker) in devices {
+        gbps.extend(worker.bandwidth_gbps());
         if let Some(info) = worker.devices.iter().find(|d| d.device == id.name) {
             if info.gflops > 0.0 && info.bandwidth_gbps > 0.0 {
                 let launch_us = model.kinds.get(&id.name).map_or(5.0, |p| p.launch_us);
@@ -198,8 +200,14 @@ fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> Anal
     }
     if !rtt_us.is_empty() {
         let mean = rtt_us.iter().sum::<f64>() / rtt_us.len() as f64;
+        // Measured bandwidth where known; the configured one otherwise.
+        let bandwidth = if gbps.is_empty() {
+            shared.config.inter_host_gbps
+        } else {
+            gbps.iter().sum::<f64>() / gbps.len() as f64
+        };
         model.inter_host = LinkProfile {
-            gbps: shared.config.inter_host_gbps,
+            gbps: bandwidth,
             latency_us: mean,
         };
     }

@@ -8,6 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, DeviceInfo};
 use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame, serve_streams, Link, Peer};
@@ -24,11 +26,40 @@ pub struct WorkerEntry {
     /// Graph inputs to this worker.
     pub tensors: Link,
     pub last_seen: Mutex<Instant>,
+    /// Link bandwidth to it, GB/s, measured on a probe at registration and
+    /// then on every large tensor it receives (moving average).
+    bandwidth: Mutex<Option<f64>>,
 }
+
+/// Tensors at least this large update a link's bandwidth estimate.
+const MEASURED_BYTES: u64 = 256 << 10;
+
+/// The probe sent to each worker at registration.
+pub const PROBE_BYTES: usize = 4 << 20;
 
 impl WorkerEntry {
     pub fn rtt(&self) -> Duration {
         self.connection.rtt()
+    }
+
+    /// The measured bandwidth to this worker, if any yet (GB/s).
+    pub fn bandwidth_gbps(&self) -> Option<f64> {
+        self.bandwidth.lock().ok().and_then(|b| *b)
+    }
+
+    /// Folds a received tensor of `bytes` that took `micros` into the
+    /// estimate.
+    pub fn observe(&self, bytes: u64, micros: u64) {
+        if bytes < MEASURED_BYTES || micros == 0 {
+            return;
+        }
+        let gbps = bytes as f64 / micros as f64 / 1e3;
+        if let Ok(mut b) = self.bandwidth.lock() {
+            *b = Some(match *b {
+                Some(old) => 0.8 * old + 0.2 * gbps,
+                None => gbps,
+            });
+        }
     }
 }
 
@@ -90,10 +121,19 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         tensors: Link::open(connection.clone(), &name, limits, 64),
         connection: connection.clone(),
         last_seen: Mutex::new(Instant::now()),
+        bandwidth: Mutex::new(None),
     });
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
     shared.workers.insert(name.clone(), entry.clone());
+    // A probe tensor (network 0): the worker reports how long it took.
+    let probe = entry.tensors.clone();
+    tokio::spawn(async move {
+        let zeros = vec![0u8; PROBE_BYTES];
+        if let Ok(t) = Tensor::new(ElemType::UINT8, vec![PROBE_BYTES], zeros) {
+            let _ = probe.send_tensor(0, 0, "probe", &t).await;
+        }
+    });
 
     // Final outputs.
     let outputs = {
@@ -116,6 +156,9 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
                         _,
                     ) => crate::requests::ran(&shared, request, subgraph, micros, nodes),
                     Frame::Control(Control::Moved(transfer), _) => {
+                        if let Some(w) = shared.workers.get(&transfer.to) {
+                            w.observe(transfer.bytes, transfer.micros);
+                        }
                         crate::requests::moved(&shared, transfer)
                     }
                     other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),

@@ -83,6 +83,8 @@ pub struct WorkerState {
     pub silent_ms: u64,
     /// Round-trip time the coordinator measures.
     pub rtt_us: u64,
+    /// Link bandwidth the coordinator measured, GB/s (0: not yet).
+    pub bandwidth_gbps: f64,
     /// Networks with subgraphs on it.
     pub networks: Vec<u64>,
 }

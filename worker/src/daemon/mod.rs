@@ -314,6 +314,11 @@ fn tensor_handler(
                     let (network, request) = (header.network, header.request);
                     let name: Arc<str> = header.name.as_str().into();
                     let bytes = payload.len() as u64;
+                    if network == 0 {
+                        // The coordinator's bandwidth probe.
+                        router.moved(request, &name, &from, bytes, took).await;
+                        return;
+                    }
                     match header.into_tensor(payload) {
                         Ok(t) => {
                             router.dispatch(network, request, name.clone(), t).await;
