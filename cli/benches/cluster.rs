@@ -10,9 +10,9 @@
 //! - split: PP-OCRv4 rec split in halves over two workers vs the same split
 //!   in one process (HETERO), median latency ratio (target ≤ 1.10); the
 //!   halves balance the per-node times the CPU plugin measures;
-//! - pipeline: rec split into two stages on two workers with one thread
-//!   each vs one worker with one thread running it whole, throughput with
-//!   16 requests in flight (target ≥ 1.7).
+//! - pipeline: rec, then det, split into two balanced stages on two
+//!   workers with one thread each vs one worker with one thread running
+//!   it whole, throughput with 16 requests in flight (target ≥ 1.7).
 //!
 //! The embedded cluster is a coordinator and workers in this process
 //! talking QUIC with mutual TLS on loopback.
@@ -388,10 +388,38 @@ async fn throughput(
 }
 
 async fn pipeline() -> Result<()> {
-    let Some((bytes, graph, inputs)) = rec()? else {
-        return Ok(());
-    };
-    let (total, in_flight) = (96, 16);
+    if let Some(rec) = rec()? {
+        pipeline_on("PP-OCRv4 rec (1x3x48x320)", rec, 96).await?;
+    }
+    if let Some(det) = det()? {
+        pipeline_on("PP-OCRv4 det (1x3x320x320)", det, 32).await?;
+    }
+    Ok(())
+}
+
+/// PP-OCRv4 det on a 320×320 seeded image: more compute per byte moved
+/// than rec.
+fn det() -> Result<Option<Loaded>> {
+    let path = model_path("ch_PP-OCRv4_det_infer.onnx");
+    if !path.exists() {
+        println!("(skipped: {} missing)", path.display());
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&path)?;
+    let graph = Graph::from_model(decode_model(&bytes)?)?;
+    let name = graph.tensor(graph.inputs[0]).name.clone();
+    let mut rng = synth::Rng::new(1);
+    let values: Vec<f32> = (0..3 * 320 * 320)
+        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    let x = Tensor::from_values(vec![1, 3, 320, 320], &values)?;
+    Ok(Some((bytes, graph, vec![(name, x)])))
+}
+
+/// Two balanced stages on two workers vs the whole model on one, one
+/// thread each, `in_flight` requests outstanding.
+async fn pipeline_on(label: &str, (bytes, graph, inputs): Loaded, total: usize) -> Result<()> {
+    let in_flight = 16;
     let halves = halves(&graph, &inputs)?;
     let (c2, client2) = cluster(2, Some(1)).await?;
     let two = client2
@@ -406,13 +434,15 @@ async fn pipeline() -> Result<()> {
         .await?;
     two.infer(inputs.clone()).await?;
     let stages = two.infer(inputs.clone()).await?;
+    let moved: u64 = stages.counters.transfers.iter().map(|t| t.bytes).sum();
     println!(
-        "pipeline stage times (µs): {:?}",
+        "{label}: stage times (µs) {:?}, {:.2} MB moved between nodes per request",
         stages
             .subgraphs
             .iter()
             .map(|(s, d)| (*s, d.as_micros()))
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>(),
+        moved as f64 / 1e6
     );
     one.infer(inputs.clone()).await?;
     let (mut t2, mut t1) = (Vec::new(), Vec::new());
@@ -422,8 +452,8 @@ async fn pipeline() -> Result<()> {
     }
     let (t2, t1) = (median(t2), median(t1));
     println!(
-        "pipelining rec, {in_flight} in flight, one thread per worker: two stages on two workers {t2:.1} req/s, \
-         one worker {t1:.1} req/s, ratio {:.2} (median of 3, alternating)",
+        "pipelining {label}, {in_flight} in flight, one thread per worker: two stages on two workers \
+         {t2:.1} req/s, one worker {t1:.1} req/s, ratio {:.2} (median of 3, alternating)",
         t2 / t1
     );
     two.unload().await?;
