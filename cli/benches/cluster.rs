@@ -38,7 +38,7 @@ use tessera_worker::plugin::{Config, DevicePlugin};
 use tessera_worker::plugins::cpu::CpuPlugin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+use anyhow::{Context, Result};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -63,13 +63,7 @@ fn main() -> Result<()> {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
-    let system = actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    });
-    system.block_on(async move {
+    tessera_cli::cluster::run_system(async move {
         if run("streaming") {
             streaming().await?;
         }
@@ -94,7 +88,7 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     let b = Node::bind(any, &ids[1], "bench", Role::Worker)?;
     let addr = b.local_addr()?;
     let (accepted, dialed) = tokio::join!(b.accept(&[Role::Worker]), a.dial(addr));
-    let (peer_b, peer_a) = (accepted.ok_or("no connection")??, dialed?);
+    let (peer_b, peer_a) = (accepted.context("no connection")??, dialed?);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
     tokio::spawn(serve_streams(
         peer_b.connection.clone(),
@@ -115,14 +109,14 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
         for i in 0..count {
             link.send_tensor(1, i as u64, "t", &tensor).await?;
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
+        Ok::<(), anyhow::Error>(())
     };
     let receiving = async {
         let mut got = 0;
         while got < size * count {
-            got += rx.recv().await.ok_or("receiver closed")?;
+            got += rx.recv().await.context("receiver closed")?;
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
+        Ok::<(), anyhow::Error>(())
     };
     let (s, r) = tokio::join!(sending, receiving);
     s?;
@@ -283,7 +277,7 @@ fn rec() -> Result<Option<Loaded>> {
     }
     let bytes = std::fs::read(&path)?;
     let graph = Graph::from_model(decode_model(&bytes)?)?;
-    let inputs = synth::random_inputs(&graph, 1).ok_or("numeric inputs")?;
+    let inputs = synth::random_inputs(&graph, 1).context("numeric inputs")?;
     Ok(Some((bytes, graph, inputs)))
 }
 

@@ -25,3 +25,15 @@ pub fn announce(line: &str) {
     let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
 }
+
+/// The exit status for a command's result; an error is printed as one
+/// `error: ...` line with its causes.
+pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

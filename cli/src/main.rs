@@ -95,11 +95,5 @@ fn main() -> std::process::ExitCode {
                 .map_err(anyhow::Error::from)
         }
     };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    tessera_cli::exit(result)
 }

@@ -128,6 +128,11 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
             g.output.push(tensor_info(&format!("t{i}"), 1, &[4]));
         }
     }
+    opset17(g)
+}
+
+/// `g` as an opset-17 model produced by `tessera-synth`.
+fn opset17(g: GraphProto) -> ModelProto {
     ModelProto {
         ir_version: Some(8),
         opset_import: vec![OperatorSetIdProto {
@@ -278,14 +283,5 @@ pub fn small_cnn(seed: u64) -> ModelProto {
     g.node
         .push(node("softmax", "Softmax", &["logits"], &["probs"]));
     g.output.push(tensor_info("probs", 1, &[1, 10]));
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        producer_name: Some("tessera-synth".into()),
-        graph: Some(g),
-        ..Default::default()
-    }
+    opset17(g)
 }

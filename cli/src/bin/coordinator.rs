@@ -22,13 +22,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     tessera_cli::init_tracing();
-    match run(Args::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    tessera_cli::exit(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<()> {

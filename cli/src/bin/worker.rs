@@ -46,13 +46,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     tessera_cli::init_tracing();
-    match run(Args::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    tessera_cli::exit(run(Args::parse()))
 }
 
 fn parse_addr(what: &str, text: &str) -> Result<SocketAddr> {
@@ -113,18 +107,12 @@ fn run(args: Args) -> Result<()> {
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
-    let system = actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    });
-    system.block_on(async move {
+    tessera_cli::cluster::run_system(async move {
         let announced = name.clone();
         daemon::run(options, &identity, move |addr| {
             tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
         })
         .await
-    })?;
-    Ok(())
+        .map_err(anyhow::Error::from)
+    })
 }
