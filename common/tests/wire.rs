@@ -224,3 +224,130 @@ proptest! {
         prop_assert_eq!(h.into_tensor(payload).unwrap(), t);
     }
 }
+
+#[test]
+fn every_control_message_round_trips() {
+    use tessera_common::wire::control::{
+        Counters, DeviceAnswer, DeviceInfo, LoadRequest, NodeTime, Transfer, WorkerState,
+    };
+    let limits = Limits::default();
+    let device = DeviceInfo {
+        device: "CPU".into(),
+        full_name: "EPYC".into(),
+        gflops: 100.0,
+        bandwidth_gbps: 5.0,
+        metrics: vec![("CORES".into(), "2".into())],
+    };
+    let transfer = Transfer {
+        request: 4,
+        tensor: "pool2".into(),
+        from: "node-a".into(),
+        to: "node-b".into(),
+        bytes: 32768,
+        micros: 290,
+    };
+    let node = NodeTime {
+        node: "conv1".into(),
+        micros: 312,
+    };
+    let messages = vec![
+        Control::Register {
+            name: "node-a".into(),
+            data_addr: "127.0.0.1:7501".into(),
+            devices: vec![device.clone()],
+        },
+        Control::Registered { heartbeat_ms: 1000 },
+        Control::Heartbeat {
+            seq: 9,
+            in_flight: 2,
+        },
+        Control::QueryNetwork {
+            devices: vec!["CPU".into()],
+        },
+        Control::QueryResult {
+            answers: vec![DeviceAnswer {
+                device: "node-a/CPU".into(),
+                supported: vec!["conv1".into()],
+                unsupported: vec![("loop".into(), "Loop is not supported".into())],
+            }],
+        },
+        Control::Progress {
+            what: "compiling".into(),
+            done: 1,
+            total: 2,
+        },
+        Control::Deployed {
+            network: 1,
+            subgraph: 0,
+            compile_ms: 12,
+            cached: true,
+        },
+        Control::Undeploy { network: 1 },
+        Control::LoadNetwork(LoadRequest {
+            name: "m".into(),
+            devices: "HETERO:node-a/CPU".into(),
+            policy: "cost".into(),
+            strict: true,
+            affinity: vec![("conv3".into(), "node-b/CPU".into())],
+            dry_run: true,
+        }),
+        Control::NetworkLoaded {
+            network: 1,
+            plan: "{}".into(),
+        },
+        Control::Infer {
+            network: 1,
+            request: 2,
+            inputs: 1,
+            deadline_ms: 500,
+        },
+        Control::InferDone {
+            network: 1,
+            request: 2,
+            outputs: 1,
+            counters: Counters {
+                subgraphs: vec![(0, 1100)],
+                nodes: vec![(0, node.clone())],
+                transfers: vec![transfer.clone()],
+            },
+        },
+        Control::Unload { network: 1 },
+        Control::Unloaded { network: 1 },
+        Control::Ran {
+            request: 2,
+            subgraph: 0,
+            micros: 1100,
+            nodes: vec![node],
+        },
+        Control::Moved(transfer),
+        Control::Cancel { request: 2 },
+        Control::ClusterInfo,
+        Control::ClusterState {
+            workers: vec![WorkerState {
+                name: "node-a".into(),
+                data_addr: "127.0.0.1:7501".into(),
+                devices: vec![device],
+                silent_ms: 20,
+                rtt_us: 300,
+                bandwidth_gbps: 1.5,
+                networks: vec![1],
+            }],
+            networks: 1,
+            in_flight: 0,
+        },
+        Control::Failed {
+            request: Some(2),
+            error: "worker node-b was lost".into(),
+        },
+    ];
+    for msg in messages {
+        let bytes = msg.encode(0, &limits).unwrap();
+        let frames = decode_all(&bytes, limits).unwrap();
+        assert_eq!(
+            frames,
+            vec![Frame::Control(msg.clone(), Bytes::new())],
+            "{}",
+            msg.name()
+        );
+    }
+}
