@@ -323,8 +323,8 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
         for w in &state.workers {
             let _ = writeln!(
                 out,
-                "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, networks {:?}",
-                w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.networks
+                "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}",
+                w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.running, w.networks
             );
             for d in &w.devices {
                 let _ = writeln!(

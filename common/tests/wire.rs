@@ -331,6 +331,7 @@ fn every_control_message_round_trips() {
                 rtt_us: 300,
                 bandwidth_gbps: 1.5,
                 networks: vec![1],
+                running: 3,
             }],
             networks: 1,
             in_flight: 0,

@@ -106,6 +106,7 @@ async fn operation(
                         .unwrap_or(0),
                     rtt_us: w.rtt().as_micros() as u64,
                     bandwidth_gbps: w.bandwidth_gbps().unwrap_or(0.0),
+                    running: w.running.load(std::sync::atomic::Ordering::Relaxed),
                     networks: shared
                         .networks
                         .iter()

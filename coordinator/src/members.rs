@@ -29,6 +29,8 @@ pub struct WorkerEntry {
     /// Link bandwidth to it, GB/s, measured on a probe at registration and
     /// then on every large tensor it receives (moving average).
     bandwidth: Mutex<Option<f64>>,
+    /// Subgraph runs under way, from its last heartbeat.
+    pub running: std::sync::atomic::AtomicU32,
 }
 
 /// Tensors at least this large update a link's bandwidth estimate.
@@ -122,6 +124,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         connection: connection.clone(),
         last_seen: Mutex::new(Instant::now()),
         bandwidth: Mutex::new(None),
+        running: Default::default(),
     });
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
@@ -178,7 +181,9 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
                             *seen = Instant::now();
                         }
                         match msg {
-                            Control::Heartbeat { .. } => {}
+                            Control::Heartbeat { in_flight, .. } => entry
+                                .running
+                                .store(in_flight, std::sync::atomic::Ordering::Relaxed),
                             Control::Failed {
                                 request: Some(request),
                                 error,

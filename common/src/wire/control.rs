@@ -87,6 +87,8 @@ pub struct WorkerState {
     pub bandwidth_gbps: f64,
     /// Networks with subgraphs on it.
     pub networks: Vec<u64>,
+    /// Subgraph runs under way at its last heartbeat.
+    pub running: u32,
 }
 
 /// One node's time in one request.

@@ -99,6 +99,7 @@ impl SubgraphActor {
             return;
         };
         self.running = true;
+        self.router.running(true);
         let compiled = self.compiled.clone();
         let constants = self.constants.clone();
         let started = Instant::now();
@@ -116,6 +117,7 @@ impl SubgraphActor {
         };
         ctx.spawn(run.into_actor(self).map(move |result, actor, ctx| {
             actor.running = false;
+            actor.router.running(false);
             let router = actor.router.clone();
             let (network, subgraph) = (actor.network, actor.subgraph);
             match result {

@@ -223,13 +223,16 @@ pub async fn run(
     ready(data_addr);
 
     // Heartbeats on the control stream.
-    let beats = control.clone();
+    let (beats, counting) = (control.clone(), router.clone());
     tokio::spawn(async move {
         let mut seq = 0;
         loop {
             tokio::time::sleep(heartbeat).await;
             seq += 1;
-            let beat = Control::Heartbeat { seq, in_flight: 0 };
+            let beat = Control::Heartbeat {
+                seq,
+                in_flight: counting.in_flight(),
+            };
             if beats.send_control(&beat).await.is_err() {
                 break;
             }

@@ -35,6 +35,8 @@ pub struct Router {
     routes: DashMap<(u64, Arc<str>), Vec<Destination>>,
     /// Links to other workers, by name.
     peers: tokio::sync::Mutex<HashMap<String, Link>>,
+    /// Subgraph runs under way (reported in heartbeats).
+    running: std::sync::atomic::AtomicU32,
 }
 
 impl Router {
@@ -48,7 +50,23 @@ impl Router {
             consumers: DashMap::new(),
             routes: DashMap::new(),
             peers: tokio::sync::Mutex::new(HashMap::new()),
+            running: Default::default(),
         }
+    }
+
+    /// A subgraph run starts (`true`) or ends.
+    pub fn running(&self, starts: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if starts {
+            self.running.fetch_add(1, Relaxed);
+        } else {
+            self.running.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Subgraph runs under way.
+    pub fn in_flight(&self) -> u32 {
+        self.running.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Registers a deployed subgraph: its actor reads `inputs`, its outputs
