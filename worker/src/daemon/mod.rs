@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use actix::Actor;
 use bytes::Bytes;
 use tessera_common::onnx::decode_model;
-use tessera_common::wire::control::{Control, DeploySpec, DeviceAnswer, DeviceInfo};
+use tessera_common::wire::control::{Control, DeploySpec, Destination, DeviceAnswer, DeviceInfo};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame, serve_streams, Link, NetError, Node, Peer};
@@ -495,6 +495,22 @@ async fn deploy(
     );
     let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
     state.router.add(spec.network, &actor, &inputs, routes);
+    // Dial the workers this subgraph streams to now, not on the first
+    // request.
+    for route in &spec.outputs {
+        for dest in &route.to {
+            if let Destination::Worker { name, addr } = dest {
+                if *name != state.name {
+                    let (router, name, addr) = (state.router.clone(), name.clone(), addr.clone());
+                    tokio::spawn(async move {
+                        if let Err(e) = router.peer(&name, &addr).await {
+                            tracing::warn!("{e}");
+                        }
+                    });
+                }
+            }
+        }
+    }
     Ok(Control::Deployed {
         network: spec.network,
         subgraph: spec.subgraph,

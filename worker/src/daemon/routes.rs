@@ -146,7 +146,8 @@ impl Router {
         }
     }
 
-    async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
+    /// The link to worker `name`, dialled on first use.
+    pub async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
         let mut peers = self.peers.lock().await;
         if let Some(link) = peers.get(name).filter(|l| l.is_open()) {
             return Ok(link.clone());
