@@ -72,13 +72,24 @@ async fn operation(
     match msg {
         Control::LoadNetwork(request) if request.dry_run => {
             let (tx, rx) = mpsc::channel::<Control>(64);
-            let plan = with_progress(load::dry_run(shared, request, payload, tx), rx, send).await?;
+            let plan = with_progress(
+                load::dry_run(shared, request, payload, tx),
+                rx,
+                send,
+                &limits,
+            )
+            .await?;
             write(send, &Control::NetworkLoaded { network: 0, plan }, &limits).await
         }
         Control::LoadNetwork(request) => {
             let (tx, rx) = mpsc::channel::<Control>(64);
-            let deployed =
-                with_progress(load::load_network(shared, request, payload, tx), rx, send).await?;
+            let deployed = with_progress(
+                load::load_network(shared, request, payload, tx),
+                rx,
+                send,
+                &limits,
+            )
+            .await?;
             let msg = Control::NetworkLoaded {
                 network: deployed.id,
                 plan: deployed.plan.clone(),
@@ -88,7 +99,8 @@ async fn operation(
         Control::QueryNetwork { devices } => {
             let (tx, rx) = mpsc::channel::<Control>(64);
             let spec = devices.join(",");
-            let answers = with_progress(load::query(shared, &spec, payload, tx), rx, send).await?;
+            let answers =
+                with_progress(load::query(shared, &spec, payload, tx), rx, send, &limits).await?;
             write(send, &Control::QueryResult { answers }, &limits).await
         }
         Control::ClusterInfo => {
@@ -181,19 +193,19 @@ async fn with_progress<T>(
     work: impl std::future::Future<Output = Result<T, CoordinatorError>>,
     mut progress: mpsc::Receiver<Control>,
     send: &mut quinn::SendStream,
+    limits: &Limits,
 ) -> Result<T, String> {
     tokio::pin!(work);
-    let limits = Limits::default();
     loop {
         tokio::select! {
             result = &mut work => {
                 // What was reported just before the end still goes out.
                 while let Ok(p) = progress.try_recv() {
-                    write(send, &p, &limits).await?;
+                    write(send, &p, limits).await?;
                 }
                 return result.map_err(|e| e.to_string());
             }
-            Some(p) = progress.recv() => write(send, &p, &limits).await?,
+            Some(p) = progress.recv() => write(send, &p, limits).await?,
         }
     }
 }
