@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_client::{Client, LoadOptions, Network};
+use tessera_client::{Client, LoadOptions};
 use tessera_common::graph::Graph;
 use tessera_common::onnx;
 
@@ -125,7 +125,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
     if let Some(ms) = args.remote.deadline_ms {
         network = network.with_deadline(std::time::Duration::from_millis(ms));
     }
-    let mut out = describe_plan(&network);
+    let mut out = plan_lines(network.plan());
     let started = Instant::now();
     let result = network.infer(inputs.into_iter().collect()).await?;
     let total = started.elapsed();
@@ -169,11 +169,6 @@ async fn run_async(args: RunArgs) -> Result<()> {
         cluster.coordinator.shutdown().await;
     }
     Ok(())
-}
-
-/// The plan, one line per subgraph.
-pub fn describe_plan(network: &Network) -> String {
-    plan_lines(network.plan())
 }
 
 /// The plan, one line per subgraph.

@@ -139,9 +139,13 @@ impl Router {
 
     /// Drops a failed request's partial inputs everywhere on this worker.
     pub fn forget(&self, request: u64) {
+        let mut told: Vec<Addr<SubgraphActor>> = Vec::new();
         for entry in self.consumers.iter() {
             for actor in entry.value() {
-                actor.do_send(Forget { request });
+                if !told.contains(actor) {
+                    actor.do_send(Forget { request });
+                    told.push(actor.clone());
+                }
             }
         }
     }
