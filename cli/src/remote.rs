@@ -16,11 +16,11 @@ use crate::run::{read_inputs, write_outputs, RunArgs};
 
 /// Which cluster: `--coordinator ADDR` with certificates from `--certs`,
 /// or an embedded local cluster started in this process.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct RemoteArgs {
     /// The cluster's coordinator (default: start an embedded local cluster).
     #[arg(long, value_name = "ADDR")]
-    pub coordinator: Option<std::net::SocketAddr>,
+    pub coordinator: Option<String>,
     /// Directory made by `tessera certs init` (with --coordinator).
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
@@ -52,8 +52,9 @@ pub struct RemoteArgs {
 pub async fn connect(
     args: &RemoteArgs,
 ) -> Result<(Client, Option<tessera_cli::cluster::Embedded>)> {
-    match args.coordinator {
+    match &args.coordinator {
         Some(addr) => {
+            let addr = tessera_net::resolve(addr).await?;
             let id = tessera_net::certs::load_identity(&args.certs, &args.name)
                 .context("the client's certificate (make one with `tessera certs init`)")?;
             let client = Client::connect(addr, &id, &args.cluster).await?;

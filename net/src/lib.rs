@@ -40,6 +40,23 @@ use std::net::SocketAddr;
 
 pub use conn::{recv_frame, recv_frame_timed, send_frame, Node, Peer};
 pub use link::{serve_streams, Link};
+
+/// Resolves `host:port` (a name such as `node-a:7100` on a compose
+/// network, or an IP address) to its first socket address.
+pub async fn resolve(addr: &str) -> Result<std::net::SocketAddr, NetError> {
+    if let Ok(socket) = addr.parse() {
+        return Ok(socket);
+    }
+    let failed = |reason: String| NetError::Resolve {
+        addr: addr.to_string(),
+        reason,
+    };
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .next()
+        .ok_or_else(|| failed("no address".into()))
+}
 use tessera_common::wire::WireError;
 
 /// Transport errors.
@@ -59,6 +76,8 @@ pub enum NetError {
     Handshake { addr: SocketAddr, reason: String },
     #[error("stream: {0}")]
     Stream(String),
+    #[error("cannot resolve '{addr}': {reason}")]
+    Resolve { addr: String, reason: String },
     #[error(transparent)]
     Wire(#[from] WireError),
 }

@@ -22,12 +22,15 @@ struct Args {
     /// Address for worker-to-worker streams (port 0: any free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Address other workers dial, if not the bound one.
+    /// Address other workers dial (`host:port`), if not the bound one.
     #[arg(long)]
-    advertise: Option<SocketAddr>,
-    /// The coordinator's address.
+    advertise: Option<String>,
+    /// The coordinator's address (`host:port`, e.g. coordinator:7400).
     #[arg(long)]
-    coordinator: Option<SocketAddr>,
+    coordinator: Option<String>,
+    /// Exit when the coordinator goes away instead of dialling it again.
+    #[arg(long)]
+    once: bool,
     /// TOML configuration (keys: configs/worker.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -73,15 +76,9 @@ fn run(args: Args) -> Result<()> {
         (None, Some(text)) => parse_addr("listen", text)?,
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
     };
-    let advertise = match (args.advertise, &file.advertise) {
-        (Some(a), _) => Some(a),
-        (None, Some(text)) => Some(parse_addr("advertise", text)?),
-        (None, None) => None,
-    };
-    let coordinator = match (args.coordinator, &file.coordinator) {
-        (Some(a), _) => a,
-        (None, Some(text)) => parse_addr("coordinator", text)?,
-        (None, None) => bail!("no coordinator: pass --coordinator ADDR or set it in --config"),
+    let advertise = args.advertise.or(file.advertise);
+    let Some(coordinator) = args.coordinator.or(file.coordinator) else {
+        bail!("no coordinator: pass --coordinator ADDR or set it in --config");
     };
     let certs = args
         .certs
@@ -97,6 +94,7 @@ fn run(args: Args) -> Result<()> {
         listen,
         advertise,
         coordinator,
+        reconnect: !args.once,
         cluster: args
             .cluster
             .or(file.cluster)
@@ -109,7 +107,7 @@ fn run(args: Args) -> Result<()> {
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
     tessera_cli::cluster::run_system(async move {
         let announced = name.clone();
-        daemon::run(options, &identity, move |addr| {
+        daemon::run(options, &identity, move |addr: &str| {
             tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
         })
         .await

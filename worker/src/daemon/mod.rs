@@ -44,9 +44,15 @@ pub struct WorkerOptions {
     pub devices: Vec<String>,
     /// Address to accept worker-to-worker streams on.
     pub listen: SocketAddr,
-    /// Address other workers dial (default: the bound address).
-    pub advertise: Option<SocketAddr>,
-    pub coordinator: SocketAddr,
+    /// Address other workers dial, `host:port` (default: the bound
+    /// address, with the address the coordinator is reached from when
+    /// bound to all interfaces).
+    pub advertise: Option<String>,
+    /// The coordinator, `host:port`.
+    pub coordinator: String,
+    /// Dial the coordinator again (with back-off) when it goes away or
+    /// cannot be reached, instead of returning.
+    pub reconnect: bool,
     pub cluster: String,
     /// Bounded mailbox of each subgraph actor.
     pub mailbox: usize,
@@ -90,7 +96,24 @@ pub fn available_devices() -> String {
         .join(", ")
 }
 
+impl WorkerError {
+    /// Whether dialling the coordinator again may help: it went away or
+    /// could not be reached, as opposed to a refusal (a certificate from
+    /// another CA, another protocol version or cluster) or a local error.
+    fn transient(&self) -> bool {
+        match self {
+            WorkerError::CoordinatorLost(_) => true,
+            WorkerError::Net(NetError::Stream(_) | NetError::Resolve { .. }) => true,
+            WorkerError::Net(NetError::Connect { reason, .. }) => {
+                !reason.contains("handshake failed") && !reason.contains("certificate")
+            }
+            _ => false,
+        }
+    }
+}
+
 /// One served device.
+#[derive(Clone)]
 struct Device {
     kind: String,
     plugin: Arc<dyn DevicePlugin>,
@@ -150,32 +173,84 @@ struct State {
     arbiter: actix::ArbiterHandle,
 }
 
-/// Runs the worker until the coordinator goes away or the endpoint closes.
-/// `ready` is called once registered, with the worker's data address.
+/// The longest wait between two tries to reach the coordinator.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Runs the worker: registers with the coordinator and serves it until it
+/// goes away; then, with `options.reconnect`, dials it again (a restarted
+/// coordinator gets its workers back by itself), otherwise returns.
+/// `ready` is called at the first registration, with the worker's data
+/// address.
 pub async fn run(
     options: WorkerOptions,
     identity: &tessera_net::certs::NodeIdentity,
-    ready: impl FnOnce(SocketAddr),
+    ready: impl FnOnce(&str),
 ) -> Result<(), WorkerError> {
     let devices = open_devices(&options.devices, &options.config)?;
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        let error = match session(&options, identity, devices.clone(), &mut ready).await {
+            Ok(()) => return Ok(()),
+            Err(e) if options.reconnect && e.transient() => e,
+            Err(e) => return Err(e),
+        };
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff = Duration::from_millis(100);
+        }
+        tracing::warn!("{error}; dialling the coordinator again in {backoff:?}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One registration: serves the coordinator until it goes away. Everything
+/// deployed in it is dropped at the end.
+async fn session<R: FnOnce(&str)>(
+    options: &WorkerOptions,
+    identity: &tessera_net::certs::NodeIdentity,
+    devices: Vec<Device>,
+    ready: &mut Option<R>,
+) -> Result<(), WorkerError> {
+    let coordinator = tessera_net::resolve(&options.coordinator).await?;
     let node = Arc::new(Node::bind(
         options.listen,
         identity,
         &options.cluster,
         Role::Worker,
     )?);
-    let data_addr = options.advertise.unwrap_or(node.local_addr()?);
     let Peer {
         connection,
         mut send,
         mut recv,
         ..
-    } = node.dial(options.coordinator).await?;
+    } = match node.dial(coordinator).await {
+        Ok(peer) => peer,
+        Err(e) => {
+            node.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    let data_addr = match &options.advertise {
+        Some(a) => a.clone(),
+        None => {
+            let mut bound = node.local_addr()?;
+            if bound.ip().is_unspecified() {
+                // Bound to every interface: advertise the one the
+                // coordinator is reached from.
+                if let Some(ip) = connection.local_ip() {
+                    bound.set_ip(ip);
+                }
+            }
+            bound.to_string()
+        }
+    };
     let limits = *node.limits();
     let infos: Vec<DeviceInfo> = devices.iter().map(device_info).collect();
     let register = Control::Register {
         name: options.name.clone(),
-        data_addr: data_addr.to_string(),
+        data_addr: data_addr.clone(),
         devices: infos,
     };
     send_frame(
@@ -220,7 +295,9 @@ pub async fn run(
         node: node.clone(),
         arbiter: actix::Arbiter::current(),
     });
-    ready(data_addr);
+    if let Some(ready) = ready.take() {
+        ready(&data_addr);
+    }
 
     // Heartbeats on the control stream.
     let (beats, counting) = (control.clone(), router.clone());
@@ -289,6 +366,9 @@ pub async fn run(
         why = ops => why,
         why = watch => why,
     };
+    for actor in router.remove_all() {
+        actor.do_send(Stop);
+    }
     node.shutdown().await;
     Err(WorkerError::CoordinatorLost(
         connection
