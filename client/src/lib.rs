@@ -110,6 +110,12 @@ pub struct Outputs {
     /// Everything counted: per subgraph, per node (where the workers'
     /// plugins count per node: `PERF_COUNT`), per tensor moved.
     pub counters: Counters,
+    /// The deployment that answered: a network that lost a worker is
+    /// re-planned and gets a new one.
+    pub deployment: u64,
+    /// Tries it took: more than one when a worker it ran on was lost and
+    /// the coordinator retried it on the new deployment.
+    pub attempts: u32,
 }
 
 impl Outputs {
@@ -396,18 +402,23 @@ impl Network {
                 .map_err(io)?;
         }
         let _ = send.finish();
-        let (count, counters) = match recv_frame(&mut recv, &limits).await.map_err(io)? {
-            Some(Frame::Control(
-                Control::InferDone {
-                    outputs, counters, ..
-                },
-                _,
-            )) => (outputs, counters),
-            Some(Frame::Control(Control::Failed { error, .. }, _)) => {
-                return Err(ClientError::Infer(error))
-            }
-            other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
-        };
+        let (count, counters, deployment, attempts) =
+            match recv_frame(&mut recv, &limits).await.map_err(io)? {
+                Some(Frame::Control(
+                    Control::InferDone {
+                        outputs,
+                        counters,
+                        deployment,
+                        attempts,
+                        ..
+                    },
+                    _,
+                )) => (outputs, counters, deployment, attempts),
+                Some(Frame::Control(Control::Failed { error, .. }, _)) => {
+                    return Err(ClientError::Infer(error))
+                }
+                other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+            };
         let mut tensors = Vec::with_capacity(count as usize);
         for _ in 0..count {
             match recv_frame(&mut recv, &limits).await.map_err(io)? {
@@ -429,6 +440,8 @@ impl Network {
                 .map(|&(sg, us)| (sg, Duration::from_micros(us)))
                 .collect(),
             counters,
+            deployment,
+            attempts,
         })
     }
 

@@ -310,6 +310,8 @@ fn every_control_message_round_trips() {
                 nodes: vec![(0, node.clone())],
                 transfers: vec![transfer.clone()],
             },
+            deployment: 3,
+            attempts: 2,
         },
         Control::Unload { network: 1 },
         Control::Unloaded { network: 1 },
@@ -335,6 +337,10 @@ fn every_control_message_round_trips() {
             }],
             networks: 1,
             in_flight: 0,
+        },
+        Control::Unreachable {
+            request: 2,
+            error: "cannot reach worker node-b".into(),
         },
         Control::Failed {
             request: Some(2),

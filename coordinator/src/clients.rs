@@ -83,7 +83,7 @@ async fn operation(
         }
         Control::LoadNetwork(request) => {
             let (tx, rx) = mpsc::channel::<Control>(64);
-            let deployed = with_progress(
+            let loaded = with_progress(
                 load::load_network(shared, request, payload, tx),
                 rx,
                 send,
@@ -91,8 +91,11 @@ async fn operation(
             )
             .await?;
             let msg = Control::NetworkLoaded {
-                network: deployed.id,
-                plan: deployed.plan.clone(),
+                network: loaded.id,
+                plan: loaded
+                    .deployed()
+                    .map(|d| d.plan.clone())
+                    .unwrap_or_default(),
             };
             write(send, &msg, &limits).await
         }
@@ -122,7 +125,7 @@ async fn operation(
                     networks: shared
                         .networks
                         .iter()
-                        .filter(|n| n.hosts.contains(&w.name))
+                        .filter(|n| n.deployed().is_some_and(|d| d.hosts.contains(&w.name)))
                         .map(|n| n.id)
                         .collect(),
                 })
@@ -166,6 +169,8 @@ async fn operation(
                 request,
                 outputs: done.outputs.len() as u32,
                 counters: done.counters,
+                deployment: done.deployment,
+                attempts: done.attempts,
             };
             write(send, &reply, &limits).await?;
             for (name, t) in &done.outputs {

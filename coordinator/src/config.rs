@@ -33,7 +33,8 @@ pub struct CoordinatorConfig {
     pub certs: PathBuf,
     /// How often workers send heartbeats.
     pub heartbeat_ms: u64,
-    /// A worker silent this long is dropped.
+    /// A worker silent this long is lost: its networks are re-planned onto
+    /// the others and its requests retried there.
     pub worker_timeout_ms: u64,
     /// Deadline of a request whose client gives none.
     pub request_deadline_ms: u64,
@@ -49,8 +50,8 @@ impl Default for CoordinatorConfig {
             name: "coordinator".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             certs: PathBuf::from("certs"),
-            heartbeat_ms: 1000,
-            worker_timeout_ms: 5000,
+            heartbeat_ms: 500,
+            worker_timeout_ms: 2000,
             request_deadline_ms: 30_000,
             inter_host_gbps: 1.0,
         }

@@ -10,10 +10,16 @@
 //! A request's inputs go straight to the workers that read them; tensors
 //! then stream worker to worker, and the final outputs come back here.
 //!
+//! A lost worker (silent for `worker_timeout_ms`, or its connection
+//! closed) does not lose requests: the networks on it are re-planned onto
+//! the workers that remain and the requests in flight are retried there
+//! with the inputs the coordinator keeps until each completes. A worker
+//! that comes back registers again and is used by new plans.
+//!
 //! Layout: [`config`] (TOML + environment), [`members`] (worker sessions,
 //! heartbeats, loss), [`load`] (QueryNetwork fan-out, planning,
-//! deployment), [`requests`] (routing, deadlines, results), [`clients`]
-//! (client sessions).
+//! deployment), [`heal`] (re-planning after a loss), [`requests`]
+//! (routing, retries, deadlines, results), [`clients`] (client sessions).
 //!
 //! # Example
 //!
@@ -30,6 +36,7 @@
 
 pub mod clients;
 pub mod config;
+pub mod heal;
 pub mod load;
 pub mod members;
 pub mod requests;
@@ -43,7 +50,7 @@ use tessera_common::wire::handshake::Role;
 use tessera_net::{NetError, Node};
 
 use config::CoordinatorConfig;
-use load::Deployed;
+use heal::Loaded;
 use members::WorkerEntry;
 use requests::Pending;
 
@@ -77,7 +84,8 @@ pub struct Shared {
     pub config: CoordinatorConfig,
     pub node: Node,
     pub workers: DashMap<String, Arc<WorkerEntry>>,
-    pub networks: DashMap<u64, Arc<Deployed>>,
+    /// Loaded networks by the id clients use.
+    pub networks: DashMap<u64, Arc<Loaded>>,
     pub pending: DashMap<u64, Pending>,
     next_network: AtomicU64,
     next_request: AtomicU64,

@@ -23,6 +23,7 @@ use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame};
 use tokio::sync::mpsc;
 
+use crate::heal::Loaded;
 use crate::members::WorkerEntry;
 use crate::{CoordinatorError, Shared};
 
@@ -34,9 +35,13 @@ pub struct Placement {
     pub nodes: usize,
 }
 
-/// A loaded network.
+/// One deployment of a loaded network (a network lost a worker gets a new
+/// one, see [`crate::heal`]).
 pub struct Deployed {
+    /// The deployment's id: the network id on the wire to workers.
     pub id: u64,
+    /// The network's id, as clients know it.
+    pub network: u64,
     pub name: String,
     pub graph: Graph,
     pub outputs: Vec<String>,
@@ -411,20 +416,37 @@ pub async fn dry_run(
     Ok(plan_json(&planned, 0, &hosts_of(&planned)))
 }
 
-/// Loads `model` as asked; returns the network's id and plan.
+/// Loads `model` as asked; returns the loaded network (its id and plan).
 pub async fn load_network(
     shared: &Arc<Shared>,
     request: LoadRequest,
     model: Bytes,
     progress: mpsc::Sender<Control>,
+) -> Result<Arc<Loaded>, CoordinatorError> {
+    let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
+    let deployed = deploy(shared, network, &request, &model, progress).await?;
+    let loaded = Arc::new(Loaded::new(request, model, deployed));
+    shared.networks.insert(network, loaded.clone());
+    tracing::info!(network, "network loaded");
+    Ok(loaded)
+}
+
+/// Plans `model` as asked over the workers connected now and deploys it as
+/// a new deployment of network `network`.
+pub async fn deploy(
+    shared: &Arc<Shared>,
+    network: u64,
+    request: &LoadRequest,
+    model: &Bytes,
+    progress: mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
-    let planned_request = plan_request(shared, &request, &model, &progress).await?;
+    let planned_request = plan_request(shared, request, model, &progress).await?;
     let (graph, by_host, planned) = (
         &planned_request.graph,
         &planned_request.by_host,
         &planned_request.plan,
     );
-    let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
+    let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
     let host_of = |d: &DeviceId| d.host.clone().unwrap_or_default();
     let worker_of = |h: &str| by_host.get(h).map(|(w, _)| w.clone());
     let (input_names, output_names) = io_names(graph);
@@ -461,7 +483,7 @@ pub async fn load_network(
             .collect();
         let bytes = Bytes::from(encode_model(&stage.model));
         let spec = DeploySpec {
-            network,
+            network: deployment,
             subgraph: i as u32,
             device: stage.device.name.clone(),
             model_hash: hex(&Sha256::digest(&bytes)),
@@ -526,7 +548,7 @@ pub async fn load_network(
         }
     });
     if let Err(e) = futures_join(deploys).await {
-        undeploy(shared, network, &hosts).await;
+        undeploy(shared, deployment, &hosts).await;
         return Err(e);
     }
 
@@ -541,8 +563,9 @@ pub async fn load_network(
         .collect();
     let plan = plan_json(&planned_request, network, &hosts);
     let deployed = Arc::new(Deployed {
-        id: network,
-        name: request.name,
+        id: deployment,
+        network,
+        name: request.name.clone(),
         graph: graph.clone(),
         outputs: output_names,
         input_routes,
@@ -551,12 +574,11 @@ pub async fn load_network(
         placements,
         plan,
     });
-    shared.networks.insert(network, deployed.clone());
-    tracing::info!(network, subgraphs = total, "network loaded");
+    tracing::info!(network, deployment, subgraphs = total, "network deployed");
     Ok(deployed)
 }
 
-/// Stops a network's subgraphs on its workers.
+/// Stops a deployment's subgraphs on its workers that are still connected.
 pub async fn undeploy(shared: &Arc<Shared>, network: u64, hosts: &[String]) {
     for host in hosts {
         let Some(worker) = shared.workers.get(host).map(|w| w.clone()) else {
@@ -570,11 +592,13 @@ pub async fn undeploy(shared: &Arc<Shared>, network: u64, hosts: &[String]) {
 
 /// Unloads a network.
 pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), CoordinatorError> {
-    let (_, net) = shared
+    let (_, loaded) = shared
         .networks
         .remove(&network)
         .ok_or(CoordinatorError::UnknownNetwork(network))?;
-    undeploy(shared, network, &net.hosts).await;
+    if let Some(deployed) = loaded.deployed() {
+        undeploy(shared, deployed.id, &deployed.hosts).await;
+    }
     Ok(())
 }
 

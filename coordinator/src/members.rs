@@ -14,6 +14,7 @@ use tessera_common::wire::control::{Control, DeviceInfo};
 use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame, serve_streams, Link, Peer};
 
+use crate::requests::Failure;
 use crate::Shared;
 
 /// A registered worker.
@@ -98,14 +99,11 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
             return;
         }
     };
-    if shared.workers.contains_key(&name) {
-        refuse(
-            &mut send,
-            format!("a worker named '{name}' is already registered"),
-            &limits,
-        )
-        .await;
-        return;
+    if let Some(old) = shared.workers.get(&name).map(|w| w.connection.clone()) {
+        // The same certificate again: the worker restarted (or reconnected
+        // after a network cut) before its loss was noticed.
+        lost(&shared, &name, "it registered again");
+        old.close(5u32.into(), b"registered again");
     }
     let registered = Control::Registered {
         heartbeat_ms: shared.config.heartbeat_ms,
@@ -129,6 +127,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
     shared.workers.insert(name.clone(), entry.clone());
+    crate::heal::worker_joined(&shared, &name);
     // A probe tensor (network 0): the worker reports how long it took.
     let probe = entry.tensors.clone();
     tokio::spawn(async move {
@@ -187,7 +186,10 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
                             Control::Failed {
                                 request: Some(request),
                                 error,
-                            } => crate::requests::fail(&shared, request, error),
+                            } => crate::requests::fail(&shared, request, Failure::Error(error)),
+                            Control::Unreachable { request, error } => {
+                                crate::requests::fail(&shared, request, Failure::Unreachable(error))
+                            }
                             other => {
                                 tracing::warn!(worker = %entry.name, "unexpected {}", other.name())
                             }
@@ -211,13 +213,25 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         .map(|r| r.to_string())
         .unwrap_or(why);
     connection.close(3u32.into(), b"dropped");
-    lost(&shared, &name, &why);
+    // Only if this session's entry is still the registered one (not a
+    // newer registration under the same name).
+    let ours = shared
+        .workers
+        .get(&name)
+        .is_some_and(|w| w.connection.stable_id() == connection.stable_id());
+    if ours {
+        lost(&shared, &name, &why);
+    }
 }
 
-/// Drops a worker and fails the requests that wait on it.
-pub fn lost(shared: &Shared, name: &str, why: &str) {
+/// Drops a worker: the networks on it start healing, then the requests
+/// that wait on it fail (and are retried on the healed networks).
+pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
     if shared.workers.remove(name).is_none() {
         return;
+    }
+    if !shared.shutting_down() {
+        crate::heal::worker_lost(shared, name);
     }
     if shared.shutting_down() {
         tracing::debug!(worker = %name, "worker disconnected at shutdown: {why}");
@@ -263,7 +277,13 @@ pub async fn watchdog(shared: Arc<Shared>) {
             .collect();
         for w in silent {
             let why = format!("no heartbeat for {} ms", timeout.as_millis());
-            lost(&shared, &w.name, &why);
+            let current = shared
+                .workers
+                .get(&w.name)
+                .is_some_and(|c| c.connection.stable_id() == w.connection.stable_id());
+            if current {
+                lost(&shared, &w.name, &why);
+            }
             w.connection.close(4u32.into(), why.as_bytes());
         }
     }

@@ -1,14 +1,21 @@
 //! Requests: the inputs go straight to the workers whose subgraphs read
 //! them; the final outputs come back from the workers that produce them.
 //! A request completes when every graph output has arrived, fails when a
-//! worker reports an error or is lost, and times out at its deadline (the
-//! error says which outputs were still missing). Many requests are in
-//! flight at once; each has its own id and result.
+//! worker reports an error, and times out at its deadline (the error says
+//! which outputs were still missing). Many requests are in flight at once;
+//! each has its own id and result.
+//!
+//! The coordinator keeps a request's inputs until it completes: when a
+//! worker it runs on is lost (or a tensor could not reach a worker that
+//! then turns out lost), the request is tried again, with a new id, on the
+//! network's next deployment ([`crate::heal`]), within the same deadline.
+//! Outputs of an abandoned try are dropped, so a result is never
+//! duplicated.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
@@ -17,11 +24,16 @@ use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
 use tessera_common::wire::tensor::TensorHeader;
 use tokio::sync::oneshot;
 
+use crate::heal::Waited;
+use crate::load::Deployed;
 use crate::{CoordinatorError, Shared};
 
 /// The tensor name that triggers a worker's subgraphs without inputs (the
 /// worker's `daemon::actor::TRIGGER`).
 const TRIGGER: &str = "";
+
+/// Tries of one request (each after a worker loss) before it fails.
+const MAX_ATTEMPTS: u32 = 4;
 
 /// A finished request.
 #[derive(Debug)]
@@ -29,44 +41,129 @@ pub struct Done {
     /// Graph outputs in model order.
     pub outputs: Vec<(String, Tensor)>,
     pub counters: Counters,
+    /// The deployment that answered.
+    pub deployment: u64,
+    /// Tries it took.
+    pub attempts: u32,
 }
 
-/// A request in flight.
+/// Why a try of a request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// A worker it ran on was lost: retried on the next deployment.
+    Lost(String),
+    /// A tensor could not reach a worker: retried if that worker turns
+    /// out to be lost, an error otherwise.
+    Unreachable(String),
+    /// A worker reported an error running it: final.
+    Error(String),
+}
+
+type Produced = Result<HashMap<String, Tensor>, Failure>;
+
+/// A try of a request in flight.
 pub struct Pending {
-    pub network: u64,
     /// Workers it runs on.
     pub hosts: Vec<String>,
     /// Graph outputs still to come.
     missing: Vec<String>,
     outputs: HashMap<String, Tensor>,
     counters: Counters,
-    done: Option<oneshot::Sender<Result<HashMap<String, Tensor>, String>>>,
+    done: Option<oneshot::Sender<Produced>>,
 }
 
-/// Runs one request on a loaded network.
+/// Runs one request on a loaded network, retrying it on the network's
+/// next deployment when a worker is lost, until `deadline`.
 pub async fn infer(
     shared: &Arc<Shared>,
     network: u64,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
 ) -> Result<Done, CoordinatorError> {
-    let net = shared
+    let loaded = shared
         .networks
         .get(&network)
         .map(|n| n.clone())
         .ok_or(CoordinatorError::UnknownNetwork(network))?;
-    check_inputs(&net.graph, &inputs).map_err(|e| match e {
+    check_inputs(&loaded.graph, &inputs).map_err(|e| match e {
         PlanError::BadInput(m) => CoordinatorError::BadInput(m),
         e => CoordinatorError::Plan(e.to_string()),
     })?;
-    for host in &net.hosts {
-        if !shared.workers.contains_key(host) {
-            return Err(CoordinatorError::Worker(format!(
-                "network {network} runs on worker {host}, which is not connected"
-            )));
+    let deadline =
+        deadline.unwrap_or_else(|| Duration::from_millis(shared.config.request_deadline_ms));
+    let until = Instant::now() + deadline;
+    // How long a lost peer takes to be noticed.
+    let grace = Duration::from_millis(shared.config.worker_timeout_ms + shared.config.heartbeat_ms);
+    let timed_out = |request: u64, waiting: String| CoordinatorError::Deadline {
+        request,
+        deadline_ms: deadline.as_millis() as u64,
+        waiting,
+    };
+    let mut failed_on: Option<u64> = None;
+    let mut last = String::new();
+    for attempt in 1..=MAX_ATTEMPTS {
+        let deployed = match loaded.ready(failed_on, until).await {
+            Waited::Ready(d) => d,
+            Waited::Broken(e) => return Err(CoordinatorError::Worker(e)),
+            Waited::TimedOut => {
+                return Err(timed_out(
+                    0,
+                    format!(" (waiting for network {network} to be re-planned after: {last})"),
+                ))
+            }
+        };
+        let id = shared.next_request.fetch_add(1, Ordering::Relaxed);
+        match attempt_on(shared, &deployed, id, &inputs, until).await {
+            Ok((outputs, counters)) => {
+                return Ok(Done {
+                    outputs,
+                    counters,
+                    deployment: deployed.id,
+                    attempts: attempt,
+                })
+            }
+            Err(Tried::Deadline(waiting)) => return Err(timed_out(id, waiting)),
+            Err(Tried::Failed(Failure::Error(e))) => return Err(CoordinatorError::Worker(e)),
+            Err(Tried::Failed(Failure::Lost(e))) => {
+                tracing::info!(network, request = id, "retrying: {e}");
+                last = e;
+            }
+            Err(Tried::Failed(Failure::Unreachable(e))) => {
+                // Retried only if the deployment changes (its worker was
+                // lost) within the time a loss takes to be noticed.
+                let wait = until.min(Instant::now() + grace);
+                match loaded.ready(Some(deployed.id), wait).await {
+                    Waited::Ready(_) => {
+                        tracing::info!(network, request = id, "retrying: {e}");
+                        last = e;
+                    }
+                    Waited::Broken(b) => return Err(CoordinatorError::Worker(format!("{e}; {b}"))),
+                    Waited::TimedOut => return Err(CoordinatorError::Worker(e)),
+                }
+            }
         }
+        failed_on = Some(deployed.id);
     }
-    let id = shared.next_request.fetch_add(1, Ordering::Relaxed);
+    Err(CoordinatorError::Worker(format!(
+        "request failed {MAX_ATTEMPTS} times, the last: {last}"
+    )))
+}
+
+/// How a try ended, short of success.
+enum Tried {
+    Failed(Failure),
+    /// The deadline passed; what was still missing.
+    Deadline(String),
+}
+
+/// One try of a request on one deployment, as request `id`.
+async fn attempt_on(
+    shared: &Arc<Shared>,
+    net: &Deployed,
+    id: u64,
+    inputs: &HashMap<String, Tensor>,
+    until: Instant,
+) -> Result<(Vec<(String, Tensor)>, Counters), Tried> {
     let (tx, rx) = oneshot::channel();
     let computed: Vec<String> = net
         .outputs
@@ -74,10 +171,11 @@ pub async fn infer(
         .filter(|o| !inputs.contains_key(*o))
         .cloned()
         .collect();
+    // Registered before the workers are checked: a loss from here on
+    // fails it (and it is retried).
     shared.pending.insert(
         id,
         Pending {
-            network,
             hosts: net.hosts.clone(),
             missing: computed.clone(),
             outputs: HashMap::new(),
@@ -85,22 +183,25 @@ pub async fn infer(
             done: Some(tx),
         },
     );
-    let deadline =
-        deadline.unwrap_or_else(|| Duration::from_millis(shared.config.request_deadline_ms));
+    let network = net.id;
     let run = async {
+        if let Some(gone) = net.hosts.iter().find(|h| !shared.workers.contains_key(*h)) {
+            return Err(Failure::Lost(format!("worker {gone} is not connected")));
+        }
         if computed.is_empty() {
             return Ok(HashMap::new());
         }
+        let unreachable = |what: String| Failure::Unreachable(what);
         let trigger = Tensor::new(tessera_common::onnx::ElemType::UINT8, vec![0], Vec::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Failure::Error(e.to_string()))?;
         for host in &net.trigger_hosts {
             let link = shared.workers.get(host).map(|w| w.tensors.clone());
             let Some(link) = link else {
-                return Err(format!("worker {host} is not connected"));
+                return Err(Failure::Lost(format!("worker {host} is not connected")));
             };
             link.send_tensor(network, id, TRIGGER, &trigger)
                 .await
-                .map_err(|e| format!("triggering {host}: {e}"))?;
+                .map_err(|e| unreachable(format!("triggering {host}: {e}")))?;
         }
         for (name, hosts) in &net.input_routes {
             let Some(tensor) = inputs.get(name) else {
@@ -109,18 +210,18 @@ pub async fn infer(
             for host in hosts {
                 let worker = shared.workers.get(host).map(|w| w.tensors.clone());
                 let Some(link) = worker else {
-                    return Err(format!("worker {host} is not connected"));
+                    return Err(Failure::Lost(format!("worker {host} is not connected")));
                 };
                 link.send_tensor(network, id, name, tensor)
                     .await
-                    .map_err(|e| format!("sending input '{name}' to {host}: {e}"))?;
+                    .map_err(|e| unreachable(format!("sending input '{name}' to {host}: {e}")))?;
             }
         }
         rx.await
-            .map_err(|_| "the request was dropped".to_string())
+            .map_err(|_| Failure::Error("the request was dropped".into()))
             .and_then(|r| r)
     };
-    let result = tokio::time::timeout(deadline, run).await;
+    let result = tokio::time::timeout_at(tokio::time::Instant::from_std(until), run).await;
     let pending = shared.pending.remove(&id).map(|(_, p)| p);
     let outcome = match result {
         Ok(Ok(mut produced)) => {
@@ -132,25 +233,22 @@ pub async fn infer(
                         .remove(name)
                         .or_else(|| inputs.get(name).cloned())
                         .map(|t| (name.clone(), t))
-                        .ok_or_else(|| {
-                            CoordinatorError::Worker(format!("output '{name}' was not produced"))
-                        })
+                        .ok_or_else(|| format!("output '{name}' was not produced"))
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Tried::Failed(Failure::Error(e)))?;
             let mut counters = pending.map(|p| p.counters).unwrap_or_default();
             counters.subgraphs.sort_unstable();
-            return Ok(Done { outputs, counters });
+            return Ok((outputs, counters));
         }
-        Ok(Err(e)) => CoordinatorError::Worker(e),
-        Err(_) => CoordinatorError::Deadline {
-            request: id,
-            deadline_ms: deadline.as_millis() as u64,
-            waiting: pending
+        Ok(Err(failure)) => Tried::Failed(failure),
+        Err(_) => Tried::Deadline(
+            pending
                 .as_ref()
                 .filter(|p| !p.missing.is_empty())
                 .map(|p| format!(" (still waiting for {})", p.missing.join(", ")))
                 .unwrap_or_default(),
-        },
+        ),
     };
     cancel(shared, id, &net.hosts).await;
     Err(outcome)
@@ -187,7 +285,10 @@ pub fn output_arrived(
     let bytes = payload.len() as u64;
     let tensor = match header.into_tensor(payload) {
         Ok(t) => t,
-        Err(e) => return fail(shared, request, format!("bad output tensor: {e}")),
+        Err(e) => {
+            let error = format!("bad output tensor from {from}: {e}");
+            return fail(shared, request, Failure::Error(error));
+        }
     };
     let Some(mut p) = shared.pending.get_mut(&request) else {
         tracing::debug!(request, "output of a finished request");
@@ -228,21 +329,21 @@ pub fn moved(shared: &Shared, transfer: Transfer) {
     }
 }
 
-/// Fails a request.
-pub fn fail(shared: &Shared, request: u64, error: String) {
+/// Fails a try of a request.
+pub fn fail(shared: &Shared, request: u64, failure: Failure) {
     if let Some(mut p) = shared.pending.get_mut(&request) {
         if let Some(done) = p.done.take() {
-            let _ = done.send(Err(error));
+            let _ = done.send(Err(failure));
         }
     }
 }
 
-/// Fails every request that runs on `worker`.
+/// Fails every try that runs on `worker`, which was lost.
 pub fn fail_on_worker(shared: &Shared, worker: &str, error: &str) {
     for mut p in shared.pending.iter_mut() {
         if p.hosts.iter().any(|h| h == worker) {
             if let Some(done) = p.done.take() {
-                let _ = done.send(Err(error.to_string()));
+                let _ = done.send(Err(Failure::Lost(error.to_string())));
             }
         }
     }

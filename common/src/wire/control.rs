@@ -186,6 +186,11 @@ pub enum Control {
         request: u64,
         outputs: u32,
         counters: Counters,
+        /// The deployment that answered (a network is re-deployed when it
+        /// loses a worker).
+        deployment: u64,
+        /// Tries it took (more than one: retried after a worker was lost).
+        attempts: u32,
     },
     Unload {
         network: u64,
@@ -214,6 +219,13 @@ pub enum Control {
         workers: Vec<WorkerState>,
         networks: u32,
         in_flight: u32,
+    },
+    /// Worker → coordinator: a tensor of `request` could not be streamed to
+    /// its consumer (a peer unreachable); the coordinator retries the
+    /// request if the peer turns out to be lost.
+    Unreachable {
+        request: u64,
+        error: String,
     },
     /// Something failed: a request (if given) or the operation this stream
     /// carried.
@@ -247,6 +259,7 @@ impl Control {
             Control::Cancel { .. } => "Cancel",
             Control::ClusterInfo => "ClusterInfo",
             Control::ClusterState { .. } => "ClusterState",
+            Control::Unreachable { .. } => "Unreachable",
             Control::Failed { .. } => "Failed",
         }
     }

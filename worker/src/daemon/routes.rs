@@ -156,9 +156,9 @@ impl Router {
         if let Some(link) = peers.get(name).filter(|l| l.is_open()) {
             return Ok(link.clone());
         }
-        let socket = addr
-            .parse()
-            .map_err(|e| format!("bad address '{addr}' for worker {name}: {e}"))?;
+        let socket = tessera_net::resolve(addr)
+            .await
+            .map_err(|e| format!("worker {name}: {e}"))?;
         let peer = self
             .node
             .dial(socket)
@@ -216,8 +216,8 @@ impl Router {
                         .map_err(|e| e.to_string()),
                 };
                 if let Err(e) = sent {
-                    self.fail(request, format!("sending '{name}' from {}: {e}", self.name))
-                        .await;
+                    let error = format!("sending '{name}' from {}: {e}", self.name);
+                    self.unreachable(request, error).await;
                     return;
                 }
             }
@@ -247,8 +247,28 @@ impl Router {
             request: Some(request),
             error,
         };
-        if let Err(e) = self.control.send_control(&msg).await {
+        self.report(&msg).await;
+    }
+
+    /// Reports a request whose tensor could not reach its consumer (the
+    /// coordinator retries it if that peer turns out to be lost).
+    pub async fn unreachable(&self, request: u64, error: String) {
+        tracing::warn!(request, "{error}");
+        self.forget(request);
+        self.report(&Control::Unreachable { request, error }).await;
+    }
+
+    async fn report(&self, msg: &Control) {
+        if let Err(e) = self.control.send_control(msg).await {
             tracing::warn!("cannot report to the coordinator: {e}");
         }
+    }
+
+    /// Forgets every network (the coordinator is gone); returns their
+    /// actors.
+    pub fn remove_all(&self) -> Vec<Addr<SubgraphActor>> {
+        let networks: std::collections::BTreeSet<u64> =
+            self.consumers.iter().map(|e| e.key().0).collect();
+        networks.into_iter().flat_map(|n| self.remove(n)).collect()
     }
 }

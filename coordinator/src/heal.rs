@@ -1,0 +1,242 @@
+//! Fault tolerance: a loaded network outlives the deployments that serve
+//! it. When a worker it runs on is lost, the network is marked as healing,
+//! re-planned onto the workers that remain (pins and devices that named
+//! the lost worker dropped) and re-deployed (the workers' compiled-subgraph
+//! caches make known subgraphs a file read); requests waiting meanwhile
+//! are retried on the new deployment by [`crate::requests::infer`]. A
+//! network that cannot be re-planned is broken, with an error that says
+//! why, until a worker (re)joins and a re-plan succeeds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tessera_common::affinity::{DeviceId, DevicePriority};
+use tessera_common::graph::Graph;
+use tessera_common::wire::control::LoadRequest;
+use tokio::sync::watch;
+
+use crate::load::{self, Deployed};
+use crate::{CoordinatorError, Shared};
+
+/// Re-plans tried after a loss before a network is declared broken.
+const HEAL_TRIES: usize = 3;
+
+/// What serves a loaded network now.
+#[derive(Clone)]
+pub enum Current {
+    Ready(Arc<Deployed>),
+    /// Being re-planned; the deployment it had, if any.
+    Healing(Option<Arc<Deployed>>),
+    /// No worker set that remains can run it.
+    Broken(String),
+}
+
+/// A network a client loaded: what it asked for (to plan it again) and its
+/// current deployment.
+pub struct Loaded {
+    /// The id clients use.
+    pub id: u64,
+    pub name: String,
+    pub graph: Graph,
+    request: LoadRequest,
+    model: Bytes,
+    current: watch::Sender<Current>,
+    /// One re-plan at a time.
+    healing: tokio::sync::Mutex<()>,
+}
+
+/// What waiting for a deployment gave.
+pub enum Waited {
+    Ready(Arc<Deployed>),
+    Broken(String),
+    TimedOut,
+}
+
+impl Loaded {
+    pub fn new(request: LoadRequest, model: Bytes, deployed: Arc<Deployed>) -> Loaded {
+        Loaded {
+            id: deployed.network,
+            name: request.name.clone(),
+            graph: deployed.graph.clone(),
+            request,
+            model,
+            current: watch::Sender::new(Current::Ready(deployed)),
+            healing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn current(&self) -> Current {
+        self.current.borrow().clone()
+    }
+
+    /// The deployment on the workers now (also while healing), if any.
+    pub fn deployed(&self) -> Option<Arc<Deployed>> {
+        match &*self.current.borrow() {
+            Current::Ready(d) | Current::Healing(Some(d)) => Some(d.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits until a deployment other than `not` serves the network, it
+    /// is broken, or `until` passes.
+    pub async fn ready(&self, not: Option<u64>, until: Instant) -> Waited {
+        let mut rx = self.current.subscribe();
+        loop {
+            match &*rx.borrow_and_update() {
+                Current::Ready(d) if Some(d.id) != not => return Waited::Ready(d.clone()),
+                Current::Broken(e) => return Waited::Broken(e.clone()),
+                _ => {}
+            }
+            let until = tokio::time::Instant::from_std(until);
+            match tokio::time::timeout_at(until, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Waited::TimedOut,
+            }
+        }
+    }
+}
+
+/// Worker `name` is gone (already removed from the members): every
+/// network deployed on it starts healing. Call before failing its
+/// requests, so that their retries wait for the new deployment.
+pub fn worker_lost(shared: &Arc<Shared>, name: &str) {
+    let hit: Vec<Arc<Loaded>> = shared
+        .networks
+        .iter()
+        .filter(|n| {
+            n.deployed()
+                .is_some_and(|d| d.hosts.iter().any(|h| h == name))
+        })
+        .map(|n| n.clone())
+        .collect();
+    for loaded in hit {
+        loaded.current.send_modify(|c| {
+            if let Current::Ready(d) = c {
+                *c = Current::Healing(Some(d.clone()));
+            }
+        });
+        let why = format!("worker {name} was lost");
+        tokio::spawn(heal(shared.clone(), loaded, why));
+    }
+}
+
+/// A worker (re)joined: broken networks try again.
+pub fn worker_joined(shared: &Arc<Shared>, name: &str) {
+    let broken: Vec<Arc<Loaded>> = shared
+        .networks
+        .iter()
+        .filter(|n| matches!(n.current(), Current::Broken(_)))
+        .map(|n| n.clone())
+        .collect();
+    for loaded in broken {
+        let why = format!("worker {name} joined");
+        tokio::spawn(heal(shared.clone(), loaded, why));
+    }
+}
+
+/// Whether every worker of `deployed` is connected.
+fn healthy(shared: &Shared, deployed: &Deployed) -> bool {
+    deployed
+        .hosts
+        .iter()
+        .all(|h| shared.workers.contains_key(h))
+}
+
+/// Re-plans and re-deploys `loaded` unless its deployment is healthy.
+async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
+    let _one_at_a_time = loaded.healing.lock().await;
+    let started = Instant::now();
+    let mut last = String::new();
+    for _ in 0..HEAL_TRIES {
+        let old = match loaded.current() {
+            Current::Ready(d) if healthy(&shared, &d) => return,
+            Current::Ready(d) | Current::Healing(Some(d)) => Some(d),
+            Current::Healing(None) | Current::Broken(_) => None,
+        };
+        loaded.current.send_replace(Current::Healing(old.clone()));
+        if let Some(old) = &old {
+            load::undeploy(&shared, old.id, &old.hosts).await;
+        }
+        // The old deployment is gone from the workers from here on.
+        loaded.current.send_replace(Current::Healing(None));
+        let outcome = match without_lost(&shared, &loaded.request) {
+            Ok(request) => {
+                // Nobody watches a re-plan's progress but the logs.
+                let (progress, _) = tokio::sync::mpsc::channel(1);
+                load::deploy(&shared, loaded.id, &request, &loaded.model, progress).await
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(deployed) => {
+                if !shared.networks.contains_key(&loaded.id) {
+                    // Unloaded meanwhile.
+                    load::undeploy(&shared, deployed.id, &deployed.hosts).await;
+                    return;
+                }
+                tracing::info!(
+                    network = loaded.id,
+                    deployment = deployed.id,
+                    hosts = %deployed.hosts.join(","),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "network re-planned ({why})"
+                );
+                loaded.current.send_replace(Current::Ready(deployed));
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(network = loaded.id, "re-plan failed ({why}): {e}");
+                last = e.to_string();
+                if matches!(e, CoordinatorError::Devices(_) | CoordinatorError::Plan(_)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(shared.config.heartbeat_ms)).await;
+            }
+        }
+    }
+    let named = if loaded.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", loaded.name)
+    };
+    let error = format!(
+        "network {}{named} cannot run on the workers that remain ({why}): {last}",
+        loaded.id
+    );
+    loaded.current.send_replace(Current::Broken(error));
+}
+
+/// `request` without the devices and manual pins that name workers no
+/// longer connected (their nodes fall to the policy).
+fn without_lost(shared: &Shared, request: &LoadRequest) -> Result<LoadRequest, CoordinatorError> {
+    let here = |d: &DeviceId| {
+        d.host
+            .as_ref()
+            .is_none_or(|h| shared.workers.contains_key(h))
+    };
+    let mut out = request.clone();
+    if !request.devices.trim().is_empty() {
+        let priority = DevicePriority::parse(&request.devices)
+            .map_err(|e| CoordinatorError::Devices(e.to_string()))?;
+        let kept: Vec<String> = priority
+            .devices
+            .iter()
+            .filter(|d| here(d))
+            .map(|d| d.to_string())
+            .collect();
+        if kept.is_empty() {
+            return Err(CoordinatorError::Devices(format!(
+                "every device it named ({}) is on a lost worker",
+                request.devices
+            )));
+        }
+        out.devices = kept.join(",");
+    }
+    out.affinity
+        .retain(|(_, device)| match DeviceId::parse(device) {
+            Ok(d) => here(&d),
+            Err(_) => true,
+        });
+    Ok(out)
+}
