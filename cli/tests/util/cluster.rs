@@ -153,6 +153,26 @@ impl Cluster {
         cluster
     }
 
+    /// Kills the coordinator (SIGKILL) and starts it again on the same
+    /// address.
+    pub fn restart_coordinator(&mut self) {
+        self.coordinator.kill();
+        let config = self.dir.join("cluster.toml");
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"{}\"", self.addr),
+        );
+        std::fs::write(&config, text).unwrap();
+        let (coordinator, _) = Proc::start(
+            "coordinator-restarted",
+            env!("CARGO_BIN_EXE_coordinator"),
+            &["--config".into(), config.display().to_string()],
+            &self.dir,
+            "listening on ",
+        );
+        self.coordinator = coordinator;
+    }
+
     /// Starts worker `name` with certificates from `certs`; returns it and
     /// its announcement line.
     pub fn worker(&self, name: &str, certs: &Path, threads: usize) -> (Proc, String) {
