@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use tessera_coordinator::config::CoordinatorConfig;
 use tessera_coordinator::Coordinator;
 use tessera_net::certs::{self, NodeIdentity};
@@ -116,5 +116,5 @@ where
             .build()
             .expect("a tokio runtime")
     });
-    system.block_on(f).context("embedded cluster")
+    system.block_on(f)
 }

@@ -187,14 +187,23 @@ pub async fn run(
     ready: impl FnOnce(&str),
 ) -> Result<(), WorkerError> {
     let devices = open_devices(&options.devices, &options.config)?;
+    // One endpoint for every session: its port stays this worker's.
+    let node = Arc::new(Node::bind(
+        options.listen,
+        identity,
+        &options.cluster,
+        Role::Worker,
+    )?);
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let error = match session(&options, identity, devices.clone(), &mut ready).await {
-            Ok(()) => return Ok(()),
+        let error = match session(&options, &node, devices.clone(), &mut ready).await {
             Err(e) if options.reconnect && e.transient() => e,
-            Err(e) => return Err(e),
+            outcome => {
+                node.shutdown().await;
+                return outcome;
+            }
         };
         if started.elapsed() > Duration::from_secs(10) {
             backoff = Duration::from_millis(100);
@@ -209,29 +218,17 @@ pub async fn run(
 /// deployed in it is dropped at the end.
 async fn session<R: FnOnce(&str)>(
     options: &WorkerOptions,
-    identity: &tessera_net::certs::NodeIdentity,
+    node: &Arc<Node>,
     devices: Vec<Device>,
     ready: &mut Option<R>,
 ) -> Result<(), WorkerError> {
     let coordinator = tessera_net::resolve(&options.coordinator).await?;
-    let node = Arc::new(Node::bind(
-        options.listen,
-        identity,
-        &options.cluster,
-        Role::Worker,
-    )?);
     let Peer {
         connection,
         mut send,
         mut recv,
         ..
-    } = match node.dial(coordinator).await {
-        Ok(peer) => peer,
-        Err(e) => {
-            node.shutdown().await;
-            return Err(e.into());
-        }
-    };
+    } = node.dial(coordinator).await?;
     let data_addr = match &options.advertise {
         Some(a) => a.clone(),
         None => {
@@ -239,7 +236,10 @@ async fn session<R: FnOnce(&str)>(
             if bound.ip().is_unspecified() {
                 // Bound to every interface: advertise the one the
                 // coordinator is reached from.
-                if let Some(ip) = connection.local_ip() {
+                if let Some(ip) = connection
+                    .local_ip()
+                    .or_else(|| local_ip_towards(coordinator))
+                {
                     bound.set_ip(ip);
                 }
             }
@@ -323,7 +323,7 @@ async fn session<R: FnOnce(&str)>(
     ));
     // Intermediate tensors from other workers.
     let accepting = state.clone();
-    tokio::spawn(async move {
+    let peers = tokio::spawn(async move {
         while let Some(peer) = accepting.node.accept(&[Role::Worker]).await {
             match peer {
                 Ok(peer) => {
@@ -366,16 +366,32 @@ async fn session<R: FnOnce(&str)>(
         why = ops => why,
         why = watch => why,
     };
+    // Drop everything of this session; the endpoint stays for the next.
+    peers.abort();
     for actor in router.remove_all() {
         actor.do_send(Stop);
     }
-    node.shutdown().await;
+    router.close_peers().await;
+    connection.close(0u32.into(), b"session over");
     Err(WorkerError::CoordinatorLost(
         connection
             .close_reason()
             .map(|r| r.to_string())
             .unwrap_or(why),
     ))
+}
+
+/// The local address the kernel routes to `remote` from (a connected UDP
+/// socket sends nothing).
+fn local_ip_towards(remote: SocketAddr) -> Option<std::net::IpAddr> {
+    let any = if remote.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let socket = std::net::UdpSocket::bind(any).ok()?;
+    socket.connect(remote).ok()?;
+    socket.local_addr().ok().map(|a| a.ip())
 }
 
 /// Tensor frames from peer `from` → local actors; each arrival is reported

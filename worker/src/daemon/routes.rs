@@ -150,6 +150,11 @@ impl Router {
         }
     }
 
+    /// Drops the links to other workers (their connections close).
+    pub async fn close_peers(&self) {
+        self.peers.lock().await.clear();
+    }
+
     /// The link to worker `name`, dialled on first use.
     pub async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
         let mut peers = self.peers.lock().await;
