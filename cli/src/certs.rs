@@ -23,12 +23,25 @@ pub struct InitArgs {
     /// Node names: the coordinator, workers (their --name) and clients.
     #[arg(long, value_delimiter = ',', default_value = "coordinator,client")]
     nodes: Vec<String>,
+    /// Keep the certificates of nodes that have one in --dir already (the
+    /// compose file's one-shot `certs` service runs at every `up`).
+    #[arg(long)]
+    keep: bool,
 }
 
 pub fn run(command: CertsCommand) -> anyhow::Result<()> {
     match command {
         CertsCommand::Init(args) => {
-            let nodes: Vec<&str> = args.nodes.iter().map(String::as_str).collect();
+            let has = |node: &str| {
+                args.dir.join(format!("{node}.pem")).exists()
+                    && args.dir.join(format!("{node}.key")).exists()
+            };
+            let nodes: Vec<&str> = args
+                .nodes
+                .iter()
+                .map(String::as_str)
+                .filter(|n| !(args.keep && has(n)))
+                .collect();
             let written = tessera_net::certs::init_dir(&args.dir, &args.cluster, &nodes)
                 .with_context(|| format!("creating certificates in {}", args.dir.display()))?;
             let mut out = String::new();

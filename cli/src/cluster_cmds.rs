@@ -31,15 +31,15 @@ pub struct ModelArgs {
     #[arg(long)]
     affinity: Option<PathBuf>,
     #[command(flatten)]
-    remote: RemoteArgs,
+    pub(crate) remote: RemoteArgs,
 }
 
 impl ModelArgs {
-    fn read(&self) -> Result<Vec<u8>> {
+    pub(crate) fn read(&self) -> Result<Vec<u8>> {
         std::fs::read(&self.model).with_context(|| format!("cannot read {}", self.model.display()))
     }
 
-    fn options(&self) -> Result<LoadOptions> {
+    pub(crate) fn options(&self) -> Result<LoadOptions> {
         Ok(LoadOptions {
             name: self.model.display().to_string(),
             devices: self.devices.clone(),

@@ -4,8 +4,9 @@
 //! subgraph selection, explained and dumped as GraphViz and JSON, device
 //! support from `--supports` files); `run --local`, one inference through
 //! HETERO on this machine's plugins, inputs and outputs as `.npy`;
-//! `run` on a cluster; `query`, `plan`, `bench`, `cluster` against a
-//! cluster (`--coordinator ADDR`) or an embedded local one; `certs init`,
+//! `run` on a cluster; `query`, `plan`, `bench`, `cluster`, `soak` (a
+//! checked steady load for fault drills) against a cluster
+//! (`--coordinator ADDR`) or an embedded local one; `certs init`,
 //! the cluster CA and node certificates; `example-model`.
 //!
 //! ```text
@@ -22,6 +23,7 @@ mod cluster_cmds;
 mod partition;
 mod remote;
 mod run;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +54,9 @@ enum Command {
     Bench(cluster_cmds::BenchArgs),
     /// A cluster's workers, devices, metrics and health.
     Cluster(cluster_cmds::ClusterArgs),
+    /// A steady load of checked requests (for fault drills): counts sent,
+    /// succeeded, failed, lost and wrong answers.
+    Soak(soak::SoakArgs),
     /// Cluster certificates (mutual TLS between all nodes).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -89,6 +94,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => cluster_cmds::plan(args),
         Command::Bench(args) => cluster_cmds::bench(args),
         Command::Cluster(args) => cluster_cmds::cluster(args),
+        Command::Soak(args) => soak::soak(args),
         Command::Certs(command) => certs::run(command),
         Command::ExampleModel { out, seed } => {
             tessera_common::onnx::save_model(&tessera_common::synth::small_cnn(seed), &out)

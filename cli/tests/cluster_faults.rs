@@ -201,7 +201,11 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
     std::fs::write(&path, encode_model(&model)).unwrap();
     let graph = Graph::from_model(model.clone()).unwrap();
     let inputs = synth::random_inputs(&graph, 3).unwrap();
-    let want = onnxruntime_many(&path, &[inputs.clone()], &cluster.dir.join("ort"));
+    let want = onnxruntime_many(
+        &path,
+        std::slice::from_ref(&inputs),
+        &cluster.dir.join("ort"),
+    );
     let options = LoadOptions {
         devices: "HETERO:node-a/CPU,node-b/CPU".into(),
         affinity: spread(&graph, &["node-a", "node-b"]),
