@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The fault drill across containers. Builds the image, brings up the
+# compose cluster (a coordinator and three workers, each its own container
+# and address), then runs a steady load of concurrent PP-OCRv4 rec requests
+# (rapidocr-onnxruntime==1.4.4), every answer checked against onnxruntime,
+# while it
+#   1. kills node-b (docker kill), then starts it again (it rejoins);
+#   2. cuts node-c off the network (docker network disconnect), then
+#      reconnects it;
+#   3. restarts the coordinator (the workers register again by themselves,
+#      the load's client reconnects and reloads).
+# Prints requests sent / succeeded / failed with a clear error / lost and
+# the recovery times; fails unless lost = 0 and every success is right.
+# The cluster is torn down at the end, even on failure.
+#
+# Usage: scripts/fault-drill.sh [--debug]   (--debug: the debug binaries
+# that `cargo test` built, as in CI; default: a release build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=release
+[ "${1:-}" = "--debug" ] && profile=debug
+compose() {
+  if docker compose version >/dev/null 2>&1; then
+    docker compose -p tessera "$@"
+  else
+    docker-compose -p tessera "$@"
+  fi
+}
+work=$(mktemp -d /tmp/tessera-drill.XXXXXX)
+teardown() {
+  status=$?
+  compose logs --no-color >"$work/compose.log" 2>&1 || true
+  compose down -v --remove-orphans -t 1 >/dev/null 2>&1 || true
+  if [ "$status" -ne 0 ]; then
+    echo "fault drill FAILED; the cluster's last log lines ($work/compose.log):"
+    tail -n 40 "$work/compose.log" || true
+  fi
+}
+trap teardown EXIT
+say() { echo "[drill $(date +%T)] $*"; }
+
+./scripts/docker-build.sh ${1:-}
+./scripts/fetch-test-models.sh >/dev/null
+model=${TESSERA_MODELS_DIR:-.cache/models}/ch_PP-OCRv4_rec_infer.onnx
+tessera=target/$profile/tessera
+remote=(--coordinator 127.0.0.1:7400 --certs certs --cluster tessera)
+
+compose down -v --remove-orphans -t 1 >/dev/null 2>&1 || true
+say "docker compose up"
+compose up -d
+for i in $(seq 1 120); do
+  if "$tessera" cluster "${remote[@]}" >"$work/cluster.txt" 2>/dev/null &&
+    grep -q "^3 workers" "$work/cluster.txt"; then
+    break
+  fi
+  [ "$i" -eq 120 ] && { say "the cluster did not come up within 60 s"; exit 1; }
+  sleep 0.5
+done
+say "healthy:"; cat "$work/cluster.txt"
+
+# Seeded inputs, and onnxruntime's answers to them.
+cases=$work/cases
+"$tessera" soak "$model" --make-cases 4 --cases "$cases" >/dev/null
+runs=()
+for k in 0 1 2 3; do
+  [ "$k" -gt 0 ] && runs+=(--)
+  for f in "$cases"/case${k}_*.npy; do
+    name=$(basename "$f" .npy); runs+=("${name#case${k}_}=$f")
+  done
+done
+python3 tests/python/ort_run.py "$model" "$cases/expected" "${runs[@]}"
+
+# The load: four requests in flight, one stage of the model per worker.
+"$tessera" soak "$model" "${remote[@]}" --devices HETERO:node-a/CPU,node-b/CPU,node-c/CPU \
+  --spread node-a,node-b,node-c --cases "$cases" --concurrency 4 --seconds 90 \
+  --deadline-ms 30000 --events "$work/events.jsonl" >"$work/soak.out" 2>"$work/soak.err" &
+soak=$!
+for i in $(seq 1 240); do
+  grep -q "^soak:" "$work/soak.out" 2>/dev/null && break
+  kill -0 "$soak" 2>/dev/null || { cat "$work/soak.err"; exit 1; }
+  [ "$i" -eq 240 ] && { say "the network did not load within 120 s"; exit 1; }
+  sleep 0.5
+done
+say "$(head -1 "$work/soak.out")"
+mark() { echo "$1 $(date +%s%3N)" >>"$work/marks"; say "$1"; }
+sleep 10
+mark kill-node-b
+docker kill tessera-node-b >/dev/null
+sleep 10
+mark start-node-b
+docker start tessera-node-b >/dev/null
+sleep 10
+mark disconnect-node-c
+docker network disconnect tessera tessera-node-c
+sleep 10
+mark reconnect-node-c
+docker network connect tessera tessera-node-c
+sleep 10
+mark restart-coordinator
+docker restart -t 0 tessera-coordinator >/dev/null
+set +e
+wait "$soak"
+soak_status=$?
+set -e
+cat "$work/soak.out"
+python3 - "$work/events.jsonl" "$work/marks" <<'PY'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+marks = [(n, int(t)) for n, t in (line.split() for line in open(sys.argv[2]))]
+ends = [t for _, t in marks[1:]] + [max(e["unix_ms"] for e in events) + 1]
+for (name, t), end in zip(marks, ends):
+    phase = [e for e in events if t <= e["unix_ms"] < end]
+    count = lambda o: sum(e["outcome"] == o for e in phase)
+    line = f"{name}: {len(phase)} answered, {count('ok')} ok, {count('failed')} failed, {count('lost')} lost, {count('wrong')} wrong, {sum(e['attempts'] > 1 for e in phase)} retried"
+    if name in ("kill-node-b", "disconnect-node-c"):
+        before = {e["deployment"] for e in events if e["unix_ms"] < t and e["outcome"] == "ok"}
+        new = [e["unix_ms"] for e in phase if e["outcome"] == "ok" and e["deployment"] not in before]
+        line += f"; first success on the new plan {(min(new) - t) / 1e3:.2f} s after" if new else "; no success on a new plan"
+    if name == "restart-coordinator":
+        oks = [e["unix_ms"] for e in phase if e["outcome"] == "ok" and e["generation"] > 0]
+        line += f"; first success after reloading {(min(oks) - t) / 1e3:.2f} s after" if oks else "; no success after it"
+    print(line)
+PY
+exit "$soak_status"
