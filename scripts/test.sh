@@ -8,6 +8,16 @@ if ! python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
     "onnx==1.17.0" "onnxruntime==1.32.0" "numpy==2.4.6"
 fi
 ./scripts/fetch-test-models.sh >/dev/null
+# The GPU plugin's tests run on Mesa's lavapipe (a software Vulkan device)
+# where no GPU is present; with it installed they are required to run.
+lvp=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json
+if [ ! -e "$lvp" ] && command -v apt-get >/dev/null; then
+  { apt-get install -y -q mesa-vulkan-drivers || { apt-get update -q && apt-get install -y -q mesa-vulkan-drivers; }; } >/dev/null 2>&1 ||
+    echo "warning: could not install mesa-vulkan-drivers; GPU tests run only on a real GPU"
+fi
+if [ -e "$lvp" ]; then
+  export TESSERA_GPU_TESTS=${TESSERA_GPU_TESTS:-required}
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)

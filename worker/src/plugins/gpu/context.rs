@@ -1,0 +1,217 @@
+//! One wgpu device: adapter selection, the compute pipelines (compiled
+//! once per kernel and shared by every subgraph), buffers and command
+//! submission.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use crate::plugin::PluginError;
+
+/// The kernels, by name, with their WGSL source.
+pub const KERNELS: &[(&str, &str)] = &[
+    ("binary", include_str!("shaders/binary.wgsl")),
+    ("unary", include_str!("shaders/unary.wgsl")),
+    ("copy", include_str!("shaders/copy.wgsl")),
+    ("gemm", include_str!("shaders/gemm.wgsl")),
+    ("conv", include_str!("shaders/conv.wgsl")),
+    ("pool", include_str!("shaders/pool.wgsl")),
+    ("softmax", include_str!("shaders/softmax.wgsl")),
+    ("batchnorm", include_str!("shaders/batchnorm.wgsl")),
+];
+
+/// Where no adapter is found: how to get one.
+const NO_ADAPTER_HELP: &str = "no GPU adapter found (for a software Vulkan adapter install \
+     Mesa's lavapipe: apt-get install mesa-vulkan-drivers; TESSERA_GPU_BACKEND picks the \
+     backend: vulkan, metal, dx12, gl)";
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub shader_f16: bool,
+    pub max_binding: u64,
+    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+}
+
+pub fn compile_error(reason: String) -> PluginError {
+    PluginError::Compile {
+        backend: "wgpu".into(),
+        reason,
+    }
+}
+
+fn unavailable(reason: String) -> PluginError {
+    PluginError::Unavailable {
+        plugin: "GPU".into(),
+        reason,
+    }
+}
+
+/// The backends `TESSERA_GPU_BACKEND` (or the config key) names.
+pub fn backends(name: Option<&str>) -> Result<wgpu::Backends, PluginError> {
+    Ok(match name.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("") | Some("auto") => wgpu::Backends::PRIMARY,
+        Some("vulkan") => wgpu::Backends::VULKAN,
+        Some("metal") => wgpu::Backends::METAL,
+        Some("dx12") => wgpu::Backends::DX12,
+        Some("gl") => wgpu::Backends::GL,
+        Some(other) => {
+            return Err(unavailable(format!(
+                "unknown GPU backend '{other}' (expected vulkan, metal, dx12, gl or auto)"
+            )))
+        }
+    })
+}
+
+/// The adapters of `backends`, in the order wgpu lists them.
+pub fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = backends;
+    let instance = wgpu::Instance::new(desc);
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+impl Gpu {
+    /// Opens adapter `index` of `backends`.
+    pub fn open(backends: wgpu::Backends, index: usize) -> Result<Gpu, PluginError> {
+        let mut all = adapters(backends);
+        if all.is_empty() {
+            return Err(unavailable(NO_ADAPTER_HELP.into()));
+        }
+        if index >= all.len() {
+            return Err(unavailable(format!(
+                "GPU.{index} does not exist; this machine has {} GPU adapter(s)",
+                all.len()
+            )));
+        }
+        let adapter = all.swap_remove(index);
+        let info = adapter.get_info();
+        let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let limits = adapter.limits();
+        let required_limits = wgpu::Limits {
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffers_per_shader_stage: limits
+                .max_storage_buffers_per_shader_stage
+                .min(8),
+            ..wgpu::Limits::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("tessera"),
+            required_limits,
+            ..Default::default()
+        }))
+        .map_err(|e| unavailable(format!("{}: {e}", info.name)))?;
+        Ok(Gpu {
+            device,
+            queue,
+            max_binding: limits.max_storage_buffer_binding_size,
+            info,
+            shader_f16,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The pipeline of kernel `name`, compiled on first use.
+    pub fn pipeline(&self, name: &str) -> Result<Arc<wgpu::ComputePipeline>, PluginError> {
+        let mut cache = self
+            .pipelines
+            .lock()
+            .map_err(|_| compile_error("pipeline cache poisoned".into()))?;
+        if let Some(p) = cache.get(name) {
+            return Ok(p.clone());
+        }
+        let (key, source) = KERNELS
+            .iter()
+            .find(|(k, _)| *k == name)
+            .ok_or_else(|| compile_error(format!("no kernel {name}")))?;
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl((*source).into()),
+            });
+        let pipeline = Arc::new(self.device.create_compute_pipeline(
+            &wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            },
+        ));
+        cache.insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// A storage buffer of `len` f32 (at least one).
+    pub fn buffer(&self, len: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (len.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `data` (4-byte words).
+    pub fn buffer_with(&self, data: &[u8]) -> wgpu::Buffer {
+        let mut bytes = data.to_vec();
+        if bytes.is_empty() {
+            bytes.resize(4, 0);
+        }
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: &bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            })
+    }
+
+    /// A buffer the host reads results from.
+    pub fn staging(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Waits for the queue's work to finish.
+    pub fn wait(&self) -> Result<(), PluginError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| PluginError::Infer(format!("GPU: {e}")))
+    }
+
+    /// Reads `bytes` bytes back from a mapped-readable `staging` buffer.
+    pub fn read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, PluginError> {
+        let slice = staging.slice(0..bytes.max(4));
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| PluginError::Infer(format!("GPU map: {e}")))?
+            .map_err(|e| PluginError::Infer(format!("GPU map: {e}")))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| PluginError::Infer(format!("GPU map: {e:?}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}

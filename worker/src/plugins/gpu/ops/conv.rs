@@ -1,0 +1,234 @@
+//! Conv (1-D and 2-D, groups, strides, dilations, pads, auto_pad) and
+//! pooling (MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool).
+
+use tessera_common::onnx::proto::NodeProto;
+
+use super::{attr_i, attr_ints, attr_s, input, unknown_attrs};
+use crate::plugins::gpu::program::{groups_1d, Builder};
+
+pub fn check(node: &NodeProto) -> Result<(), String> {
+    match node.op_type() {
+        "Conv" => unknown_attrs(
+            node,
+            &[
+                "auto_pad",
+                "dilations",
+                "group",
+                "kernel_shape",
+                "pads",
+                "strides",
+            ],
+        ),
+        "MaxPool" => {
+            if node.output.iter().filter(|o| !o.is_empty()).count() > 1 {
+                return Err("the Indices output".into());
+            }
+            if attr_i(node, "storage_order").unwrap_or(0) != 0 {
+                return Err("storage_order 1".into());
+            }
+            unknown_attrs(
+                node,
+                &[
+                    "auto_pad",
+                    "ceil_mode",
+                    "dilations",
+                    "kernel_shape",
+                    "pads",
+                    "strides",
+                    "storage_order",
+                ],
+            )
+        }
+        "AveragePool" => unknown_attrs(
+            node,
+            &[
+                "auto_pad",
+                "ceil_mode",
+                "count_include_pad",
+                "dilations",
+                "kernel_shape",
+                "pads",
+                "strides",
+            ],
+        ),
+        _ => unknown_attrs(node, &[]),
+    }?;
+    match attr_s(node, "auto_pad").as_deref() {
+        None | Some("NOTSET") | Some("VALID") | Some("SAME_UPPER") | Some("SAME_LOWER") => Ok(()),
+        Some(other) => Err(format!("auto_pad '{other}'")),
+    }
+}
+
+/// Output size and (begin, end) padding of one spatial axis.
+fn axis_out(
+    node: &NodeProto,
+    size: usize,
+    k: usize,
+    s: usize,
+    d: usize,
+    pads: (usize, usize),
+    ceil: bool,
+) -> Result<(usize, usize, usize), String> {
+    let eff = d * (k - 1) + 1;
+    match attr_s(node, "auto_pad").as_deref() {
+        Some("SAME_UPPER") | Some("SAME_LOWER") => {
+            let out = size.div_ceil(s);
+            let total = ((out - 1) * s + eff).saturating_sub(size);
+            let (small, big) = (total / 2, total - total / 2);
+            let (b, e) = if attr_s(node, "auto_pad").as_deref() == Some("SAME_UPPER") {
+                (small, big)
+            } else {
+                (big, small)
+            };
+            Ok((out, b, e))
+        }
+        Some("VALID") => {
+            if size < eff {
+                return Err("kernel larger than the input".into());
+            }
+            Ok(((size - eff) / s + 1, 0, 0))
+        }
+        _ => {
+            let padded = size + pads.0 + pads.1;
+            if padded < eff {
+                return Err("kernel larger than the padded input".into());
+            }
+            let mut out = if ceil {
+                (padded - eff).div_ceil(s) + 1
+            } else {
+                (padded - eff) / s + 1
+            };
+            // A last window must start inside the input or its begin padding.
+            if ceil && (out - 1) * s >= size + pads.0 {
+                out -= 1;
+            }
+            Ok((out, pads.0, pads.1))
+        }
+    }
+}
+
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+    let x = input(node, 0).ok_or("no input")?;
+    let sx = b.shape(x)?;
+    if sx.len() != 3 && sx.len() != 4 {
+        return Err(format!("input of rank {} (1-D and 2-D only)", sx.len()));
+    }
+    // 1-D as 2-D with H = 1.
+    let (n, c, h, w) = if sx.len() == 4 {
+        (sx[0], sx[1], sx[2], sx[3])
+    } else {
+        (sx[0], sx[1], 1, sx[2])
+    };
+    let spatial = sx.len() - 2;
+    let global = node.op_type().starts_with("Global");
+    let (kh, kw, kernel) = if node.op_type() == "Conv" {
+        let wname = input(node, 1).ok_or("no weights")?;
+        let sw = b.shape(wname)?;
+        if sw.len() != sx.len() {
+            return Err("weights and input ranks differ".into());
+        }
+        (
+            if spatial == 2 { sw[2] } else { 1 },
+            sw[sw.len() - 1],
+            Some(sw),
+        )
+    } else if global {
+        (h, w, None)
+    } else {
+        let k = attr_ints(node, "kernel_shape").ok_or("no kernel_shape")?;
+        if k.len() != spatial || k.iter().any(|&v| v < 1) {
+            return Err("bad kernel_shape".into());
+        }
+        (
+            if spatial == 2 { k[0] as usize } else { 1 },
+            k[spatial - 1] as usize,
+            None,
+        )
+    };
+    let two = |name: &str, default: usize| -> Result<(usize, usize), String> {
+        match attr_ints(node, name) {
+            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 1) => Ok(if spatial == 2 {
+                (v[0] as usize, v[1] as usize)
+            } else {
+                (1, v[0] as usize)
+            }),
+            Some(_) => Err(format!("bad {name}")),
+            None => Ok((default, default)),
+        }
+    };
+    let (sh, sw_) = if global { (1, 1) } else { two("strides", 1)? };
+    let (dh, dw) = if global { (1, 1) } else { two("dilations", 1)? };
+    let pads = match attr_ints(node, "pads") {
+        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
+            let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
+            if spatial == 2 {
+                [(p[0], p[2]), (p[1], p[3])]
+            } else {
+                [(0, 0), (p[0], p[1])]
+            }
+        }
+        Some(_) => return Err("bad pads".into()),
+        None => [(0, 0), (0, 0)],
+    };
+    let ceil = attr_i(node, "ceil_mode").unwrap_or(0) != 0;
+    let (oh, pt, pb) = axis_out(node, h, kh, sh, dh, pads[0], ceil)?;
+    let (ow, pl, pr) = axis_out(node, w, kw, sw_, dw, pads[1], ceil)?;
+    let xs = b.slot(x)?;
+    if let Some(sw) = kernel {
+        let m = sw[0];
+        let group = attr_i(node, "group").unwrap_or(1).max(1) as usize;
+        if c % group != 0 || m % group != 0 || sw[1] * group != c {
+            return Err(format!(
+                "weights {sw:?} do not fit {c} channels in {group} groups"
+            ));
+        }
+        let ws = b.slot(input(node, 1).ok_or("no weights")?)?;
+        let (bs, has_bias) = match input(node, 2) {
+            Some(bias) => (b.slot(bias)?, 1),
+            None => (ws, 0),
+        };
+        let mut out = vec![n, m];
+        if spatial == 2 {
+            out.push(oh);
+        }
+        out.push(ow);
+        let total = n * m * oh * ow;
+        let ys = b.output(&node.output[0], out)?;
+        let params = [
+            n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl, has_bias, total,
+        ]
+        .map(|v| v as u32);
+        return b.dispatch("conv", &[xs, ws, bs, ys], &params, groups_1d(total));
+    }
+    let mut out = vec![n, c];
+    if spatial == 2 {
+        out.push(oh);
+    }
+    out.push(ow);
+    let total = n * c * oh * ow;
+    let ys = b.output(&node.output[0], out)?;
+    let mode = if node.op_type().contains("Max") { 0 } else { 1 };
+    let include_pad = attr_i(node, "count_include_pad").unwrap_or(0) as usize;
+    let params = [
+        n * c,
+        h,
+        w,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw_,
+        dh,
+        dw,
+        pt,
+        pl,
+        mode,
+        include_pad,
+        pb,
+        pr,
+        total,
+    ]
+    .map(|v| v as u32);
+    b.dispatch("pool", &[xs, ys], &params, groups_1d(total))
+}

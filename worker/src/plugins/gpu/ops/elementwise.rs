@@ -1,0 +1,198 @@
+//! Elementwise ops: binary arithmetic with numpy broadcasting, unary
+//! activations, BatchNormalization (inference).
+
+use tessera_common::onnx::proto::NodeProto;
+
+use super::{attr_f, attr_i, attr_s, input, padded, strides, unknown_attrs, MAX_RANK};
+use crate::plugins::gpu::program::{groups_1d, Builder};
+
+pub fn check(node: &NodeProto, _opset: i64) -> Result<(), String> {
+    match node.op_type() {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Relu" | "Sigmoid" | "Tanh" | "HardSwish"
+        | "Erf" | "Exp" | "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Log" | "Floor" | "Ceil"
+        | "Identity" => unknown_attrs(node, &[]),
+        "Max" | "Min" => {
+            if node.input.len() > 2 {
+                return Err("more than two inputs".into());
+            }
+            unknown_attrs(node, &[])
+        }
+        "LeakyRelu" | "Elu" => unknown_attrs(node, &["alpha"]),
+        "HardSigmoid" => unknown_attrs(node, &["alpha", "beta"]),
+        "Clip" => unknown_attrs(node, &["min", "max"]),
+        "Gelu" => {
+            match attr_s(node, "approximate").as_deref() {
+                None | Some("none") | Some("tanh") => {}
+                Some(other) => return Err(format!("approximate '{other}'")),
+            }
+            unknown_attrs(node, &["approximate"])
+        }
+        "BatchNormalization" => {
+            if node.output.iter().filter(|o| !o.is_empty()).count() > 1 {
+                return Err("training mode (running statistics outputs)".into());
+            }
+            if attr_i(node, "training_mode").unwrap_or(0) != 0 {
+                return Err("training mode".into());
+            }
+            unknown_attrs(node, &["epsilon", "momentum", "training_mode", "spatial"]).and_then(
+                |()| match attr_i(node, "spatial") {
+                    Some(0) => Err("spatial = 0".into()),
+                    _ => Ok(()),
+                },
+            )
+        }
+        other => Err(format!("{other} is not elementwise")),
+    }
+}
+
+/// Broadcast shape of `a` and `b` (numpy rules).
+pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+    let rank = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| {
+        let off = rank - s.len();
+        if i < off {
+            1
+        } else {
+            s[i - off]
+        }
+    };
+    (0..rank)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Ok(x),
+            (1, y) => Ok(y),
+            (x, 1) => Ok(x),
+            (x, y) => Err(format!(
+                "shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"
+            )),
+        })
+        .collect()
+}
+
+/// Strides of `shape` read as broadcast to `out` (0 along broadcast axes).
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<u32> {
+    let own = strides(shape);
+    let off = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                own[i - off] as u32
+            }
+        })
+        .collect()
+}
+
+fn unary_code(node: &NodeProto) -> (u32, f32, f32) {
+    let a = |name: &str, default: f32| attr_f(node, name).unwrap_or(default);
+    match node.op_type() {
+        "Relu" => (0, 0.0, 0.0),
+        "LeakyRelu" => (1, a("alpha", 0.01), 0.0),
+        "Sigmoid" => (2, 0.0, 0.0),
+        "Tanh" => (3, 0.0, 0.0),
+        "HardSigmoid" => (4, a("alpha", 0.2), a("beta", 0.5)),
+        "HardSwish" => (5, 0.0, 0.0),
+        "Clip" => (6, a("min", f32::MIN), a("max", f32::MAX)),
+        "Erf" => (7, 0.0, 0.0),
+        "Gelu" if attr_s(node, "approximate").as_deref() == Some("tanh") => (9, 0.0, 0.0),
+        "Gelu" => (8, 0.0, 0.0),
+        "Exp" => (10, 0.0, 0.0),
+        "Neg" => (11, 0.0, 0.0),
+        "Abs" => (12, 0.0, 0.0),
+        "Sqrt" => (13, 0.0, 0.0),
+        "Reciprocal" => (15, 0.0, 0.0),
+        "Elu" => (16, a("alpha", 1.0), 0.0),
+        "Log" => (17, 0.0, 0.0),
+        "Floor" => (18, 0.0, 0.0),
+        "Ceil" => (19, 0.0, 0.0),
+        _ => (14, 0.0, 0.0),
+    }
+}
+
+fn unary(b: &mut Builder, node: &NodeProto, code: (u32, f32, f32)) -> Result<(), String> {
+    let x = input(node, 0).ok_or("no input")?;
+    let shape = b.shape(x)?;
+    let n: usize = shape.iter().product();
+    let xs = b.slot(x)?;
+    let ys = b.output(&node.output[0], shape)?;
+    let params = [n as u32, code.0, code.1.to_bits(), code.2.to_bits()];
+    b.dispatch("unary", &[xs, ys], &params, groups_1d(n))
+}
+
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+    let op = match node.op_type() {
+        "Add" => 0,
+        "Sub" => 1,
+        "Mul" => 2,
+        "Div" => 3,
+        "Pow" => 4,
+        "Max" => 5,
+        "Min" => 6,
+        "BatchNormalization" => return batchnorm(b, node),
+        "Clip" => {
+            let (code, mut lo, mut hi) = unary_code(node);
+            // Opset 11+: bounds as (constant) inputs.
+            for (i, bound) in [(1, &mut lo), (2, &mut hi)] {
+                if let Some(name) = input(node, i) {
+                    let v = b.floats(name).ok_or("clip bounds must be constants")?;
+                    *bound = *v.first().ok_or("empty clip bound")?;
+                }
+            }
+            return unary(b, node, (code, lo, hi));
+        }
+        _ => {
+            let code = unary_code(node);
+            return unary(b, node, code);
+        }
+    };
+    if node.input.len() == 1 {
+        return unary(b, node, (14, 0.0, 0.0));
+    }
+    let (x, z) = (
+        input(node, 0).ok_or("no input A")?,
+        input(node, 1).ok_or("no input B")?,
+    );
+    let (sx, sz) = (b.shape(x)?, b.shape(z)?);
+    let out = broadcast(&sx, &sz)?;
+    if out.len() > MAX_RANK {
+        return Err(format!("rank {} above {MAX_RANK}", out.len()));
+    }
+    let n: usize = out.iter().product();
+    let mut params = vec![n as u32, out.len() as u32, op];
+    params.extend(padded(
+        &out.iter().map(|&d| d as u32).collect::<Vec<_>>(),
+        MAX_RANK,
+        1,
+    ));
+    params.extend(padded(&broadcast_strides(&sx, &out), MAX_RANK, 0));
+    params.extend(padded(&broadcast_strides(&sz, &out), MAX_RANK, 0));
+    let (xs, zs) = (b.slot(x)?, b.slot(z)?);
+    let ys = b.output(&node.output[0], out)?;
+    b.dispatch("binary", &[xs, zs, ys], &params, groups_1d(n))
+}
+
+fn batchnorm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+    let names: Vec<&str> = (0..5)
+        .map(|i| input(node, i).ok_or("BatchNormalization needs five inputs"))
+        .collect::<Result<_, _>>()?;
+    let shape = b.shape(names[0])?;
+    if shape.len() < 2 {
+        return Err("input of rank below 2".into());
+    }
+    let c = shape[1];
+    for name in &names[1..] {
+        if b.shape(name)?.iter().product::<usize>() != c {
+            return Err(format!("'{name}' does not have {c} channels"));
+        }
+    }
+    let n: usize = shape.iter().product();
+    let inner: usize = shape[2..].iter().product();
+    let eps = attr_f(node, "epsilon").unwrap_or(1e-5);
+    let mut slots = Vec::new();
+    for name in &names {
+        slots.push(b.slot(name)?);
+    }
+    slots.push(b.output(&node.output[0], shape)?);
+    let params = [n as u32, c as u32, inner.max(1) as u32, eps.to_bits()];
+    b.dispatch("batchnorm", &slots, &params, groups_1d(n))
+}

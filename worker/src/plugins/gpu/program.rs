@@ -1,0 +1,510 @@
+//! A compiled subgraph on the GPU. Its nodes are planned per set of input
+//! shapes (a plan: every tensor's shape, one buffer per tensor (views share
+//! their source's), one dispatch per kernel launch, bind groups and
+//! parameters made once); plans are cached and their buffers reused by
+//! every request of those shapes. Tensors stay in GPU memory between the
+//! nodes; only the subgraph's inputs and outputs cross to the host.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tessera_common::onnx::proto::{ModelProto, NodeProto};
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+
+use super::context::Gpu;
+use super::ops;
+use crate::plugin::{ExecStatus, InferResult, PerfCounter, PluginError, TensorSpec};
+
+/// Plans kept per subgraph (one per distinct set of input shapes).
+const MAX_PLANS: usize = 16;
+
+/// One kernel launch.
+pub struct Step {
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub groups: (u32, u32, u32),
+    /// The node it belongs to (for per-node counters).
+    pub node: usize,
+}
+
+/// A subgraph's plan for one set of input shapes.
+pub struct Plan {
+    buffers: Vec<wgpu::Buffer>,
+    steps: Vec<Step>,
+    inputs: Vec<usize>,
+    /// Output buffer slot, shape, and its staging buffer.
+    outputs: Vec<(usize, Vec<usize>, wgpu::Buffer)>,
+}
+
+/// What planning a node may use.
+pub struct Builder<'a> {
+    pub gpu: &'a Gpu,
+    pub opset: i64,
+    consts: &'a HashMap<String, Tensor>,
+    buffers: Vec<wgpu::Buffer>,
+    slots: HashMap<String, usize>,
+    shapes: HashMap<String, Vec<usize>>,
+    steps: Vec<Step>,
+    node: usize,
+}
+
+impl Builder<'_> {
+    /// The shape of tensor `name`.
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
+        if let Some(s) = self.shapes.get(name) {
+            return Ok(s.clone());
+        }
+        self.consts
+            .get(name)
+            .map(|t| t.shape().to_vec())
+            .ok_or_else(|| format!("tensor '{name}' is unknown"))
+    }
+
+    /// The values of a constant integer input.
+    pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        let t = self.consts.get(name)?;
+        match t.elem() {
+            ElemType::INT64 => t.to_vec::<i64>().ok(),
+            ElemType::INT32 => t
+                .to_vec::<i32>()
+                .ok()
+                .map(|v| v.into_iter().map(i64::from).collect()),
+            _ => None,
+        }
+    }
+
+    /// The values of a constant float input.
+    pub fn floats(&self, name: &str) -> Option<Vec<f32>> {
+        let t = self.consts.get(name)?;
+        (t.elem() == ElemType::FLOAT)
+            .then(|| t.to_vec::<f32>().ok())
+            .flatten()
+    }
+
+    /// The buffer slot of tensor `name` (constants uploaded on first use).
+    pub fn slot(&mut self, name: &str) -> Result<usize, String> {
+        if let Some(&s) = self.slots.get(name) {
+            return Ok(s);
+        }
+        let t = self
+            .consts
+            .get(name)
+            .ok_or_else(|| format!("tensor '{name}' has no buffer"))?;
+        if t.elem() != ElemType::FLOAT {
+            return Err(format!("'{name}' is {}, not float", t.elem().name()));
+        }
+        let buffer = self.gpu.buffer_with(t.bytes());
+        Ok(self.add(name, buffer, t.shape().to_vec()))
+    }
+
+    fn add(&mut self, name: &str, buffer: wgpu::Buffer, shape: Vec<usize>) -> usize {
+        self.buffers.push(buffer);
+        let slot = self.buffers.len() - 1;
+        self.slots.insert(name.into(), slot);
+        self.shapes.insert(name.into(), shape);
+        slot
+    }
+
+    /// A new buffer for output `name` of `shape`.
+    pub fn output(&mut self, name: &str, shape: Vec<usize>) -> Result<usize, String> {
+        let n: usize = shape.iter().product();
+        if (n as u64) * 4 > self.gpu.max_binding {
+            return Err(format!(
+                "'{name}' ({} MB) exceeds the device's largest storage binding",
+                (n * 4) >> 20
+            ));
+        }
+        let buffer = self.gpu.buffer(n);
+        Ok(self.add(name, buffer, shape))
+    }
+
+    /// Output `name` is a view of input `from` with another shape.
+    pub fn alias(&mut self, name: &str, from: &str, shape: Vec<usize>) -> Result<(), String> {
+        let slot = self.slot(from)?;
+        self.slots.insert(name.into(), slot);
+        self.shapes.insert(name.into(), shape);
+        Ok(())
+    }
+
+    /// One launch of `kernel` over `slots` (its bindings in order, the
+    /// parameters last) with `groups` workgroups.
+    pub fn dispatch(
+        &mut self,
+        kernel: &str,
+        slots: &[usize],
+        params: &[u32],
+        groups: (u32, u32, u32),
+    ) -> Result<(), String> {
+        let pipeline = self.gpu.pipeline(kernel).map_err(|e| e.to_string())?;
+        let params = self.gpu.buffer_with(bytemuck::cast_slice(params));
+        let layout = pipeline.get_bind_group_layout(0);
+        let mut entries: Vec<wgpu::BindGroupEntry> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: self.buffers[s].as_entire_binding(),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: slots.len() as u32,
+            resource: params.as_entire_binding(),
+        });
+        let bind_group = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel),
+                layout: &layout,
+                entries: &entries,
+            });
+        self.steps.push(Step {
+            pipeline,
+            bind_group,
+            groups,
+            node: self.node,
+        });
+        Ok(())
+    }
+}
+
+/// Workgroups of 256 for `n` elements (the kernels loop over the rest).
+pub fn groups_1d(n: usize) -> (u32, u32, u32) {
+    (n.div_ceil(256).clamp(1, 65535) as u32, 1, 1)
+}
+
+/// The shapes of a request's inputs (a plan's key).
+type InputShapes = Vec<Vec<usize>>;
+
+/// A subgraph compiled for the GPU.
+pub struct Program {
+    gpu: Arc<Gpu>,
+    nodes: Vec<NodeProto>,
+    consts: HashMap<String, Tensor>,
+    opset: i64,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+    perf: bool,
+    plans: Mutex<Vec<(InputShapes, Arc<Mutex<Plan>>)>>,
+    /// The ONNX subgraph it was compiled from (what `export` keeps).
+    pub onnx: Vec<u8>,
+}
+
+fn bad(m: String) -> PluginError {
+    PluginError::InvalidModel(m)
+}
+
+impl Program {
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: &ModelProto,
+        onnx: Vec<u8>,
+        perf: bool,
+    ) -> Result<Program, PluginError> {
+        let graph = model
+            .graph
+            .as_ref()
+            .ok_or_else(|| bad("the model has no graph".into()))?;
+        let opset = ops::opset(model);
+        let mut consts = HashMap::new();
+        for init in &graph.initializer {
+            let t = Tensor::from_proto(init).map_err(|e| bad(format!("{}: {e}", init.name())))?;
+            consts.insert(init.name().to_string(), t);
+        }
+        let mut nodes = Vec::new();
+        for node in &graph.node {
+            if node.op_type() == "Constant" && node.input.is_empty() {
+                let t = ops::constant_value(node).map_err(bad)?;
+                consts.insert(node.output.first().cloned().unwrap_or_default(), t);
+                continue;
+            }
+            ops::check(node, opset).map_err(|e| {
+                super::context::compile_error(format!("{} ({}): {e}", node.name(), node.op_type()))
+            })?;
+            nodes.push(node.clone());
+        }
+        // Every kernel the subgraph needs, compiled now.
+        for node in &nodes {
+            for kernel in ops::kernels(node.op_type()) {
+                gpu.pipeline(kernel)?;
+            }
+        }
+        let spec = |v: &tessera_common::onnx::proto::ValueInfoProto| -> TensorSpec {
+            let (elem, shape) = ops::value_type(v);
+            TensorSpec {
+                name: v.name().to_string(),
+                elem,
+                shape,
+            }
+        };
+        let inputs = graph
+            .input
+            .iter()
+            .filter(|i| !consts.contains_key(i.name()))
+            .map(spec)
+            .collect();
+        let outputs = graph.output.iter().map(spec).collect();
+        Ok(Program {
+            gpu,
+            nodes,
+            consts,
+            opset,
+            inputs,
+            outputs,
+            perf,
+            plans: Mutex::new(Vec::new()),
+            onnx,
+        })
+    }
+
+    /// The plan for these input shapes (made on first use).
+    fn plan(&self, shapes: Vec<Vec<usize>>) -> Result<Arc<Mutex<Plan>>, PluginError> {
+        let poisoned = |_| PluginError::Infer("GPU plan cache poisoned".into());
+        if let Some((_, p)) = self
+            .plans
+            .lock()
+            .map_err(poisoned)?
+            .iter()
+            .find(|(s, _)| *s == shapes)
+        {
+            return Ok(p.clone());
+        }
+        let mut b = Builder {
+            gpu: &self.gpu,
+            opset: self.opset,
+            consts: &self.consts,
+            buffers: Vec::new(),
+            slots: HashMap::new(),
+            shapes: HashMap::new(),
+            steps: Vec::new(),
+            node: 0,
+        };
+        let mut inputs = Vec::new();
+        for (spec, shape) in self.inputs.iter().zip(&shapes) {
+            inputs.push(
+                b.output(&spec.name, shape.clone())
+                    .map_err(PluginError::BadInput)?,
+            );
+        }
+        for (i, node) in self.nodes.iter().enumerate() {
+            b.node = i;
+            ops::plan(&mut b, node).map_err(|e| {
+                PluginError::Infer(format!("{} ({}): {e}", node.name(), node.op_type()))
+            })?;
+        }
+        let mut outputs = Vec::new();
+        for spec in &self.outputs {
+            let slot = b.slot(&spec.name).map_err(PluginError::Infer)?;
+            let shape = b.shape(&spec.name).map_err(PluginError::Infer)?;
+            let bytes = shape.iter().product::<usize>() as u64 * 4;
+            outputs.push((slot, shape, self.gpu.staging(bytes)));
+        }
+        let plan = Arc::new(Mutex::new(Plan {
+            buffers: b.buffers,
+            steps: b.steps,
+            inputs,
+            outputs,
+        }));
+        let mut plans = self.plans.lock().map_err(poisoned)?;
+        if plans.len() >= MAX_PLANS {
+            plans.remove(0);
+        }
+        plans.push((shapes, plan.clone()));
+        Ok(plan)
+    }
+
+    pub fn inputs(&self) -> &[TensorSpec] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+
+    pub fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
+        if inputs.len() != self.inputs.len() {
+            return Err(PluginError::BadInput(format!(
+                "expected {} inputs, got {}",
+                self.inputs.len(),
+                inputs.len()
+            )));
+        }
+        for (t, spec) in inputs.iter().zip(&self.inputs) {
+            let fits = t.shape().len() == spec.shape.len()
+                && t.shape()
+                    .iter()
+                    .zip(&spec.shape)
+                    .all(|(d, s)| s.is_none_or(|s| s == *d));
+            if t.elem() != ElemType::FLOAT || !fits {
+                return Err(PluginError::BadInput(format!(
+                    "input '{}' is {} {:?}; expected float {:?}",
+                    spec.name,
+                    t.elem().name(),
+                    t.shape(),
+                    spec.shape
+                )));
+            }
+        }
+        let plan = self.plan(inputs.iter().map(|t| t.shape().to_vec()).collect())?;
+        let plan = plan
+            .lock()
+            .map_err(|_| PluginError::Infer("GPU plan poisoned".into()))?;
+        let started = Instant::now();
+        for (t, &slot) in inputs.iter().zip(&plan.inputs) {
+            if !t.bytes().is_empty() {
+                self.gpu
+                    .queue
+                    .write_buffer(&plan.buffers[slot], 0, t.bytes());
+            }
+        }
+        let mut encoder = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for step in &plan.steps {
+                pass.set_pipeline(&step.pipeline);
+                pass.set_bind_group(0, &step.bind_group, &[]);
+                pass.dispatch_workgroups(step.groups.0, step.groups.1, step.groups.2);
+            }
+        }
+        for (slot, shape, staging) in &plan.outputs {
+            let bytes = shape.iter().product::<usize>() as u64 * 4;
+            if bytes > 0 {
+                encoder.copy_buffer_to_buffer(&plan.buffers[*slot], 0, staging, 0, bytes);
+            }
+        }
+        self.gpu.queue.submit([encoder.finish()]);
+        let mut outputs = Vec::with_capacity(plan.outputs.len());
+        for (_, shape, staging) in &plan.outputs {
+            let bytes = shape.iter().product::<usize>() as u64 * 4;
+            let data = if bytes > 0 {
+                self.gpu.read(staging, bytes)?
+            } else {
+                Vec::new()
+            };
+            outputs.push(
+                Tensor::new(ElemType::FLOAT, shape.clone(), data)
+                    .map_err(|e| PluginError::Infer(e.to_string()))?,
+            );
+        }
+        let counters = if self.perf {
+            // One submission: the subgraph's time, shared by its nodes by
+            // their launches.
+            let total = started.elapsed().as_micros() as u64;
+            let launches = plan.steps.len().max(1) as u64;
+            self.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let own = plan.steps.iter().filter(|s| s.node == i).count() as u64;
+                    PerfCounter {
+                        node: n.name().to_string(),
+                        op_type: n.op_type().to_string(),
+                        status: if own > 0 {
+                            ExecStatus::Executed
+                        } else {
+                            ExecStatus::OptimizedOut
+                        },
+                        real_us: total * own / launches,
+                        cpu_us: 0,
+                        exec_type: "wgpu_f32".into(),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(InferResult { outputs, counters })
+    }
+}
+
+/// Measures (GFLOPS, GB/s) on `gpu`: a 512³ GEMM and a 64 MB copy, each
+/// run a few times after a warm-up.
+pub fn calibrate(gpu: &Gpu) -> Result<(f64, f64), PluginError> {
+    let consts = HashMap::new();
+    let mut b = Builder {
+        gpu,
+        opset: 17,
+        consts: &consts,
+        buffers: Vec::new(),
+        slots: HashMap::new(),
+        shapes: HashMap::new(),
+        steps: Vec::new(),
+        node: 0,
+    };
+    let err = PluginError::Infer;
+    let n = 512usize;
+    let a = b.output("a", vec![n, n]).map_err(err)?;
+    let w = b.output("w", vec![n, n]).map_err(err)?;
+    let y = b.output("y", vec![n, n]).map_err(err)?;
+    let mut p = vec![
+        n as u32,
+        n as u32,
+        n as u32,
+        0,
+        0,
+        1f32.to_bits(),
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    p.extend([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let groups = (n.div_ceil(16) as u32, n.div_ceil(16) as u32, 1);
+    b.dispatch("gemm", &[a, w, w, y], &p, groups).map_err(err)?;
+    let words = 16usize << 20;
+    let src = b.output("src", vec![words]).map_err(err)?;
+    let dst = b.output("dst", vec![words]).map_err(err)?;
+    let mut c = vec![words as u32, 1, 0, 0];
+    c.extend([
+        words as u32,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+    b.dispatch("copy", &[src, dst], &c, groups_1d(words))
+        .map_err(err)?;
+    let time = |step: &Step| -> Result<f64, PluginError> {
+        let mut best = f64::MAX;
+        for _ in 0..4 {
+            let started = Instant::now();
+            let mut encoder = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&step.pipeline);
+                pass.set_bind_group(0, &step.bind_group, &[]);
+                pass.dispatch_workgroups(step.groups.0, step.groups.1, step.groups.2);
+            }
+            gpu.queue.submit([encoder.finish()]);
+            gpu.wait()?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let gemm = time(&b.steps[0])?;
+    let copy = time(&b.steps[1])?;
+    let gflops = 2.0 * (n * n * n) as f64 / gemm / 1e9;
+    let gbps = 2.0 * (words * 4) as f64 / copy / 1e9;
+    Ok((gflops, gbps))
+}
