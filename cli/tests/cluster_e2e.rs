@@ -151,3 +151,47 @@ fn sixty_four_concurrent_requests_complete_correctly_and_in_order() {
         network.unload().await.unwrap();
     });
 }
+
+#[test]
+fn rec_split_between_a_gpu_worker_and_a_cpu_worker_matches_onnxruntime() {
+    if let Err(e) = tessera_worker::plugins::gpu::GpuPlugin::new() {
+        if std::env::var("TESSERA_GPU_TESTS").as_deref() == Ok("required") {
+            panic!("{e}");
+        }
+        println!("SKIPPED: {e}");
+        return;
+    }
+    let cluster = Cluster::start_with("gpu-cpu", &[("node-a", "GPU"), ("node-b", "CPU")], 1);
+    let path = util::model("ch_PP-OCRv4_rec_infer.onnx");
+    let bytes = std::fs::read(&path).unwrap();
+    let graph = Graph::from_model(decode_model(&bytes).unwrap()).unwrap();
+    let inputs = synth::random_inputs(&graph, 9).unwrap();
+    let want = onnxruntime(&path, &inputs, &cluster.dir.join("ort"));
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let network = client
+            .load_network(bytes, LoadOptions::devices("HETERO:node-a/GPU,node-b/CPU"))
+            .await
+            .unwrap();
+        let plan = network.plan();
+        let on = |device: &str| {
+            plan.subgraphs
+                .iter()
+                .filter(|s| s.device == device)
+                .map(|s| s.nodes)
+                .sum::<usize>()
+        };
+        let (gpu, cpu) = (on("node-a/GPU"), on("node-b/CPU"));
+        let got = network.infer(inputs.clone()).await.unwrap();
+        let diff = max_abs_diff(&got.tensors[0].1, &want[0]);
+        println!(
+            "PP-OCRv4 rec over node-a/GPU and node-b/CPU: {} subgraphs, {gpu} nodes on the GPU, \
+             {cpu} on the CPU; max abs diff vs onnxruntime {diff:e}",
+            plan.subgraphs.len()
+        );
+        assert!(gpu > cpu, "most nodes run on the GPU");
+        assert!(cpu > 0, "the GPU plugin's gaps fall back to the CPU worker");
+        assert!(diff <= 1e-3, "max abs diff {diff}");
+    });
+}

@@ -114,12 +114,19 @@ impl Cluster {
     /// of silence) and one worker per name, each serving CPU with
     /// `threads` threads per subgraph.
     pub fn start(test: &str, workers: &[&str], threads: usize) -> Cluster {
+        let with: Vec<(&str, &str)> = workers.iter().map(|w| (*w, "CPU")).collect();
+        Cluster::start_with(test, &with, threads)
+    }
+
+    /// As [`Cluster::start`], each worker serving its own devices
+    /// (`("node-a", "GPU")`).
+    pub fn start_with(test: &str, workers: &[(&str, &str)], threads: usize) -> Cluster {
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let certs = dir.join("certs");
         let mut nodes = vec!["coordinator", "client"];
-        nodes.extend(workers);
+        nodes.extend(workers.iter().map(|(w, _)| *w));
         certs_init(&certs, CLUSTER, &nodes);
         let config = dir.join("cluster.toml");
         std::fs::write(
@@ -146,8 +153,16 @@ impl Cluster {
             coordinator,
             workers: Vec::new(),
         };
-        for name in workers {
-            let (w, _) = cluster.worker(name, &cluster.certs.clone(), threads);
+        for (name, devices) in workers {
+            let mut args = cluster.worker_args(name, &cluster.certs.clone(), threads);
+            args[1] = devices.to_string();
+            let (w, _) = Proc::start(
+                name,
+                env!("CARGO_BIN_EXE_worker"),
+                &args,
+                &cluster.dir,
+                "registered as ",
+            );
             cluster.workers.push(w);
         }
         cluster
