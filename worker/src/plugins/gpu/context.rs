@@ -19,6 +19,10 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("pool", include_str!("shaders/pool.wgsl")),
     ("softmax", include_str!("shaders/softmax.wgsl")),
     ("batchnorm", include_str!("shaders/batchnorm.wgsl")),
+    ("reduce", include_str!("shaders/reduce.wgsl")),
+    ("layernorm", include_str!("shaders/layernorm.wgsl")),
+    ("resize", include_str!("shaders/resize.wgsl")),
+    ("convtranspose", include_str!("shaders/convtranspose.wgsl")),
 ];
 
 /// Where no adapter is found: how to get one.
@@ -104,14 +108,33 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| unavailable(format!("{}: {e}", info.name)))?;
-        Ok(Gpu {
+        // Errors outside an error scope are logged, never a panic.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            tracing::error!("GPU: {e}");
+        }));
+        let gpu = Gpu {
             device,
             queue,
             max_binding: limits.max_storage_buffer_binding_size,
             info,
             shader_f16,
             pipelines: Mutex::new(HashMap::new()),
-        })
+        };
+        // Every kernel compiled once, now.
+        for (name, _) in KERNELS {
+            gpu.pipeline(name)?;
+        }
+        Ok(gpu)
+    }
+
+    /// Runs `f` inside a validation error scope: wgpu's errors become ours.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        match pollster::block_on(scope.pop()) {
+            Some(e) => Err(format!("{what}: {e}")),
+            None => Ok(out),
+        }
     }
 
     /// The pipeline of kernel `name`, compiled on first use.
@@ -127,22 +150,27 @@ impl Gpu {
             .iter()
             .find(|(k, _)| *k == name)
             .ok_or_else(|| compile_error(format!("no kernel {name}")))?;
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(key),
-                source: wgpu::ShaderSource::Wgsl((*source).into()),
-            });
-        let pipeline = Arc::new(self.device.create_compute_pipeline(
-            &wgpu::ComputePipelineDescriptor {
-                label: Some(key),
-                layout: None,
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            },
-        ));
+        let pipeline = self
+            .scoped(&format!("kernel {key}"), || {
+                let module = self
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(key),
+                        source: wgpu::ShaderSource::Wgsl((*source).into()),
+                    });
+                Arc::new(
+                    self.device
+                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(key),
+                            layout: None,
+                            module: &module,
+                            entry_point: Some("main"),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        }),
+                )
+            })
+            .map_err(compile_error)?;
         cache.insert(key, pipeline.clone());
         Ok(pipeline)
     }

@@ -215,6 +215,12 @@ impl DevicePlugin for GpuPlugin {
                 let first = node.inputs.first().copied().flatten();
                 let rank = first.and_then(|t| graph.tensor(t).shape.as_ref().map(|s| s.len()));
                 ops::check_rank(proto, rank)?;
+                let empty = first
+                    .and_then(|t| graph.tensor(t).shape.as_ref())
+                    .is_some_and(|s| s.iter().any(|d| d.known() == Some(0)));
+                if empty && proto.op_type().starts_with("Reduce") {
+                    return Err("a reduction over an empty tensor".into());
+                }
                 let consts = ops::const_inputs(proto);
                 for (i, t) in node.inputs.iter().enumerate() {
                     let Some(t) = t else { continue };

@@ -152,14 +152,15 @@ impl Builder<'_> {
             binding: slots.len() as u32,
             resource: params.as_entire_binding(),
         });
-        let bind_group = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel),
-                layout: &layout,
-                entries: &entries,
-            });
+        let bind_group = self.gpu.scoped(kernel, || {
+            self.gpu
+                .device
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(kernel),
+                    layout: &layout,
+                    entries: &entries,
+                })
+        })?;
         self.steps.push(Step {
             pipeline,
             bind_group,

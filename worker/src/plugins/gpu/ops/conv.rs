@@ -39,6 +39,26 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
                 ],
             )
         }
+        "ConvTranspose" => {
+            if attr_ints(node, "output_shape").is_some() {
+                return Err("output_shape".into());
+            }
+            if !matches!(attr_s(node, "auto_pad").as_deref(), None | Some("NOTSET")) {
+                return Err("auto_pad".into());
+            }
+            unknown_attrs(
+                node,
+                &[
+                    "auto_pad",
+                    "dilations",
+                    "group",
+                    "kernel_shape",
+                    "output_padding",
+                    "pads",
+                    "strides",
+                ],
+            )
+        }
         "AveragePool" => unknown_attrs(
             node,
             &[
@@ -108,6 +128,9 @@ fn axis_out(
 }
 
 pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+    if node.op_type() == "ConvTranspose" {
+        return conv_transpose(b, node);
+    }
     let x = input(node, 0).ok_or("no input")?;
     let sx = b.shape(x)?;
     if sx.len() != 3 && sx.len() != 4 {
@@ -231,4 +254,89 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     ]
     .map(|v| v as u32);
     b.dispatch("pool", &[xs, ys], &params, groups_1d(total))
+}
+
+/// ConvTranspose: output (in - 1)·s + (k - 1)·d + 1 - pads + output_padding.
+fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+    let x = input(node, 0).ok_or("no input")?;
+    let wname = input(node, 1).ok_or("no weights")?;
+    let (sx, sw) = (b.shape(x)?, b.shape(wname)?);
+    if (sx.len() != 3 && sx.len() != 4) || sw.len() != sx.len() {
+        return Err("1-D and 2-D only".into());
+    }
+    let spatial = sx.len() - 2;
+    let (n, c, h, w) = if spatial == 2 {
+        (sx[0], sx[1], sx[2], sx[3])
+    } else {
+        (sx[0], sx[1], 1, sx[2])
+    };
+    let (kh, kw) = if spatial == 2 {
+        (sw[2], sw[3])
+    } else {
+        (1, sw[2])
+    };
+    let group = attr_i(node, "group").unwrap_or(1).max(1) as usize;
+    if sw[0] != c || c % group != 0 {
+        return Err(format!(
+            "weights {sw:?} do not fit {c} channels in {group} groups"
+        ));
+    }
+    let m = sw[1] * group;
+    let pair = |name: &str, default: i64| -> Result<(usize, usize), String> {
+        match attr_ints(node, name) {
+            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 0) => Ok(if spatial == 2 {
+                (v[0] as usize, v[1] as usize)
+            } else {
+                (default as usize, v[0] as usize)
+            }),
+            Some(_) => Err(format!("bad {name}")),
+            None => Ok((default as usize, default as usize)),
+        }
+    };
+    let (sh, sw_) = pair("strides", 1)?;
+    let (dh, dw) = pair("dilations", 1)?;
+    let (oph, opw) = pair("output_padding", 0)?;
+    if sh == 0 || sw_ == 0 || dh == 0 || dw == 0 {
+        return Err("zero stride or dilation".into());
+    }
+    let [(pt, pb), (pl, pr)] = match attr_ints(node, "pads") {
+        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
+            let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
+            if spatial == 2 {
+                [(p[0], p[2]), (p[1], p[3])]
+            } else {
+                [(0, 0), (p[0], p[1])]
+            }
+        }
+        Some(_) => return Err("bad pads".into()),
+        None => [(0, 0), (0, 0)],
+    };
+    let size = |i: usize, s: usize, k: usize, d: usize, b0: usize, b1: usize, op: usize| {
+        ((i - 1) * s + (k - 1) * d + 1 + op).checked_sub(b0 + b1)
+    };
+    let oh = size(h, sh, kh, dh, pt, pb, oph).ok_or("pads larger than the output")?;
+    let ow = size(w, sw_, kw, dw, pl, pr, opw).ok_or("pads larger than the output")?;
+    let xs = b.slot(x)?;
+    let ws = b.slot(wname)?;
+    let (bs, has_bias) = match input(node, 2) {
+        Some(bias) => (b.slot(bias)?, 1),
+        None => (ws, 0),
+    };
+    let mut out = vec![n, m];
+    if spatial == 2 {
+        out.push(oh);
+    }
+    out.push(ow);
+    let total = n * m * oh * ow;
+    let ys = b.output(&node.output[0], out)?;
+    let params = [
+        n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl, has_bias, total,
+    ]
+    .map(|v| v as u32);
+    b.dispatch(
+        "convtranspose",
+        &[xs, ws, bs, ys],
+        &params,
+        groups_1d(total),
+    )
 }

@@ -6,6 +6,8 @@ mod conv;
 mod elementwise;
 mod layout;
 mod linear;
+mod reduce;
+mod resize;
 
 use tessera_common::onnx::proto::{ModelProto, NodeProto, ValueInfoProto};
 use tessera_common::onnx::ElemType;
@@ -45,6 +47,13 @@ pub const OPS: &[(&str, &[&str])] = &[
     ("MatMul", &["gemm"]),
     ("Gemm", &["gemm"]),
     ("Conv", &["conv"]),
+    ("ConvTranspose", &["convtranspose"]),
+    ("ReduceSum", &["reduce", "unary"]),
+    ("ReduceMean", &["reduce", "unary"]),
+    ("ReduceMax", &["reduce", "unary"]),
+    ("ReduceMin", &["reduce", "unary"]),
+    ("LayerNormalization", &["layernorm"]),
+    ("Resize", &["resize"]),
     ("MaxPool", &["pool"]),
     ("AveragePool", &["pool"]),
     ("GlobalAveragePool", &["pool"]),
@@ -198,6 +207,11 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
         }
         "Softmax" | "LogSoftmax" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"
         | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" => layout::check(node, opset),
+        "ConvTranspose" => conv::check(node),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "LayerNormalization" => {
+            reduce::check(node)
+        }
+        "Resize" => resize::check(node, opset),
         other => Err(format!("{other} is not implemented on the GPU")),
     }
 }
@@ -206,9 +220,9 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
 /// kernels.
 pub fn check_rank(node: &NodeProto, rank: Option<usize>) -> Result<(), String> {
     let fits = match node.op_type() {
-        "Conv" | "MaxPool" | "AveragePool" | "GlobalAveragePool" | "GlobalMaxPool" => {
-            rank.is_some_and(|r| r == 3 || r == 4)
-        }
+        "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "GlobalAveragePool"
+        | "GlobalMaxPool" => rank.is_some_and(|r| r == 3 || r == 4),
+        "Resize" => rank == Some(4),
         "Gemm" => rank == Some(2),
         "MatMul" => rank.is_some_and(|r| (1..=6).contains(&r)),
         _ => rank.is_none_or(|r| r <= MAX_RANK),
@@ -230,6 +244,8 @@ pub fn const_inputs(node: &NodeProto) -> &'static [usize] {
         "Reshape" | "Expand" => &[1],
         "Squeeze" | "Unsqueeze" | "Split" => &[1],
         "Slice" => &[1, 2, 3, 4],
+        "Resize" => &[1, 2, 3],
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => &[1],
         "Clip" => &[1, 2],
         _ => &[],
     }
@@ -244,6 +260,11 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         }
         "Softmax" | "LogSoftmax" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"
         | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" => layout::plan(b, node),
+        "ConvTranspose" => conv::plan(b, node),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "LayerNormalization" => {
+            reduce::plan(b, node)
+        }
+        "Resize" => resize::plan(b, node),
         _ => elementwise::plan(b, node),
     }
 }
