@@ -132,7 +132,8 @@ pub fn model_from_dag(dag: &Dag, names: Option<&[&str]>) -> ModelProto {
 }
 
 /// `g` as an opset-17 model produced by `tessera-synth`.
-fn opset17(g: GraphProto) -> ModelProto {
+/// A model of `g` at opset 17.
+pub fn opset17(g: GraphProto) -> ModelProto {
     ModelProto {
         ir_version: Some(8),
         opset_import: vec![OperatorSetIdProto {
