@@ -323,11 +323,20 @@ async fn session<R: FnOnce(&str)>(
     ));
     // Intermediate tensors from other workers.
     let accepting = state.clone();
+    // Connections other workers opened in this session: closed at its end,
+    // so that they dial this worker's next session instead of streaming
+    // into this one's router.
+    let incoming: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Default::default();
+    let accepted = incoming.clone();
     let peers = tokio::spawn(async move {
         while let Some(peer) = accepting.node.accept(&[Role::Worker]).await {
             match peer {
                 Ok(peer) => {
                     tracing::debug!(peer = %peer.hello.node, "worker connected");
+                    if let Ok(mut all) = accepted.lock() {
+                        all.retain(|c| c.close_reason().is_none());
+                        all.push(peer.connection.clone());
+                    }
                     tokio::spawn(serve_streams(
                         peer.connection,
                         limits,
@@ -372,6 +381,11 @@ async fn session<R: FnOnce(&str)>(
         actor.do_send(Stop);
     }
     router.close_peers().await;
+    if let Ok(all) = incoming.lock() {
+        for c in all.iter() {
+            c.close(0u32.into(), b"session over");
+        }
+    }
     connection.close(0u32.into(), b"session over");
     Err(WorkerError::CoordinatorLost(
         connection
