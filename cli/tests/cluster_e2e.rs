@@ -15,16 +15,9 @@ use tessera_common::synth::{self, Rng};
 use tessera_common::tensor::Tensor;
 use util::cluster::Cluster;
 use util::oracle::{max_abs_diff, onnxruntime, onnxruntime_many};
+use util::runtime;
 
 const TOLERANCE: f32 = 1e-4;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Every op node of `graph` on node-a or node-b: `split` decides by the
 /// node's position in topological order.

@@ -18,17 +18,10 @@ use tessera_common::synth;
 use tessera_common::tensor::Tensor;
 use util::cluster::Cluster;
 use util::oracle::{max_abs_diff, onnxruntime_many};
+use util::runtime;
 
 const TOLERANCE: f32 = 1e-4;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// The graph's op nodes pinned to `hosts` in contiguous chunks of its
 /// topological order.

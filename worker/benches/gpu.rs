@@ -100,7 +100,7 @@ fn main() {
         ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320], 5),
         ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 320, 320], 3),
     ] {
-        let Ok(model) = load_model(&dir.join(name)) else {
+        let Ok(model) = load_model(dir.join(name)) else {
             println!("{name}: missing (scripts/fetch-test-models.sh)");
             continue;
         };

@@ -1,23 +1,15 @@
 //! The ONNX node tests through the CPU plugin: zero wrong answers among the
 //! tests its QueryNetwork accepts.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod util;
 
 use tessera_worker::conformance;
 use tessera_worker::plugins::cpu::CpuPlugin;
 
-fn node_test_root() -> PathBuf {
-    let out = Command::new("python3")
-        .args(["-c", "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend/test/data/node'))"])
-        .output()
-        .expect("python3 with onnx==1.17.0 (scripts/test.sh installs it)");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 #[test]
 fn cpu_plugin_passes_the_onnx_node_tests_it_accepts() {
-    let tests = conformance::node_tests(&node_test_root()).expect("onnx node tests (onnx==1.17.0)");
+    let tests =
+        conformance::node_tests(&util::node_test_root()).expect("onnx node tests (onnx==1.17.0)");
     assert!(tests.len() > 1000, "found {} node tests", tests.len());
     let plugin = CpuPlugin::new().unwrap();
     let report = conformance::run(&plugin, &tests);

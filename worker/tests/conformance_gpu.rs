@@ -6,21 +6,13 @@
 //! `TESSERA_GPU_TESTS=required` (`scripts/test.sh` sets it after installing
 //! lavapipe).
 
+mod util;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
 
 use tessera_worker::conformance;
 use tessera_worker::plugin::DevicePlugin;
 use tessera_worker::plugins::gpu::GpuPlugin;
-
-fn node_test_root() -> PathBuf {
-    let out = Command::new("python3")
-        .args(["-c", "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend/test/data/node'))"])
-        .output()
-        .expect("python3 with onnx==1.17.0 (scripts/test.sh installs it)");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
 
 /// The plugin, or `None` (after saying why) where this machine has no
 /// adapter and the GPU tests are not required.
@@ -46,7 +38,8 @@ fn gpu_plugin_passes_the_onnx_node_tests_it_accepts() {
             .unwrap()
             .to_string()
     );
-    let tests = conformance::node_tests(&node_test_root()).expect("onnx node tests (onnx==1.17.0)");
+    let tests =
+        conformance::node_tests(&util::node_test_root()).expect("onnx node tests (onnx==1.17.0)");
     let report = conformance::run(&plugin, &tests);
     println!(
         "GPU conformance over {} ONNX node tests: {report}",

@@ -27,3 +27,12 @@ pub fn tessera(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into(),
     )
 }
+
+/// A two-thread tokio runtime for driving the client SDK in tests.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -1,5 +1,5 @@
 //! Helpers shared by the worker's integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 #[path = "../../../tests/rust/models.rs"]
 mod models;
@@ -7,3 +7,12 @@ mod models;
 mod oracle;
 pub use models::model_path;
 pub use oracle::{max_abs_diff, onnxruntime};
+
+/// Where onnx 1.17's node tests are (`scripts/test.sh` installs onnx).
+pub fn node_test_root() -> std::path::PathBuf {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend/test/data/node'))"])
+        .output()
+        .expect("python3 with onnx==1.17.0 (scripts/test.sh installs it)");
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}

@@ -89,6 +89,9 @@ fn axis_out(
     pads: (usize, usize),
     ceil: bool,
 ) -> Result<(usize, usize, usize), String> {
+    if size == 0 || k == 0 || s == 0 {
+        return Err("an empty input, kernel or stride".into());
+    }
     let eff = d * (k - 1) + 1;
     match attr_s(node, "auto_pad").as_deref() {
         Some("SAME_UPPER") | Some("SAME_LOWER") => {
@@ -127,21 +130,58 @@ fn axis_out(
     }
 }
 
+/// An NC(H)W input as (N, C, H, W): 1-D as 2-D with H = 1.
+fn nchw(sx: &[usize]) -> Result<(usize, usize, usize, usize), String> {
+    match *sx {
+        [n, c, h, w] => Ok((n, c, h, w)),
+        [n, c, w] => Ok((n, c, 1, w)),
+        _ => Err(format!("input of rank {} (1-D and 2-D only)", sx.len())),
+    }
+}
+
+/// A per-axis attribute (strides, dilations, output_padding) as (H, W);
+/// 1-D nodes give H the default.
+fn pair(
+    node: &NodeProto,
+    name: &str,
+    spatial: usize,
+    default: usize,
+    min: i64,
+) -> Result<(usize, usize), String> {
+    match attr_ints(node, name) {
+        Some(v) if v.len() == spatial && v.iter().all(|&x| x >= min) => Ok(if spatial == 2 {
+            (v[0] as usize, v[1] as usize)
+        } else {
+            (default, v[0] as usize)
+        }),
+        Some(_) => Err(format!("bad {name}")),
+        None => Ok((default, default)),
+    }
+}
+
+/// `pads` as [(top, bottom), (left, right)].
+fn pads(node: &NodeProto, spatial: usize) -> Result<[(usize, usize); 2], String> {
+    match attr_ints(node, "pads") {
+        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
+            let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
+            Ok(if spatial == 2 {
+                [(p[0], p[2]), (p[1], p[3])]
+            } else {
+                [(0, 0), (p[0], p[1])]
+            })
+        }
+        Some(_) => Err("bad pads".into()),
+        None => Ok([(0, 0), (0, 0)]),
+    }
+}
+
 pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     if node.op_type() == "ConvTranspose" {
         return conv_transpose(b, node);
     }
     let x = input(node, 0).ok_or("no input")?;
     let sx = b.shape(x)?;
-    if sx.len() != 3 && sx.len() != 4 {
-        return Err(format!("input of rank {} (1-D and 2-D only)", sx.len()));
-    }
-    // 1-D as 2-D with H = 1.
-    let (n, c, h, w) = if sx.len() == 4 {
-        (sx[0], sx[1], sx[2], sx[3])
-    } else {
-        (sx[0], sx[1], 1, sx[2])
-    };
+    let (n, c, h, w) = nchw(&sx)?;
     let spatial = sx.len() - 2;
     let global = node.op_type().starts_with("Global");
     let (kh, kw, kernel) = if node.op_type() == "Conv" {
@@ -168,31 +208,17 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             None,
         )
     };
-    let two = |name: &str, default: usize| -> Result<(usize, usize), String> {
-        match attr_ints(node, name) {
-            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 1) => Ok(if spatial == 2 {
-                (v[0] as usize, v[1] as usize)
-            } else {
-                (1, v[0] as usize)
-            }),
-            Some(_) => Err(format!("bad {name}")),
-            None => Ok((default, default)),
-        }
+    let (sh, sw_) = if global {
+        (1, 1)
+    } else {
+        pair(node, "strides", spatial, 1, 1)?
     };
-    let (sh, sw_) = if global { (1, 1) } else { two("strides", 1)? };
-    let (dh, dw) = if global { (1, 1) } else { two("dilations", 1)? };
-    let pads = match attr_ints(node, "pads") {
-        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
-            let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
-            if spatial == 2 {
-                [(p[0], p[2]), (p[1], p[3])]
-            } else {
-                [(0, 0), (p[0], p[1])]
-            }
-        }
-        Some(_) => return Err("bad pads".into()),
-        None => [(0, 0), (0, 0)],
+    let (dh, dw) = if global {
+        (1, 1)
+    } else {
+        pair(node, "dilations", spatial, 1, 1)?
     };
+    let pads = pads(node, spatial)?;
     let ceil = attr_i(node, "ceil_mode").unwrap_or(0) != 0;
     let (oh, pt, pb) = axis_out(node, h, kh, sh, dh, pads[0], ceil)?;
     let (ow, pl, pr) = axis_out(node, w, kw, sw_, dw, pads[1], ceil)?;
@@ -261,15 +287,11 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let x = input(node, 0).ok_or("no input")?;
     let wname = input(node, 1).ok_or("no weights")?;
     let (sx, sw) = (b.shape(x)?, b.shape(wname)?);
-    if (sx.len() != 3 && sx.len() != 4) || sw.len() != sx.len() {
-        return Err("1-D and 2-D only".into());
+    let (n, c, h, w) = nchw(&sx)?;
+    if sw.len() != sx.len() {
+        return Err("weights and input ranks differ".into());
     }
     let spatial = sx.len() - 2;
-    let (n, c, h, w) = if spatial == 2 {
-        (sx[0], sx[1], sx[2], sx[3])
-    } else {
-        (sx[0], sx[1], 1, sx[2])
-    };
     let (kh, kw) = if spatial == 2 {
         (sw[2], sw[3])
     } else {
@@ -282,35 +304,13 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         ));
     }
     let m = sw[1] * group;
-    let pair = |name: &str, default: i64| -> Result<(usize, usize), String> {
-        match attr_ints(node, name) {
-            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 0) => Ok(if spatial == 2 {
-                (v[0] as usize, v[1] as usize)
-            } else {
-                (default as usize, v[0] as usize)
-            }),
-            Some(_) => Err(format!("bad {name}")),
-            None => Ok((default as usize, default as usize)),
-        }
-    };
-    let (sh, sw_) = pair("strides", 1)?;
-    let (dh, dw) = pair("dilations", 1)?;
-    let (oph, opw) = pair("output_padding", 0)?;
-    if sh == 0 || sw_ == 0 || dh == 0 || dw == 0 {
-        return Err("zero stride or dilation".into());
+    let (sh, sw_) = pair(node, "strides", spatial, 1, 1)?;
+    let (dh, dw) = pair(node, "dilations", spatial, 1, 1)?;
+    let (oph, opw) = pair(node, "output_padding", spatial, 0, 0)?;
+    let [(pt, pb), (pl, pr)] = pads(node, spatial)?;
+    if h == 0 || w == 0 || kh == 0 || kw == 0 {
+        return Err("an empty input or kernel".into());
     }
-    let [(pt, pb), (pl, pr)] = match attr_ints(node, "pads") {
-        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
-            let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
-            if spatial == 2 {
-                [(p[0], p[2]), (p[1], p[3])]
-            } else {
-                [(0, 0), (p[0], p[1])]
-            }
-        }
-        Some(_) => return Err("bad pads".into()),
-        None => [(0, 0), (0, 0)],
-    };
     let size = |i: usize, s: usize, k: usize, d: usize, b0: usize, b1: usize, op: usize| {
         ((i - 1) * s + (k - 1) * d + 1 + op).checked_sub(b0 + b1)
     };
