@@ -231,23 +231,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
                 "weights {sw:?} do not fit {c} channels in {group} groups"
             ));
         }
-        let ws = b.slot(input(node, 1).ok_or("no weights")?)?;
-        let (bs, has_bias) = match input(node, 2) {
-            Some(bias) => (b.slot(bias)?, 1),
-            None => (ws, 0),
-        };
-        let mut out = vec![n, m];
-        if spatial == 2 {
-            out.push(oh);
-        }
-        out.push(ow);
-        let total = n * m * oh * ow;
-        let ys = b.output(&node.output[0], out)?;
-        let params = [
-            n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl, has_bias, total,
-        ]
-        .map(|v| v as u32);
-        return b.dispatch("conv", &[xs, ws, bs, ys], &params, groups_1d(total));
+        let shape = [
+            n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl,
+        ];
+        return launch(b, node, "conv", xs, spatial, shape);
     }
     let mut out = vec![n, c];
     if spatial == 2 {
@@ -317,7 +304,25 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let oh = size(h, sh, kh, dh, pt, pb, oph).ok_or("pads larger than the output")?;
     let ow = size(w, sw_, kw, dw, pl, pr, opw).ok_or("pads larger than the output")?;
     let xs = b.slot(x)?;
-    let ws = b.slot(wname)?;
+    let shape = [
+        n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl,
+    ];
+    launch(b, node, "convtranspose", xs, spatial, shape)
+}
+
+/// Launches `kernel` (conv or convtranspose) on input slot `xs`, the
+/// node's weights and optional bias; `shape` is [N, C, H, W, M, OH, OW,
+/// KH, KW, group, sh, sw, dh, dw, pt, pl].
+fn launch(
+    b: &mut Builder,
+    node: &NodeProto,
+    kernel: &str,
+    xs: usize,
+    spatial: usize,
+    shape: [usize; 16],
+) -> Result<(), String> {
+    let [n, _, _, _, m, oh, ow, ..] = shape;
+    let ws = b.slot(input(node, 1).ok_or("no weights")?)?;
     let (bs, has_bias) = match input(node, 2) {
         Some(bias) => (b.slot(bias)?, 1),
         None => (ws, 0),
@@ -329,14 +334,7 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     out.push(ow);
     let total = n * m * oh * ow;
     let ys = b.output(&node.output[0], out)?;
-    let params = [
-        n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl, has_bias, total,
-    ]
-    .map(|v| v as u32);
-    b.dispatch(
-        "convtranspose",
-        &[xs, ws, bs, ys],
-        &params,
-        groups_1d(total),
-    )
+    let mut params: Vec<u32> = shape.iter().map(|&v| v as u32).collect();
+    params.extend([has_bias, total as u32]);
+    b.dispatch(kernel, &[xs, ws, bs, ys], &params, groups_1d(total))
 }
