@@ -137,15 +137,9 @@ impl Context<'_> {
 
     /// The values of an integer initializer (`int64` or `int32`).
     pub fn const_ints(&self, name: &str) -> Option<Vec<i64>> {
-        let t = Tensor::from_proto(self.initializers.get(name)?).ok()?;
-        match t.elem() {
-            ElemType::INT64 => t.to_vec::<i64>().ok(),
-            ElemType::INT32 => t
-                .to_vec::<i32>()
-                .ok()
-                .map(|v| v.into_iter().map(i64::from).collect()),
-            _ => None,
-        }
+        Tensor::from_proto(self.initializers.get(name)?)
+            .ok()?
+            .int_values()
     }
 }
 

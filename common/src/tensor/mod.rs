@@ -110,6 +110,19 @@ impl Tensor {
         self.data.clone()
     }
 
+    /// The elements of an `int64` or `int32` tensor as `i64` (shapes, axes
+    /// and indices); `None` for other element types.
+    pub fn int_values(&self) -> Option<Vec<i64>> {
+        match self.elem {
+            ElemType::INT64 => self.to_vec::<i64>().ok(),
+            ElemType::INT32 => self
+                .to_vec::<i32>()
+                .ok()
+                .map(|v| v.into_iter().map(i64::from).collect()),
+            _ => None,
+        }
+    }
+
     /// The elements as `T`, which must be the tensor's element type.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
         if self.elem != T::ELEM {

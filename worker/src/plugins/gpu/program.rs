@@ -64,15 +64,7 @@ impl Builder<'_> {
 
     /// The values of a constant integer input.
     pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
-        let t = self.consts.get(name)?;
-        match t.elem() {
-            ElemType::INT64 => t.to_vec::<i64>().ok(),
-            ElemType::INT32 => t
-                .to_vec::<i32>()
-                .ok()
-                .map(|v| v.into_iter().map(i64::from).collect()),
-            _ => None,
-        }
+        self.consts.get(name)?.int_values()
     }
 
     /// The values of a constant float input.
