@@ -115,20 +115,69 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         (coord(node)?, nearest(node)?)
     };
     let total: usize = out.iter().product();
-    let params = [
+    // Source rows and columns computed here, in IEEE f32 like the CPU
+    // runtimes (a GPU may divide through an approximate reciprocal, and
+    // the nearest modes must see exact ties as ties).
+    let mut params = vec![
         (sx[0] * sx[1]) as u32,
         sx[2] as u32,
         sx[3] as u32,
         out[2] as u32,
         out[3] as u32,
         mode,
-        coord,
-        nearest,
-        scale[2].to_bits(),
-        scale[3].to_bits(),
         total as u32,
     ];
+    for axis in [2, 3] {
+        for o in 0..out[axis] {
+            let at = source(o, sx[axis], out[axis], scale[axis], coord);
+            params.extend(taps(at, sx[axis], mode == 1, nearest));
+        }
+    }
     let xs = b.slot(x)?;
     let ys = b.output(&node.output[0], out)?;
     b.dispatch("resize", &[xs, ys], &params, groups_1d(total))
+}
+
+/// The input coordinate of output index `o` on an axis of `in_len` resized
+/// to `out_len` by `scale`.
+fn source(o: usize, in_len: usize, out_len: usize, scale: f32, coord: u32) -> f32 {
+    let fo = o as f32;
+    match coord {
+        1 => fo / scale,
+        2 => {
+            // The spec's length_resized is length_original * scale (not
+            // rounded down) when scales are given.
+            let resized = in_len as f32 * scale;
+            if resized <= 1.0 {
+                0.0
+            } else {
+                fo * (in_len - 1) as f32 / (resized - 1.0)
+            }
+        }
+        3 if out_len == 1 => 0.0,
+        _ => (fo + 0.5) / scale - 0.5,
+    }
+}
+
+/// (first, second, weight of the second) input index at coordinate `at`:
+/// the two neighbours for linear, the rounded index (weight 0) for nearest.
+fn taps(at: f32, in_len: usize, linear: bool, nearest: u32) -> [u32; 3] {
+    let last = in_len.saturating_sub(1) as f32;
+    if linear {
+        let c = at.clamp(0.0, last);
+        let i0 = c.floor();
+        let i1 = (i0 + 1.0).min(last);
+        return [i0 as u32, i1 as u32, (c - i0).to_bits()];
+    }
+    let tie = at - at.floor() == 0.5;
+    let i = match nearest {
+        1 if tie => at.ceil(),
+        2 => at.floor(),
+        3 => at.ceil(),
+        1 => at.round(),
+        _ if tie => at.floor(),
+        _ => at.round(),
+    };
+    let i = i.clamp(0.0, last) as u32;
+    [i, i, 0]
 }
