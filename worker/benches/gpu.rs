@@ -1,19 +1,27 @@
 //! GPU plugin figures (a figure printer, not a timed test):
 //! `cargo bench -p tessera-worker --bench gpu`.
 //!
-//! MatMul 1024³ GFLOP/s and real-model latencies (PP-OCR cls, PP-OCRv4 det
-//! 320×320 and rec 48×320), each on the GPU plugin (whatever adapter wgpu
-//! finds: lavapipe here) vs the CPU plugin, runs alternating between the
-//! two; medians and their ratio.
+//! MatMul 1024³ GFLOP/s and real-model latencies (PP-OCR cls 48×192,
+//! PP-OCRv4 rec 48×320, det at 320² and 640²) on the GPU plugin (whatever
+//! adapter wgpu finds: lavapipe here) vs the CPU plugin, runs alternating
+//! between the two; medians and their ratio. det runs whole on the GPU
+//! plugin; cls and rec as HETERO:GPU,CPU (their shape arithmetic stays on
+//! the CPU). Also the largest difference between the two sides' outputs,
+//! and where the adapter writes timestamps, the GPU time per op type and
+//! the slowest nodes (one more run with PERF_COUNT on).
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
 use tessera_common::onnx::proto::GraphProto;
 use tessera_common::onnx::{encode_model, load_model, tensor_info};
+use tessera_common::partition::Algorithm;
 use tessera_common::synth::{node, opset17, Rng};
 use tessera_common::tensor::Tensor;
+use tessera_worker::hetero::{LoadOptions, Network};
 use tessera_worker::plugin::{CompiledSubgraph, Config, DevicePlugin};
 use tessera_worker::plugins::cpu::CpuPlugin;
 use tessera_worker::plugins::gpu::GpuPlugin;
@@ -32,36 +40,103 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_values(shape.to_vec(), &values).expect("sizes match")
 }
 
-/// Median seconds of `runs` alternating runs on each, after a warm-up.
-fn race(
-    a: &Arc<dyn CompiledSubgraph>,
-    b: &Arc<dyn CompiledSubgraph>,
-    inputs: &[Tensor],
-    runs: usize,
-) -> (f64, f64) {
-    a.infer(inputs).expect("runs");
-    b.infer(inputs).expect("runs");
+/// Runs a model or subgraph on one side of the race: its outputs.
+type Runner<'a> = Box<dyn Fn() -> Vec<Tensor> + 'a>;
+
+/// Median seconds of `runs` alternating runs of each, after a warm-up.
+fn race(a: &Runner, b: &Runner, runs: usize) -> (f64, f64) {
+    a();
+    b();
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let t = Instant::now();
-        a.infer(inputs).expect("runs");
+        a();
         ta.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
-        b.infer(inputs).expect("runs");
+        b();
         tb.push(t.elapsed().as_secs_f64());
     }
     (median(ta), median(tb))
 }
 
+/// A compiled subgraph as a runner.
+fn plugin_runner<'a>(c: Arc<dyn CompiledSubgraph>, inputs: &'a [Tensor]) -> Runner<'a> {
+    Box::new(move || c.infer(inputs).expect("runs").outputs)
+}
+
+/// The largest absolute difference between two runs' outputs.
+fn max_diff(a: &[Tensor], b: &[Tensor]) -> f32 {
+    let mut worst = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (
+            x.to_vec::<f32>().expect("f32"),
+            y.to_vec::<f32>().expect("f32"),
+        );
+        for (u, v) in x.iter().zip(&y) {
+            worst = worst.max((u - v).abs());
+        }
+    }
+    worst
+}
+
+/// GPU time per op type of one run with PERF_COUNT on (where the adapter
+/// writes timestamps): "Conv 61% (1.2 ms), ...", the top five.
+fn gpu_time_by_op(gpu: &GpuPlugin, onnx: &[u8], inputs: &[Tensor]) -> Option<String> {
+    let mut config = Config::default();
+    config.set("PERF_COUNT", "YES").expect("a known key");
+    let compiled = gpu.compile(onnx, &config).ok()?;
+    compiled.infer(inputs).ok()?;
+    let result = compiled.infer(inputs).ok()?;
+    if !result
+        .counters
+        .iter()
+        .any(|c| c.exec_type.contains("timestamps"))
+    {
+        return None;
+    }
+    let mut by_op: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in &result.counters {
+        *by_op.entry(&c.op_type).or_default() += c.real_us;
+    }
+    let total: u64 = by_op.values().sum::<u64>().max(1);
+    let mut ranked: Vec<(&str, u64)> = by_op.into_iter().collect();
+    ranked.sort_by_key(|(_, us)| std::cmp::Reverse(*us));
+    let top: Vec<String> = ranked
+        .iter()
+        .take(5)
+        .map(|(op, us)| {
+            format!(
+                "{op} {:.0}% ({:.2} ms)",
+                100.0 * *us as f64 / total as f64,
+                *us as f64 / 1e3
+            )
+        })
+        .collect();
+    let mut nodes: Vec<_> = result.counters.iter().collect();
+    nodes.sort_by_key(|c| std::cmp::Reverse(c.real_us));
+    let slowest: Vec<String> = nodes
+        .iter()
+        .take(5)
+        .map(|c| format!("{} ({}) {} µs", c.node, c.op_type, c.real_us))
+        .collect();
+    Some(format!(
+        "GPU time {:.2} ms in {} nodes: {}; slowest nodes: {}",
+        total as f64 / 1e3,
+        result.counters.len(),
+        top.join(", "),
+        slowest.join(", ")
+    ))
+}
+
 fn main() {
     let gpu = match GpuPlugin::new() {
-        Ok(g) => g,
+        Ok(g) => Arc::new(g),
         Err(e) => {
             println!("no GPU: {e}");
             return;
         }
     };
-    let cpu = CpuPlugin::new().expect("the CPU plugin");
+    let cpu = Arc::new(CpuPlugin::new().expect("the CPU plugin"));
     println!("GPU: {}", gpu.metric("FULL_DEVICE_NAME").expect("a name"));
     println!("CPU: {}", cpu.metric("FULL_DEVICE_NAME").expect("a name"));
     let config = Config::default();
@@ -79,7 +154,11 @@ fn main() {
     let on_gpu = gpu.compile(&onnx, &config).expect("compiles");
     let on_cpu = cpu.compile(&onnx, &config).expect("compiles");
     let inputs = [random(&[1024, 1024], 1), random(&[1024, 1024], 2)];
-    let (tg, tc) = race(&on_gpu, &on_cpu, &inputs, 3);
+    let (tg, tc) = race(
+        &plugin_runner(on_gpu, &inputs),
+        &plugin_runner(on_cpu, &inputs),
+        3,
+    );
     let flops = 2.0 * (n * n * n) as f64;
     println!(
         "MatMul 1024³: GPU {:.1} GFLOP/s, CPU {:.1} GFLOP/s (GPU/CPU speed {:.2})",
@@ -91,43 +170,91 @@ fn main() {
     let dir = std::env::var_os("TESSERA_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models")));
+    let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = vec![
+        (DeviceId::parse("GPU").expect("a device"), gpu.clone()),
+        (DeviceId::parse("CPU").expect("a device"), cpu.clone()),
+    ];
     for (name, shape, runs) in [
         (
             "ch_ppocr_mobile_v2.0_cls_infer.onnx",
             [1usize, 3, 48, 192],
-            5,
+            9,
         ),
-        ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320], 5),
-        ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 320, 320], 3),
+        ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320], 9),
+        ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 320, 320], 5),
+        ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 640, 640], 3),
     ] {
         let Ok(model) = load_model(dir.join(name)) else {
             println!("{name}: missing (scripts/fetch-test-models.sh)");
             continue;
         };
         let onnx = encode_model(&model);
-        // The whole model on each device where it can (the GPU plugin runs
-        // every node of det and cls; rec needs HETERO, measured by the
-        // conformance of its parts instead).
-        let on_gpu = match gpu.compile(&onnx, &config) {
-            Ok(c) => c,
-            Err(e) => {
-                println!("{name}: not entirely on the GPU ({e})");
-                continue;
+        let inputs = vec![random(&shape, 3)];
+        let on_cpu = plugin_runner(cpu.compile(&onnx, &config).expect("compiles"), &inputs);
+        // The whole model on the GPU plugin where it runs every node (det),
+        // else HETERO:GPU,CPU (cls and rec keep their shape arithmetic on
+        // the CPU).
+        let (on_gpu, how): (Runner, String) = match gpu.compile(&onnx, &config) {
+            Ok(c) => (plugin_runner(c, &inputs), "GPU".into()),
+            Err(_) => {
+                let options = LoadOptions {
+                    priority: DevicePriority::parse("HETERO:GPU,CPU").expect("a priority"),
+                    policy: Policy::Priority,
+                    algorithm: Algorithm::Fast,
+                    strict: true,
+                    manual: Default::default(),
+                    config: config.clone(),
+                };
+                let network = match Network::load(model.clone(), &plugins, &options) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        println!("{name}: {e}");
+                        continue;
+                    }
+                };
+                let part = network.partition();
+                let on = |d: &str| -> usize {
+                    part.subgraphs
+                        .iter()
+                        .filter(|sg| part.device_of(sg).to_string() == d)
+                        .map(|sg| sg.nodes.len())
+                        .sum()
+                };
+                let how = format!(
+                    "HETERO:GPU,CPU ({} nodes on GPU, {} on CPU)",
+                    on("GPU"),
+                    on("CPU")
+                );
+                let input_name = model
+                    .graph
+                    .as_ref()
+                    .and_then(|g| g.input.first())
+                    .map(|i| i.name().to_string())
+                    .unwrap_or_default();
+                let named: HashMap<String, Tensor> = [(input_name, inputs[0].clone())].into();
+                let runner: Runner = Box::new(move || {
+                    network
+                        .run(&named)
+                        .expect("runs")
+                        .outputs
+                        .into_iter()
+                        .map(|(_, t)| t)
+                        .collect()
+                });
+                (runner, how)
             }
         };
-        let on_cpu = cpu.compile(&onnx, &config).expect("compiles");
-        let inputs = [random(&shape, 3)];
-        match on_gpu.infer(&inputs) {
-            Ok(_) => {
-                let (tg, tc) = race(&on_gpu, &on_cpu, &inputs, runs);
-                println!(
-                    "{name} {shape:?}: GPU {:.1} ms, CPU {:.1} ms (GPU/CPU speed {:.2})",
-                    tg * 1e3,
-                    tc * 1e3,
-                    tc / tg
-                );
-            }
-            Err(e) => println!("{name}: not entirely on the GPU ({e})"),
+        let diff = max_diff(&on_gpu(), &on_cpu());
+        let (tg, tc) = race(&on_gpu, &on_cpu, runs);
+        println!(
+            "{name} {shape:?}: {how} {:.2} ms, CPU {:.2} ms (GPU/CPU speed {:.2}); outputs differ by at most {:.1e}",
+            tg * 1e3,
+            tc * 1e3,
+            tc / tg,
+            diff
+        );
+        if let Some(profile) = gpu_time_by_op(&gpu, &onnx, &inputs) {
+            println!("  {profile}");
         }
     }
 }

@@ -16,7 +16,9 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("copy", include_str!("shaders/copy.wgsl")),
     ("gemm", include_str!("shaders/gemm.wgsl")),
     ("conv", include_str!("shaders/conv.wgsl")),
+    ("conv_gemm", include_str!("shaders/conv_gemm.wgsl")),
     ("pool", include_str!("shaders/pool.wgsl")),
+    ("global_pool", include_str!("shaders/global_pool.wgsl")),
     ("softmax", include_str!("shaders/softmax.wgsl")),
     ("batchnorm", include_str!("shaders/batchnorm.wgsl")),
     ("reduce", include_str!("shaders/reduce.wgsl")),
@@ -35,6 +37,9 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub shader_f16: bool,
+    /// Timestamps may be written between dispatches (per-node GPU times
+    /// in the performance counters).
+    pub timestamps: bool,
     pub max_binding: u64,
     pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
 }
@@ -93,6 +98,9 @@ impl Gpu {
         let adapter = all.swap_remove(index);
         let info = adapter.get_info();
         let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let timestamp_features =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = adapter.features().contains(timestamp_features);
         let limits = adapter.limits();
         let required_limits = wgpu::Limits {
             max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
@@ -104,6 +112,11 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tessera"),
+            required_features: if timestamps {
+                timestamp_features
+            } else {
+                wgpu::Features::empty()
+            },
             required_limits,
             ..Default::default()
         }))
@@ -118,6 +131,7 @@ impl Gpu {
             max_binding: limits.max_storage_buffer_binding_size,
             info,
             shader_f16,
+            timestamps,
             pipelines: Mutex::new(HashMap::new()),
         };
         // Every kernel compiled once, now.

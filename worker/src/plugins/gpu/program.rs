@@ -36,6 +36,57 @@ pub struct Plan {
     inputs: Vec<usize>,
     /// Output buffer slot, shape, and its staging buffer.
     outputs: Vec<(usize, Vec<usize>, wgpu::Buffer)>,
+    /// Timestamps around every launch, where counters are asked for and
+    /// the adapter can write them inside a pass.
+    timing: Option<Timing>,
+}
+
+/// A query set of one timestamp before each launch and one after the last,
+/// resolved into a buffer the host reads.
+struct Timing {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    count: u32,
+}
+
+impl Timing {
+    fn new(gpu: &Gpu, launches: usize) -> Option<Timing> {
+        let count = u32::try_from(launches + 1).ok()?;
+        if !gpu.timestamps || count > wgpu::QUERY_SET_MAX_QUERIES {
+            return None;
+        }
+        let bytes = u64::from(count) * u64::from(wgpu::QUERY_SIZE);
+        Some(Timing {
+            set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("launch timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            }),
+            resolved: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            staging: gpu.staging(bytes),
+            count,
+        })
+    }
+
+    /// Nanoseconds of each launch (between its timestamp and the next).
+    fn launch_ns(&self, gpu: &Gpu) -> Result<Vec<f64>, PluginError> {
+        let raw = gpu.read(&self.staging, u64::from(self.count) * 8)?;
+        let ticks: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        let period = f64::from(gpu.queue.get_timestamp_period());
+        Ok(ticks
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]) as f64 * period)
+            .collect())
+    }
 }
 
 /// What planning a node may use.
@@ -294,11 +345,17 @@ impl Program {
             let bytes = shape.iter().product::<usize>() as u64 * 4;
             outputs.push((slot, shape, self.gpu.staging(bytes)));
         }
+        let timing = if self.perf {
+            Timing::new(&self.gpu, b.steps.len())
+        } else {
+            None
+        };
         let plan = Arc::new(Mutex::new(Plan {
             buffers: b.buffers,
             steps: b.steps,
             inputs,
             outputs,
+            timing,
         }));
         let mut plans = self.plans.lock().map_err(poisoned)?;
         if plans.len() >= MAX_PLANS {
@@ -358,11 +415,21 @@ impl Program {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for step in &plan.steps {
+            for (i, step) in plan.steps.iter().enumerate() {
+                if let Some(t) = &plan.timing {
+                    pass.write_timestamp(&t.set, i as u32);
+                }
                 pass.set_pipeline(&step.pipeline);
                 pass.set_bind_group(0, &step.bind_group, &[]);
                 pass.dispatch_workgroups(step.groups.0, step.groups.1, step.groups.2);
             }
+            if let Some(t) = &plan.timing {
+                pass.write_timestamp(&t.set, t.count - 1);
+            }
+        }
+        if let Some(t) = &plan.timing {
+            encoder.resolve_query_set(&t.set, 0..t.count, &t.resolved, 0);
+            encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.staging, 0, u64::from(t.count) * 8);
         }
         for (slot, shape, staging) in &plan.outputs {
             let bytes = shape.iter().product::<usize>() as u64 * 4;
@@ -385,33 +452,52 @@ impl Program {
             );
         }
         let counters = if self.perf {
-            // One submission: the subgraph's time, shared by its nodes by
-            // their launches.
-            let total = started.elapsed().as_micros() as u64;
-            let launches = plan.steps.len().max(1) as u64;
-            self.nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let own = plan.steps.iter().filter(|s| s.node == i).count() as u64;
-                    PerfCounter {
-                        node: n.name().to_string(),
-                        op_type: n.op_type().to_string(),
-                        status: if own > 0 {
-                            ExecStatus::Executed
-                        } else {
-                            ExecStatus::OptimizedOut
-                        },
-                        real_us: total * own / launches,
-                        cpu_us: 0,
-                        exec_type: "wgpu_f32".into(),
-                    }
-                })
-                .collect()
+            self.counters(&plan, started.elapsed().as_micros() as u64)?
         } else {
             Vec::new()
         };
         Ok(InferResult { outputs, counters })
+    }
+
+    /// Per-node counters: each node's launches timed on the GPU where the
+    /// plan has timestamps, else the request's `total_us` shared by the
+    /// nodes by their number of launches.
+    fn counters(&self, plan: &Plan, total_us: u64) -> Result<Vec<PerfCounter>, PluginError> {
+        let launch_ns = match &plan.timing {
+            Some(t) => Some(t.launch_ns(&self.gpu)?),
+            None => None,
+        };
+        let launches = plan.steps.len().max(1) as u64;
+        Ok(self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let own: Vec<usize> = (0..plan.steps.len())
+                    .filter(|&s| plan.steps[s].node == i)
+                    .collect();
+                let real_us = match &launch_ns {
+                    Some(ns) => (own.iter().map(|&s| ns[s]).sum::<f64>() / 1e3).round() as u64,
+                    None => total_us * own.len() as u64 / launches,
+                };
+                PerfCounter {
+                    node: n.name().to_string(),
+                    op_type: n.op_type().to_string(),
+                    status: if own.is_empty() {
+                        ExecStatus::OptimizedOut
+                    } else {
+                        ExecStatus::Executed
+                    },
+                    real_us,
+                    cpu_us: 0,
+                    exec_type: if launch_ns.is_some() {
+                        "wgpu_f32 (GPU timestamps)".into()
+                    } else {
+                        "wgpu_f32".into()
+                    },
+                }
+            })
+            .collect())
     }
 }
 
@@ -448,7 +534,7 @@ pub fn calibrate(gpu: &Gpu) -> Result<(f64, f64), PluginError> {
         0,
     ];
     p.extend([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
-    let groups = (n.div_ceil(16) as u32, n.div_ceil(16) as u32, 1);
+    let groups = (n.div_ceil(64) as u32, n.div_ceil(64) as u32, 1);
     b.dispatch("gemm", &[a, w, w, y], &p, groups).map_err(err)?;
     let words = 16usize << 20;
     let src = b.output("src", vec![words]).map_err(err)?;

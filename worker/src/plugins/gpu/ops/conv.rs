@@ -244,6 +244,11 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let total = n * c * oh * ow;
     let ys = b.output(&node.output[0], out)?;
     let mode = if node.op_type().contains("Max") { 0 } else { 1 };
+    if global {
+        let params = [(n * c) as u32, (h * w) as u32, mode as u32];
+        let groups = ((n * c).clamp(1, 65535) as u32, 1, 1);
+        return b.dispatch("global_pool", &[xs, ys], &params, groups);
+    }
     let include_pad = attr_i(node, "count_include_pad").unwrap_or(0) as usize;
     let params = [
         n * c,
@@ -336,5 +341,20 @@ fn launch(
     let ys = b.output(&node.output[0], out)?;
     let mut params: Vec<u32> = shape.iter().map(|&v| v as u32).collect();
     params.extend([has_bias, total as u32]);
+    // Convs with many output channels per group run as an implicit GEMM
+    // (64x64 tiles of channels x positions per workgroup, one z per image
+    // and group); depthwise and other thin ones run direct.
+    let group = shape[9];
+    let tiles = ((oh * ow).div_ceil(64), (m / group).div_ceil(64), n * group);
+    if kernel == "conv"
+        && m / group >= GEMM_MIN_CHANNELS
+        && tiles.0.max(tiles.1).max(tiles.2) <= 65535
+    {
+        let groups = (tiles.0 as u32, tiles.1 as u32, tiles.2 as u32);
+        return b.dispatch("conv_gemm", &[xs, ws, bs, ys], &params, groups);
+    }
     b.dispatch(kernel, &[xs, ws, bs, ys], &params, groups_1d(total))
 }
+
+/// Output channels per group from which a Conv runs as an implicit GEMM.
+const GEMM_MIN_CHANNELS: usize = 16;

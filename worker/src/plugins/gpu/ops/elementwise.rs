@@ -158,17 +158,46 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         return Err(format!("rank {} above {MAX_RANK}", out.len()));
     }
     let n: usize = out.iter().product();
-    let mut params = vec![n as u32, out.len() as u32, op];
-    params.extend(padded(
-        &out.iter().map(|&d| d as u32).collect::<Vec<_>>(),
-        MAX_RANK,
-        1,
-    ));
-    params.extend(padded(&broadcast_strides(&sx, &out), MAX_RANK, 0));
-    params.extend(padded(&broadcast_strides(&sz, &out), MAX_RANK, 0));
+    let (dims, sa, sb) = collapse(
+        &out,
+        &broadcast_strides(&sx, &out),
+        &broadcast_strides(&sz, &out),
+    );
+    let mut params = vec![n as u32, dims.len() as u32, op];
+    params.extend(padded(&dims, MAX_RANK, 1));
+    params.extend(padded(&sa, MAX_RANK, 0));
+    params.extend(padded(&sb, MAX_RANK, 0));
     let (xs, zs) = (b.slot(x)?, b.slot(z)?);
     let ys = b.output(&node.output[0], out)?;
     b.dispatch("binary", &[xs, zs, ys], &params, groups_1d(n))
+}
+
+/// The fewest axes that index like (`dims`, `sa`, `sb`): axes of size 1
+/// dropped, neighbours merged where both operands step through them as
+/// one (contiguous, or both broadcast). Same shapes become one axis, a
+/// per-channel operand two or three: less index arithmetic per element.
+fn collapse(dims: &[usize], sa: &[u32], sb: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (mut d, mut a, mut b): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![], vec![], vec![]);
+    for i in 0..dims.len() {
+        if dims[i] == 1 {
+            continue;
+        }
+        let n = dims[i] as u32;
+        // Merge into the outer axis where it steps by this one's extent in
+        // both operands.
+        if let Some(k) = d.len().checked_sub(1) {
+            if a[k] == sa[i] * n && b[k] == sb[i] * n {
+                d[k] *= n;
+                a[k] = sa[i];
+                b[k] = sb[i];
+                continue;
+            }
+        }
+        d.push(n);
+        a.push(sa[i]);
+        b.push(sb[i]);
+    }
+    (d, a, b)
 }
 
 fn batchnorm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {

@@ -178,8 +178,8 @@ fn launch(
     params.extend(padded(a_str, MAX_BATCH_RANK, 0));
     params.extend(padded(b_str, MAX_BATCH_RANK, 0));
     let groups = (
-        n.div_ceil(16).max(1) as u32,
-        m.div_ceil(16).max(1) as u32,
+        n.div_ceil(64).max(1) as u32,
+        m.div_ceil(64).max(1) as u32,
         count.max(1) as u32,
     );
     if groups.0 > 65535 || groups.1 > 65535 {

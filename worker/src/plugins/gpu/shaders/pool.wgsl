@@ -1,4 +1,4 @@
-// 2-D pooling (1-D as H = 1; global pooling as a kernel over the whole map).
+// 2-D pooling (1-D as H = 1); global pooling is global_pool.wgsl.
 // p: [NC, H, W, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl, mode (0 max, 1 avg),
 //     count_include_pad, pb, pr, total]
 @group(0) @binding(0) var<storage, read> x: array<f32>;

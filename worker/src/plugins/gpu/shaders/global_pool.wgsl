@@ -1,0 +1,44 @@
+// GlobalAveragePool / GlobalMaxPool: one workgroup reduces each (n, c)
+// plane (planes beyond the launch's workgroups loop), 256 threads striding
+// over it, then a tree in workgroup memory.
+// p: [NC, HW, mode (0 max, 1 avg)]
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read> p: array<u32>;
+
+var<workgroup> part: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nw: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let NC = p[0];
+    let HW = p[1];
+    let is_max = p[2] == 0u;
+    for (var plane = wg.x; plane < NC; plane += nw.x) {
+        var acc = 0.0;
+        if (is_max) { acc = -3.402823e38; }
+        for (var i = t; i < HW; i += 256u) {
+            let v = x[plane * HW + i];
+            if (is_max) { acc = max(acc, v); } else { acc += v; }
+        }
+        part[t] = acc;
+        workgroupBarrier();
+        for (var s = 128u; s > 0u; s >>= 1u) {
+            if (t < s) {
+                if (is_max) {
+                    part[t] = max(part[t], part[t + s]);
+                } else {
+                    part[t] += part[t + s];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (t == 0u) {
+            if (is_max) { y[plane] = part[0]; } else { y[plane] = part[0] / f32(HW); }
+        }
+        workgroupBarrier();
+    }
+}

@@ -1,0 +1,171 @@
+//! Conv shapes the ONNX node tests do not reach, through the GPU plugin
+//! against onnxruntime (max abs diff ≤ 1e-4): many output channels per
+//! group (the implicit-GEMM kernel: sizes that are not multiples of its
+//! 64×64 tiles, batches, groups, strides, dilations, asymmetric pads,
+//! auto_pad, 1-D, non-square kernels, 1×1) and thin ones (the direct
+//! kernel). Skipped, saying so, without a GPU adapter unless
+//! TESSERA_GPU_TESTS=required.
+
+mod util;
+
+use tessera_common::graph::Graph;
+use tessera_common::onnx::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto};
+use tessera_common::onnx::{encode_model, tensor_info};
+use tessera_common::synth::{node, opset17, random_inputs};
+use tessera_worker::plugin::{Config, DevicePlugin};
+use tessera_worker::plugins::gpu::GpuPlugin;
+
+const TOLERANCE: f32 = 1e-4;
+
+/// One Conv: input, weight and bias shapes and its attributes.
+struct Case {
+    name: &'static str,
+    x: &'static [i64],
+    w: &'static [i64],
+    bias: bool,
+    ints: &'static [(&'static str, &'static [i64])],
+    auto_pad: Option<&'static str>,
+    group: i64,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "batch2_m70_k3_stride2_pad1",
+        x: &[2, 3, 37, 37],
+        w: &[70, 3, 3, 3],
+        bias: true,
+        ints: &[("strides", &[2, 2]), ("pads", &[1, 1, 1, 1])],
+        auto_pad: None,
+        group: 1,
+    },
+    Case {
+        name: "pointwise_c40_m64",
+        x: &[1, 40, 20, 21],
+        w: &[64, 40, 1, 1],
+        bias: false,
+        ints: &[],
+        auto_pad: None,
+        group: 1,
+    },
+    Case {
+        name: "groups2_dilation2_asymmetric_pads",
+        x: &[1, 16, 19, 23],
+        w: &[40, 8, 3, 3],
+        bias: true,
+        ints: &[("dilations", &[2, 2]), ("pads", &[1, 0, 2, 1])],
+        auto_pad: None,
+        group: 2,
+    },
+    Case {
+        name: "conv1d_same_upper_stride3",
+        x: &[2, 8, 50],
+        w: &[24, 8, 5],
+        bias: true,
+        ints: &[("strides", &[3])],
+        auto_pad: Some("SAME_UPPER"),
+        group: 1,
+    },
+    Case {
+        name: "kernel5x3_stride1x2_k_not_multiple_of_16",
+        x: &[1, 7, 9, 71],
+        w: &[17, 7, 5, 3],
+        bias: true,
+        ints: &[("strides", &[1, 2])],
+        auto_pad: None,
+        group: 1,
+    },
+    Case {
+        name: "depthwise_multiplier2_direct",
+        x: &[1, 16, 15, 15],
+        w: &[32, 1, 3, 3],
+        bias: true,
+        ints: &[("pads", &[1, 1, 1, 1])],
+        auto_pad: None,
+        group: 16,
+    },
+];
+
+fn conv_model(case: &Case) -> Vec<u8> {
+    let mut inputs = vec!["x", "w"];
+    if case.bias {
+        inputs.push("b");
+    }
+    let mut conv = node("conv", "Conv", &inputs, &["y"]);
+    for (name, v) in case.ints {
+        conv.attribute.push(AttributeProto {
+            name: Some(name.to_string()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: v.to_vec(),
+            ..Default::default()
+        });
+    }
+    conv.attribute.push(AttributeProto {
+        name: Some("group".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(case.group),
+        ..Default::default()
+    });
+    if let Some(pad) = case.auto_pad {
+        conv.attribute.push(AttributeProto {
+            name: Some("auto_pad".into()),
+            r#type: Some(AttributeType::String as i32),
+            s: Some(pad.as_bytes().to_vec()),
+            ..Default::default()
+        });
+    }
+    let mut input = vec![tensor_info("x", 1, case.x), tensor_info("w", 1, case.w)];
+    if case.bias {
+        input.push(tensor_info("b", 1, &[case.w[0]]));
+    }
+    let g = GraphProto {
+        name: Some(case.name.into()),
+        node: vec![conv],
+        input,
+        // Output shape left to the runtimes.
+        output: vec![tessera_common::onnx::proto::ValueInfoProto {
+            name: Some("y".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    encode_model(&opset17(g))
+}
+
+#[test]
+fn gpu_conv_matches_onnxruntime_on_shapes_the_node_tests_miss() {
+    let gpu = match GpuPlugin::new() {
+        Ok(p) => p,
+        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
+            println!("SKIPPED: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let tmp = std::env::temp_dir().join(format!("tessera-gpu-conv-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for (i, case) in CASES.iter().enumerate() {
+        let onnx = conv_model(case);
+        let path = tmp.join(format!("{}.onnx", case.name));
+        std::fs::write(&path, &onnx).unwrap();
+        let model = tessera_common::onnx::decode_model(&onnx).unwrap();
+        let graph = Graph::from_model(model).unwrap();
+        let inputs = random_inputs(&graph, 100 + i as u64).expect("float inputs");
+        let want = util::onnxruntime(&path, &inputs, &tmp.join(case.name));
+        let compiled = gpu
+            .compile(&onnx, &Config::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let tensors: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
+        let got = compiled
+            .infer(&tensors)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        assert_eq!(got.outputs[0].shape(), want[0].shape(), "{}", case.name);
+        let diff = util::max_abs_diff(&got.outputs[0], &want[0]);
+        println!(
+            "{}: output {:?}, max abs diff vs onnxruntime {diff:e}",
+            case.name,
+            want[0].shape()
+        );
+        assert!(diff <= TOLERANCE, "{}: max abs diff {diff}", case.name);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
