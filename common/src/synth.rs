@@ -146,6 +146,124 @@ pub fn opset17(g: GraphProto) -> ModelProto {
     }
 }
 
+/// `model` with every float32 tensor made float16 (weights, constants,
+/// graph inputs, outputs and value infos, `Cast`s to float), as float16
+/// deployments of float32 models are made; Resize's `roi` and `scales` stay
+/// float32 (the operator requires it). Values beyond f16's range become
+/// infinite.
+pub fn to_float16(model: &ModelProto) -> ModelProto {
+    retype_floats(
+        model,
+        crate::onnx::ElemType::FLOAT,
+        crate::onnx::ElemType::FLOAT16,
+    )
+}
+
+/// The inverse of [`to_float16`]: float16 tensors made float32 (exactly).
+/// `to_float32(&to_float16(m))` is `m` with its weights rounded to f16: what
+/// an f16 run of `m` should be compared with.
+pub fn to_float32(model: &ModelProto) -> ModelProto {
+    retype_floats(
+        model,
+        crate::onnx::ElemType::FLOAT16,
+        crate::onnx::ElemType::FLOAT,
+    )
+}
+
+/// `model` with its `from` tensors (float or float16) made `to`.
+fn retype_floats(
+    model: &ModelProto,
+    from: crate::onnx::ElemType,
+    to: crate::onnx::ElemType,
+) -> ModelProto {
+    use crate::onnx::proto::{
+        attribute_proto::AttributeType, type_proto::Value, AttributeProto, TensorProto,
+    };
+    use crate::onnx::ElemType;
+    use crate::tensor::Tensor;
+    let values = |shape: Vec<usize>, v: Vec<f32>, name: &str| -> Option<TensorProto> {
+        let t = if to == ElemType::FLOAT16 {
+            let v: Vec<half::f16> = v.into_iter().map(half::f16::from_f32).collect();
+            Tensor::from_values(shape, &v)
+        } else {
+            Tensor::from_values(shape, &v)
+        };
+        t.ok().map(|t| t.to_proto(name))
+    };
+    let convert = |t: &TensorProto| -> TensorProto {
+        Tensor::from_proto(t)
+            .ok()
+            .filter(|x| x.elem() == from)
+            .and_then(|x| values(x.shape().to_vec(), x.float_values()?, t.name()))
+            .unwrap_or_else(|| t.clone())
+    };
+    let mut m = model.clone();
+    let Some(g) = m.graph.as_mut() else {
+        return m;
+    };
+    let keep: std::collections::HashSet<String> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type() == "Resize")
+        .flat_map(|n| n.input.iter().skip(1).cloned())
+        .collect();
+    for init in &mut g.initializer {
+        if !keep.contains(init.name()) {
+            *init = convert(init);
+        }
+    }
+    for n in &mut g.node {
+        let op = n.op_type().to_string();
+        let kept = n.output.iter().any(|o| keep.contains(o));
+        for a in &mut n.attribute {
+            match (op.as_str(), a.name()) {
+                ("Constant" | "ConstantOfShape", "value") if !kept => {
+                    if let Some(t) = a.t.as_mut() {
+                        *t = convert(t);
+                    }
+                }
+                ("Constant", "value_float" | "value_floats")
+                    if !kept && from == ElemType::FLOAT =>
+                {
+                    let (shape, v) = if a.name() == "value_float" {
+                        (vec![], vec![a.f()])
+                    } else {
+                        (vec![a.floats.len()], a.floats.clone())
+                    };
+                    if let Some(t) = values(shape, v, "") {
+                        *a = AttributeProto {
+                            name: Some("value".into()),
+                            r#type: Some(AttributeType::Tensor as i32),
+                            t: Some(t),
+                            ..Default::default()
+                        };
+                    }
+                }
+                ("Cast", "to") if a.i() == i64::from(from.0) => {
+                    a.i = Some(i64::from(to.0));
+                }
+                _ => {}
+            }
+        }
+    }
+    for vi in g
+        .input
+        .iter_mut()
+        .chain(g.output.iter_mut())
+        .chain(g.value_info.iter_mut())
+    {
+        if keep.contains(vi.name()) {
+            continue;
+        }
+        if let Some(Value::TensorType(t)) = vi.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+            if t.elem_type == Some(from.0) {
+                t.elem_type = Some(to.0);
+            }
+        }
+    }
+    m
+}
+
 /// Seeded inputs for every graph input of `graph`: dynamic dims are 1 for
 /// the first (batch) and 64 for the others; floats uniform in [-1, 1),
 /// integers in [0, 256), booleans fair. `None` for an input whose type or
@@ -285,4 +403,49 @@ pub fn small_cnn(seed: u64) -> ModelProto {
         .push(node("softmax", "Softmax", &["logits"], &["probs"]));
     g.output.push(tensor_info("probs", 1, &[1, 10]));
     opset17(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::ElemType;
+    use crate::tensor::Tensor;
+
+    /// Element types of every initializer and graph input/output.
+    fn elems(m: &ModelProto) -> Vec<i32> {
+        let g = m.graph.as_ref().unwrap();
+        let io = g.input.iter().chain(&g.output).map(|v| {
+            match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                Some(crate::onnx::proto::type_proto::Value::TensorType(t)) => t.elem_type(),
+                _ => 0,
+            }
+        });
+        g.initializer
+            .iter()
+            .map(|t| t.data_type())
+            .chain(io)
+            .collect()
+    }
+
+    #[test]
+    fn float16_conversion_rounds_weights_and_converts_back_exactly() {
+        let m = small_cnn(3);
+        assert!(elems(&m).contains(&ElemType::FLOAT.0));
+        let half = to_float16(&m);
+        assert!(!elems(&half).contains(&ElemType::FLOAT.0));
+        assert!(elems(&half).contains(&ElemType::FLOAT16.0));
+        let back = to_float32(&half);
+        assert_eq!(elems(&back), elems(&m));
+        let g = (m.graph.as_ref().unwrap(), back.graph.as_ref().unwrap());
+        for (a, b) in g.0.initializer.iter().zip(&g.1.initializer) {
+            let (a, b) = (
+                Tensor::from_proto(a).unwrap(),
+                Tensor::from_proto(b).unwrap(),
+            );
+            let (a, b) = (a.float_values().unwrap(), b.float_values().unwrap());
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(half::f16::from_f32(*x).to_f32(), *y);
+            }
+        }
+    }
 }

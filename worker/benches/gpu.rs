@@ -8,7 +8,8 @@
 //! plugin; cls and rec as HETERO:GPU,CPU (their shape arithmetic stays on
 //! the CPU). Also the largest difference between the two sides' outputs,
 //! and where the adapter writes timestamps, the GPU time per op type and
-//! the slowest nodes (one more run with PERF_COUNT on).
+//! the slowest nodes (one more run with PERF_COUNT on). Where the adapter
+//! has shader-f16: MatMul and cls with float16 tensors vs float32.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -16,10 +17,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
-use tessera_common::onnx::proto::GraphProto;
+use tessera_common::onnx::proto::{GraphProto, ModelProto};
 use tessera_common::onnx::{encode_model, load_model, tensor_info};
 use tessera_common::partition::Algorithm;
-use tessera_common::synth::{node, opset17, Rng};
+use tessera_common::synth::{node, opset17, to_float16, Rng};
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
 use tessera_worker::plugin::{CompiledSubgraph, Config, DevicePlugin};
@@ -69,8 +70,8 @@ fn max_diff(a: &[Tensor], b: &[Tensor]) -> f32 {
     let mut worst = 0.0f32;
     for (x, y) in a.iter().zip(b) {
         let (x, y) = (
-            x.to_vec::<f32>().expect("f32"),
-            y.to_vec::<f32>().expect("f32"),
+            x.float_values().expect("float"),
+            y.float_values().expect("float"),
         );
         for (u, v) in x.iter().zip(&y) {
             worst = worst.max((u - v).abs());
@@ -128,6 +129,71 @@ fn gpu_time_by_op(gpu: &GpuPlugin, onnx: &[u8], inputs: &[Tensor]) -> Option<Str
     ))
 }
 
+/// `t` (float) as float16.
+fn to_half(t: &Tensor) -> Tensor {
+    let v: Vec<half::f16> = t
+        .float_values()
+        .expect("float")
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
+    Tensor::from_values(t.shape().to_vec(), &v).expect("sizes match")
+}
+
+/// `model` on the GPU: whole on the GPU plugin where it runs every node
+/// (det), else HETERO:GPU,CPU (cls and rec keep their shape arithmetic on
+/// the CPU); with how it was placed.
+fn on_gpu<'a>(
+    gpu: &GpuPlugin,
+    plugins: &[(DeviceId, Arc<dyn DevicePlugin>)],
+    model: &ModelProto,
+    inputs: &'a [Tensor],
+) -> Result<(Runner<'a>, String), String> {
+    let config = Config::default();
+    if let Ok(c) = gpu.compile(&encode_model(model), &config) {
+        return Ok((plugin_runner(c, inputs), "GPU".into()));
+    }
+    let options = LoadOptions {
+        priority: DevicePriority::parse("HETERO:GPU,CPU").map_err(|e| e.to_string())?,
+        policy: Policy::Priority,
+        algorithm: Algorithm::Fast,
+        strict: true,
+        manual: Default::default(),
+        config,
+    };
+    let network = Network::load(model.clone(), plugins, &options).map_err(|e| e.to_string())?;
+    let part = network.partition();
+    let on = |d: &str| -> usize {
+        part.subgraphs
+            .iter()
+            .filter(|sg| part.device_of(sg).to_string() == d)
+            .map(|sg| sg.nodes.len())
+            .sum()
+    };
+    let how = format!(
+        "HETERO:GPU,CPU ({} nodes on GPU, {} on CPU)",
+        on("GPU"),
+        on("CPU")
+    );
+    let input_name = model
+        .graph
+        .as_ref()
+        .and_then(|g| g.input.first())
+        .map(|i| i.name().to_string())
+        .unwrap_or_default();
+    let named: HashMap<String, Tensor> = [(input_name, inputs[0].clone())].into();
+    let runner: Runner = Box::new(move || {
+        network
+            .run(&named)
+            .expect("runs")
+            .outputs
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    });
+    Ok((runner, how))
+}
+
 fn main() {
     let gpu = match GpuPlugin::new() {
         Ok(g) => Arc::new(g),
@@ -137,8 +203,16 @@ fn main() {
         }
     };
     let cpu = Arc::new(CpuPlugin::new().expect("the CPU plugin"));
-    println!("GPU: {}", gpu.metric("FULL_DEVICE_NAME").expect("a name"));
+    let caps = gpu
+        .metric("OPTIMIZATION_CAPABILITIES")
+        .expect("capabilities")
+        .to_string();
+    println!(
+        "GPU: {} ({caps})",
+        gpu.metric("FULL_DEVICE_NAME").expect("a name")
+    );
     println!("CPU: {}", cpu.metric("FULL_DEVICE_NAME").expect("a name"));
+    let half = caps.contains("FP16");
     let config = Config::default();
 
     let n = 1024usize;
@@ -150,12 +224,13 @@ fn main() {
         output: vec![tensor_info("y", 1, &[d, d])],
         ..Default::default()
     };
-    let onnx = encode_model(&opset17(g));
-    let on_gpu = gpu.compile(&onnx, &config).expect("compiles");
+    let matmul = opset17(g);
+    let onnx = encode_model(&matmul);
+    let on_gpu_f32 = gpu.compile(&onnx, &config).expect("compiles");
     let on_cpu = cpu.compile(&onnx, &config).expect("compiles");
     let inputs = [random(&[1024, 1024], 1), random(&[1024, 1024], 2)];
     let (tg, tc) = race(
-        &plugin_runner(on_gpu, &inputs),
+        &plugin_runner(on_gpu_f32.clone(), &inputs),
         &plugin_runner(on_cpu, &inputs),
         3,
     );
@@ -166,6 +241,23 @@ fn main() {
         flops / tc / 1e9,
         tc / tg
     );
+    if half {
+        let on_gpu_f16 = gpu
+            .compile(&encode_model(&to_float16(&matmul)), &config)
+            .expect("compiles");
+        let halves = [to_half(&inputs[0]), to_half(&inputs[1])];
+        let (th, tf) = race(
+            &plugin_runner(on_gpu_f16, &halves),
+            &plugin_runner(on_gpu_f32, &inputs),
+            3,
+        );
+        println!(
+            "MatMul 1024³ with f16 tensors: GPU {:.1} GFLOP/s vs {:.1} with f32 (f16/f32 speed {:.2})",
+            flops / th / 1e9,
+            flops / tf / 1e9,
+            tf / th
+        );
+    }
 
     let dir = std::env::var_os("TESSERA_MODELS_DIR")
         .map(PathBuf::from)
@@ -191,61 +283,15 @@ fn main() {
         let onnx = encode_model(&model);
         let inputs = vec![random(&shape, 3)];
         let on_cpu = plugin_runner(cpu.compile(&onnx, &config).expect("compiles"), &inputs);
-        // The whole model on the GPU plugin where it runs every node (det),
-        // else HETERO:GPU,CPU (cls and rec keep their shape arithmetic on
-        // the CPU).
-        let (on_gpu, how): (Runner, String) = match gpu.compile(&onnx, &config) {
-            Ok(c) => (plugin_runner(c, &inputs), "GPU".into()),
-            Err(_) => {
-                let options = LoadOptions {
-                    priority: DevicePriority::parse("HETERO:GPU,CPU").expect("a priority"),
-                    policy: Policy::Priority,
-                    algorithm: Algorithm::Fast,
-                    strict: true,
-                    manual: Default::default(),
-                    config: config.clone(),
-                };
-                let network = match Network::load(model.clone(), &plugins, &options) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        println!("{name}: {e}");
-                        continue;
-                    }
-                };
-                let part = network.partition();
-                let on = |d: &str| -> usize {
-                    part.subgraphs
-                        .iter()
-                        .filter(|sg| part.device_of(sg).to_string() == d)
-                        .map(|sg| sg.nodes.len())
-                        .sum()
-                };
-                let how = format!(
-                    "HETERO:GPU,CPU ({} nodes on GPU, {} on CPU)",
-                    on("GPU"),
-                    on("CPU")
-                );
-                let input_name = model
-                    .graph
-                    .as_ref()
-                    .and_then(|g| g.input.first())
-                    .map(|i| i.name().to_string())
-                    .unwrap_or_default();
-                let named: HashMap<String, Tensor> = [(input_name, inputs[0].clone())].into();
-                let runner: Runner = Box::new(move || {
-                    network
-                        .run(&named)
-                        .expect("runs")
-                        .outputs
-                        .into_iter()
-                        .map(|(_, t)| t)
-                        .collect()
-                });
-                (runner, how)
+        let (on_gpu_f32, how) = match on_gpu(&gpu, &plugins, &model, &inputs) {
+            Ok(r) => r,
+            Err(e) => {
+                println!("{name}: {e}");
+                continue;
             }
         };
-        let diff = max_diff(&on_gpu(), &on_cpu());
-        let (tg, tc) = race(&on_gpu, &on_cpu, runs);
+        let diff = max_diff(&on_gpu_f32(), &on_cpu());
+        let (tg, tc) = race(&on_gpu_f32, &on_cpu, runs);
         println!(
             "{name} {shape:?}: {how} {:.2} ms, CPU {:.2} ms (GPU/CPU speed {:.2}); outputs differ by at most {:.1e}",
             tg * 1e3,
@@ -255,6 +301,25 @@ fn main() {
         );
         if let Some(profile) = gpu_time_by_op(&gpu, &onnx, &inputs) {
             println!("  {profile}");
+        }
+        // cls in float16 (det and magika hold weights beyond f16's range).
+        if half && name.contains("cls") {
+            let halves = vec![to_half(&inputs[0])];
+            let placed = on_gpu(&gpu, &plugins, &to_float16(&model), &halves);
+            match placed {
+                Ok((on_gpu_f16, how)) => {
+                    let diff = max_diff(&on_gpu_f16(), &on_gpu_f32());
+                    let (th, tf) = race(&on_gpu_f16, &on_gpu_f32, runs);
+                    println!(
+                        "  in f16: {how} {:.2} ms vs {:.2} ms in f32 (f16/f32 speed {:.2}); outputs differ by at most {:.1e}",
+                        th * 1e3,
+                        tf * 1e3,
+                        tf / th,
+                        diff
+                    );
+                }
+                Err(e) => println!("  in f16: {e}"),
+            };
         }
     }
 }

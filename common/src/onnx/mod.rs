@@ -50,6 +50,7 @@ pub struct ElemType(pub i32);
 
 impl ElemType {
     pub const FLOAT: ElemType = ElemType(DataType::Float as i32);
+    pub const FLOAT16: ElemType = ElemType(DataType::Float16 as i32);
     pub const INT64: ElemType = ElemType(DataType::Int64 as i32);
     pub const INT32: ElemType = ElemType(DataType::Int32 as i32);
     pub const BOOL: ElemType = ElemType(DataType::Bool as i32);

@@ -123,6 +123,19 @@ impl Tensor {
         }
     }
 
+    /// The elements of a `float` or `float16` tensor as `f32`; `None` for
+    /// other element types.
+    pub fn float_values(&self) -> Option<Vec<f32>> {
+        match self.elem {
+            ElemType::FLOAT => self.to_vec::<f32>().ok(),
+            ElemType::FLOAT16 => self
+                .to_vec::<half::f16>()
+                .ok()
+                .map(|v| v.into_iter().map(f32::from).collect()),
+            _ => None,
+        }
+    }
+
     /// The elements as `T`, which must be the tensor's element type.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
         if self.elem != T::ELEM {
@@ -166,6 +179,7 @@ macro_rules! element {
 }
 
 element!(f32, ElemType::FLOAT);
+element!(half::f16, ElemType::FLOAT16);
 element!(f64, ElemType(11));
 element!(i8, ElemType(3));
 element!(i16, ElemType(5));

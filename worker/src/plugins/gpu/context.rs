@@ -25,7 +25,13 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("layernorm", include_str!("shaders/layernorm.wgsl")),
     ("resize", include_str!("shaders/resize.wgsl")),
     ("convtranspose", include_str!("shaders/convtranspose.wgsl")),
+    ("cast_to_half", include_str!("shaders/cast_to_half.wgsl")),
+    ("cast_to_float", include_str!("shaders/cast_to_float.wgsl")),
 ];
+
+/// Kernels declare how tensors are stored with this line; their half
+/// variant (adapters with shader-f16) stores f16 and still computes in f32.
+const STORAGE_F32: &str = "alias T = f32;";
 
 /// Where no adapter is found: how to get one.
 const NO_ADAPTER_HELP: &str = "no GPU adapter found (for a software Vulkan adapter install \
@@ -41,7 +47,8 @@ pub struct Gpu {
     /// in the performance counters).
     pub timestamps: bool,
     pub max_binding: u64,
-    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    /// Compiled pipelines by kernel and variant (f16 storage or not).
+    pipelines: Mutex<HashMap<(&'static str, bool), Arc<wgpu::ComputePipeline>>>,
 }
 
 pub fn compile_error(reason: String) -> PluginError {
@@ -112,11 +119,8 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tessera"),
-            required_features: if timestamps {
-                timestamp_features
-            } else {
-                wgpu::Features::empty()
-            },
+            required_features: adapter.features()
+                & (timestamp_features | wgpu::Features::SHADER_F16),
             required_limits,
             ..Default::default()
         }))
@@ -134,9 +138,12 @@ impl Gpu {
             timestamps,
             pipelines: Mutex::new(HashMap::new()),
         };
-        // Every kernel compiled once, now.
-        for (name, _) in KERNELS {
-            gpu.pipeline(name)?;
+        // Every f32 kernel compiled once, now (f16 variants when a
+        // subgraph first needs them).
+        for (name, source) in KERNELS {
+            if !source.contains("enable f16;") {
+                gpu.pipeline(name, false)?;
+            }
         }
         Ok(gpu)
     }
@@ -151,26 +158,47 @@ impl Gpu {
         }
     }
 
-    /// The pipeline of kernel `name`, compiled on first use.
-    pub fn pipeline(&self, name: &str) -> Result<Arc<wgpu::ComputePipeline>, PluginError> {
+    /// The pipeline of kernel `name`, its f16-storage variant if `half`,
+    /// compiled on first use.
+    pub fn pipeline(
+        &self,
+        name: &str,
+        half: bool,
+    ) -> Result<Arc<wgpu::ComputePipeline>, PluginError> {
         let mut cache = self
             .pipelines
             .lock()
             .map_err(|_| compile_error("pipeline cache poisoned".into()))?;
-        if let Some(p) = cache.get(name) {
-            return Ok(p.clone());
-        }
         let (key, source) = KERNELS
             .iter()
             .find(|(k, _)| *k == name)
             .ok_or_else(|| compile_error(format!("no kernel {name}")))?;
+        // Kernels with a fixed storage type have no variants.
+        let half = half && source.contains(STORAGE_F32);
+        if let Some(p) = cache.get(&(*key, half)) {
+            return Ok(p.clone());
+        }
+        if (half || source.contains("enable f16;")) && !self.shader_f16 {
+            return Err(compile_error(format!(
+                "kernel {key} needs f16, which {} does not have (shader-f16)",
+                self.info.name
+            )));
+        }
+        let source = if half {
+            format!(
+                "enable f16;\n{}",
+                source.replace(STORAGE_F32, "alias T = f16;")
+            )
+        } else {
+            source.to_string()
+        };
         let pipeline = self
             .scoped(&format!("kernel {key}"), || {
                 let module = self
                     .device
                     .create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(key),
-                        source: wgpu::ShaderSource::Wgsl((*source).into()),
+                        source: wgpu::ShaderSource::Wgsl(source.into()),
                     });
                 Arc::new(
                     self.device
@@ -185,15 +213,15 @@ impl Gpu {
                 )
             })
             .map_err(compile_error)?;
-        cache.insert(key, pipeline.clone());
+        cache.insert((*key, half), pipeline.clone());
         Ok(pipeline)
     }
 
-    /// A storage buffer of `len` f32 (at least one).
-    pub fn buffer(&self, len: usize) -> wgpu::Buffer {
+    /// A storage buffer of `bytes` (rounded up to whole words, at least one).
+    pub fn buffer(&self, bytes: usize) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            size: (len.max(1) * 4) as u64,
+            size: bytes.next_multiple_of(4).max(4) as u64,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
@@ -201,12 +229,10 @@ impl Gpu {
         })
     }
 
-    /// A storage buffer holding `data` (4-byte words).
+    /// A storage buffer holding `data` (zero-padded to whole words).
     pub fn buffer_with(&self, data: &[u8]) -> wgpu::Buffer {
         let mut bytes = data.to_vec();
-        if bytes.is_empty() {
-            bytes.resize(4, 0);
-        }
+        bytes.resize(data.len().next_multiple_of(4).max(4), 0);
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: None,
@@ -217,11 +243,11 @@ impl Gpu {
             })
     }
 
-    /// A buffer the host reads results from.
+    /// A buffer the host reads results from (whole words).
     pub fn staging(&self, bytes: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            size: bytes.max(4),
+            size: bytes.next_multiple_of(4).max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
@@ -240,7 +266,7 @@ impl Gpu {
 
     /// Reads `bytes` bytes back from a mapped-readable `staging` buffer.
     pub fn read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, PluginError> {
-        let slice = staging.slice(0..bytes.max(4));
+        let slice = staging.slice(0..bytes.next_multiple_of(4).max(4));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);

@@ -1,7 +1,9 @@
 //! The GPU plugin: WGSL compute kernels on wgpu (Vulkan, Metal, DX12; in
 //! CI Mesa's lavapipe, a software Vulkan device). One device per adapter
 //! (`GPU.0`, `GPU.1`, ...; config `DEVICE_ID` picks one, default 0;
-//! `TESSERA_GPU_BACKEND` picks the wgpu backend). f32 only for now.
+//! `TESSERA_GPU_BACKEND` picks the wgpu backend). Tensors are f32, or f16
+//! where the adapter has shader-f16 (stored as f16, computed in f32; Cast
+//! converts between the two).
 //!
 //! Layout: [`context`] (adapter, device, pipelines compiled once per
 //! kernel, buffers), [`program`] (a compiled subgraph: plans per input
@@ -9,9 +11,10 @@
 //! [`ops`] (what each op supports and how it is planned; one file per op
 //! family), `shaders/` (the WGSL kernels).
 //!
-//! QueryNetwork is honest: op type, attributes, element types (f32 data)
-//! and constant-ness of shape-like inputs are all checked; anything else is
-//! unsupported and runs elsewhere under HETERO.
+//! QueryNetwork is honest: op type, attributes, element types (f32, or f16
+//! with shader-f16, one per node except Cast) and constant-ness of
+//! shape-like inputs are all checked; anything else is unsupported and runs
+//! elsewhere under HETERO.
 
 pub mod context;
 pub mod ops;
@@ -200,6 +203,12 @@ impl DevicePlugin for GpuPlugin {
             .as_ref()
             .map(|g| g.node.as_slice())
             .unwrap_or(&[]);
+        let half = self.device_of(&self.config())?.shader_f16;
+        let floats: &[ElemType] = if half {
+            &[ElemType::FLOAT, ElemType::FLOAT16]
+        } else {
+            &[ElemType::FLOAT]
+        };
         let mut result = QueryResult::default();
         for &id in graph.topo_ops() {
             let node = graph.node(id);
@@ -222,6 +231,37 @@ impl DevicePlugin for GpuPlugin {
                     return Err("a reduction over an empty tensor".into());
                 }
                 let consts = ops::const_inputs(proto);
+                let is_cast = proto.op_type() == "Cast";
+                // One storage type per node (Cast: one in, one out).
+                let mut node_elem: Option<ElemType> = None;
+                let mut check_elem = |what: &str, tensor: &tessera_common::graph::Tensor| {
+                    let elem =
+                        tensor
+                            .elem_type
+                            .filter(|e| floats.contains(e))
+                            .ok_or_else(|| {
+                                format!(
+                                    "{what} '{}' is {} ({})",
+                                    tensor.name,
+                                    tensor.type_string(),
+                                    if half {
+                                        "f32 or f16 only"
+                                    } else {
+                                        "f32 only: no shader-f16"
+                                    }
+                                )
+                            })?;
+                    if is_cast {
+                        return Ok(());
+                    }
+                    match node_elem {
+                        Some(e) if e != elem => Err("float and float16 tensors mixed".to_string()),
+                        _ => {
+                            node_elem = Some(elem);
+                            Ok(())
+                        }
+                    }
+                };
                 for (i, t) in node.inputs.iter().enumerate() {
                     let Some(t) = t else { continue };
                     let tensor = graph.tensor(*t);
@@ -231,13 +271,7 @@ impl DevicePlugin for GpuPlugin {
                         }
                         continue;
                     }
-                    if tensor.elem_type != Some(ElemType::FLOAT) {
-                        return Err(format!(
-                            "input '{}' is {} (f32 only)",
-                            tensor.name,
-                            tensor.type_string()
-                        ));
-                    }
+                    check_elem("input", tensor)?;
                     if tensor
                         .shape
                         .as_ref()
@@ -247,14 +281,7 @@ impl DevicePlugin for GpuPlugin {
                     }
                 }
                 for t in node.outputs.iter().flatten() {
-                    let tensor = graph.tensor(*t);
-                    if tensor.elem_type != Some(ElemType::FLOAT) {
-                        return Err(format!(
-                            "output '{}' is {} (f32 only)",
-                            tensor.name,
-                            tensor.type_string()
-                        ));
-                    }
+                    check_elem("output", graph.tensor(*t))?;
                 }
                 Ok(())
             })();

@@ -34,11 +34,25 @@ pub struct Plan {
     buffers: Vec<wgpu::Buffer>,
     steps: Vec<Step>,
     inputs: Vec<usize>,
-    /// Output buffer slot, shape, and its staging buffer.
-    outputs: Vec<(usize, Vec<usize>, wgpu::Buffer)>,
+    outputs: Vec<Output>,
     /// Timestamps around every launch, where counters are asked for and
     /// the adapter can write them inside a pass.
     timing: Option<Timing>,
+}
+
+/// A subgraph output: its buffer slot, shape, element type and the buffer
+/// the host reads it from.
+struct Output {
+    slot: usize,
+    shape: Vec<usize>,
+    elem: ElemType,
+    staging: wgpu::Buffer,
+}
+
+impl Output {
+    fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * elem_size(self.elem)) as u64
+    }
 }
 
 /// A query set of one timestamp before each launch and one after the last,
@@ -99,9 +113,46 @@ pub struct Builder<'a> {
     shapes: HashMap<String, Vec<usize>>,
     steps: Vec<Step>,
     node: usize,
+    /// Element type of every tensor with a buffer (float or float16).
+    elems: HashMap<String, ElemType>,
+    /// How the node being planned stores its outputs (float or float16):
+    /// its kernels run in that variant.
+    pub elem: ElemType,
 }
 
-impl Builder<'_> {
+/// Bytes per element of a float or float16 tensor.
+fn elem_size(elem: ElemType) -> usize {
+    if elem == ElemType::FLOAT16 {
+        2
+    } else {
+        4
+    }
+}
+
+impl<'a> Builder<'a> {
+    fn new(gpu: &'a Gpu, opset: i64, consts: &'a HashMap<String, Tensor>) -> Builder<'a> {
+        Builder {
+            gpu,
+            opset,
+            consts,
+            buffers: Vec::new(),
+            slots: HashMap::new(),
+            shapes: HashMap::new(),
+            steps: Vec::new(),
+            node: 0,
+            elems: HashMap::new(),
+            elem: ElemType::FLOAT,
+        }
+    }
+
+    /// The element type of tensor `name`, where known.
+    pub fn elem_of(&self, name: &str) -> Option<ElemType> {
+        self.elems
+            .get(name)
+            .copied()
+            .or_else(|| self.consts.get(name).map(|t| t.elem()))
+    }
+
     /// The shape of tensor `name`.
     pub fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
         if let Some(s) = self.shapes.get(name) {
@@ -118,12 +169,9 @@ impl Builder<'_> {
         self.consts.get(name)?.int_values()
     }
 
-    /// The values of a constant float input.
+    /// The values of a constant float or float16 input, as f32.
     pub fn floats(&self, name: &str) -> Option<Vec<f32>> {
-        let t = self.consts.get(name)?;
-        (t.elem() == ElemType::FLOAT)
-            .then(|| t.to_vec::<f32>().ok())
-            .flatten()
+        self.consts.get(name)?.float_values()
     }
 
     /// The buffer slot of tensor `name` (constants uploaded on first use).
@@ -135,10 +183,11 @@ impl Builder<'_> {
             .consts
             .get(name)
             .ok_or_else(|| format!("tensor '{name}' has no buffer"))?;
-        if t.elem() != ElemType::FLOAT {
+        if t.elem() != ElemType::FLOAT && t.elem() != ElemType::FLOAT16 {
             return Err(format!("'{name}' is {}, not float", t.elem().name()));
         }
         let buffer = self.gpu.buffer_with(t.bytes());
+        self.elems.insert(name.into(), t.elem());
         Ok(self.add(name, buffer, t.shape().to_vec()))
     }
 
@@ -150,22 +199,26 @@ impl Builder<'_> {
         slot
     }
 
-    /// A new buffer for output `name` of `shape`.
+    /// A new buffer for output `name` of `shape`, stored as `self.elem`.
     pub fn output(&mut self, name: &str, shape: Vec<usize>) -> Result<usize, String> {
-        let n: usize = shape.iter().product();
-        if (n as u64) * 4 > self.gpu.max_binding {
+        let bytes = shape.iter().product::<usize>() * elem_size(self.elem);
+        if bytes as u64 > self.gpu.max_binding {
             return Err(format!(
                 "'{name}' ({} MB) exceeds the device's largest storage binding",
-                (n * 4) >> 20
+                bytes >> 20
             ));
         }
-        let buffer = self.gpu.buffer(n);
+        let buffer = self.gpu.buffer(bytes);
+        self.elems.insert(name.into(), self.elem);
         Ok(self.add(name, buffer, shape))
     }
 
     /// Output `name` is a view of input `from` with another shape.
     pub fn alias(&mut self, name: &str, from: &str, shape: Vec<usize>) -> Result<(), String> {
         let slot = self.slot(from)?;
+        if let Some(elem) = self.elem_of(from) {
+            self.elems.insert(name.into(), elem);
+        }
         self.slots.insert(name.into(), slot);
         self.shapes.insert(name.into(), shape);
         Ok(())
@@ -180,7 +233,10 @@ impl Builder<'_> {
         params: &[u32],
         groups: (u32, u32, u32),
     ) -> Result<(), String> {
-        let pipeline = self.gpu.pipeline(kernel).map_err(|e| e.to_string())?;
+        let pipeline = self
+            .gpu
+            .pipeline(kernel, self.elem == ElemType::FLOAT16)
+            .map_err(|e| e.to_string())?;
         let params = self.gpu.buffer_with(bytemuck::cast_slice(params));
         let layout = pipeline.get_bind_group_layout(0);
         let mut entries: Vec<wgpu::BindGroupEntry> = slots
@@ -269,10 +325,19 @@ impl Program {
             })?;
             nodes.push(node.clone());
         }
-        // Every kernel the subgraph needs, compiled now.
+        // Every kernel the subgraph needs, compiled now (and their f16
+        // variants where it stores float16 tensors).
+        let half = consts.values().any(|t| t.elem() == ElemType::FLOAT16)
+            || graph
+                .input
+                .iter()
+                .any(|i| ops::value_type(i).0 == ElemType::FLOAT16);
         for node in &nodes {
             for kernel in ops::kernels(node.op_type()) {
-                gpu.pipeline(kernel)?;
+                gpu.pipeline(kernel, false)?;
+                if half {
+                    gpu.pipeline(kernel, true)?;
+                }
             }
         }
         let spec = |v: &tessera_common::onnx::proto::ValueInfoProto| -> TensorSpec {
@@ -315,18 +380,10 @@ impl Program {
         {
             return Ok(p.clone());
         }
-        let mut b = Builder {
-            gpu: &self.gpu,
-            opset: self.opset,
-            consts: &self.consts,
-            buffers: Vec::new(),
-            slots: HashMap::new(),
-            shapes: HashMap::new(),
-            steps: Vec::new(),
-            node: 0,
-        };
+        let mut b = Builder::new(&self.gpu, self.opset, &self.consts);
         let mut inputs = Vec::new();
         for (spec, shape) in self.inputs.iter().zip(&shapes) {
+            b.elem = spec.elem;
             inputs.push(
                 b.output(&spec.name, shape.clone())
                     .map_err(PluginError::BadInput)?,
@@ -334,16 +391,24 @@ impl Program {
         }
         for (i, node) in self.nodes.iter().enumerate() {
             b.node = i;
-            ops::plan(&mut b, node).map_err(|e| {
+            let failed = |e: String| {
                 PluginError::Infer(format!("{} ({}): {e}", node.name(), node.op_type()))
-            })?;
+            };
+            b.elem = ops::storage(&b, node).map_err(failed)?;
+            ops::plan(&mut b, node).map_err(failed)?;
         }
         let mut outputs = Vec::new();
         for spec in &self.outputs {
             let slot = b.slot(&spec.name).map_err(PluginError::Infer)?;
             let shape = b.shape(&spec.name).map_err(PluginError::Infer)?;
-            let bytes = shape.iter().product::<usize>() as u64 * 4;
-            outputs.push((slot, shape, self.gpu.staging(bytes)));
+            let elem = b.elem_of(&spec.name).unwrap_or(ElemType::FLOAT);
+            let bytes = (shape.iter().product::<usize>() * elem_size(elem)) as u64;
+            outputs.push(Output {
+                slot,
+                shape,
+                elem,
+                staging: self.gpu.staging(bytes),
+            });
         }
         let timing = if self.perf {
             Timing::new(&self.gpu, b.steps.len())
@@ -387,12 +452,13 @@ impl Program {
                     .iter()
                     .zip(&spec.shape)
                     .all(|(d, s)| s.is_none_or(|s| s == *d));
-            if t.elem() != ElemType::FLOAT || !fits {
+            if t.elem() != spec.elem || !fits {
                 return Err(PluginError::BadInput(format!(
-                    "input '{}' is {} {:?}; expected float {:?}",
+                    "input '{}' is {} {:?}; expected {} {:?}",
                     spec.name,
                     t.elem().name(),
                     t.shape(),
+                    spec.elem.name(),
                     spec.shape
                 )));
             }
@@ -403,10 +469,14 @@ impl Program {
             .map_err(|_| PluginError::Infer("GPU plan poisoned".into()))?;
         let started = Instant::now();
         for (t, &slot) in inputs.iter().zip(&plan.inputs) {
-            if !t.bytes().is_empty() {
-                self.gpu
-                    .queue
-                    .write_buffer(&plan.buffers[slot], 0, t.bytes());
+            let bytes = t.bytes();
+            if bytes.len() % 4 != 0 {
+                // Writes are whole words (an odd number of f16).
+                let mut padded = bytes.to_vec();
+                padded.resize(bytes.len().next_multiple_of(4), 0);
+                self.gpu.queue.write_buffer(&plan.buffers[slot], 0, &padded);
+            } else if !bytes.is_empty() {
+                self.gpu.queue.write_buffer(&plan.buffers[slot], 0, bytes);
             }
         }
         let mut encoder = self
@@ -431,23 +501,22 @@ impl Program {
             encoder.resolve_query_set(&t.set, 0..t.count, &t.resolved, 0);
             encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.staging, 0, u64::from(t.count) * 8);
         }
-        for (slot, shape, staging) in &plan.outputs {
-            let bytes = shape.iter().product::<usize>() as u64 * 4;
-            if bytes > 0 {
-                encoder.copy_buffer_to_buffer(&plan.buffers[*slot], 0, staging, 0, bytes);
+        for out in &plan.outputs {
+            if out.bytes() > 0 {
+                let words = out.bytes().next_multiple_of(4);
+                encoder.copy_buffer_to_buffer(&plan.buffers[out.slot], 0, &out.staging, 0, words);
             }
         }
         self.gpu.queue.submit([encoder.finish()]);
         let mut outputs = Vec::with_capacity(plan.outputs.len());
-        for (_, shape, staging) in &plan.outputs {
-            let bytes = shape.iter().product::<usize>() as u64 * 4;
-            let data = if bytes > 0 {
-                self.gpu.read(staging, bytes)?
+        for out in &plan.outputs {
+            let data = if out.bytes() > 0 {
+                self.gpu.read(&out.staging, out.bytes())?
             } else {
                 Vec::new()
             };
             outputs.push(
-                Tensor::new(ElemType::FLOAT, shape.clone(), data)
+                Tensor::new(out.elem, out.shape.clone(), data)
                     .map_err(|e| PluginError::Infer(e.to_string()))?,
             );
         }
@@ -505,16 +574,7 @@ impl Program {
 /// run a few times after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<(f64, f64), PluginError> {
     let consts = HashMap::new();
-    let mut b = Builder {
-        gpu,
-        opset: 17,
-        consts: &consts,
-        buffers: Vec::new(),
-        slots: HashMap::new(),
-        shapes: HashMap::new(),
-        steps: Vec::new(),
-        node: 0,
-    };
+    let mut b = Builder::new(gpu, 17, &consts);
     let err = PluginError::Infer;
     let n = 512usize;
     let a = b.output("a", vec![n, n]).map_err(err)?;

@@ -1,8 +1,9 @@
 //! Layout ops: views (Reshape, Flatten, Squeeze, Unsqueeze: no copy),
-//! strided copies (Transpose, Concat, Slice, Split, Expand), and Softmax /
-//! LogSoftmax along an axis.
+//! strided copies (Transpose, Concat, Slice, Split, Expand), Softmax /
+//! LogSoftmax along an axis, and Cast between f32 and f16.
 
 use tessera_common::onnx::proto::NodeProto;
+use tessera_common::onnx::ElemType;
 
 use super::elementwise::{broadcast, broadcast_strides};
 use super::{attr_i, attr_ints, axis, input, padded, strides, unknown_attrs, MAX_RANK};
@@ -22,8 +23,37 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
         "Slice" if opset < 10 => unknown_attrs(node, &["starts", "ends", "axes"]),
         "Slice" | "Expand" => unknown_attrs(node, &[]),
         "Split" => unknown_attrs(node, &["axis", "split", "num_outputs"]),
+        // saturate only matters for float8 targets.
+        "Cast" => cast_target(node).and_then(|_| unknown_attrs(node, &["to", "saturate"])),
         other => Err(format!("{other} is not a layout op")),
     }
+}
+
+/// Cast's target: float or float16.
+pub fn cast_target(node: &NodeProto) -> Result<ElemType, String> {
+    match attr_i(node, "to").map(|t| ElemType(t as i32)) {
+        Some(e) if e == ElemType::FLOAT || e == ElemType::FLOAT16 => Ok(e),
+        Some(e) => Err(format!("Cast to {}", e.name())),
+        None => Err("Cast without 'to'".into()),
+    }
+}
+
+/// Cast (`b.elem` is its target): a view where the type does not change,
+/// else a conversion kernel.
+fn cast(b: &mut Builder, x: &str, out: &str, shape: Vec<usize>) -> Result<(), String> {
+    let from = b.elem_of(x).ok_or("an input without a buffer")?;
+    if from == b.elem {
+        return b.alias(out, x, shape);
+    }
+    let n: usize = shape.iter().product();
+    let xs = b.slot(x)?;
+    let ys = b.output(out, shape)?;
+    let kernel = if b.elem == ElemType::FLOAT16 {
+        "cast_to_half"
+    } else {
+        "cast_to_float"
+    };
+    b.dispatch(kernel, &[xs, ys], &[n as u32], groups_1d(n))
 }
 
 /// Values of constant input `i`, or of attribute `attr` (older opsets).
@@ -91,6 +121,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let rank = sx.len();
     let out0 = node.output.first().ok_or("no output")?.clone();
     match node.op_type() {
+        "Cast" => cast(b, x, &out0, sx),
         "Reshape" => {
             let want = ints_of(b, node, 1, "shape")?.ok_or("no shape")?;
             let total: usize = sx.iter().product();

@@ -15,7 +15,8 @@ use tessera_common::tensor::Tensor;
 
 use super::program::Builder;
 
-/// Every op type this plugin runs (f32), with the kernels it launches.
+/// Every op type this plugin runs, with the kernels it launches (Cast's
+/// need shader-f16: compiled when planned).
 pub const OPS: &[(&str, &[&str])] = &[
     ("Add", &["binary"]),
     ("Sub", &["binary"]),
@@ -69,6 +70,7 @@ pub const OPS: &[(&str, &[&str])] = &[
     ("Slice", &["copy"]),
     ("Split", &["copy"]),
     ("Expand", &["copy"]),
+    ("Cast", &[]),
 ];
 
 /// The kernels `op_type` launches.
@@ -206,7 +208,9 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
             conv::check(node)
         }
         "Softmax" | "LogSoftmax" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"
-        | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" => layout::check(node, opset),
+        | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" | "Cast" => {
+            layout::check(node, opset)
+        }
         "ConvTranspose" => conv::check(node),
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "LayerNormalization" => {
             reduce::check(node)
@@ -251,6 +255,31 @@ pub fn const_inputs(node: &NodeProto) -> &'static [usize] {
     }
 }
 
+/// How `node` stores its outputs: like its float inputs (f32 or f16, all
+/// alike; shape-like constants are read on the host), or Cast's `to`.
+pub fn storage(b: &Builder, node: &NodeProto) -> Result<ElemType, String> {
+    if node.op_type() == "Cast" {
+        return layout::cast_target(node);
+    }
+    let consts = const_inputs(node);
+    let mut elem = None;
+    for (i, name) in node.input.iter().enumerate() {
+        if name.is_empty() || consts.contains(&i) {
+            continue;
+        }
+        match b.elem_of(name) {
+            Some(e) if e == ElemType::FLOAT || e == ElemType::FLOAT16 => {
+                if elem.is_some_and(|x| x != e) {
+                    return Err("float and float16 inputs mixed".into());
+                }
+                elem = Some(e);
+            }
+            _ => {}
+        }
+    }
+    Ok(elem.unwrap_or(ElemType::FLOAT))
+}
+
 /// Plans `node` for the shapes known to `b`.
 pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     match node.op_type() {
@@ -259,7 +288,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             conv::plan(b, node)
         }
         "Softmax" | "LogSoftmax" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"
-        | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" => layout::plan(b, node),
+        | "Transpose" | "Concat" | "Slice" | "Split" | "Expand" | "Cast" => layout::plan(b, node),
         "ConvTranspose" => conv::plan(b, node),
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "LayerNormalization" => {
             reduce::plan(b, node)

@@ -1,8 +1,11 @@
 // Elementwise binary op with numpy broadcasting.
 // p: [n, rank, op, out_dims[6], a_strides[6], b_strides[6]]
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> a: array<T>;
+@group(0) @binding(1) var<storage, read> b: array<T>;
+@group(0) @binding(2) var<storage, read_write> y: array<T>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 fn apply(op: u32, x: f32, z: f32) -> f32 {
@@ -45,6 +48,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             ia += c * p[9u + axis];
             ib += c * p[15u + axis];
         }
-        y[i] = apply(op, a[ia], b[ib]);
+        y[i] = T(apply(op, f32(a[ia]), f32(b[ib])));
     }
 }

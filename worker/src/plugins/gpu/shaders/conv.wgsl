@@ -1,9 +1,12 @@
 // Direct 2-D convolution (1-D as H = 1), groups, strides, dilations, pads.
 // p: [N, C, H, W, M, OH, OW, KH, KW, group, sh, sw, dh, dw, pt, pl, has_bias, total]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read> w: array<T>;
+@group(0) @binding(2) var<storage, read> bias: array<T>;
+@group(0) @binding(3) var<storage, read_write> y: array<T>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -23,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let n = i / (OW * OH * M);
         let g = m / mg;
         var acc = 0.0;
-        if (p[16] == 1u) { acc = bias[m]; }
+        if (p[16] == 1u) { acc = f32(bias[m]); }
         for (var ci = 0u; ci < cg; ci++) {
             let c = g * cg + ci;
             let xbase = (n * C + c) * H * W;
@@ -34,10 +37,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 for (var kw = 0u; kw < KW; kw++) {
                     let iw = i32(ow * sw + kw * dw) - pl;
                     if (iw < 0 || iw >= i32(W)) { continue; }
-                    acc += x[xbase + u32(ih) * W + u32(iw)] * w[wbase + kh * KW + kw];
+                    acc += f32(x[xbase + u32(ih) * W + u32(iw)]) * f32(w[wbase + kh * KW + kw]);
                 }
             }
         }
-        y[i] = acc;
+        y[i] = T(acc);
     }
 }

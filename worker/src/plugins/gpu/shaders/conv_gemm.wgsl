@@ -4,10 +4,13 @@
 // memory, 4x4 outputs per thread. For convs with many output channels per
 // group; depthwise ones use the direct kernel (conv.wgsl).
 // p: [N, C, H, W, M, OH, OW, KH, KW, group, sh, sw, dh, dw, pt, pl, has_bias, total]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read> w: array<T>;
+@group(0) @binding(2) var<storage, read> bias: array<T>;
+@group(0) @binding(3) var<storage, read_write> y: array<T>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 var<workgroup> tw: array<array<f32, 64>, 16>;
@@ -45,7 +48,7 @@ fn main(
             let kw_ = idx % 16u;
             var vw = 0.0;
             if (m0 + r < mg && k0 + kw_ < K) {
-                vw = w[wbase + (m0 + r) * K + k0 + kw_];
+                vw = f32(w[wbase + (m0 + r) * K + k0 + kw_]);
             }
             tw[kw_][r] = vw;
             // Input: 16 k x 64 output positions, read along the positions.
@@ -60,7 +63,7 @@ fn main(
                 let ih = i32((q / OW) * sh + (tap / KW) * dh) - pt;
                 let iw = i32((q % OW) * sw + (tap % KW) * dw) - pl;
                 if (ih >= 0 && ih < i32(H) && iw >= 0 && iw < i32(W)) {
-                    vx = x[xbase + ci * H * W + u32(ih) * W + u32(iw)];
+                    vx = f32(x[xbase + ci * H * W + u32(ih) * W + u32(iw)]);
                 }
             }
             tx[kx][c] = vx;
@@ -89,11 +92,11 @@ fn put(n: u32, g: u32, m: u32, q: u32, v: vec4<f32>) {
     let Q = p[5] * p[6];
     if (m >= mg) { return; }
     var b0 = 0.0;
-    if (p[16] == 1u) { b0 = bias[g * mg + m]; }
+    if (p[16] == 1u) { b0 = f32(bias[g * mg + m]); }
     let base = (n * M + g * mg + m) * Q;
     for (var j = 0u; j < 4u; j++) {
         if (q + 16u * j < Q) {
-            y[base + q + 16u * j] = v[j] + b0;
+            y[base + q + 16u * j] = T(v[j] + b0);
         }
     }
 }

@@ -1,10 +1,13 @@
 // 2-D transposed convolution (1-D as H = 1), groups, strides, dilations,
 // pads, output padding. Weights [C, M/group, KH, KW].
 // p: [N, C, H, W, M, OH, OW, KH, KW, group, sh, sw, dh, dw, pt, pl, has_bias, total]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read> w: array<T>;
+@group(0) @binding(2) var<storage, read> bias: array<T>;
+@group(0) @binding(3) var<storage, read_write> y: array<T>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -25,7 +28,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let g = m / mg;
         let mi = m % mg;
         var acc = 0.0;
-        if (p[16] == 1u) { acc = bias[m]; }
+        if (p[16] == 1u) { acc = f32(bias[m]); }
         for (var kh = 0; kh < i32(KH); kh++) {
             let th = oh + pt - kh * dh;
             if (th < 0 || th % sh != 0) { continue; }
@@ -38,11 +41,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 if (iw >= i32(W)) { continue; }
                 for (var ci = 0u; ci < cg; ci++) {
                     let c = g * cg + ci;
-                    acc += x[((n * C + c) * H + u32(ih)) * W + u32(iw)]
-                        * w[((c * mg + mi) * KH + u32(kh)) * KW + u32(kw)];
+                    acc += f32(x[((n * C + c) * H + u32(ih)) * W + u32(iw)])
+                        * f32(w[((c * mg + mi) * KH + u32(kh)) * KW + u32(kw)]);
                 }
             }
         }
-        y[i] = acc;
+        y[i] = T(acc);
     }
 }

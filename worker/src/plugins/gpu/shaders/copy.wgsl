@@ -1,8 +1,11 @@
 // Strided copy: Transpose, Concat, Slice, Split, Expand. For each index of
 // iter_dims: y[dst_off + sum(c * dst_strides)] = x[src_off + sum(c * src_strides)].
 // p: [n, rank, src_off, dst_off, dims[6], src_strides[6] (i32 bits), dst_strides[6]]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)

@@ -3,10 +3,13 @@
 // per thread.
 // p: [M, N, K, trans_a, trans_b, alpha bits, beta bits, has_c, c_sm, c_sn,
 //     batch_rank, batch_dims[4], a_bstrides[4], b_bstrides[4]]
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read> c: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> a: array<T>;
+@group(0) @binding(1) var<storage, read> b: array<T>;
+@group(0) @binding(2) var<storage, read> c: array<T>;
+@group(0) @binding(3) var<storage, read_write> y: array<T>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 var<workgroup> ta: array<array<f32, 64>, 16>;
@@ -52,9 +55,9 @@ fn main(
             var va = 0.0;
             if (row0 + r < M && k0 + ka < K) {
                 if (trans_a == 1u) {
-                    va = a[a_off + (k0 + ka) * M + row0 + r];
+                    va = f32(a[a_off + (k0 + ka) * M + row0 + r]);
                 } else {
-                    va = a[a_off + (row0 + r) * K + k0 + ka];
+                    va = f32(a[a_off + (row0 + r) * K + k0 + ka]);
                 }
             }
             ta[ka][r] = va;
@@ -66,9 +69,9 @@ fn main(
             var vb = 0.0;
             if (col0 + col < N && k0 + kb < K) {
                 if (trans_b == 1u) {
-                    vb = b[b_off + (col0 + col) * K + k0 + kb];
+                    vb = f32(b[b_off + (col0 + col) * K + k0 + kb]);
                 } else {
-                    vb = b[b_off + (k0 + kb) * N + col0 + col];
+                    vb = f32(b[b_off + (k0 + kb) * N + col0 + col]);
                 }
             }
             tb[kb][col] = vb;
@@ -90,7 +93,7 @@ fn main(
     put(wg.z, row0 + lid.y + 48u, col0 + lid.x, acc3);
 }
 
-// Writes y[batch][row][col + 16 j] = alpha * v[j] + beta * C, j < 4.
+// Writes f32(y[batch])[row][col + 16 j] = alpha * v[j] + beta * C, j < 4.
 fn put(batch: u32, row: u32, col: u32, v: vec4<f32>) {
     let M = p[0];
     let N = p[1];
@@ -102,8 +105,8 @@ fn put(batch: u32, row: u32, col: u32, v: vec4<f32>) {
         if (cj >= N) { continue; }
         var r = alpha * v[j];
         if (p[7] == 1u) {
-            r += beta * c[row * p[8] + cj * p[9]];
+            r += beta * f32(c[row * p[8] + cj * p[9]]);
         }
-        y[batch * M * N + row * N + cj] = r;
+        y[batch * M * N + row * N + cj] = T(r);
     }
 }

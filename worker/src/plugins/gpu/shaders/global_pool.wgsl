@@ -2,8 +2,11 @@
 // plane (planes beyond the launch's workgroups loop), 256 threads striding
 // over it, then a tree in workgroup memory.
 // p: [NC, HW, mode (0 max, 1 avg)]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 var<workgroup> part: array<f32, 256>;
@@ -21,7 +24,7 @@ fn main(
         var acc = 0.0;
         if (is_max) { acc = -3.402823e38; }
         for (var i = t; i < HW; i += 256u) {
-            let v = x[plane * HW + i];
+            let v = f32(x[plane * HW + i]);
             if (is_max) { acc = max(acc, v); } else { acc += v; }
         }
         part[t] = acc;
@@ -37,7 +40,7 @@ fn main(
             workgroupBarrier();
         }
         if (t == 0u) {
-            if (is_max) { y[plane] = part[0]; } else { y[plane] = part[0] / f32(HW); }
+            if (is_max) { y[plane] = T(part[0]); } else { y[plane] = T(part[0] / f32(HW)); }
         }
         workgroupBarrier();
     }

@@ -1,8 +1,11 @@
 // 2-D pooling (1-D as H = 1); global pooling is global_pool.wgsl.
 // p: [NC, H, W, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl, mode (0 max, 1 avg),
 //     count_include_pad, pb, pr, total]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -30,18 +33,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 let iw = i32(ow * sw + kw * dw) - pl;
                 if (ih >= -pt && ih < i32(H) + pb && iw >= -pl && iw < i32(W) + pr) { padded++; }
                 if (ih < 0 || ih >= i32(H) || iw < 0 || iw >= i32(W)) { continue; }
-                let v = x[base + u32(ih) * W + u32(iw)];
+                let v = f32(x[base + u32(ih) * W + u32(iw)]);
                 best = max(best, v);
                 sum += v;
                 count++;
             }
         }
         if (mode == 0u) {
-            y[i] = best;
+            y[i] = T(best);
         } else if (include_pad == 1u) {
-            y[i] = sum / f32(max(padded, 1u));
+            y[i] = T(sum / f32(max(padded, 1u)));
         } else {
-            y[i] = sum / f32(max(count, 1u));
+            y[i] = T(sum / f32(max(count, 1u)));
         }
     }
 }

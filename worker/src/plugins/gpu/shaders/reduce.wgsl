@@ -2,8 +2,11 @@
 // shape with reduced axes set to 1), visit every reduced coordinate.
 // p: [n_out, rank, mode (0 sum, 1 mean, 2 max, 3 min), red_count,
 //     out_dims[6], in_strides[6], red_dims[6]]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -34,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 off += (rr % dim) * p[10u + axis];
                 rr = rr / dim;
             }
-            let v = x[off];
+            let v = f32(x[off]);
             switch mode {
                 case 2u: { acc = max(acc, v); }
                 case 3u: { acc = min(acc, v); }
@@ -42,6 +45,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         if (mode == 1u) { acc = acc / f32(max(count, 1u)); }
-        y[i] = acc;
+        y[i] = T(acc);
     }
 }

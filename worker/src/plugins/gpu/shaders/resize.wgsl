@@ -3,8 +3,11 @@
 // p: [NC, H, W, OH, OW, mode (0 nearest, 1 linear), total,
 //     per output row: (first, second, weight of the second) input row,
 //     per output column: likewise for input columns]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -22,13 +25,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let c = 7u + 3u * OH + 3u * ow;
         let y0 = p[r]; let x0 = p[c];
         if (mode == 0u) {
-            y[i] = x[base + y0 * W + x0];
+            y[i] = T(f32(x[base + y0 * W + x0]));
         } else {
             let y1 = p[r + 1u]; let x1 = p[c + 1u];
             let dy = bitcast<f32>(p[r + 2u]); let dx = bitcast<f32>(p[c + 2u]);
-            let a = x[base + y0 * W + x0] * (1.0 - dx) + x[base + y0 * W + x1] * dx;
-            let b = x[base + y1 * W + x0] * (1.0 - dx) + x[base + y1 * W + x1] * dx;
-            y[i] = a * (1.0 - dy) + b * dy;
+            let a = f32(x[base + y0 * W + x0]) * (1.0 - dx) + f32(x[base + y0 * W + x1]) * dx;
+            let b = f32(x[base + y1 * W + x0]) * (1.0 - dx) + f32(x[base + y1 * W + x1]) * dx;
+            y[i] = T(a * (1.0 - dy) + b * dy);
         }
     }
 }

@@ -1,6 +1,9 @@
 // Elementwise unary ops. p: [n, op, alpha (f32 bits), beta (f32 bits)]
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+// T: how tensors are stored (f16 in the half variant); math is f32.
+alias T = f32;
+
+@group(0) @binding(0) var<storage, read> x: array<T>;
+@group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 // Abramowitz and Stegun 7.1.26 (|error| < 1.5e-7).
@@ -62,6 +65,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let beta = bitcast<f32>(p[3]);
     let stride = nw.x * 256u;
     for (var i = gid.x; i < n; i += stride) {
-        y[i] = apply(op, x[i], alpha, beta);
+        y[i] = T(apply(op, f32(x[i]), alpha, beta));
     }
 }
