@@ -350,10 +350,34 @@ fn launch(
         && m / group >= GEMM_MIN_CHANNELS
         && tiles.0.max(tiles.1).max(tiles.2) <= 65535
     {
-        let groups = (tiles.0 as u32, tiles.1 as u32, tiles.2 as u32);
-        return b.dispatch("conv_gemm", &[xs, ws, bs, ys], &params, groups);
+        let [_, c, _, _, _, _, _, kh, kw, ..] = shape;
+        let steps = (c / group * kh * kw).div_ceil(16);
+        let splits = split_k(tiles.0 * tiles.1 * tiles.2, steps, tiles.2);
+        let per_split = steps.div_ceil(splits);
+        let splits = steps.div_ceil(per_split);
+        params.extend([splits as u32, (per_split * 16) as u32]);
+        let groups = (tiles.0 as u32, tiles.1 as u32, (tiles.2 * splits) as u32);
+        if splits == 1 {
+            return b.dispatch("conv_gemm", &[xs, ws, bs, ys], &params, groups);
+        }
+        let partial = format!("{}#partial", node.output[0]);
+        let ps = b.output(&partial, vec![splits, total])?;
+        b.dispatch("conv_gemm", &[xs, ws, bs, ps], &params, groups)?;
+        let sum = [total, splits, oh * ow, m, has_bias as usize].map(|v| v as u32);
+        return b.dispatch("conv_splitk", &[ps, bs, ys], &sum, groups_1d(total));
     }
     b.dispatch(kernel, &[xs, ws, bs, ys], &params, groups_1d(total))
+}
+
+/// How many ranges of k a GEMM conv of `tiles` workgroups (`images` of
+/// them along z) splits into: thin convs (few positions or channels, a
+/// long k) would leave most of a large GPU idle, each workgroup walking
+/// all of k. Aims at 256 workgroups, each with at least 4 k-steps.
+fn split_k(tiles: usize, steps: usize, images: usize) -> usize {
+    if tiles >= 256 {
+        return 1;
+    }
+    (256 / tiles).min(steps / 4).min(65535 / images).max(1)
 }
 
 /// Output channels per group from which a Conv runs as an implicit GEMM.

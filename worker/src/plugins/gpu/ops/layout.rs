@@ -29,6 +29,10 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
     }
 }
 
+/// Softmax rows from this long are reduced by a workgroup each (shorter
+/// ones by a thread each).
+const ROW_PARALLEL_SOFTMAX: usize = 256;
+
 /// Cast's target: float or float16.
 pub fn cast_target(node: &NodeProto) -> Result<ElemType, String> {
     match attr_i(node, "to").map(|t| ElemType(t as i32)) {
@@ -357,7 +361,13 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             let log = (node.op_type() == "LogSoftmax") as usize;
             let (xs, ys) = (b.slot(x)?, b.output(&out0, sx)?);
             let params = [outer, len, inner, log].map(|v| v as u32);
-            b.dispatch("softmax", &[xs, ys], &params, groups_1d(outer * inner))
+            let rows = outer * inner;
+            if len >= ROW_PARALLEL_SOFTMAX {
+                // Long rows: a workgroup per row.
+                let groups = (rows.clamp(1, 65535) as u32, 1, 1);
+                return b.dispatch("softmax_rows", &[xs, ys], &params, groups);
+            }
+            b.dispatch("softmax", &[xs, ys], &params, groups_1d(rows))
         }
     }
 }

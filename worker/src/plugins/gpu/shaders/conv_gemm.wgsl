@@ -3,7 +3,11 @@
 // q = (oh, ow). 64x64 output tiles, 16-deep k steps through workgroup
 // memory, 4x4 outputs per thread. For convs with many output channels per
 // group; depthwise ones use the direct kernel (conv.wgsl).
-// p: [N, C, H, W, M, OH, OW, KH, KW, group, sh, sw, dh, dw, pt, pl, has_bias, total]
+// Split K: where few tiles would leave a big GPU idle, workgroup z also
+// picks one of `splits` ranges of k, and y is a [splits, N, M, Q] buffer
+// of partial sums that conv_splitk.wgsl adds up (with the bias).
+// p: [N, C, H, W, M, OH, OW, KH, KW, group, sh, sw, dh, dw, pt, pl, has_bias,
+//     total, splits, k per split]
 // T: how tensors are stored (f16 in the half variant); math is f32.
 alias T = f32;
 
@@ -31,8 +35,12 @@ fn main(
     let taps = KH * KW;
     let K = cg * taps;
     let Q = OH * OW;
-    let n = wg.z / G;
-    let g = wg.z % G;
+    let splits = p[18];
+    let split = wg.z % splits;
+    let n = (wg.z / splits) / G;
+    let g = (wg.z / splits) % G;
+    let k_begin = split * p[19];
+    let k_end = min(K, k_begin + p[19]);
     let m0 = wg.y * 64u;
     let q0 = wg.x * 64u;
     let xbase = (n * C + g * cg) * H * W;
@@ -40,14 +48,14 @@ fn main(
     // Row i of the thread's 4x4 block in acc[i] (vectors, not an indexed
     // array: those can end up in local memory).
     var acc0 = vec4<f32>(); var acc1 = vec4<f32>(); var acc2 = vec4<f32>(); var acc3 = vec4<f32>();
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
+    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {
         for (var j = 0u; j < 4u; j++) {
             let idx = tid + 256u * j;
             // Weights: 64 rows (output channels) x 16 k, read along k.
             let r = idx / 16u;
             let kw_ = idx % 16u;
             var vw = 0.0;
-            if (m0 + r < mg && k0 + kw_ < K) {
+            if (m0 + r < mg && k0 + kw_ < k_end) {
                 vw = f32(w[wbase + (m0 + r) * K + k0 + kw_]);
             }
             tw[kw_][r] = vw;
@@ -57,7 +65,7 @@ fn main(
             let q = q0 + c;
             let k = k0 + kx;
             var vx = 0.0;
-            if (q < Q && k < K) {
+            if (q < Q && k < k_end) {
                 let ci = k / taps;
                 let tap = k % taps;
                 let ih = i32((q / OW) * sh + (tap / KW) * dh) - pt;
@@ -79,20 +87,23 @@ fn main(
         }
         workgroupBarrier();
     }
-    put(n, g, m0 + lid.y, q0 + lid.x, acc0);
-    put(n, g, m0 + lid.y + 16u, q0 + lid.x, acc1);
-    put(n, g, m0 + lid.y + 32u, q0 + lid.x, acc2);
-    put(n, g, m0 + lid.y + 48u, q0 + lid.x, acc3);
+    // Partial sums go to plane `split` of the [splits, N, M, Q] buffer.
+    let image = split * p[0] + n;
+    put(image, g, m0 + lid.y, q0 + lid.x, acc0);
+    put(image, g, m0 + lid.y + 16u, q0 + lid.x, acc1);
+    put(image, g, m0 + lid.y + 32u, q0 + lid.x, acc2);
+    put(image, g, m0 + lid.y + 48u, q0 + lid.x, acc3);
 }
 
-// Writes outputs (q, q + 16, q + 32, q + 48) of channel m of group g.
+// Writes outputs (q, q + 16, q + 32, q + 48) of channel m of group g of
+// image n (the bias where K is not split).
 fn put(n: u32, g: u32, m: u32, q: u32, v: vec4<f32>) {
     let M = p[4];
     let mg = M / p[9];
     let Q = p[5] * p[6];
     if (m >= mg) { return; }
     var b0 = 0.0;
-    if (p[16] == 1u) { b0 = f32(bias[g * mg + m]); }
+    if (p[16] == 1u && p[18] == 1u) { b0 = f32(bias[g * mg + m]); }
     let base = (n * M + g * mg + m) * Q;
     for (var j = 0u; j < 4u; j++) {
         if (q + 16u * j < Q) {

@@ -1,10 +1,11 @@
-//! Conv shapes the ONNX node tests do not reach, through the GPU plugin
-//! against onnxruntime (max abs diff ≤ 1e-4): many output channels per
+//! GPU kernels on shapes the ONNX node tests do not reach, against
+//! onnxruntime (max abs diff ≤ 1e-4): Conv with many output channels per
 //! group (the implicit-GEMM kernel: sizes that are not multiples of its
 //! 64×64 tiles, batches, groups, strides, dilations, asymmetric pads,
-//! auto_pad, 1-D, non-square kernels, 1×1) and thin ones (the direct
-//! kernel). Skipped, saying so, without a GPU adapter unless
-//! TESSERA_GPU_TESTS=required.
+//! auto_pad, 1-D, non-square kernels, 1×1, k split across workgroups for
+//! thin convs) and thin ones (the direct kernel); Softmax / LogSoftmax over
+//! long rows (a workgroup per row) and global pooling over large planes.
+//! Skipped, saying so, without a GPU adapter unless TESSERA_GPU_TESTS=required.
 
 mod util;
 
@@ -75,6 +76,25 @@ const CASES: &[Case] = &[
         group: 1,
     },
     Case {
+        // rec's neck: one position row, k = 1440 split across workgroups.
+        name: "thin_long_k_split",
+        x: &[1, 480, 1, 40],
+        w: &[60, 480, 1, 3],
+        bias: true,
+        ints: &[("pads", &[0, 1, 0, 1])],
+        auto_pad: None,
+        group: 1,
+    },
+    Case {
+        name: "split_k_batch2_groups2",
+        x: &[2, 64, 6, 7],
+        w: &[32, 32, 3, 3],
+        bias: true,
+        ints: &[("pads", &[1, 1, 1, 1])],
+        auto_pad: None,
+        group: 2,
+    },
+    Case {
         name: "depthwise_multiplier2_direct",
         x: &[1, 16, 15, 15],
         w: &[32, 1, 3, 3],
@@ -131,41 +151,109 @@ fn conv_model(case: &Case) -> Vec<u8> {
     encode_model(&opset17(g))
 }
 
-#[test]
-fn gpu_conv_matches_onnxruntime_on_shapes_the_node_tests_miss() {
-    let gpu = match GpuPlugin::new() {
-        Ok(p) => p,
+/// The plugin, or `None` (after saying why) without an adapter where the
+/// GPU tests are not required.
+fn gpu() -> Option<GpuPlugin> {
+    match GpuPlugin::new() {
+        Ok(p) => Some(p),
         Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
             println!("SKIPPED: {e}");
-            return;
+            None
         }
         Err(e) => panic!("{e}"),
-    };
-    let tmp = std::env::temp_dir().join(format!("tessera-gpu-conv-{}", std::process::id()));
+    }
+}
+
+/// Runs each (name, model) on the GPU and onnxruntime on seeded inputs;
+/// asserts the outputs agree within TOLERANCE.
+fn check_against_onnxruntime(gpu: &GpuPlugin, models: &[(String, Vec<u8>)]) {
+    let tmp = std::env::temp_dir().join(format!(
+        "tessera-gpu-kernels-{}-{}",
+        std::process::id(),
+        models[0].0
+    ));
     std::fs::create_dir_all(&tmp).unwrap();
-    for (i, case) in CASES.iter().enumerate() {
-        let onnx = conv_model(case);
-        let path = tmp.join(format!("{}.onnx", case.name));
-        std::fs::write(&path, &onnx).unwrap();
-        let model = tessera_common::onnx::decode_model(&onnx).unwrap();
+    for (i, (name, onnx)) in models.iter().enumerate() {
+        let path = tmp.join(format!("{}.onnx", name));
+        std::fs::write(&path, onnx).unwrap();
+        let model = tessera_common::onnx::decode_model(onnx).unwrap();
         let graph = Graph::from_model(model).unwrap();
         let inputs = random_inputs(&graph, 100 + i as u64).expect("float inputs");
-        let want = util::onnxruntime(&path, &inputs, &tmp.join(case.name));
+        let want = util::onnxruntime(&path, &inputs, &tmp.join(name));
         let compiled = gpu
-            .compile(&onnx, &Config::default())
-            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            .compile(onnx, &Config::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", name));
         let tensors: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
         let got = compiled
             .infer(&tensors)
-            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert_eq!(got.outputs[0].shape(), want[0].shape(), "{}", case.name);
+            .unwrap_or_else(|e| panic!("{}: {e}", name));
+        assert_eq!(got.outputs[0].shape(), want[0].shape(), "{}", name);
         let diff = util::max_abs_diff(&got.outputs[0], &want[0]);
         println!(
             "{}: output {:?}, max abs diff vs onnxruntime {diff:e}",
-            case.name,
+            name,
             want[0].shape()
         );
-        assert!(diff <= TOLERANCE, "{}: max abs diff {diff}", case.name);
+        assert!(diff <= TOLERANCE, "{}: max abs diff {diff}", name);
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn gpu_conv_matches_onnxruntime_on_shapes_the_node_tests_miss() {
+    let Some(gpu) = gpu() else { return };
+    let models: Vec<(String, Vec<u8>)> = CASES
+        .iter()
+        .map(|c| (c.name.to_string(), conv_model(c)))
+        .collect();
+    check_against_onnxruntime(&gpu, &models);
+}
+
+/// A one-node model of `op` on input `x` of `shape` with int attributes.
+fn one_node(op: &str, shape: &[i64], ints: &[(&str, i64)]) -> Vec<u8> {
+    let mut n = node("n", op, &["x"], &["y"]);
+    for (name, v) in ints {
+        n.attribute.push(AttributeProto {
+            name: Some(name.to_string()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(*v),
+            ..Default::default()
+        });
+    }
+    let g = GraphProto {
+        name: Some(op.into()),
+        node: vec![n],
+        input: vec![tensor_info("x", 1, shape)],
+        output: vec![tessera_common::onnx::proto::ValueInfoProto {
+            name: Some("y".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    encode_model(&opset17(g))
+}
+
+#[test]
+fn gpu_softmax_and_global_pooling_match_onnxruntime_on_long_axes() {
+    let Some(gpu) = gpu() else { return };
+    let models = vec![
+        // rec's CTC head: rows of 6625 classes.
+        (
+            "softmax_last_axis_6625".to_string(),
+            one_node("Softmax", &[1, 4, 6625], &[("axis", 2)]),
+        ),
+        (
+            "log_softmax_strided_rows".to_string(),
+            one_node("LogSoftmax", &[2, 700, 3], &[("axis", 1)]),
+        ),
+        (
+            "global_average_pool_40x45".to_string(),
+            one_node("GlobalAveragePool", &[1, 8, 40, 45], &[]),
+        ),
+        (
+            "global_max_pool_40x45".to_string(),
+            one_node("GlobalMaxPool", &[2, 3, 40, 45], &[]),
+        ),
+    ];
+    check_against_onnxruntime(&gpu, &models);
 }
