@@ -4,7 +4,8 @@
 //! MatMul 1024³ GFLOP/s and real-model latencies (PP-OCR cls 48×192 and
 //! PP-OCRv4 rec 48×320, one line and a batch of 6; det at 320² and 640²)
 //! on the GPU plugin (whatever adapter wgpu finds: lavapipe here) vs the
-//! CPU plugin; medians and their ratio. det runs whole on the GPU
+//! CPU plugin (one thread, and where there are more than two cores, with
+//! NUM_THREADS at their number); medians and their ratio. det runs whole on the GPU
 //! plugin; cls and rec as HETERO:GPU,CPU (their shape arithmetic stays on
 //! the CPU). Also the largest difference between the two sides' outputs,
 //! and where the adapter writes timestamps, the GPU time per op type and
@@ -16,10 +17,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
+use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::onnx::proto::{GraphProto, ModelProto};
 use tessera_common::onnx::{encode_model, load_model, tensor_info};
-use tessera_common::partition::Algorithm;
 use tessera_common::synth::{node, opset17, to_float16, Rng};
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
@@ -109,12 +109,8 @@ fn gpu_time_by_op(
         }
         Err(_) => {
             let options = LoadOptions {
-                priority: DevicePriority::parse("HETERO:GPU,CPU").ok()?,
-                policy: Policy::Priority,
-                algorithm: Algorithm::Fast,
-                strict: true,
-                manual: Default::default(),
                 config,
+                ..LoadOptions::by_priority(DevicePriority::parse("HETERO:GPU,CPU").ok()?)
             };
             let network = Network::load(model.clone(), plugins, &options).ok()?;
             let name = model.graph.as_ref()?.input.first()?.name().to_string();
@@ -203,12 +199,10 @@ fn on_gpu<'a>(
         return Ok((plugin_runner(c, inputs), "GPU".into()));
     }
     let options = LoadOptions {
-        priority: DevicePriority::parse("HETERO:GPU,CPU").map_err(|e| e.to_string())?,
-        policy: Policy::Priority,
-        algorithm: Algorithm::Fast,
-        strict: true,
-        manual: Default::default(),
         config,
+        ..LoadOptions::by_priority(
+            DevicePriority::parse("HETERO:GPU,CPU").map_err(|e| e.to_string())?,
+        )
     };
     let network = Network::load(model.clone(), plugins, &options).map_err(|e| e.to_string())?;
     let part = network.partition();
@@ -351,6 +345,22 @@ fn main() {
             tc / tg,
             diff
         );
+        // The CPU plugin on every core too (NUM_THREADS: tract runs its
+        // matmuls on a pool; the rest of the model stays on one thread).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores > 2 {
+            let mut threaded = Config::default();
+            threaded
+                .set("NUM_THREADS", &cores.to_string())
+                .expect("a known key");
+            let on_cores = plugin_runner(cpu.compile(&onnx, &threaded).expect("compiles"), &inputs);
+            let (tg, tm) = race(&on_gpu_f32, &on_cores, runs);
+            println!(
+                "  CPU plugin with NUM_THREADS={cores}: {:.2} ms (GPU/CPU speed {:.2})",
+                tm * 1e3,
+                tm / tg
+            );
+        }
         if let Some(profile) = gpu_time_by_op(&gpu, &plugins, &model, &inputs) {
             println!("  {profile}");
         }

@@ -55,6 +55,22 @@ pub struct LoadOptions {
     pub config: Config,
 }
 
+impl LoadOptions {
+    /// Each node on the first device of `priority` that supports it: the
+    /// priority policy, the fast partitioner, strict, no manual affinity,
+    /// the plugins' default configuration.
+    pub fn by_priority(priority: DevicePriority) -> LoadOptions {
+        LoadOptions {
+            priority,
+            policy: Policy::Priority,
+            algorithm: Algorithm::Fast,
+            strict: true,
+            manual: BTreeMap::new(),
+            config: Config::default(),
+        }
+    }
+}
+
 struct Stage {
     device: String,
     compiled: Arc<dyn CompiledSubgraph>,

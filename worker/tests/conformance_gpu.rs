@@ -12,24 +12,12 @@ use std::collections::BTreeSet;
 
 use tessera_worker::conformance;
 use tessera_worker::plugin::DevicePlugin;
-use tessera_worker::plugins::gpu::GpuPlugin;
-
-/// The plugin, or `None` (after saying why) where this machine has no
-/// adapter and the GPU tests are not required.
-pub fn gpu_plugin() -> Option<GpuPlugin> {
-    match GpuPlugin::new() {
-        Ok(p) => Some(p),
-        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
-            println!("SKIPPED: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 #[test]
 fn gpu_plugin_passes_the_onnx_node_tests_it_accepts() {
-    let Some(plugin) = gpu_plugin() else { return };
+    let Some(plugin) = util::gpu_plugin() else {
+        return;
+    };
     println!(
         "GPU: {:?}; {:?}",
         plugin.metric("FULL_DEVICE_NAME").unwrap().to_string(),

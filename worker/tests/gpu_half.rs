@@ -12,11 +12,10 @@ mod util;
 
 use std::sync::Arc;
 
-use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
+use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto};
 use tessera_common::onnx::{encode_model, load_model, tensor_info, ElemType};
-use tessera_common::partition::Algorithm;
 use tessera_common::synth::{node, opset17, random_inputs, to_float16, to_float32};
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
@@ -28,14 +27,7 @@ const TOLERANCE: f32 = 1e-2;
 
 /// The plugin where it can run f16, else `None` after saying why.
 fn half_gpu() -> Option<GpuPlugin> {
-    let gpu = match GpuPlugin::new() {
-        Ok(p) => p,
-        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
-            println!("SKIPPED: {e}");
-            return None;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let gpu = util::gpu_plugin()?;
     let caps = gpu.metric("OPTIMIZATION_CAPABILITIES").unwrap().to_string();
     if !caps.contains("FP16") {
         println!("SKIPPED: this adapter has no shader-f16 ({caps})");
@@ -79,14 +71,7 @@ fn cls_in_float16_matches_onnxruntime_on_its_rounded_weights() {
             Arc::new(CpuPlugin::new().unwrap()),
         ),
     ];
-    let options = LoadOptions {
-        priority: DevicePriority::parse("HETERO:GPU,CPU").unwrap(),
-        policy: Policy::Priority,
-        algorithm: Algorithm::Fast,
-        strict: true,
-        manual: Default::default(),
-        config: Config::default(),
-    };
+    let options = LoadOptions::by_priority(DevicePriority::parse("HETERO:GPU,CPU").unwrap());
     let network = Network::load(half_model, &plugins, &options).expect("cls in f16 loads");
     let part = network.partition();
     let on_gpu: usize = part

@@ -151,19 +151,6 @@ fn conv_model(case: &Case) -> Vec<u8> {
     encode_model(&opset17(g))
 }
 
-/// The plugin, or `None` (after saying why) without an adapter where the
-/// GPU tests are not required.
-fn gpu() -> Option<GpuPlugin> {
-    match GpuPlugin::new() {
-        Ok(p) => Some(p),
-        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
-            println!("SKIPPED: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
 /// Runs each (name, model) on the GPU and onnxruntime on seeded inputs;
 /// asserts the outputs agree within TOLERANCE.
 fn check_against_onnxruntime(gpu: &GpuPlugin, models: &[(String, Vec<u8>)]) {
@@ -201,7 +188,9 @@ fn check_against_onnxruntime(gpu: &GpuPlugin, models: &[(String, Vec<u8>)]) {
 
 #[test]
 fn gpu_conv_matches_onnxruntime_on_shapes_the_node_tests_miss() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = util::gpu_plugin() else {
+        return;
+    };
     let models: Vec<(String, Vec<u8>)> = CASES
         .iter()
         .map(|c| (c.name.to_string(), conv_model(c)))
@@ -235,7 +224,9 @@ fn one_node(op: &str, shape: &[i64], ints: &[(&str, i64)]) -> Vec<u8> {
 
 #[test]
 fn gpu_softmax_and_global_pooling_match_onnxruntime_on_long_axes() {
-    let Some(gpu) = gpu() else { return };
+    let Some(gpu) = util::gpu_plugin() else {
+        return;
+    };
     let models = vec![
         // rec's CTC head: rows of 6625 classes.
         (

@@ -9,27 +9,20 @@ mod util;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tessera_common::affinity::{DeviceId, DevicePriority, Policy};
+use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::load_model;
-use tessera_common::partition::Algorithm;
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
-use tessera_worker::plugin::{Config, DevicePlugin};
+use tessera_worker::plugin::DevicePlugin;
 use tessera_worker::plugins::cpu::CpuPlugin;
-use tessera_worker::plugins::gpu::GpuPlugin;
 
 const TOLERANCE: f32 = 1e-3;
 
 #[test]
 fn real_models_split_between_gpu_and_cpu_match_onnxruntime() {
-    let gpu = match GpuPlugin::new() {
-        Ok(p) => p,
-        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
-            println!("SKIPPED: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(gpu) = util::gpu_plugin() else {
+        return;
     };
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = vec![
         (DeviceId::parse("GPU").unwrap(), Arc::new(gpu)),
@@ -51,14 +44,7 @@ fn real_models_split_between_gpu_and_cpu_match_onnxruntime() {
         let inputs = tessera_common::synth::random_inputs(&graph, 11).expect("numeric inputs");
         let want = util::onnxruntime(&path, &inputs, &tmp.join(name));
         let inputs: HashMap<String, Tensor> = inputs.into_iter().collect();
-        let options = LoadOptions {
-            priority: DevicePriority::parse("HETERO:GPU,CPU").unwrap(),
-            policy: Policy::Priority,
-            algorithm: Algorithm::Fast,
-            strict: true,
-            manual: Default::default(),
-            config: Config::default(),
-        };
+        let options = LoadOptions::by_priority(DevicePriority::parse("HETERO:GPU,CPU").unwrap());
         let network =
             Network::load(model, &plugins, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
         let part = network.partition();

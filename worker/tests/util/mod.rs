@@ -20,3 +20,17 @@ pub fn node_test_root() -> std::path::PathBuf {
         .expect("python3 with onnx==1.17.0 (scripts/test.sh installs it)");
     std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
+
+/// The GPU plugin, or `None` (after saying why) where this machine has no
+/// adapter and the GPU tests are not required (`TESSERA_GPU_TESTS=required`,
+/// which `scripts/test.sh` sets after installing lavapipe).
+pub fn gpu_plugin() -> Option<tessera_worker::plugins::gpu::GpuPlugin> {
+    match tessera_worker::plugins::gpu::GpuPlugin::new() {
+        Ok(p) => Some(p),
+        Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
+            println!("SKIPPED: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -19,9 +19,21 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("conv_gemm", include_str!("shaders/conv_gemm.wgsl")),
     ("conv_splitk", include_str!("shaders/conv_splitk.wgsl")),
     ("pool", include_str!("shaders/pool.wgsl")),
-    ("global_pool", include_str!("shaders/global_pool.wgsl")),
+    (
+        "global_pool",
+        concat!(
+            include_str!("shaders/global_pool.wgsl"),
+            include_str!("shaders/workgroup_reduce.wgsl")
+        ),
+    ),
     ("softmax", include_str!("shaders/softmax.wgsl")),
-    ("softmax_rows", include_str!("shaders/softmax_rows.wgsl")),
+    (
+        "softmax_rows",
+        concat!(
+            include_str!("shaders/softmax_rows.wgsl"),
+            include_str!("shaders/workgroup_reduce.wgsl")
+        ),
+    ),
     ("batchnorm", include_str!("shaders/batchnorm.wgsl")),
     ("reduce", include_str!("shaders/reduce.wgsl")),
     ("layernorm", include_str!("shaders/layernorm.wgsl")),

@@ -1,6 +1,6 @@
 // GlobalAveragePool / GlobalMaxPool: one workgroup reduces each (n, c)
 // plane (planes beyond the launch's workgroups loop), 256 threads striding
-// over it, then a tree in workgroup memory.
+// over it (workgroup_reduce.wgsl is appended).
 // p: [NC, HW, mode (0 max, 1 avg)]
 // T: how tensors are stored (f16 in the half variant); math is f32.
 alias T = f32;
@@ -8,8 +8,6 @@ alias T = f32;
 @group(0) @binding(0) var<storage, read> x: array<T>;
 @group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
-
-var<workgroup> part: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -27,21 +25,9 @@ fn main(
             let v = f32(x[plane * HW + i]);
             if (is_max) { acc = max(acc, v); } else { acc += v; }
         }
-        part[t] = acc;
-        workgroupBarrier();
-        for (var s = 128u; s > 0u; s >>= 1u) {
-            if (t < s) {
-                if (is_max) {
-                    part[t] = max(part[t], part[t + s]);
-                } else {
-                    part[t] += part[t + s];
-                }
-            }
-            workgroupBarrier();
-        }
+        let r = workgroup_reduce(t, acc, is_max);
         if (t == 0u) {
-            if (is_max) { y[plane] = T(part[0]); } else { y[plane] = T(part[0] / f32(HW)); }
+            if (is_max) { y[plane] = T(r); } else { y[plane] = T(r / f32(HW)); }
         }
-        workgroupBarrier();
     }
 }

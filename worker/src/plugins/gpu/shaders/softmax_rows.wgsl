@@ -1,6 +1,6 @@
 // Softmax / LogSoftmax over the middle axis of [outer, len, inner] for long
 // rows: one workgroup per row (rows beyond the launch's workgroups loop),
-// 256 threads striding along it, max and sum reduced in workgroup memory.
+// 256 threads striding along it (workgroup_reduce.wgsl is appended).
 // p: [outer, len, inner, log]
 // T: how tensors are stored (f16 in the half variant); math is f32.
 alias T = f32;
@@ -8,8 +8,6 @@ alias T = f32;
 @group(0) @binding(0) var<storage, read> x: array<T>;
 @group(0) @binding(1) var<storage, read_write> y: array<T>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
-
-var<workgroup> part: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -24,24 +22,10 @@ fn main(
         let base = (r / inner) * len * inner + r % inner;
         var m = -3.402823e38;
         for (var k = t; k < len; k += 256u) { m = max(m, f32(x[base + k * inner])); }
-        part[t] = m;
-        workgroupBarrier();
-        for (var s = 128u; s > 0u; s >>= 1u) {
-            if (t < s) { part[t] = max(part[t], part[t + s]); }
-            workgroupBarrier();
-        }
-        m = part[0];
-        workgroupBarrier();
+        m = workgroup_reduce(t, m, true);
         var sum = 0.0;
         for (var k = t; k < len; k += 256u) { sum += exp(f32(x[base + k * inner]) - m); }
-        part[t] = sum;
-        workgroupBarrier();
-        for (var s = 128u; s > 0u; s >>= 1u) {
-            if (t < s) { part[t] += part[t + s]; }
-            workgroupBarrier();
-        }
-        sum = part[0];
-        workgroupBarrier();
+        sum = workgroup_reduce(t, sum, false);
         for (var k = t; k < len; k += 256u) {
             let v = f32(x[base + k * inner]) - m;
             if (p[3] == 1u) { y[base + k * inner] = T(v - log(sum)); } else { y[base + k * inner] = T(exp(v) / sum); }
