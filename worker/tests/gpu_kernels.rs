@@ -4,7 +4,8 @@
 //! 64×64 tiles, batches, groups, strides, dilations, asymmetric pads,
 //! auto_pad, 1-D, non-square kernels, 1×1, k split across workgroups for
 //! thin convs) and thin ones (the direct kernel); Softmax / LogSoftmax over
-//! long rows (a workgroup per row) and global pooling over large planes.
+//! long rows (a workgroup per row) and global pooling over large planes;
+//! and an integer graph input refused at compile, by name.
 //! Skipped, saying so, without a GPU adapter unless TESSERA_GPU_TESTS=required.
 
 mod util;
@@ -247,4 +248,23 @@ fn gpu_softmax_and_global_pooling_match_onnxruntime_on_long_axes() {
         ),
     ];
     check_against_onnxruntime(&gpu, &models);
+}
+
+#[test]
+fn gpu_refuses_a_subgraph_with_an_integer_input_by_name() {
+    let Some(gpu) = util::gpu_plugin() else {
+        return;
+    };
+    let g = GraphProto {
+        name: Some("ints".into()),
+        node: vec![node("n", "Relu", &["x"], &["y"])],
+        input: vec![tensor_info("x", 7, &[4])],
+        output: vec![tensor_info("y", 7, &[4])],
+        ..Default::default()
+    };
+    let err = gpu
+        .compile(&encode_model(&opset17(g)), &Config::default())
+        .err()
+        .expect("an int64 input is refused");
+    assert!(err.to_string().contains("'x' is INT64"), "{err}");
 }

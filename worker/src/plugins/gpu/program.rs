@@ -348,12 +348,22 @@ impl Program {
                 shape,
             }
         };
-        let inputs = graph
+        let inputs: Vec<TensorSpec> = graph
             .input
             .iter()
             .filter(|i| !consts.contains_key(i.name()))
             .map(spec)
             .collect();
+        if let Some(other) = inputs
+            .iter()
+            .find(|i| i.elem != ElemType::FLOAT && i.elem != ElemType::FLOAT16)
+        {
+            return Err(bad(format!(
+                "input '{}' is {}: the GPU plugin takes float and float16 tensors",
+                other.name,
+                other.elem.name()
+            )));
+        }
         let outputs = graph.output.iter().map(spec).collect();
         Ok(Program {
             gpu,
