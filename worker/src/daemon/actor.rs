@@ -1,23 +1,33 @@
 //! One actix actor per deployed subgraph. Its bounded mailbox receives the
 //! subgraph's input tensors as they arrive, from any peer; a request runs
 //! as soon as all of its inputs are there, one at a time per subgraph (a
-//! pipeline stage), on tokio's blocking pool so the actor keeps receiving.
-//! Outputs go to the [`Router`], which streams them to their consumers.
+//! pipeline stage), on the subgraph's own compute thread so the actor
+//! keeps receiving. The compute thread hands each request's outputs to the
+//! [`Router`], which streams them to their consumers, the moment they are
+//! computed (no hop back through the actor first).
+//!
+//! The thread is the subgraph's for its whole life: the backend's
+//! per-thread state (scratch buffers, caches) stays warm from one request
+//! to the next, which a shared blocking pool does not guarantee.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use actix::WeakAddr;
 use tessera_common::tensor::Tensor;
-
-use super::routes::Router;
 use tessera_common::wire::control::NodeTime;
 
-use crate::plugin::{CompiledSubgraph, ExecStatus};
+use super::routes::Router;
+use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
 /// The tensor name that triggers subgraphs without inputs.
 pub const TRIGGER: &str = "";
+
+/// Requests handed to the compute thread at once: the one it runs and the
+/// next, so it starts the next without waiting on the actor.
+const HANDED: usize = 2;
 
 /// An input tensor of a request (or its [`TRIGGER`]).
 #[derive(Message)]
@@ -40,6 +50,19 @@ pub struct Forget {
 #[rtype(result = "()")]
 pub struct Stop;
 
+/// The compute thread finished (or skipped) a request.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Finished {
+    request: u64,
+}
+
+/// A request for the compute thread.
+struct Job {
+    request: u64,
+    inputs: Vec<Tensor>,
+}
+
 pub struct SubgraphActor {
     pub network: u64,
     pub subgraph: u32,
@@ -55,10 +78,12 @@ pub struct SubgraphActor {
     pub stale_after: Duration,
     pending: HashMap<u64, (Vec<Option<Tensor>>, Instant)>,
     ready: VecDeque<(u64, Vec<Tensor>)>,
-    running: bool,
-    /// Outputs of a subgraph without inputs (constants only), computed on
-    /// its first trigger and reused.
-    constants: Option<Vec<Tensor>>,
+    /// Requests handed to the compute thread, not finished yet.
+    handed: VecDeque<u64>,
+    /// The compute thread's queue (`None` if it could not start).
+    jobs: Option<mpsc::SyncSender<Job>>,
+    /// Handed requests forgotten since: the thread skips them.
+    cancelled: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl SubgraphActor {
@@ -85,71 +110,152 @@ impl SubgraphActor {
             stale_after: Duration::from_secs(300),
             pending: HashMap::new(),
             ready: VecDeque::new(),
-            running: false,
-            constants: None,
+            handed: VecDeque::new(),
+            jobs: None,
+            cancelled: Default::default(),
         }
     }
 
-    /// Starts the next ready request if none runs.
-    fn next(&mut self, ctx: &mut Context<Self>) {
-        if self.running {
-            return;
+    /// Hands ready requests to the compute thread while it has room.
+    fn next(&mut self) {
+        while self.handed.len() < HANDED {
+            let Some((request, inputs)) = self.ready.pop_front() else {
+                return;
+            };
+            let handed = self
+                .jobs
+                .as_ref()
+                .is_some_and(|jobs| jobs.try_send(Job { request, inputs }).is_ok());
+            if handed {
+                self.handed.push_back(request);
+            } else {
+                let error = format!(
+                    "subgraph {} on {}: its compute thread is not running",
+                    self.subgraph, self.device
+                );
+                let router = self.router.clone();
+                tokio::spawn(async move { router.fail(request, error).await });
+            }
         }
-        let Some((request, inputs)) = self.ready.pop_front() else {
-            return;
+    }
+
+    /// Starts the compute thread; it reports back to `actor`.
+    fn spawn_thread(
+        &self,
+        actor: WeakAddr<SubgraphActor>,
+    ) -> std::io::Result<mpsc::SyncSender<Job>> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(HANDED);
+        let thread = ComputeThread {
+            network: self.network,
+            subgraph: self.subgraph,
+            device: self.device.clone(),
+            compiled: self.compiled.clone(),
+            outputs: self.outputs.clone(),
+            router: self.router.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            cancelled: self.cancelled.clone(),
+            actor,
+            constants: None,
+            takes_inputs: !self.inputs.is_empty(),
         };
-        self.running = true;
+        std::thread::Builder::new()
+            .name(format!("sg-{}-{}", self.network, self.subgraph))
+            .spawn(move || thread.run(rx))?;
+        Ok(tx)
+    }
+}
+
+/// What the compute thread owns.
+struct ComputeThread {
+    network: u64,
+    subgraph: u32,
+    device: String,
+    compiled: Arc<dyn CompiledSubgraph>,
+    outputs: Vec<Arc<str>>,
+    router: Arc<Router>,
+    runtime: tokio::runtime::Handle,
+    cancelled: Arc<Mutex<HashSet<u64>>>,
+    actor: WeakAddr<SubgraphActor>,
+    /// Outputs of a subgraph without inputs (constants only), computed on
+    /// its first trigger and reused.
+    constants: Option<Vec<Tensor>>,
+    takes_inputs: bool,
+}
+
+impl ComputeThread {
+    /// Runs jobs until the actor drops its end of the queue.
+    fn run(mut self, jobs: mpsc::Receiver<Job>) {
+        while let Ok(Job { request, inputs }) = jobs.recv() {
+            // Forgotten while it waited: skipped; while it ran: the mark
+            // is cleared after (its outputs are dropped where they land).
+            let cancelled = self.cancelled.clone();
+            let forgotten = move || {
+                cancelled
+                    .lock()
+                    .map(|mut c| c.remove(&request))
+                    .unwrap_or(false)
+            };
+            if self.actor.upgrade().is_none() {
+                return; // stopped
+            }
+            if !forgotten() {
+                self.compute(request, &inputs);
+                forgotten();
+            }
+            match self.actor.upgrade() {
+                Some(actor) => actor.do_send(Finished { request }),
+                None => return,
+            }
+        }
+    }
+
+    fn compute(&mut self, request: u64, inputs: &[Tensor]) {
         self.router.running(true);
-        let compiled = self.compiled.clone();
-        let constants = self.constants.clone();
         let started = Instant::now();
-        let run = async move {
-            if let Some(outputs) = constants {
-                return Ok(crate::plugin::InferResult {
-                    outputs,
-                    counters: Vec::new(),
+        let result = match &self.constants {
+            Some(outputs) => Ok(InferResult {
+                outputs: outputs.clone(),
+                counters: Vec::new(),
+            }),
+            None => {
+                let compiled = &self.compiled;
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compiled.infer(inputs)))
+                    .map_err(|_| "the backend panicked".to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+        };
+        let elapsed = started.elapsed();
+        self.router.running(false);
+        let router = self.router.clone();
+        match result {
+            Ok(result) => {
+                if !self.takes_inputs && self.constants.is_none() {
+                    self.constants = Some(result.outputs.clone());
+                }
+                let outputs: Vec<(Arc<str>, Tensor)> =
+                    self.outputs.iter().cloned().zip(result.outputs).collect();
+                let nodes = result
+                    .counters
+                    .into_iter()
+                    .filter(|c| c.status == ExecStatus::Executed)
+                    .map(|c| NodeTime {
+                        node: c.node,
+                        micros: c.real_us,
+                    })
+                    .collect();
+                let (network, subgraph) = (self.network, self.subgraph);
+                self.runtime.spawn(async move {
+                    router
+                        .deliver(network, subgraph, request, outputs, elapsed, nodes)
+                        .await
                 });
             }
-            tokio::task::spawn_blocking(move || compiled.infer(&inputs))
-                .await
-                .map_err(|e| format!("the subgraph's thread failed: {e}"))
-                .and_then(|r| r.map_err(|e| e.to_string()))
-        };
-        ctx.spawn(run.into_actor(self).map(move |result, actor, ctx| {
-            actor.running = false;
-            actor.router.running(false);
-            let router = actor.router.clone();
-            let (network, subgraph) = (actor.network, actor.subgraph);
-            match result {
-                Ok(result) => {
-                    if actor.inputs.is_empty() && actor.constants.is_none() {
-                        actor.constants = Some(result.outputs.clone());
-                    }
-                    let outputs: Vec<(Arc<str>, Tensor)> =
-                        actor.outputs.iter().cloned().zip(result.outputs).collect();
-                    let elapsed = started.elapsed();
-                    let nodes = result
-                        .counters
-                        .into_iter()
-                        .filter(|c| c.status == ExecStatus::Executed)
-                        .map(|c| NodeTime {
-                            node: c.node,
-                            micros: c.real_us,
-                        })
-                        .collect();
-                    tokio::spawn(async move {
-                        router
-                            .deliver(network, subgraph, request, outputs, elapsed, nodes)
-                            .await
-                    });
-                }
-                Err(e) => {
-                    let error = format!("subgraph {subgraph} on {}: {e}", actor.device);
-                    tokio::spawn(async move { router.fail(request, error).await });
-                }
+            Err(e) => {
+                let error = format!("subgraph {} on {}: {e}", self.subgraph, self.device);
+                self.runtime
+                    .spawn(async move { router.fail(request, error).await });
             }
-            actor.next(ctx);
-        }));
+        }
     }
 }
 
@@ -158,6 +264,13 @@ impl Actor for SubgraphActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox);
+        match self.spawn_thread(ctx.address().downgrade()) {
+            Ok(jobs) => self.jobs = Some(jobs),
+            Err(e) => tracing::error!(
+                subgraph = self.subgraph,
+                "cannot start the subgraph's compute thread: {e}"
+            ),
+        }
         let every = (self.stale_after / 4).max(Duration::from_secs(1));
         ctx.run_interval(every, |actor, _| {
             let stale = actor.stale_after;
@@ -175,11 +288,11 @@ impl Actor for SubgraphActor {
 impl Handler<Arrived> for SubgraphActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Arrived, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Arrived, _: &mut Self::Context) {
         if self.inputs.is_empty() {
             // A subgraph of constants only: its trigger arrived.
             self.ready.push_back((msg.request, Vec::new()));
-            self.next(ctx);
+            self.next();
             return;
         }
         let Some(slot) = self.inputs.iter().position(|n| *n == msg.name) else {
@@ -195,9 +308,20 @@ impl Handler<Arrived> for SubgraphActor {
             if let Some((got, _)) = self.pending.remove(&msg.request) {
                 self.ready
                     .push_back((msg.request, got.into_iter().flatten().collect()));
-                self.next(ctx);
+                self.next();
             }
         }
+    }
+}
+
+impl Handler<Finished> for SubgraphActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
+        if let Some(at) = self.handed.iter().position(|r| *r == msg.request) {
+            self.handed.remove(at);
+        }
+        self.next();
     }
 }
 
@@ -207,6 +331,11 @@ impl Handler<Forget> for SubgraphActor {
     fn handle(&mut self, msg: Forget, _: &mut Self::Context) {
         self.pending.remove(&msg.request);
         self.ready.retain(|(r, _)| *r != msg.request);
+        if self.handed.contains(&msg.request) {
+            if let Ok(mut cancelled) = self.cancelled.lock() {
+                cancelled.insert(msg.request);
+            }
+        }
     }
 }
 
@@ -214,6 +343,7 @@ impl Handler<Stop> for SubgraphActor {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        // The compute thread ends once its queue is dropped with the actor.
         ctx.stop();
     }
 }
