@@ -4,6 +4,7 @@
 //! which then stays the connection's control stream.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tessera_common::wire::frame::decode_body;
@@ -19,6 +20,10 @@ const CHUNK: usize = 1 << 20;
 /// A QUIC endpoint with this node's identity.
 pub struct Node {
     endpoint: quinn::Endpoint,
+    /// Configurations for connections over loopback (the endpoint's
+    /// defaults serve network paths): see [`tls::Path`].
+    loopback_server: Arc<quinn::ServerConfig>,
+    loopback_client: quinn::ClientConfig,
     hello: Hello,
     cluster: String,
     limits: Limits,
@@ -66,26 +71,31 @@ impl Node {
             what: format!("bind {addr}"),
             reason: "no async runtime (call inside tokio)".into(),
         })?;
+        // The largest datagram accepted, on any path (the loopback bound,
+        // plus room for the UDP and IP headers' share of the 64 KiB).
         let mut config = quinn::EndpointConfig::default();
         config
-            .max_udp_payload_size(tls::MAX_UDP_PAYLOAD + 48)
+            .max_udp_payload_size(tls::LOOPBACK_UDP_PAYLOAD + 48)
             .map_err(|e| NetError::Tls(e.to_string()))?;
+        let network_server = tls::server_config(identity, tls::Path::Network)?;
         let mut endpoint =
-            quinn::Endpoint::new(config, Some(tls::server_config(identity)?), socket, runtime)
-                .map_err(io)?;
-        endpoint.set_default_client_config(tls::client_config(identity)?);
+            quinn::Endpoint::new(config, Some(network_server), socket, runtime).map_err(io)?;
+        endpoint.set_default_client_config(tls::client_config(identity, tls::Path::Network)?);
         Ok(Node {
             endpoint,
+            loopback_server: Arc::new(tls::server_config(identity, tls::Path::Loopback)?),
+            loopback_client: tls::client_config(identity, tls::Path::Loopback)?,
             hello: Hello::new(cluster, &identity.name, role),
             cluster: cluster.to_string(),
             limits: Limits::default(),
         })
     }
 
-    /// A node with another client configuration (tests: a client without a
-    /// certificate).
+    /// A node with another client configuration, on every path (tests: a
+    /// client without a certificate).
     pub fn with_client_config(mut self, config: quinn::ClientConfig) -> Node {
-        self.endpoint.set_default_client_config(config);
+        self.endpoint.set_default_client_config(config.clone());
+        self.loopback_client = config;
         self
     }
 
@@ -108,9 +118,14 @@ impl Node {
     /// Dials `addr` and handshakes.
     pub async fn dial(&self, addr: SocketAddr) -> Result<Peer, NetError> {
         let connect = |reason: String| NetError::Connect { addr, reason };
-        let connection = self
-            .endpoint
-            .connect(addr, CLUSTER_SAN)
+        let connecting = match tls::Path::of(addr) {
+            tls::Path::Loopback => {
+                self.endpoint
+                    .connect_with(self.loopback_client.clone(), addr, CLUSTER_SAN)
+            }
+            tls::Path::Network => self.endpoint.connect(addr, CLUSTER_SAN),
+        };
+        let connection = connecting
             .map_err(|e| connect(e.to_string()))?
             .await
             .map_err(|e| connect(e.to_string()))?;
@@ -164,7 +179,14 @@ impl Node {
     ) -> Result<Peer, NetError> {
         let addr = incoming.remote_address();
         let connect = |reason: String| NetError::Connect { addr, reason };
-        let connection = incoming.await.map_err(|e| connect(e.to_string()))?;
+        let connecting = match tls::Path::of(addr) {
+            tls::Path::Loopback => incoming.accept_with(self.loopback_server.clone()),
+            tls::Path::Network => incoming.accept(),
+        };
+        let connection = connecting
+            .map_err(|e| connect(e.to_string()))?
+            .await
+            .map_err(|e| connect(e.to_string()))?;
         let (mut send, mut recv) = connection
             .accept_bi()
             .await

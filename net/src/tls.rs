@@ -60,11 +60,57 @@ fn roots(ca_pem: &str) -> Result<Arc<RootCertStore>, NetError> {
     Ok(Arc::new(roots))
 }
 
-/// The largest UDP payload MTU discovery may reach.
+/// What kind of path a connection runs over; it picks the datagram
+/// sizes (see [`Path::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// A network interface: MTU discovery up to [`MAX_UDP_PAYLOAD`], with
+    /// segmentation offload (GSO) batching ten datagrams per send.
+    Network,
+    /// The loopback interface (peers on the same machine): datagrams up
+    /// to [`LOOPBACK_UDP_PAYLOAD`] and no GSO.
+    Loopback,
+}
+
+impl Path {
+    /// The path to a peer at `addr`: loopback addresses (IPv4-mapped
+    /// ones too) are [`Path::Loopback`].
+    pub fn of(addr: std::net::SocketAddr) -> Path {
+        if addr.ip().to_canonical().is_loopback() {
+            Path::Loopback
+        } else {
+            Path::Network
+        }
+    }
+
+    /// The largest UDP payload MTU discovery may reach on this path.
+    pub fn max_udp_payload(self) -> u16 {
+        match self {
+            Path::Network => MAX_UDP_PAYLOAD,
+            Path::Loopback => LOOPBACK_UDP_PAYLOAD,
+        }
+    }
+}
+
+/// The largest UDP payload MTU discovery may reach on a network path. Not
+/// above: with GSO quinn sends up to ten datagrams at once and more than
+/// 64 KB vanishes (findings.md).
 pub const MAX_UDP_PAYLOAD: u16 = 6000;
 
-/// Timeouts, keep-alives and MTU discovery shared by both ends.
-fn transport() -> Arc<quinn::TransportConfig> {
+/// The largest UDP payload on loopback, whose MTU is 64 KiB. Each datagram
+/// costs the same bookkeeping, header protection and send call whatever
+/// its size, so ten times fewer datagrams roughly halve the time a 1 MB
+/// tensor takes from one process to another (measured:
+/// `cargo bench -p tessera-cli --bench cluster -- hop`). GSO is off on this
+/// path, as ten such datagrams would exceed 64 KB.
+pub const LOOPBACK_UDP_PAYLOAD: u16 = 60000;
+
+/// A stream's receive window on loopback.
+const LOOPBACK_STREAM_WINDOW: u32 = 8 << 20;
+
+/// Timeouts, keep-alives and datagram sizes shared by both ends of a
+/// connection over `path`.
+fn transport(path: Path) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(Duration::from_secs(1)));
     // A dead peer is noticed within 5 s (idle timeout).
@@ -73,24 +119,32 @@ fn transport() -> Arc<quinn::TransportConfig> {
     }
     t.max_concurrent_bidi_streams(1024u32.into());
     t.max_concurrent_uni_streams(1024u32.into());
-    // Larger datagrams where the path allows (loopback, jumbo frames):
-    // MTU discovery up to 6000 bytes. Not above: with GSO quinn sends up to
-    // ten packets at once and more than 64 KB vanishes (findings.md).
+    // Larger datagrams where the path allows: MTU discovery from 1200
+    // bytes up to the path's bound.
     let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    mtu.upper_bound(path.max_udp_payload());
     t.mtu_discovery_config(Some(mtu));
+    t.enable_segmentation_offload(path == Path::Network);
+    if path == Path::Loopback {
+        // With large datagrams quinn's default 1.25 MB stream window, not
+        // the CPU, bounds a stream to ~2 GB/s; 8 MB (the UDP socket
+        // buffers' size, so a window's worth never overflows them) lets
+        // 1 MB tensors stream at TCP's speed (measured).
+        t.stream_receive_window(LOOPBACK_STREAM_WINDOW.into());
+        t.send_window(u64::from(LOOPBACK_STREAM_WINDOW) * 2);
+    }
     // Ten datagrams in the first flight (IW10), at the size discovery
     // reaches: quinn's default 14,720 bytes holds two 6000-byte datagrams,
     // and a fresh link then stalled ~25 ms on its first 32 KB tensor.
     let mut cc = quinn::congestion::CubicConfig::default();
-    cc.initial_window(10 * u64::from(MAX_UDP_PAYLOAD));
+    cc.initial_window(10 * u64::from(path.max_udp_payload()));
     t.congestion_controller_factory(Arc::new(cc));
     Arc::new(t)
 }
 
-/// The server side: a certificate from the cluster CA is required of every
-/// client.
-pub fn server_config(id: &NodeIdentity) -> Result<quinn::ServerConfig, NetError> {
+/// The server side for connections over `path`: a certificate from the
+/// cluster CA is required of every client.
+pub fn server_config(id: &NodeIdentity, path: Path) -> Result<quinn::ServerConfig, NetError> {
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&id.ca_pem)?, provider())
             .build()
@@ -104,20 +158,21 @@ pub fn server_config(id: &NodeIdentity) -> Result<quinn::ServerConfig, NetError>
     config.alpn_protocols = vec![ALPN.to_vec()];
     let crypto = QuicServerConfig::try_from(config).map_err(tls)?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    server.transport_config(transport());
+    server.transport_config(transport(path));
     Ok(server)
 }
 
-/// The client side: the server must show a certificate from the cluster CA
-/// (for [`crate::certs::CLUSTER_SAN`]); ours is shown in turn.
-pub fn client_config(id: &NodeIdentity) -> Result<quinn::ClientConfig, NetError> {
+/// The client side for connections over `path`: the server must show a
+/// certificate from the cluster CA (for [`crate::certs::CLUSTER_SAN`]);
+/// ours is shown in turn.
+pub fn client_config(id: &NodeIdentity, path: Path) -> Result<quinn::ClientConfig, NetError> {
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls)?
         .with_root_certificates(roots(&id.ca_pem)?)
         .with_client_auth_cert(certificates(&id.cert_pem)?, private_key(&id.key_pem)?)
         .map_err(tls)?;
-    finish_client(config)
+    finish_client(config, path)
 }
 
 /// A client that shows no certificate: every Tessera node refuses it. For
@@ -128,13 +183,16 @@ pub fn client_config_without_certificate(ca_pem: &str) -> Result<quinn::ClientCo
         .map_err(tls)?
         .with_root_certificates(roots(ca_pem)?)
         .with_no_client_auth();
-    finish_client(config)
+    finish_client(config, Path::Network)
 }
 
-fn finish_client(mut config: rustls::ClientConfig) -> Result<quinn::ClientConfig, NetError> {
+fn finish_client(
+    mut config: rustls::ClientConfig,
+    path: Path,
+) -> Result<quinn::ClientConfig, NetError> {
     config.alpn_protocols = vec![ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(config).map_err(tls)?;
     let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-    client.transport_config(transport());
+    client.transport_config(transport(path));
     Ok(client)
 }
