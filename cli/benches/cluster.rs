@@ -1,15 +1,19 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|rtt|split|pipeline]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
 //! - streaming: tensors between two QUIC nodes (Tessera's data-plane link)
 //!   vs plain TCP on loopback, 1 MB and 64 MB tensors (target ≥ 0.8);
+//! - hop: one tensor at a time over an idle link, as a request's tensors
+//!   go, 4 KB to 4 MB: median latency, and TCP's time over QUIC's;
 //! - rtt: a small request's round trip through an embedded cluster
 //!   (client → coordinator → worker → coordinator → client), p50/p99;
-//! - split: PP-OCRv4 rec split in halves over two workers vs the same split
-//!   in one process (HETERO), median latency ratio (target ≤ 1.10); the
-//!   halves balance the per-node times the CPU plugin measures;
+//! - split: PP-OCRv4 rec on a 48×320 line (the size rapidocr feeds it)
+//!   split in halves over two workers vs the same split in one process
+//!   (HETERO), median latency ratio (target ≤ 1.10), with the share of
+//!   compute and of everything else and each tensor moved; the halves
+//!   balance the per-node times the CPU plugin measures;
 //! - pipeline: rec, then det, split into two balanced stages on two
 //!   workers with one thread each vs one worker with one thread running
 //!   it whole, throughput with 16 requests in flight (target ≥ 1.7).
@@ -67,6 +71,9 @@ fn main() -> Result<()> {
         if run("streaming") {
             streaming().await?;
         }
+        if run("hop") {
+            hop().await?;
+        }
         if run("rtt") {
             rtt().await?;
         }
@@ -80,8 +87,14 @@ fn main() -> Result<()> {
     })
 }
 
-/// GB/s sending `count` tensors of `size` bytes over a Tessera link.
-async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
+/// Two nodes on loopback, a link from the first to the second, and the
+/// sizes of the tensors the second receives.
+async fn quic_pair() -> Result<(
+    Node,
+    Node,
+    Link,
+    tokio::sync::mpsc::UnboundedReceiver<usize>,
+)> {
     let ids = certs::ephemeral("bench", &["a", "b"])?;
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let a = Node::bind(any, &ids[0], "bench", Role::Worker)?;
@@ -89,7 +102,7 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     let addr = b.local_addr()?;
     let (accepted, dialed) = tokio::join!(b.accept(&[Role::Worker]), a.dial(addr));
     let (peer_b, peer_a) = (accepted.context("no connection")??, dialed?);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
     tokio::spawn(serve_streams(
         peer_b.connection.clone(),
         *b.limits(),
@@ -103,6 +116,12 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
         },
     ));
     let link = Link::open(peer_a.connection.clone(), "b", *a.limits(), 8);
+    Ok((a, b, link, rx))
+}
+
+/// GB/s sending `count` tensors of `size` bytes over a Tessera link.
+async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
+    let (a, b, link, mut rx) = quic_pair().await?;
     let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
     let started = Instant::now();
     let sending = async {
@@ -277,8 +296,22 @@ fn rec() -> Result<Option<Loaded>> {
     }
     let bytes = std::fs::read(&path)?;
     let graph = Graph::from_model(decode_model(&bytes)?)?;
-    let inputs = synth::random_inputs(&graph, 1).context("numeric inputs")?;
-    Ok(Some((bytes, graph, inputs)))
+    Ok(Some((bytes, graph.clone(), seeded_image(&graph, 48, 320)?)))
+}
+
+/// The model's one input as a seeded 1×3×`h`×`w` image in [-1, 1): the
+/// size rapidocr feeds it (a text line is resized to 48×320 for rec; det
+/// runs on the page, 320×320 here).
+fn seeded_image(graph: &Graph, h: usize, w: usize) -> Result<Vec<(String, Tensor)>> {
+    let name = graph.tensor(graph.inputs[0]).name.clone();
+    let mut rng = synth::Rng::new(1);
+    let values: Vec<f32> = (0..3 * h * w)
+        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    Ok(vec![(
+        name,
+        Tensor::from_values(vec![1, 3, h, w], &values)?,
+    )])
 }
 
 fn split_options(halves: &[(String, bool)], a: &str, b: &str) -> LoadOptions {
@@ -334,22 +367,53 @@ async fn split() -> Result<()> {
     )?;
     let feeds: HashMap<String, Tensor> = inputs.iter().cloned().collect();
     let (mut remote_ms, mut local_ms) = (Vec::new(), Vec::new());
+    // Where the time goes: compute (the subgraphs' own times) and the rest.
+    let (mut remote_compute, mut local_compute) = (Vec::new(), Vec::new());
+    let mut moved = Vec::new();
     for i in 0..23 {
         let t = Instant::now();
-        network.infer(inputs.clone()).await?;
+        let done = network.infer(inputs.clone()).await?;
         let r = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        local.run(&feeds)?;
+        let ran = local.run(&feeds)?;
         let l = t.elapsed().as_secs_f64() * 1e3;
         if i >= 3 {
             remote_ms.push(r);
             local_ms.push(l);
+            remote_compute.push(
+                done.subgraphs
+                    .iter()
+                    .map(|(_, d)| d.as_secs_f64() * 1e3)
+                    .sum::<f64>(),
+            );
+            local_compute.push(
+                ran.subgraphs
+                    .iter()
+                    .map(|(_, d, _)| d.as_secs_f64() * 1e3)
+                    .sum::<f64>(),
+            );
+            moved.push(done.counters.transfers.iter().map(|t| t.bytes).sum::<u64>() as f64);
         }
     }
+    let done = network.infer(inputs.clone()).await?;
+    for t in &done.counters.transfers {
+        println!(
+            "  moved '{}' {} → {}: {} bytes, {} µs from its first byte to its last",
+            t.tensor, t.from, t.to, t.bytes, t.micros
+        );
+    }
     let (r, l) = (median(remote_ms), median(local_ms));
+    let (rc, lc) = (median(remote_compute), median(local_compute));
     println!(
-        "rec split in halves: two workers {r:.2} ms, one process (HETERO) {l:.2} ms, ratio {:.3} (median of 20, alternating)",
+        "rec (1x3x48x320) split in halves: two workers {r:.2} ms, one process (HETERO) {l:.2} ms, ratio {:.3} (median of 20, alternating)",
         r / l
+    );
+    println!(
+        "  compute (sum of subgraph times): two workers {rc:.2} ms, one process {lc:.2} ms; \
+         the rest: {:.2} ms vs {:.2} ms; {:.2} MB moved per request",
+        r - rc,
+        l - lc,
+        median(moved) / 1e6
     );
     network.unload().await?;
     c.coordinator.shutdown().await;
@@ -401,13 +465,11 @@ fn det() -> Result<Option<Loaded>> {
     }
     let bytes = std::fs::read(&path)?;
     let graph = Graph::from_model(decode_model(&bytes)?)?;
-    let name = graph.tensor(graph.inputs[0]).name.clone();
-    let mut rng = synth::Rng::new(1);
-    let values: Vec<f32> = (0..3 * 320 * 320)
-        .map(|_| rng.below(2000) as f32 / 1000.0 - 1.0)
-        .collect();
-    let x = Tensor::from_values(vec![1, 3, 320, 320], &values)?;
-    Ok(Some((bytes, graph, vec![(name, x)])))
+    Ok(Some((
+        bytes,
+        graph.clone(),
+        seeded_image(&graph, 320, 320)?,
+    )))
 }
 
 /// Two balanced stages on two workers vs the whole model on one, one
@@ -454,5 +516,52 @@ async fn pipeline_on(label: &str, (bytes, graph, inputs): Loaded, total: usize) 
     one.unload().await?;
     c2.coordinator.shutdown().await;
     c1.coordinator.shutdown().await;
+    Ok(())
+}
+
+/// One tensor at a time over an idle link (the way a request's tensors
+/// go): median latency from send to whole arrival, QUIC link vs TCP.
+async fn hop() -> Result<()> {
+    println!("one tensor at a time between two nodes on loopback, idle in between (median of 50)");
+    println!(
+        "{:<10} {:>10} {:>10} {:>8}",
+        "tensor", "QUIC µs", "TCP µs", "ratio"
+    );
+    let (a, b, link, mut arrived) = quic_pair().await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let tcp_addr = listener.local_addr()?;
+    let mut tcp = tokio::net::TcpStream::connect(tcp_addr).await?;
+    tcp.set_nodelay(true)?;
+    let (mut server, _) = listener.accept().await?;
+    for size in [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20] {
+        let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
+        let mut buf = vec![0u8; size];
+        let (mut quic, mut plain) = (Vec::new(), Vec::new());
+        for i in 0..60 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            let t = Instant::now();
+            link.send_tensor(1, i, "t", &tensor).await?;
+            arrived.recv().await.context("receiver closed")?;
+            let q = t.elapsed().as_secs_f64() * 1e6;
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            let t = Instant::now();
+            let (sent, read) =
+                tokio::join!(tcp.write_all(tensor.bytes()), server.read_exact(&mut buf));
+            sent?;
+            read?;
+            if i >= 10 {
+                quic.push(q);
+                plain.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let (q, t) = (median(quic), median(plain));
+        println!(
+            "{:<10} {q:>10.0} {t:>10.0} {:>8.2}",
+            format!("{} KB", size >> 10),
+            t / q
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
     Ok(())
 }
