@@ -238,7 +238,7 @@ async fn rtt() -> Result<()> {
 
 /// The two stages of a model: (node, in the first stage?), cut in
 /// topological order where the per-node times measured by the CPU plugin's
-/// counters (one process, one thread) reach half of the total.
+/// counters (one process, one thread) split most evenly.
 fn halves(graph: &Graph, inputs: &[(String, Tensor)]) -> Result<Vec<(String, bool)>> {
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> =
         vec![(DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?))];
@@ -266,19 +266,25 @@ fn halves(graph: &Graph, inputs: &[(String, Tensor)]) -> Result<Vec<(String, boo
         }
     }
     let ops = graph.topo_ops();
-    let total: f64 = ops
+    let times: Vec<f64> = ops
         .iter()
         .map(|&op| per_node.get(&graph.node(op).name).copied().unwrap_or(0.0))
-        .sum();
+        .collect();
+    let total: f64 = times.iter().sum();
+    // The cut (the first stage's node count) whose two sides differ least.
     let mut acc = 0.0;
+    let mut best = (total, 0);
+    for (k, t) in times.iter().enumerate() {
+        acc += t;
+        let gap = (total - 2.0 * acc).abs();
+        if gap < best.0 {
+            best = (gap, k + 1);
+        }
+    }
     Ok(ops
         .iter()
-        .map(|&op| {
-            let name = graph.node(op).name.clone();
-            let first = acc < total / 2.0;
-            acc += per_node.get(&name).copied().unwrap_or(0.0);
-            (name, first)
-        })
+        .enumerate()
+        .map(|(k, &op)| (graph.node(op).name.clone(), k < best.1))
         .collect())
 }
 
@@ -516,7 +522,53 @@ async fn pipeline_on(label: &str, (bytes, graph, inputs): Loaded, total: usize) 
     one.unload().await?;
     c2.coordinator.shutdown().await;
     c1.coordinator.shutdown().await;
+    let ceiling = compute_scaling(&graph, &inputs, total / 4)?;
+    println!(
+        "  the ceiling here: the whole model in one process, two threads each running it vs one thread, \
+         throughput ratio {ceiling:.2} (no network; what two busy cores give this machine)"
+    );
     Ok(())
+}
+
+/// Throughput of the whole model on two threads at once (each its own
+/// compiled copy, one thread each) over one thread alone, in one process:
+/// how much two busy cores give on this machine, the bound on pipelining
+/// two stages over two single-threaded workers.
+fn compute_scaling(graph: &Graph, inputs: &[(String, Tensor)], runs: usize) -> Result<f64> {
+    let load = || -> Result<hetero::Network> {
+        let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> =
+            vec![(DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?))];
+        Ok(hetero::Network::load(
+            graph.model().clone(),
+            &plugins,
+            &hetero::LoadOptions::by_priority(DevicePriority::parse("HETERO:CPU")?),
+        )?)
+    };
+    let nets = [load()?, load()?];
+    let feeds: HashMap<String, Tensor> = inputs.iter().cloned().collect();
+    let run = |net: &hetero::Network| -> Result<()> {
+        for _ in 0..runs {
+            net.run(&feeds)?;
+        }
+        Ok(())
+    };
+    run(&nets[0])?;
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        run(&nets[0])?;
+        one.push(runs as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        std::thread::scope(|scope| -> Result<()> {
+            let other = scope.spawn(|| run(&nets[1]));
+            run(&nets[0])?;
+            other
+                .join()
+                .map_err(|_| anyhow::anyhow!("a compute thread panicked"))?
+        })?;
+        two.push(2.0 * runs as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median(two) / median(one))
 }
 
 /// One tensor at a time over an idle link (the way a request's tensors

@@ -196,3 +196,22 @@ fn finish_client(
     client.transport_config(transport(path));
     Ok(client)
 }
+#[cfg(test)]
+mod tests {
+    use super::Path;
+
+    #[test]
+    fn loopback_peers_get_the_loopback_path() {
+        for (addr, path) in [
+            ("127.0.0.1:7000", Path::Loopback),
+            ("127.0.0.2:7000", Path::Loopback),
+            ("[::1]:7000", Path::Loopback),
+            ("[::ffff:127.0.0.1]:7000", Path::Loopback),
+            ("10.0.0.7:7000", Path::Network),
+            ("[fd00::7]:7000", Path::Network),
+        ] {
+            assert_eq!(Path::of(addr.parse().unwrap()), path, "{addr}");
+        }
+        assert!(Path::Loopback.max_udp_payload() > Path::Network.max_udp_payload());
+    }
+}
