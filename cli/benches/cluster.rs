@@ -16,7 +16,9 @@
 //!   balance the per-node times the CPU plugin measures;
 //! - pipeline: rec, then det, split into two balanced stages on two
 //!   workers with one thread each vs one worker with one thread running
-//!   it whole, throughput with 16 requests in flight (target ≥ 1.7).
+//!   it whole, throughput with 16 requests in flight (target ≥ 1.7); and
+//!   its ceiling on this machine: the whole model on two threads vs one in
+//!   one process, no network.
 //!
 //! The embedded cluster is a coordinator and workers in this process
 //! talking QUIC with mutual TLS on loopback.

@@ -196,6 +196,7 @@ fn finish_client(
     client.transport_config(transport(path));
     Ok(client)
 }
+
 #[cfg(test)]
 mod tests {
     use super::Path;

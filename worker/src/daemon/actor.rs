@@ -186,21 +186,19 @@ impl ComputeThread {
     /// Runs jobs until the actor drops its end of the queue.
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
         while let Ok(Job { request, inputs }) = jobs.recv() {
-            // Forgotten while it waited: skipped; while it ran: the mark
-            // is cleared after (its outputs are dropped where they land).
-            let cancelled = self.cancelled.clone();
-            let forgotten = move || {
-                cancelled
-                    .lock()
-                    .map(|mut c| c.remove(&request))
-                    .unwrap_or(false)
-            };
             if self.actor.upgrade().is_none() {
                 return; // stopped
             }
-            if !forgotten() {
+            // A request forgotten while it waited here is skipped (one
+            // forgotten while it runs: its outputs are dropped where they
+            // land, and the actor clears its mark when it finishes).
+            let forgotten = self
+                .cancelled
+                .lock()
+                .map(|mut c| c.remove(&request))
+                .unwrap_or(false);
+            if !forgotten {
                 self.compute(request, &inputs);
-                forgotten();
             }
             match self.actor.upgrade() {
                 Some(actor) => actor.do_send(Finished { request }),
@@ -320,6 +318,9 @@ impl Handler<Finished> for SubgraphActor {
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
         if let Some(at) = self.handed.iter().position(|r| *r == msg.request) {
             self.handed.remove(at);
+            if let Ok(mut cancelled) = self.cancelled.lock() {
+                cancelled.remove(&msg.request);
+            }
         }
         self.next();
     }
