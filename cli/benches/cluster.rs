@@ -69,9 +69,20 @@ fn main() -> Result<()> {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
+    let quic_only = wanted.iter().any(|w| w == "quic");
+    // As the binaries run (glibc keeps freed memory; see the function);
+    // TESSERA_BENCH_MALLOC=default leaves glibc as it is, to compare.
+    if std::env::var("TESSERA_BENCH_MALLOC").as_deref() != Ok("default") {
+        tessera_cli::tune_allocator();
+    }
     tessera_cli::cluster::run_system(async move {
         if run("streaming") {
             streaming().await?;
+        }
+        if quic_only {
+            // The QUIC link alone, long enough to profile.
+            let gbps = quic_throughput(1 << 20, 4096).await?;
+            println!("QUIC link, 1 MB tensors: {gbps:.2} GB/s");
         }
         if run("hop") {
             hop().await?;
@@ -125,6 +136,7 @@ async fn quic_pair() -> Result<(
 async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     let (a, b, link, mut rx) = quic_pair().await?;
     let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
+    let cpu_before = cpu_by_thread();
     let started = Instant::now();
     let sending = async {
         for i in 0..count {
@@ -143,6 +155,14 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     s?;
     r?;
     let secs = started.elapsed().as_secs_f64();
+    if std::env::var_os("TESSERA_BENCH_CPU").is_some() {
+        let used: f64 = cpu_by_thread().values().sum::<f64>() - cpu_before.values().sum::<f64>();
+        println!(
+            "    QUIC {} B x {count}: {:.2} ms CPU per MB",
+            size,
+            used * 1e3 / (size * count) as f64 * 1e6
+        );
+    }
     a.shutdown().await;
     b.shutdown().await;
     Ok((size * count) as f64 / secs / 1e9)
@@ -428,6 +448,41 @@ async fn split() -> Result<()> {
     Ok(())
 }
 
+/// CPU seconds used so far by this process's threads, by kind: the
+/// subgraphs' compute threads (`sg-…`) and everything else, by thread name
+/// (Linux `/proc`; empty elsewhere).
+fn cpu_by_thread() -> BTreeMap<String, f64> {
+    let mut by = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by;
+    };
+    // Clock ticks per second (USER_HZ), 100 on Linux.
+    let hz = 100.0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // utime and stime: fields 14 and 15 of stat, 12 and 13 after comm.
+        let ticks: f64 = fields
+            .get(11..13)
+            .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+            .unwrap_or(0.0);
+        let kind = if comm.starts_with("sg-") {
+            "compute".to_string()
+        } else {
+            comm.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
+                .to_string()
+        };
+        *by.entry(kind).or_default() += ticks / hz;
+    }
+    by
+}
+
 /// Requests per second with `in_flight` requests outstanding.
 async fn throughput(
     network: &Network,
@@ -435,6 +490,7 @@ async fn throughput(
     total: usize,
     in_flight: usize,
 ) -> Result<f64> {
+    let cpu_before = cpu_by_thread();
     let gate = Arc::new(tokio::sync::Semaphore::new(in_flight));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -450,7 +506,25 @@ async fn throughput(
     for t in tasks {
         t.await??;
     }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    let wall = started.elapsed().as_secs_f64();
+    if std::env::var_os("TESSERA_BENCH_CPU").is_some() {
+        // Where the cores went, per request (threads that ended in between
+        // are not counted).
+        let after = cpu_by_thread();
+        let per: Vec<String> = after
+            .iter()
+            .map(|(k, v)| (k, v - cpu_before.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, v)| *v > 0.0)
+            .map(|(k, v)| format!("{k} {:.2}", v * 1e3 / total as f64))
+            .collect();
+        let used: f64 = after.values().sum::<f64>() - cpu_before.values().sum::<f64>();
+        println!(
+            "    cpu ms per request: {}; {:.2} cores busy of the wall time",
+            per.join(", "),
+            used / wall
+        );
+    }
+    Ok(total as f64 / wall)
 }
 
 async fn pipeline() -> Result<()> {

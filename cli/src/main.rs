@@ -85,6 +85,7 @@ pub(crate) fn print_stdout(text: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    tessera_cli::tune_allocator();
     tessera_cli::init_tracing();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -21,6 +21,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    tessera_cli::tune_allocator();
     tessera_cli::init_tracing();
     tessera_cli::exit(run(Args::parse()))
 }
