@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -18,7 +18,15 @@
 //!   workers with one thread each vs one worker with one thread running
 //!   it whole, throughput with 16 requests in flight (target ≥ 1.7); and
 //!   its ceiling on this machine: the whole model on two threads vs one in
-//!   one process, no network.
+//!   one process, no network;
+//! - quic (only when named): one link streaming 1 MB tensors for a while,
+//!   to profile the transport alone.
+//!
+//! `TESSERA_BENCH_CPU=1` also prints the CPU time per request (per MB for
+//! streaming) by kind of thread: subgraph compute threads and the rest
+//! (QUIC, routing). The bench tunes the allocator as the binaries do
+//! (`tessera_cli::tune_allocator`); `TESSERA_BENCH_MALLOC=default` leaves
+//! glibc's defaults, to compare.
 //!
 //! The embedded cluster is a coordinator and workers in this process
 //! talking QUIC with mutual TLS on loopback.
