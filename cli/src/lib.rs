@@ -1,6 +1,6 @@
 //! Shared by Tessera's binaries (`tessera`, `coordinator`, `worker`):
-//! logging set-up, start-up announcements, and the embedded local cluster
-//! ([`cluster`]).
+//! logging set-up, the allocator's tuning ([`tune_allocator`]), start-up
+//! announcements, and the embedded local cluster ([`cluster`]).
 
 pub mod cluster;
 
