@@ -164,7 +164,7 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     r?;
     let secs = started.elapsed().as_secs_f64();
     if std::env::var_os("TESSERA_BENCH_CPU").is_some() {
-        let used: f64 = cpu_by_thread().values().sum::<f64>() - cpu_before.values().sum::<f64>();
+        let used = cpu_since(&cpu_before);
         println!(
             "    QUIC {} B x {count}: {:.2} ms CPU per MB",
             size,
@@ -257,7 +257,7 @@ async fn rtt() -> Result<()> {
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    let cpu: f64 = cpu_by_thread().values().sum::<f64>() - cpu_before.values().sum::<f64>();
+    let cpu = cpu_since(&cpu_before);
     println!(
         "small request round trip (client → coordinator → worker → back, 500 requests): p50 {:.0} µs, p99 {:.0} µs; \
          {:.0} µs of CPU per request (all threads)",
@@ -517,6 +517,11 @@ fn cpu_by_thread() -> BTreeMap<String, f64> {
     by
 }
 
+/// CPU seconds all threads used since `before` (a [`cpu_by_thread`]).
+fn cpu_since(before: &BTreeMap<String, f64>) -> f64 {
+    cpu_by_thread().values().sum::<f64>() - before.values().sum::<f64>()
+}
+
 /// Requests per second with `in_flight` requests outstanding.
 async fn throughput(
     network: &Network,
@@ -551,7 +556,7 @@ async fn throughput(
             .filter(|(_, v)| *v > 0.0)
             .map(|(k, v)| format!("{k} {:.2}", v * 1e3 / total as f64))
             .collect();
-        let used: f64 = after.values().sum::<f64>() - cpu_before.values().sum::<f64>();
+        let used = cpu_since(&cpu_before);
         println!(
             "    cpu ms per request: {}; {:.2} cores busy of the wall time",
             per.join(", "),
