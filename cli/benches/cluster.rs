@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -20,7 +20,9 @@
 //!   its ceiling on this machine: the whole model on two threads vs one in
 //!   one process, no network;
 //! - quic (only when named): one link streaming 1 MB tensors for a while,
-//!   to profile the transport alone.
+//!   to profile the transport alone;
+//! - pipe2 (only when named): rec's two pipelined stages alone for a
+//!   while, to profile what the pipelined run spends beyond compute.
 //!
 //! `TESSERA_BENCH_CPU=1` also prints the CPU time per request (per MB for
 //! streaming) by kind of thread: subgraph compute threads and the rest
@@ -78,6 +80,7 @@ fn main() -> Result<()> {
         .collect();
     let run = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let quic_only = wanted.iter().any(|w| w == "quic");
+    let pipe_only = wanted.iter().any(|w| w == "pipe2");
     // As the binaries run (glibc keeps freed memory; see the function);
     // TESSERA_BENCH_MALLOC=default leaves glibc as it is, to compare.
     if std::env::var("TESSERA_BENCH_MALLOC").as_deref() != Ok("default") {
@@ -91,6 +94,10 @@ fn main() -> Result<()> {
             // The QUIC link alone, long enough to profile.
             let gbps = quic_throughput(1 << 20, 4096).await?;
             println!("QUIC link, 1 MB tensors: {gbps:.2} GB/s");
+        }
+        if pipe_only {
+            // The two-worker pipeline alone, long enough to profile.
+            pipelined_alone().await?;
         }
         if run("hop") {
             hop().await?;
@@ -537,7 +544,11 @@ async fn throughput(
         let permit = gate.clone().acquire_owned().await?;
         let (network, inputs) = (network.clone(), inputs.to_vec());
         tasks.push(tokio::spawn(async move {
-            let r = network.infer(inputs).await;
+            // The outputs are dropped as each request completes, as a
+            // caller consuming them would: kept until the end, they grew
+            // the process by ~1 MB per rec request, all of it faulted in
+            // fresh on the network threads.
+            let r = network.infer(inputs).await.map(drop);
             drop(permit);
             r
         }));
@@ -573,6 +584,25 @@ async fn pipeline() -> Result<()> {
     if let Some(det) = det()? {
         pipeline_on("PP-OCRv4 det (1x3x320x320)", det, 32).await?;
     }
+    Ok(())
+}
+
+/// rec's two stages on two workers, 16 in flight, for a while: nothing
+/// else runs, so a profile shows the pipelined run's network work alone.
+async fn pipelined_alone() -> Result<()> {
+    let Some((bytes, graph, inputs)) = rec()? else {
+        return Ok(());
+    };
+    let halves = halves(&graph, &inputs)?;
+    let (c, client) = cluster(2, Some(1)).await?;
+    let two = client
+        .load_network(bytes, split_options(&halves, "node-a/CPU", "node-b/CPU"))
+        .await?;
+    two.infer(inputs.clone()).await?;
+    let rate = throughput(&two, &inputs, 480, 16).await?;
+    println!("rec, two stages on two workers: {rate:.1} req/s");
+    two.unload().await?;
+    c.coordinator.shutdown().await;
     Ok(())
 }
 
