@@ -105,7 +105,8 @@ pub async fn start(
 }
 
 /// Runs `f` inside an actix system on a tokio multi-thread runtime (actors
-/// on the system thread, QUIC and compute on tokio's threads).
+/// on the system thread, QUIC on tokio's threads; each subgraph computes
+/// on a thread of its own).
 pub fn run_system<F, T>(f: F) -> Result<T>
 where
     F: std::future::Future<Output = Result<T>>,
