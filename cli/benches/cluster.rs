@@ -587,17 +587,31 @@ async fn pipeline() -> Result<()> {
     Ok(())
 }
 
+/// The model split into two balanced stages ([`halves`]) on a cluster of
+/// two single-threaded workers.
+async fn two_stages(
+    bytes: &[u8],
+    graph: &Graph,
+    inputs: &[(String, Tensor)],
+) -> Result<(tessera_cli::cluster::Embedded, Network)> {
+    let halves = halves(graph, inputs)?;
+    let (c, client) = cluster(2, Some(1)).await?;
+    let network = client
+        .load_network(
+            bytes.to_vec(),
+            split_options(&halves, "node-a/CPU", "node-b/CPU"),
+        )
+        .await?;
+    Ok((c, network))
+}
+
 /// rec's two stages on two workers, 16 in flight, for a while: nothing
 /// else runs, so a profile shows the pipelined run's network work alone.
 async fn pipelined_alone() -> Result<()> {
     let Some((bytes, graph, inputs)) = rec()? else {
         return Ok(());
     };
-    let halves = halves(&graph, &inputs)?;
-    let (c, client) = cluster(2, Some(1)).await?;
-    let two = client
-        .load_network(bytes, split_options(&halves, "node-a/CPU", "node-b/CPU"))
-        .await?;
+    let (c, two) = two_stages(&bytes, &graph, &inputs).await?;
     two.infer(inputs.clone()).await?;
     let rate = throughput(&two, &inputs, 480, 16).await?;
     println!("rec, two stages on two workers: {rate:.1} req/s");
@@ -627,14 +641,7 @@ fn det() -> Result<Option<Loaded>> {
 /// thread each, `in_flight` requests outstanding.
 async fn pipeline_on(label: &str, (bytes, graph, inputs): Loaded, total: usize) -> Result<()> {
     let in_flight = 16;
-    let halves = halves(&graph, &inputs)?;
-    let (c2, client2) = cluster(2, Some(1)).await?;
-    let two = client2
-        .load_network(
-            bytes.clone(),
-            split_options(&halves, "node-a/CPU", "node-b/CPU"),
-        )
-        .await?;
+    let (c2, two) = two_stages(&bytes, &graph, &inputs).await?;
     let (c1, client1) = cluster(1, Some(1)).await?;
     let one = client1
         .load_network(bytes, LoadOptions::devices("HETERO:node-a/CPU"))
