@@ -30,6 +30,11 @@ pub struct ModelArgs {
     /// Manual affinity JSON {"node": "host/DEVICE"}.
     #[arg(long)]
     affinity: Option<PathBuf>,
+    /// NAME=d0,d1,...: a concrete shape for a graph input; the model is
+    /// simplified for it (shape computations folded) and takes only inputs
+    /// of that shape. Without it dynamic dims stay dynamic.
+    #[arg(long = "shape", value_name = "NAME=d0,d1,...")]
+    pub(crate) shapes: Vec<String>,
     #[command(flatten)]
     pub(crate) remote: RemoteArgs,
 }
@@ -46,6 +51,9 @@ impl ModelArgs {
             policy: self.policy.clone(),
             strict: self.strict,
             affinity: read_affinity(self.affinity.as_deref())?,
+            shapes: tessera_cli::parse_shapes(&self.shapes)?
+                .into_iter()
+                .collect(),
         })
     }
 }

@@ -62,3 +62,27 @@ pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
         }
     }
 }
+
+/// `--shape NAME=d0,d1,...` values (concrete shapes of graph inputs) as a
+/// map; a name given twice or a dim that is not a number is an error.
+pub fn parse_shapes(
+    specs: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, Vec<usize>>> {
+    use anyhow::Context as _;
+    let mut shapes = std::collections::BTreeMap::new();
+    for spec in specs {
+        let (name, dims) = spec
+            .split_once('=')
+            .with_context(|| format!("--shape {spec}: expected NAME=d0,d1,..."))?;
+        let dims = dims
+            .split(',')
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| d.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("--shape {spec}: dims must be non-negative integers"))?;
+        if shapes.insert(name.to_string(), dims).is_some() {
+            anyhow::bail!("--shape given twice for '{name}'");
+        }
+    }
+    Ok(shapes)
+}

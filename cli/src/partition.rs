@@ -52,6 +52,11 @@ pub struct PartitionArgs {
     /// Print only the summary, not every node's explanation.
     #[arg(long, short)]
     quiet: bool,
+    /// NAME=d0,d1,...: a concrete shape for a graph input; the model is
+    /// simplified for it (shape computations folded) and takes only inputs
+    /// of that shape. Without it dynamic dims stay dynamic.
+    #[arg(long = "shape", value_name = "NAME=d0,d1,...")]
+    shapes: Vec<String>,
 }
 
 fn parse_supports(
@@ -106,8 +111,10 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
     let started = Instant::now();
     let model = onnx::load_model(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    let graph = Graph::from_model(model)
-        .with_context(|| format!("building the graph of {}", args.model.display()))?;
+    let (graph, simplified) =
+        tessera_common::plan::prepare(&model, &tessera_cli::parse_shapes(&args.shapes)?)
+            .with_context(|| format!("building the graph of {}", args.model.display()))?;
+    outln!(out, "simplification: {}", simplified.summary());
     tracing::info!(
         nodes = graph.op_count(),
         "model loaded in {:?}",
@@ -235,7 +242,11 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
             ),
             (
                 format!("{name}_subgraphs.json"),
-                serde_json::to_string_pretty(&dump::subgraphs_json(&graph, &assignment, &p))?,
+                serde_json::to_string_pretty(&{
+                    let mut json = dump::subgraphs_json(&graph, &assignment, &p);
+                    json["simplified"] = serde_json::to_value(&simplified)?;
+                    json
+                })?,
             ),
         ];
         for (file, text) in files {

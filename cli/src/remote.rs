@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use tessera_client::{Client, LoadOptions};
-use tessera_common::graph::Graph;
 use tessera_common::onnx;
 
 use crate::run::{read_inputs, write_outputs, RunArgs};
@@ -103,8 +102,11 @@ pub fn run(mut args: RunArgs) -> Result<()> {
 async fn run_async(args: RunArgs) -> Result<()> {
     let bytes = std::fs::read(&args.model)
         .with_context(|| format!("cannot read {}", args.model.display()))?;
-    let graph = Graph::from_model(
-        onnx::decode_model(&bytes).with_context(|| format!("{}", args.model.display()))?,
+    let shapes = tessera_cli::parse_shapes(&args.shapes)?;
+    // Random inputs take the shapes the network will be planned for.
+    let (graph, _) = tessera_common::plan::prepare(
+        &onnx::decode_model(&bytes).with_context(|| format!("{}", args.model.display()))?,
+        &shapes,
     )?;
     let inputs = read_inputs(&args, &graph)?;
     let (client, embedded) = connect(&args.remote).await?;
@@ -115,6 +117,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy: args.policy.clone(),
         strict: args.strict,
         affinity,
+        shapes: shapes.into_iter().collect(),
     };
     let started = Instant::now();
     let mut network = client
@@ -182,6 +185,9 @@ pub fn plan_lines(plan: &tessera_client::Plan) -> String {
         plan.subgraphs.len(),
         plan.hosts.join(", ")
     );
+    if !plan.simplified.is_empty() {
+        let _ = writeln!(out, "simplified: {}", plan.simplified.summary());
+    }
     for sg in &plan.subgraphs {
         let _ = writeln!(
             out,

@@ -57,6 +57,11 @@ pub struct RunArgs {
     /// Manual affinity JSON {"node": "DEVICE"}.
     #[arg(long)]
     pub(crate) affinity: Option<PathBuf>,
+    /// NAME=d0,d1,...: a concrete shape for a graph input; the model is
+    /// simplified for it (shape computations folded) and takes only inputs
+    /// of that shape. Without it dynamic dims stay dynamic.
+    #[arg(long = "shape", value_name = "NAME=d0,d1,...")]
+    pub(crate) shapes: Vec<String>,
 }
 
 /// An output name as a file name: characters outside `A-Za-z0-9._-` → `_`.
@@ -118,6 +123,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         strict: args.strict,
         manual,
         config,
+        shapes: tessera_cli::parse_shapes(&args.shapes)?,
     };
     let network = Network::load(model, &plugin_list, &options)?;
 

@@ -88,6 +88,10 @@ pub struct LoadOptions {
     pub strict: bool,
     /// Manual affinity: node name → device (`node-b/CPU`).
     pub affinity: Vec<(String, String)>,
+    /// Concrete shapes of graph inputs (`--shape NAME=1,3,640,640`): the
+    /// network is simplified for them (shape computations folded) and
+    /// takes only inputs of these shapes. Empty: dynamic dims stay.
+    pub shapes: Vec<(String, Vec<usize>)>,
 }
 
 impl LoadOptions {
@@ -349,6 +353,11 @@ fn load_request(options: LoadOptions, dry_run: bool) -> Control {
         strict: options.strict,
         affinity: options.affinity,
         dry_run,
+        shapes: options
+            .shapes
+            .into_iter()
+            .map(|(name, dims)| (name, dims.into_iter().map(|d| d as u64).collect()))
+            .collect(),
     })
 }
 

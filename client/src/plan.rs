@@ -25,6 +25,8 @@ pub struct Plan {
     pub subgraphs: Vec<PlanSubgraph>,
     /// Workers it runs on.
     pub hosts: Vec<String>,
+    /// What simplification folded and removed before planning.
+    pub simplified: tessera_common::simplify::SimplifyReport,
     /// The whole dump (`affinity`, `explanations`, ...).
     pub json: Value,
 }
@@ -66,6 +68,7 @@ impl Plan {
         Ok(Plan {
             subgraphs,
             hosts: strings(&json["hosts"]),
+            simplified: serde_json::from_value(json["simplified"].clone()).unwrap_or_default(),
             json,
         })
     }

@@ -164,6 +164,18 @@ impl<'g> Context<'g> {
         for &t in &sg.inputs {
             g.input.push(self.value_info(graph, t, sg.id)?);
         }
+        // Before IR version 4 every initializer is also a graph input.
+        if model.ir_version.is_some_and(|v| v < 4) {
+            for init in &g.initializer {
+                let dims: Vec<i64> = init.dims.clone();
+                let name = init.name.as_deref().unwrap_or("");
+                g.input.push(crate::onnx::tensor_info(
+                    name,
+                    init.data_type.unwrap_or(0),
+                    &dims,
+                ));
+            }
+        }
         for &t in &sg.outputs {
             g.output.push(self.value_info(graph, t, sg.id)?);
         }

@@ -66,6 +66,7 @@ pub mod graph;
 pub mod onnx;
 pub mod partition;
 pub mod plan;
+pub mod simplify;
 pub mod synth;
 pub mod tensor;
 pub mod wire;

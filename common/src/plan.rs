@@ -11,6 +11,7 @@ use crate::affinity::{
 use crate::graph::{Graph, TensorId};
 use crate::onnx::proto::ModelProto;
 use crate::partition::{partition, Algorithm, Partition, PartitionOptions};
+use crate::simplify::{simplify, SimplifyOptions, SimplifyReport};
 use crate::tensor::Tensor;
 
 /// Why a network could not be planned, or a request's inputs do not fit.
@@ -26,6 +27,8 @@ pub enum PlanError {
     Export(String),
     #[error("bad inputs: {0}")]
     BadInput(String),
+    #[error("{0}")]
+    Simplify(#[from] crate::simplify::SimplifyError),
 }
 
 /// How to plan.
@@ -35,8 +38,11 @@ pub struct PlanOptions {
     pub policy: Policy,
     pub algorithm: Algorithm,
     pub strict: bool,
-    /// Manual affinity: node name → device.
+    /// Manual affinity: node name → device. Entries naming nodes that
+    /// simplification folded away are dropped.
     pub manual: BTreeMap<String, DeviceId>,
+    /// What [`prepare`] did to the model (shown with the plan).
+    pub simplified: SimplifyReport,
 }
 
 /// One subgraph, ready to compile.
@@ -58,6 +64,60 @@ pub struct Plan {
     pub assignment: Assignment,
     pub partition: Partition,
     pub stages: Vec<Stage>,
+    /// What simplification did before planning.
+    pub simplified: SimplifyReport,
+}
+
+/// The model as it is planned: simplified (concrete input `shapes` where
+/// given, constants and shape computations folded, dead nodes removed; see
+/// [`crate::simplify`]) and built into a graph. QueryNetwork is asked
+/// about `graph.model()`.
+pub fn prepare(
+    model: &ModelProto,
+    shapes: &BTreeMap<String, Vec<usize>>,
+) -> Result<(Graph, SimplifyReport), PlanError> {
+    let (simplified, report) = simplify(
+        model,
+        &SimplifyOptions {
+            input_shapes: shapes.clone(),
+            ..Default::default()
+        },
+    )?;
+    let graph = Graph::from_model(simplified)
+        .map_err(|e| PlanError::Simplify(crate::simplify::SimplifyError::Graph(e.to_string())))?;
+    Ok((graph, report))
+}
+
+/// `graph` with element types for tensors it leaves untyped, as plugins'
+/// QueryNetwork answers reported them (declared as `value_info`; types the
+/// model declares or inference derived are kept). Node names are unchanged.
+pub fn complete_types(
+    graph: Graph,
+    reported: &BTreeMap<String, crate::onnx::ElemType>,
+) -> Result<Graph, PlanError> {
+    let missing: Vec<(&str, crate::onnx::ElemType)> = graph
+        .tensors
+        .iter()
+        .filter(|t| t.elem_type.is_none())
+        .filter_map(|t| Some((t.name.as_str(), *reported.get(&t.name)?)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(graph);
+    }
+    let mut model = graph.model().clone();
+    if let Some(g) = model.graph.as_mut() {
+        for (name, elem) in missing {
+            let mut info = crate::onnx::tensor_info(name, elem.0, &[]);
+            if let Some(crate::onnx::proto::type_proto::Value::TensorType(t)) =
+                info.r#type.as_mut().and_then(|t| t.value.as_mut())
+            {
+                t.shape = None;
+            }
+            g.value_info.push(info);
+        }
+    }
+    Graph::from_model(model)
+        .map_err(|e| PlanError::Simplify(crate::simplify::SimplifyError::Graph(e.to_string())))
 }
 
 /// Plans `graph` over the devices of `options.priority`, each supporting
@@ -69,7 +129,14 @@ pub fn plan(
     options: &PlanOptions,
 ) -> Result<Plan, PlanError> {
     let mut manual = BTreeMap::new();
+    let folded = |name: &str| {
+        let s = &options.simplified;
+        s.folded.iter().chain(&s.dead).any(|n| n.node == name)
+    };
     for (name, device) in &options.manual {
+        if graph.op_by_name(name).is_none() && folded(name) {
+            continue;
+        }
         let node = graph
             .op_by_name(name)
             .ok_or_else(|| PlanError::UnknownNode(name.clone()))?;
@@ -118,6 +185,7 @@ pub fn plan(
         assignment,
         partition,
         stages,
+        simplified: options.simplified.clone(),
     })
 }
 

@@ -266,6 +266,7 @@ fn every_control_message_round_trips() {
         },
         Control::QueryResult {
             answers: vec![DeviceAnswer {
+                types: vec![("t".into(), 1)],
                 device: "node-a/CPU".into(),
                 supported: vec!["conv1".into()],
                 unsupported: vec![("loop".into(), "Loop is not supported".into())],
@@ -290,6 +291,7 @@ fn every_control_message_round_trips() {
             strict: true,
             affinity: vec![("conv3".into(), "node-b/CPU".into())],
             dry_run: true,
+            shapes: vec![("x".into(), vec![1, 3, 64, 64])],
         }),
         Control::NetworkLoaded {
             network: 1,

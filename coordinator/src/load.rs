@@ -15,7 +15,7 @@ use tessera_common::affinity::{
 };
 use tessera_common::graph::Graph;
 use tessera_common::onnx::{decode_model, encode_model};
-use tessera_common::plan::{io_names, plan, PlanOptions};
+use tessera_common::plan::{complete_types, io_names, plan, prepare, PlanOptions};
 use tessera_common::wire::control::{
     Control, DeploySpec, Destination, DeviceAnswer, LoadRequest, Route,
 };
@@ -312,9 +312,29 @@ async fn plan_request(
     progress: &mpsc::Sender<Control>,
 ) -> Result<Planned, CoordinatorError> {
     let proto = decode_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
-    let graph = Graph::from_model(proto).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let shapes: BTreeMap<String, Vec<usize>> = request
+        .shapes
+        .iter()
+        .map(|(name, dims)| (name.clone(), dims.iter().map(|&d| d as usize).collect()))
+        .collect();
+    // Folding walks the whole model: off the async threads.
+    let (graph, simplified) = tokio::task::spawn_blocking(move || prepare(&proto, &shapes))
+        .await
+        .map_err(|e| CoordinatorError::Plan(format!("simplification failed: {e}")))?
+        .map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    if !simplified.is_empty() {
+        tracing::info!("simplified: {}", simplified.summary());
+    }
+    let simplified_bytes = Bytes::from(encode_model(graph.model()));
     let devices = devices(shared, &request.devices)?;
-    let (by_host, answers) = query_all(shared, &devices, model, progress).await?;
+    let (by_host, answers) = query_all(shared, &devices, &simplified_bytes, progress).await?;
+    let types: BTreeMap<String, tessera_common::onnx::ElemType> = answers
+        .iter()
+        .flat_map(|(_, a)| a.types.iter())
+        .map(|(t, e)| (t.clone(), tessera_common::onnx::ElemType(*e)))
+        .collect();
+    let graph =
+        complete_types(graph, &types).map_err(|e| CoordinatorError::Model(e.to_string()))?;
     let supports: HashMap<DeviceId, SupportSet> = answers
         .into_iter()
         .map(|(id, a)| (id, SupportSet::from_nodes(a.supported)))
@@ -335,6 +355,7 @@ async fn plan_request(
         policy,
         strict: request.strict,
         manual,
+        simplified,
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
@@ -389,6 +410,10 @@ fn plan_json(p: &Planned, network: u64, hosts: &[String]) -> String {
     if let Some(obj) = json.as_object_mut() {
         obj.insert("network".into(), serde_json::json!(network));
         obj.insert("hosts".into(), serde_json::json!(hosts));
+        obj.insert(
+            "simplified".into(),
+            serde_json::to_value(&planned.simplified).unwrap_or_default(),
+        );
     }
     json.to_string()
 }

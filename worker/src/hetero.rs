@@ -11,7 +11,7 @@ use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::partition::{Algorithm, Partition};
-use tessera_common::plan::{check_inputs, plan, PlanError, PlanOptions};
+use tessera_common::plan::{check_inputs, complete_types, plan, prepare, PlanError, PlanOptions};
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{CompiledSubgraph, Config, DevicePlugin, PerfCounter, PluginError};
@@ -53,6 +53,9 @@ pub struct LoadOptions {
     pub manual: BTreeMap<String, DeviceId>,
     /// Per-compile configuration for every subgraph.
     pub config: Config,
+    /// Concrete shapes of graph inputs: the model is simplified for them
+    /// (see `tessera_common::simplify`); empty: dynamic dims stay.
+    pub shapes: BTreeMap<String, Vec<usize>>,
 }
 
 impl LoadOptions {
@@ -67,6 +70,7 @@ impl LoadOptions {
             strict: true,
             manual: BTreeMap::new(),
             config: Config::default(),
+            shapes: BTreeMap::new(),
         }
     }
 }
@@ -103,7 +107,11 @@ impl Network {
         plugins: &[(DeviceId, Arc<dyn DevicePlugin>)],
         options: &LoadOptions,
     ) -> Result<Network, HeteroError> {
-        let graph = Graph::from_model(model).map_err(|e| HeteroError::Model(e.to_string()))?;
+        let (graph, simplified) =
+            prepare(&model, &options.shapes).map_err(|e| HeteroError::Model(e.to_string()))?;
+        if !simplified.is_empty() {
+            tracing::info!("simplified: {}", simplified.summary());
+        }
         let registered = || {
             plugins
                 .iter()
@@ -119,6 +127,7 @@ impl Network {
                 .ok_or_else(|| HeteroError::UnknownDevice(d.to_string(), registered()))
         };
         let mut supports = HashMap::new();
+        let mut types = BTreeMap::new();
         for d in &options.priority.devices {
             let answer = plugin_of(d)?
                 .query_network(graph.model())
@@ -127,8 +136,10 @@ impl Network {
                     source,
                 })?;
             tracing::debug!(device = %d, supported = answer.supported.len(), "QueryNetwork");
+            types.extend(answer.types);
             supports.insert(d.clone(), SupportSet::from_nodes(answer.supported));
         }
+        let graph = complete_types(graph, &types).map_err(|e| HeteroError::Model(e.to_string()))?;
         let planned = plan(
             &graph,
             &supports,
@@ -139,6 +150,7 @@ impl Network {
                 algorithm: options.algorithm,
                 strict: options.strict,
                 manual: options.manual.clone(),
+                simplified,
             },
         )
         .map_err(|e| HeteroError::Plan(e.to_string()))?;

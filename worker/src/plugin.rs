@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use tessera_common::onnx::proto::ModelProto;
+use tessera_common::onnx::proto::{
+    tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
+};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
@@ -141,15 +143,81 @@ impl Config {
 pub struct QueryResult {
     pub supported: BTreeSet<String>,
     pub unsupported: BTreeMap<String, String>,
+    /// Element types of intermediate tensors the model leaves untyped (and
+    /// static inference could not tell), where the backend's own analysis
+    /// of the whole model finds them: the planner declares subgraph
+    /// boundaries with them instead of failing.
+    pub types: BTreeMap<String, ElemType>,
 }
 
-/// Name, element type and shape (`None`: dynamic) of a subgraph input or
-/// output.
+/// Name, element type and shape of a subgraph input or output: `shape`
+/// is `None` where the rank is unknown, a dim `None` where it is dynamic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
     pub elem: ElemType,
-    pub shape: Vec<Option<usize>>,
+    pub shape: Option<Vec<Option<usize>>>,
+}
+
+impl TensorSpec {
+    /// The spec a model declares for a tensor; `None` if it is not a
+    /// tensor of a known element type.
+    pub fn from_value_info(v: &ValueInfoProto) -> Option<TensorSpec> {
+        let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref()?.value.as_ref() else {
+            return None;
+        };
+        let elem = ElemType(t.elem_type.filter(|&e| e != 0)?);
+        let shape = t.shape.as_ref().map(|s| {
+            s.dim
+                .iter()
+                .map(|d| match d.value {
+                    Some(dimension::Value::DimValue(v)) => usize::try_from(v).ok(),
+                    _ => None,
+                })
+                .collect()
+        });
+        Some(TensorSpec {
+            name: v.name.clone().unwrap_or_default(),
+            elem,
+            shape,
+        })
+    }
+
+    /// `[1,3,?,?]`, or `[..]` for an unknown rank.
+    pub fn shape_string(&self) -> String {
+        match &self.shape {
+            Some(dims) => {
+                let dims: Vec<String> = dims
+                    .iter()
+                    .map(|d| d.map_or("?".into(), |v| v.to_string()))
+                    .collect();
+                format!("[{}]", dims.join(","))
+            }
+            None => "[..]".into(),
+        }
+    }
+
+    /// Checks a request's tensor against the spec.
+    pub fn check(&self, t: &Tensor) -> Result<(), PluginError> {
+        let fits = self.shape.as_ref().is_none_or(|dims| {
+            t.shape().len() == dims.len()
+                && t.shape()
+                    .iter()
+                    .zip(dims)
+                    .all(|(&d, s)| s.is_none_or(|s| s == d))
+        });
+        if t.elem() != self.elem || !fits {
+            return Err(PluginError::BadInput(format!(
+                "input '{}' is {} {:?}; expected {} {}",
+                self.name,
+                t.elem(),
+                t.shape(),
+                self.elem,
+                self.shape_string()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What happened to an original node in a request.

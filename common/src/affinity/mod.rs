@@ -9,8 +9,9 @@
 //!    [`CostModel`] (compute + transfer of inputs from other devices), ties
 //!    broken by priority;
 //! 3. a node no device supports is an error in strict mode; otherwise it goes
-//!    to the last device of the priority list (the fallback device) and the
-//!    explanation says so.
+//!    with the nodes it reads from where they run on a device of the same
+//!    kind as the last device of the priority list (the fallback device),
+//!    else to the fallback device, and the explanation says so.
 //!
 //! Every placed node gets an [`Explanation`].
 
@@ -146,6 +147,9 @@ pub enum Rule {
     },
     /// No device supports the node; placed on the fallback device.
     Fallback,
+    /// Computed from constants alone: placed with the nodes that read it
+    /// (a weight made by `ConstantOfShape` is not sent every request).
+    WithConsumers,
 }
 
 /// Why a node runs where it runs.
@@ -187,7 +191,12 @@ impl Assignment {
         let why = match &e.rule {
             Rule::Manual => "manual affinity".to_string(),
             Rule::Priority { rank } => format!("priority (first supporting device, rank {rank})"),
-            Rule::Fallback => "fallback: no device supports it".to_string(),
+            Rule::WithConsumers => {
+                "computed from constants alone: placed with the nodes that read it".to_string()
+            }
+            Rule::Fallback => {
+                "fallback: no device supports it (placed with the nodes it reads from where they run on the fallback device's kind)".to_string()
+            }
             Rule::Cost { estimates } => {
                 let parts: Vec<String> = estimates
                     .iter()
@@ -335,7 +344,10 @@ pub fn assign(graph: &Graph, req: &AffinityRequest<'_>) -> Result<Assignment, Af
             (d, Rule::Manual)
         } else if supported_on.is_empty() {
             unsupported.push(node.name.clone());
-            (fallback, Rule::Fallback)
+            (
+                fallback_device(graph, id, &devices, &device_of, fallback),
+                Rule::Fallback,
+            )
         } else if req.policy == Policy::Cost && supported_on.len() > 1 {
             cheapest(
                 graph,
@@ -364,11 +376,84 @@ pub fn assign(graph: &Graph, req: &AffinityRequest<'_>) -> Result<Assignment, Af
     if req.strict && !unsupported.is_empty() {
         return Err(AffinityError::Unsupported { nodes: unsupported });
     }
+    move_constant_nodes_to_consumers(graph, req, &supports, &mut device_of, &mut explanations);
     Ok(Assignment {
         devices,
         device_of,
         explanations,
     })
+}
+
+/// Nodes computed from constants alone (not manually placed) move to the
+/// device of the nodes that read them, when those all run on one device
+/// that supports them. Consumers are decided first (reverse topological
+/// order), so a chain of such nodes moves together.
+fn move_constant_nodes_to_consumers(
+    graph: &Graph,
+    req: &AffinityRequest<'_>,
+    supports: &[&SupportSet],
+    device_of: &mut [Option<DeviceIdx>],
+    explanations: &mut [Explanation],
+) {
+    let mut constant_fed = vec![false; graph.dag.node_count()];
+    for &id in graph.topo_ops() {
+        let node = graph.node(id);
+        constant_fed[id.index()] = node.all_inputs().all(|t| {
+            let p = graph.tensor(t).producer;
+            graph.node(p).kind == NodeKind::Constant || constant_fed[p.index()]
+        }) && node.all_inputs().next().is_some();
+    }
+    let position: HashMap<NodeId, usize> = explanations
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.node, i))
+        .collect();
+    for &id in graph.topo_ops().iter().rev() {
+        if !constant_fed[id.index()] || req.manual.contains_key(&id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let mut targets = node
+            .outputs
+            .iter()
+            .flatten()
+            .flat_map(|&t| graph.tensor(t).consumers.iter())
+            .map(|&c| device_of[c.index()]);
+        let Some(Some(target)) = targets.next() else {
+            continue;
+        };
+        let one_device = targets.all(|d| d == Some(target));
+        if one_device
+            && device_of[id.index()] != Some(target)
+            && supports[target as usize].contains(node)
+        {
+            device_of[id.index()] = Some(target);
+            if let Some(&i) = position.get(&id) {
+                explanations[i].device = target;
+                explanations[i].rule = Rule::WithConsumers;
+            }
+        }
+    }
+}
+
+/// Where a node no device supports goes: with the nodes it reads from
+/// when they run on a device of the fallback device's kind (two workers'
+/// CPUs: the node stays in its neighbours' subgraph instead of becoming a
+/// one-node subgraph on the last worker), else on the fallback device.
+fn fallback_device(
+    graph: &Graph,
+    id: NodeId,
+    devices: &[DeviceId],
+    device_of: &[Option<DeviceIdx>],
+    fallback: DeviceIdx,
+) -> DeviceIdx {
+    let kind = &devices[fallback as usize].name;
+    graph
+        .node(id)
+        .all_inputs()
+        .filter_map(|t| device_of[graph.tensor(t).producer.index()])
+        .find(|&d| devices[d as usize].name == *kind)
+        .unwrap_or(fallback)
 }
 
 fn cheapest(

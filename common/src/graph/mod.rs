@@ -11,6 +11,8 @@
 mod build;
 mod infer;
 
+pub use infer::has_type_rule;
+
 use std::collections::HashMap;
 
 use petgraph::graph::DiGraph;
@@ -18,6 +20,7 @@ use petgraph::graph::DiGraph;
 use crate::onnx::proto::ModelProto;
 use crate::onnx::ElemType;
 
+pub(crate) use build::free_names;
 pub use build::GraphError;
 
 /// Index of a node in [`Graph::dag`].

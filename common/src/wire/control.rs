@@ -56,6 +56,9 @@ pub struct DeviceAnswer {
     pub supported: Vec<String>,
     /// Node and why not.
     pub unsupported: Vec<(String, String)>,
+    /// Element types (ONNX numbers) of intermediate tensors the model
+    /// leaves untyped, as the backend's own analysis found them.
+    pub types: Vec<(String, i32)>,
 }
 
 /// What a client asks when it loads a network (its model is the payload).
@@ -71,6 +74,9 @@ pub struct LoadRequest {
     pub affinity: Vec<(String, String)>,
     /// Plan only: answer with the plan, deploy nothing.
     pub dry_run: bool,
+    /// Concrete shapes of graph inputs (name, dims): dynamic dims fixed
+    /// before simplification; requests must then have these shapes.
+    pub shapes: Vec<(String, Vec<u64>)>,
 }
 
 /// One worker as the coordinator sees it.

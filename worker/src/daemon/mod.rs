@@ -186,7 +186,23 @@ pub async fn run(
     identity: &tessera_net::certs::NodeIdentity,
     ready: impl FnOnce(&str),
 ) -> Result<(), WorkerError> {
-    let devices = open_devices(&options.devices, &options.config)?;
+    // Plugin start-up (a GPU adapter, device and shaders) and the metrics'
+    // calibration block: off the async threads, so that the QUIC endpoints
+    // and heartbeats of this process (an embedded cluster runs several
+    // workers on one runtime) keep flowing.
+    let (kinds, config) = (options.devices.clone(), options.config.clone());
+    let (devices, infos) = tokio::task::spawn_blocking(move || {
+        let devices = open_devices(&kinds, &config)?;
+        let infos: Vec<DeviceInfo> = devices.iter().map(device_info).collect();
+        Ok::<_, WorkerError>((devices, infos))
+    })
+    .await
+    .map_err(|e| {
+        WorkerError::Plugin(PluginError::Unavailable {
+            plugin: options.devices.join(","),
+            reason: format!("device start-up failed: {e}"),
+        })
+    })??;
     // One endpoint for every session: its port stays this worker's.
     let node = Arc::new(Node::bind(
         options.listen,
@@ -198,7 +214,7 @@ pub async fn run(
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let error = match session(&options, &node, devices.clone(), &mut ready).await {
+        let error = match session(&options, &node, devices.clone(), &infos, &mut ready).await {
             Err(e) if options.reconnect && e.transient() => e,
             outcome => {
                 node.shutdown().await;
@@ -220,6 +236,7 @@ async fn session<R: FnOnce(&str)>(
     options: &WorkerOptions,
     node: &Arc<Node>,
     devices: Vec<Device>,
+    infos: &[DeviceInfo],
     ready: &mut Option<R>,
 ) -> Result<(), WorkerError> {
     let coordinator = tessera_net::resolve(&options.coordinator).await?;
@@ -247,11 +264,10 @@ async fn session<R: FnOnce(&str)>(
         }
     };
     let limits = *node.limits();
-    let infos: Vec<DeviceInfo> = devices.iter().map(device_info).collect();
     let register = Control::Register {
         name: options.name.clone(),
         data_addr: data_addr.clone(),
-        devices: infos,
+        devices: infos.to_vec(),
     };
     send_frame(
         &mut send,
@@ -499,6 +515,7 @@ async fn operation(
                         device: kind.clone(),
                         supported: r.supported.into_iter().collect(),
                         unsupported: r.unsupported.into_iter().collect(),
+                        types: r.types.into_iter().map(|(t, e)| (t, e.0)).collect(),
                     });
                 }
                 Ok(Control::QueryResult { answers })

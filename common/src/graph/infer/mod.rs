@@ -8,12 +8,14 @@
 mod shapes;
 mod types;
 
+pub use types::has_rule as has_type_rule;
+
 use std::collections::HashMap;
 
 use super::{Dim, Graph, TensorId};
 use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 
-use shapes::{if_output_shape, output_shape};
+use shapes::output_shapes;
 use types::output_types;
 
 pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
@@ -69,15 +71,15 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
             let t = ins.get(k).copied().flatten()?;
             int_values(consts.get(graph.tensors[t.index()].name.as_str())?)
         };
-        let types = if default_domain {
+        let types = if default_domain || node.domain == "com.microsoft" {
             output_types(proto, &in_type)
         } else {
             vec![]
         };
-        let shape0 = if default_domain {
-            output_shape(proto, &in_shape, &const_ints)
+        let shapes = if default_domain {
+            output_shapes(proto, &in_shape, &const_ints)
         } else {
-            None
+            vec![]
         };
         for (k, out) in outs.iter().enumerate() {
             let Some(out) = out else { continue };
@@ -85,13 +87,8 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
             if t.elem_type.is_none() {
                 t.elem_type = types.get(k).copied().flatten();
             }
-            if t.shape.is_some() {
-                continue;
-            }
-            if proto.op_type.as_deref() == Some("If") {
-                t.shape = if_output_shape(proto, k);
-            } else if k == 0 || proto.op_type.as_deref() == Some("Split") {
-                t.shape = shape0.clone();
+            if t.shape.is_none() {
+                t.shape = shapes.get(k).cloned().flatten();
             }
         }
     }

@@ -61,6 +61,104 @@ fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     Some(out)
 }
 
+/// Static shape of every output, where a rule knows it: output 0 from
+/// [`output_shape`], the others from the rules of multi-output ops.
+pub(super) fn output_shapes(
+    node: &NodeProto,
+    in_shape: &dyn Fn(usize) -> Option<Vec<Dim>>,
+    const_ints: &dyn Fn(usize) -> Option<Vec<i64>>,
+) -> Vec<Option<Vec<Dim>>> {
+    let op = node.op_type.as_deref().unwrap_or("");
+    let n = node.output.len();
+    if matches!(op, "LSTM" | "GRU" | "RNN") {
+        return recurrent_shapes(node, in_shape, n);
+    }
+    if op == "If" {
+        return (0..n).map(|k| if_output_shape(node, k)).collect();
+    }
+    let first = output_shape(node, in_shape, const_ints);
+    match op {
+        // Every output like output 0 (Split: the split axis unknown).
+        "Split" | "MaxPool" => (0..n).map(|_| first.clone()).collect(),
+        "TopK" => {
+            let s = topk_shape(node, in_shape, const_ints);
+            vec![s; n]
+        }
+        "Dropout" => vec![first.clone(), in_shape(0)]
+            .into_iter()
+            .take(n)
+            .collect(),
+        "LayerNormalization" => {
+            let stats = in_shape(0).and_then(|x| {
+                let axis = norm_axis(attr_i(node, "axis").unwrap_or(-1), x.len())?;
+                Some(
+                    x.iter()
+                        .enumerate()
+                        .map(|(i, d)| if i < axis { d.clone() } else { Dim::Known(1) })
+                        .collect::<Vec<_>>(),
+                )
+            });
+            vec![first, stats.clone(), stats]
+                .into_iter()
+                .take(n)
+                .collect()
+        }
+        _ => (0..n)
+            .map(|k| if k == 0 { first.clone() } else { None })
+            .collect(),
+    }
+}
+
+/// LSTM / GRU / RNN: Y, Y_h (and Y_c) from X's shape, `hidden_size`,
+/// `direction` and `layout`.
+fn recurrent_shapes(
+    node: &NodeProto,
+    in_shape: &dyn Fn(usize) -> Option<Vec<Dim>>,
+    n: usize,
+) -> Vec<Option<Vec<Dim>>> {
+    let Some(x) = in_shape(0).filter(|x| x.len() == 3) else {
+        return vec![None; n];
+    };
+    let hidden = attr_i(node, "hidden_size").map_or(Dim::Unknown, Dim::Known);
+    let dirs = match attr(node, "direction").and_then(|a| a.s.as_deref()) {
+        Some(b"bidirectional") => Dim::Known(2),
+        _ => Dim::Known(1),
+    };
+    let batch_first = attr_i(node, "layout").unwrap_or(0) != 0;
+    let (seq, batch) = if batch_first {
+        (x[1].clone(), x[0].clone())
+    } else {
+        (x[0].clone(), x[1].clone())
+    };
+    let (y, state) = if batch_first {
+        (
+            vec![batch.clone(), seq, dirs.clone(), hidden.clone()],
+            vec![batch, dirs, hidden],
+        )
+    } else {
+        (
+            vec![seq, dirs.clone(), batch.clone(), hidden.clone()],
+            vec![dirs, batch, hidden],
+        )
+    };
+    (0..n)
+        .map(|k| Some(if k == 0 { y.clone() } else { state.clone() }))
+        .collect()
+}
+
+/// TopK's outputs: the input's shape with the axis dim `k`.
+fn topk_shape(
+    node: &NodeProto,
+    in_shape: &dyn Fn(usize) -> Option<Vec<Dim>>,
+    const_ints: &dyn Fn(usize) -> Option<Vec<i64>>,
+) -> Option<Vec<Dim>> {
+    let mut x = in_shape(0)?;
+    let axis = norm_axis(attr_i(node, "axis").unwrap_or(-1), x.len())?;
+    let k = attr_i(node, "k").or_else(|| const_ints(1)?.first().copied());
+    *x.get_mut(axis)? = k.map_or(Dim::Unknown, Dim::Known);
+    Some(x)
+}
+
 /// Static shape of output 0, where a rule knows it.
 pub(super) fn output_shape(
     node: &NodeProto,
@@ -450,6 +548,10 @@ pub(super) fn output_shape(
                     .collect(),
             )
         }
+        "ConstantOfShape" => match const_ints(0) {
+            Some(dims) => Some(dims.into_iter().map(Dim::Known).collect()),
+            None => Some(vec![Dim::Unknown; rank(in_shape(0)?.first()?.known()?)?]),
+        },
         "Range" | "NonZero" => Some(vec![Dim::Unknown; if op == "Range" { 1 } else { 2 }]),
         "Unsqueeze" | "Squeeze" => {
             let x = in_shape(0)?;

@@ -232,10 +232,12 @@ fn specs(
         .iter()
         .filter(|v| !skip.contains(&v.name.as_deref().unwrap_or("")))
         .map(|v| {
-            let name = v.name.clone().unwrap_or_default();
-            let (elem, shape) = query::declared_type(v)
-                .ok_or_else(|| PluginError::InvalidModel(format!("'{name}' has no tensor type")))?;
-            Ok(TensorSpec { name, elem, shape })
+            TensorSpec::from_value_info(v).ok_or_else(|| {
+                PluginError::InvalidModel(format!(
+                    "'{}' is not a tensor of a known element type",
+                    v.name.as_deref().unwrap_or("")
+                ))
+            })
         })
         .collect()
 }
@@ -278,13 +280,22 @@ impl CompiledCpu {
             outputs,
             nodes,
         };
-        let dynamic: Vec<Vec<Option<usize>>> =
+        // An input of unknown rank: plans are built per request's shapes.
+        let declared: Option<Vec<Vec<Option<usize>>>> =
             compiled.inputs.iter().map(|s| s.shape.clone()).collect();
-        match compiled.build(&dynamic, &[]) {
+        let all_static = declared
+            .as_ref()
+            .is_some_and(|d| d.iter().flatten().all(Option::is_some));
+        let built = match &declared {
+            Some(dims) => compiled.build(dims, &[]).map(Some),
+            None => Ok(None),
+        };
+        match built {
             // Kept for the first request if its shapes are the declared ones.
-            Ok(plan) if dynamic.iter().flatten().all(Option::is_some) => {
-                let key = dynamic
+            Ok(Some(plan)) if all_static => {
+                let key = declared
                     .iter()
+                    .flatten()
                     .map(|s| (s.iter().flatten().copied().collect(), Vec::new()))
                     .collect();
                 compiled
@@ -293,9 +304,9 @@ impl CompiledCpu {
                     .map_err(|_| poisoned())?
                     .insert(key, plan);
             }
-            Ok(_) => {}
-            Err(e) if dynamic.iter().flatten().all(Option::is_some) => return Err(e),
-            Err(_) => {
+            Ok(_) if declared.is_some() => {}
+            Err(e) if all_static => return Err(e),
+            Ok(_) | Err(_) => {
                 // tract needs concrete dims for this model: plans are built
                 // per input shape on first use; check now that it parses.
                 tract_onnx::onnx()
@@ -437,32 +448,7 @@ impl CompiledCpu {
             )));
         }
         for (t, spec) in inputs.iter().zip(&self.inputs) {
-            if t.elem() != spec.elem {
-                return Err(PluginError::BadInput(format!(
-                    "input '{}' must be {}, got {}",
-                    spec.name,
-                    spec.elem,
-                    t.elem()
-                )));
-            }
-            let fits = t.shape().len() == spec.shape.len()
-                && t.shape()
-                    .iter()
-                    .zip(&spec.shape)
-                    .all(|(&d, s)| s.is_none_or(|s| s == d));
-            if !fits {
-                let want: Vec<String> = spec
-                    .shape
-                    .iter()
-                    .map(|d| d.map(|v| v.to_string()).unwrap_or("?".into()))
-                    .collect();
-                return Err(PluginError::BadInput(format!(
-                    "input '{}' must have shape [{}], got {:?}",
-                    spec.name,
-                    want.join(","),
-                    t.shape()
-                )));
-            }
+            spec.check(t)?;
         }
         Ok(())
     }

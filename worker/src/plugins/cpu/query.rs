@@ -15,7 +15,7 @@ use tessera_common::decompose::decompose;
 use tessera_common::graph::{Dim, Graph, NodeKind};
 use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
-    TypeProto, ValueInfoProto,
+    ValueInfoProto,
 };
 use tessera_common::onnx::ElemType;
 use tract_onnx::prelude::*;
@@ -25,25 +25,6 @@ use crate::plugin::{PluginError, QueryResult};
 /// Probe outcomes by op signature.
 #[derive(Default)]
 pub(super) struct ProbeCache(Mutex<HashMap<u64, Result<(), String>>>);
-
-/// Element type and shape (`None`: dynamic) of a tensor ValueInfo.
-pub(super) fn declared_type(v: &ValueInfoProto) -> Option<(ElemType, Vec<Option<usize>>)> {
-    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref()?.value.as_ref() else {
-        return None;
-    };
-    let elem = ElemType(t.elem_type.filter(|&e| e != 0)?);
-    let shape = t
-        .shape
-        .as_ref()?
-        .dim
-        .iter()
-        .map(|d| match d.value {
-            Some(dimension::Value::DimValue(v)) => usize::try_from(v).ok(),
-            _ => None,
-        })
-        .collect();
-    Some((elem, shape))
-}
 
 fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     node.attribute
@@ -138,25 +119,124 @@ fn value_info(name: &str, elem: ElemType, shape: &[Dim]) -> ValueInfoProto {
     tessera_common::onnx::tensor_info(name, elem.0, &dims)
 }
 
-/// `model` with every dynamic graph-input dim set to 1 (see [`value_info`]).
-fn with_unit_dims(model: &ModelProto) -> ModelProto {
-    let mut m = model.clone();
-    if let Some(g) = m.graph.as_mut() {
-        for v in g.input.iter_mut() {
-            if let Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(t)),
-                ..
-            }) = v.r#type.as_mut()
-            {
-                for d in t.shape.iter_mut().flat_map(|s| s.dim.iter_mut()) {
-                    if !matches!(d.value, Some(dimension::Value::DimValue(v)) if v >= 0) {
-                        d.value = Some(dimension::Value::DimValue(1));
-                    }
+/// How dynamic graph-input dims are filled when the whole model is probed.
+#[derive(Debug, Clone, Copy)]
+enum DynamicDims {
+    /// Symbols, as compile sees them.
+    Symbolic,
+    /// The first dim 1, the others 64 (an image or a sequence that a
+    /// detector's strides divide).
+    Typical,
+    /// Every dim 1.
+    Unit,
+}
+
+/// Whether tract builds and optimizes the whole model with some filling of
+/// its dynamic input dims: then it runs every node in the model's context
+/// (a Reshape fed by a Shape chain, an LSTM) even where a node alone does
+/// not type.
+fn whole_model_builds(model: &ModelProto) -> Result<(), String> {
+    let bytes = model.encode_to_vec();
+    let graph = model.graph.as_ref().ok_or("no graph")?;
+    let inits: std::collections::HashSet<&str> = graph
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.as_deref())
+        .collect();
+    let inputs: Vec<Option<crate::plugin::TensorSpec>> = graph
+        .input
+        .iter()
+        .filter(|v| !inits.contains(v.name.as_deref().unwrap_or("")))
+        .map(crate::plugin::TensorSpec::from_value_info)
+        .collect();
+    let mut last = String::new();
+    for fill in [
+        DynamicDims::Symbolic,
+        DynamicDims::Typical,
+        DynamicDims::Unit,
+    ] {
+        let attempt = std::panic::catch_unwind(|| -> TractResult<()> {
+            let mut m = tract_onnx::onnx()
+                .with_ignore_value_info(true)
+                .model_for_read(&mut &bytes[..])?;
+            for (i, spec) in inputs.iter().enumerate() {
+                let Some(spec) = spec else { continue };
+                let (Some(dt), Some(shape)) = (super::tract::datum_type(spec.elem), &spec.shape)
+                else {
+                    continue;
+                };
+                let dims: TVec<TDim> = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(k, d)| match (d, fill) {
+                        (Some(v), _) => TDim::Val(*v as i64),
+                        (None, DynamicDims::Symbolic) => {
+                            m.symbols.sym(&format!("in{i}_{k}")).into()
+                        }
+                        (None, DynamicDims::Typical) => TDim::Val(if k == 0 { 1 } else { 64 }),
+                        (None, DynamicDims::Unit) => TDim::Val(1),
+                    })
+                    .collect();
+                m.set_input_fact(i, InferenceFact::dt_shape(dt, dims))?;
+            }
+            m.into_optimized()?;
+            Ok(())
+        });
+        match attempt {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => last = format!("{e}"),
+            Err(_) => last = "tract panicked while building it".into(),
+        }
+    }
+    Err(last)
+}
+
+/// Element types tract's analysis of the whole model gives the tensors
+/// `graph` leaves untyped (static inference had no rule, or the model's
+/// types are incomplete).
+fn analysed_types(
+    model: &ModelProto,
+    graph: &Graph,
+) -> std::collections::BTreeMap<String, ElemType> {
+    let untyped: std::collections::HashSet<&str> = graph
+        .tensors
+        .iter()
+        .filter(|t| t.elem_type.is_none())
+        .map(|t| t.name.as_str())
+        .collect();
+    if untyped.is_empty() {
+        return Default::default();
+    }
+    let bytes = model.encode_to_vec();
+    let analysed = std::panic::catch_unwind(|| -> TractResult<_> {
+        let mut m = tract_onnx::onnx()
+            .with_ignore_value_info(true)
+            .model_for_read(&mut &bytes[..])?;
+        // Obstinate: types of what can be analysed, past what cannot.
+        let _ = m.analyse(true);
+        let mut types = std::collections::BTreeMap::new();
+        for node in m.nodes() {
+            for slot in 0..node.outputs.len() {
+                let outlet = OutletId::new(node.id, slot);
+                let Some(label) = m.outlet_label(outlet).filter(|l| untyped.contains(l)) else {
+                    continue;
+                };
+                let dt = Fact::datum_type(m.outlet_fact(outlet)?);
+                if let Some(elem) = dt.and_then(super::tract::elem_type) {
+                    types.insert(label.to_string(), elem);
                 }
             }
         }
+        Ok(types)
+    });
+    match analysed {
+        Ok(Ok(types)) => types,
+        Ok(Err(e)) => {
+            tracing::debug!("tract's analysis of the model failed: {e}");
+            Default::default()
+        }
+        Err(_) => Default::default(),
     }
-    m
 }
 
 /// The one-node model probing `node`, and its cache key.
@@ -266,7 +346,10 @@ pub(super) fn query_network(
             .map_err(|e| PluginError::InvalidModel(format!("after decomposition: {e}")))?;
         query_graph(&expanded, cache, |n| decomposed.origin.contains_key(n))?
     };
-    let mut result = QueryResult::default();
+    let mut result = QueryResult {
+        types: analysed_types(graph.model(), &graph),
+        ..Default::default()
+    };
     for (node, why) in inner.unsupported {
         let original = decomposed.original(&node).to_string();
         // A node a rule declined was probed as it is; say why it was kept.
@@ -309,7 +392,13 @@ fn query_graph(
         .ok_or_else(|| PluginError::InvalidModel("no graph".into()))?;
     let mut result = QueryResult::default();
     // If tract builds the whole model, it builds every node of it.
-    let whole = probe(&with_unit_dims(named)).is_ok();
+    let whole = match whole_model_builds(named) {
+        Ok(()) => true,
+        Err(why) => {
+            tracing::debug!("the whole model does not build ({why}); probing node by node");
+            false
+        }
+    };
     for &id in graph.topo_ops() {
         let name = graph.node(id).name.clone();
         let Some(node) = graph.node(id).onnx_index.and_then(|i| source.node.get(i)) else {

@@ -203,7 +203,8 @@ impl DevicePlugin for GpuPlugin {
             .as_ref()
             .map(|g| g.node.as_slice())
             .unwrap_or(&[]);
-        let half = self.device_of(&self.config())?.shader_f16;
+        let gpu = self.device_of(&self.config())?;
+        let (half, max_binding) = (gpu.shader_f16, gpu.max_binding);
         let floats: &[ElemType] = if half {
             &[ElemType::FLOAT, ElemType::FLOAT16]
         } else {
@@ -229,6 +230,23 @@ impl DevicePlugin for GpuPlugin {
                     .is_some_and(|s| s.iter().any(|d| d.known() == Some(0)));
                 if empty && proto.op_type().starts_with("Reduce") {
                     return Err("a reduction over an empty tensor".into());
+                }
+                // Every tensor is one storage binding.
+                for t in node
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .chain(node.outputs.iter().flatten())
+                {
+                    let tensor = graph.tensor(*t);
+                    if let Some(bytes) = tensor.size_bytes().filter(|&b| b > max_binding) {
+                        return Err(format!(
+                            "'{}' ({} MB) exceeds the device's largest storage binding ({} MB)",
+                            tensor.name,
+                            bytes >> 20,
+                            max_binding >> 20
+                        ));
+                    }
                 }
                 let consts = ops::const_inputs(proto);
                 let is_cast = proto.op_type() == "Cast";

@@ -341,12 +341,11 @@ impl Program {
             }
         }
         let spec = |v: &tessera_common::onnx::proto::ValueInfoProto| -> TensorSpec {
-            let (elem, shape) = ops::value_type(v);
-            TensorSpec {
+            TensorSpec::from_value_info(v).unwrap_or_else(|| TensorSpec {
                 name: v.name().to_string(),
-                elem,
-                shape,
-            }
+                elem: ElemType(0),
+                shape: None,
+            })
         };
         let inputs: Vec<TensorSpec> = graph
             .input
@@ -457,21 +456,7 @@ impl Program {
             )));
         }
         for (t, spec) in inputs.iter().zip(&self.inputs) {
-            let fits = t.shape().len() == spec.shape.len()
-                && t.shape()
-                    .iter()
-                    .zip(&spec.shape)
-                    .all(|(d, s)| s.is_none_or(|s| s == *d));
-            if t.elem() != spec.elem || !fits {
-                return Err(PluginError::BadInput(format!(
-                    "input '{}' is {} {:?}; expected {} {:?}",
-                    spec.name,
-                    t.elem().name(),
-                    t.shape(),
-                    spec.elem.name(),
-                    spec.shape
-                )));
-            }
+            spec.check(t)?;
         }
         let plan = self.plan(inputs.iter().map(|t| t.shape().to_vec()).collect())?;
         let plan = plan
