@@ -298,6 +298,7 @@ fn halves(graph: &Graph, inputs: &[(String, Tensor)]) -> Result<Vec<(String, boo
             strict: true,
             manual: BTreeMap::new(),
             config,
+            shapes: Default::default(),
         },
     )?;
     let feeds: HashMap<String, Tensor> = inputs.iter().cloned().collect();
@@ -432,6 +433,7 @@ async fn split() -> Result<()> {
             strict: true,
             manual,
             config: Config::default(),
+            shapes: Default::default(),
         },
     )?;
     let feeds: HashMap<String, Tensor> = inputs.iter().cloned().collect();

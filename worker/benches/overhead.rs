@@ -69,6 +69,7 @@ fn main() -> TractResult<()> {
             strict: true,
             manual: Default::default(),
             config: Config::default(),
+            shapes: Default::default(),
         };
         let model = tessera_common::onnx::load_model(&path).expect("model");
         let network = Network::load(

@@ -63,6 +63,7 @@ fn real_models_match_onnxruntime_alone_and_split_across_two_cpus() {
                 strict: true,
                 manual,
                 config: Config::default(),
+                shapes: Default::default(),
             };
             let network = Network::load(model.clone(), &plugins, &options)
                 .unwrap_or_else(|e| panic!("{name} {label}: {e}"));
