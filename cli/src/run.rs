@@ -140,6 +140,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         devices,
         result.total.as_secs_f64() * 1e3
     );
+    if !network.simplified().is_empty() {
+        let _ = writeln!(out, "simplified: {}", network.simplified().summary());
+    }
     if args.perf_counts {
         let mut total_us = 0;
         for (i, (device, time, counters)) in result.subgraphs.iter().enumerate() {

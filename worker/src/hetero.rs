@@ -12,6 +12,7 @@ use tessera_common::onnx::encode_model;
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::partition::{Algorithm, Partition};
 use tessera_common::plan::{check_inputs, complete_types, plan, prepare, PlanError, PlanOptions};
+use tessera_common::simplify::SimplifyReport;
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{CompiledSubgraph, Config, DevicePlugin, PerfCounter, PluginError};
@@ -88,6 +89,7 @@ pub struct Network {
     graph: Graph,
     partition: Partition,
     stages: Vec<Stage>,
+    simplified: SimplifyReport,
 }
 
 /// One request's outputs, with counters per subgraph.
@@ -178,7 +180,13 @@ impl Network {
             graph,
             partition: p,
             stages,
+            simplified: planned.simplified,
         })
+    }
+
+    /// What simplification folded and removed before planning.
+    pub fn simplified(&self) -> &SimplifyReport {
+        &self.simplified
     }
 
     pub fn partition(&self) -> &Partition {

@@ -206,14 +206,20 @@ impl TensorSpec {
                     .zip(dims)
                     .all(|(&d, s)| s.is_none_or(|s| s == d))
         });
-        if t.elem() != self.elem || !fits {
+        if t.elem() != self.elem {
             return Err(PluginError::BadInput(format!(
-                "input '{}' is {} {:?}; expected {} {}",
+                "input '{}' must be {}, got {}",
                 self.name,
-                t.elem(),
-                t.shape(),
                 self.elem,
-                self.shape_string()
+                t.elem()
+            )));
+        }
+        if !fits {
+            return Err(PluginError::BadInput(format!(
+                "input '{}' must have shape {}, got {:?}",
+                self.name,
+                self.shape_string(),
+                t.shape()
             )));
         }
         Ok(())

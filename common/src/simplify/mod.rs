@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Dim, Graph, GraphError, NodeKind, TensorId};
+use crate::graph::{Graph, GraphError, NodeKind, TensorId};
 use crate::onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
     type_proto, ModelProto, NodeProto, TensorShapeProto,
@@ -322,11 +322,21 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
         let results = if let Some(v) = shape_value(graph, node, proto) {
             v
         } else {
-            let all_known = node
-                .inputs
-                .iter()
-                .flatten()
-                .all(|&t| constant(t, &mut known));
+            let Some(rule) = fold::rule(&node.op_type) else {
+                continue;
+            };
+            // Checked before any initializer is read (an embedding table
+            // under a Gather with variable indices is never decoded).
+            let from_constants = node.inputs.iter().flatten().all(|&t| {
+                known.contains_key(&t)
+                    || graph.node(graph.tensor(t).producer).kind == NodeKind::Constant
+            });
+            let all_known = from_constants
+                && node
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .all(|&t| constant(t, &mut known));
             // Partly known values only as the data moved (any input of a
             // Concat, input 0 of the others): indices, axes and targets
             // must be known.
@@ -346,7 +356,7 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
                 inputs: input_values(&node.inputs, &known, &partial),
                 opset,
             };
-            match fold::rule(&node.op_type).and_then(|rule| rule(&args)) {
+            match rule(&args) {
                 Some(v) => Ok(v),
                 None => continue,
             }
@@ -570,12 +580,4 @@ fn remove_dead(model: &mut ModelProto) -> Vec<FoldedNode> {
     g.value_info
         .retain(|v| live.contains(v.name.as_deref().unwrap_or("")));
     dead
-}
-
-/// Known dims of a graph-IR shape (for tests and reports).
-pub fn static_dims(shape: &[Dim]) -> Option<Vec<usize>> {
-    shape
-        .iter()
-        .map(|d| d.known().and_then(|v| usize::try_from(v).ok()))
-        .collect()
 }

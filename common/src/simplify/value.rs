@@ -59,6 +59,28 @@ impl Value {
         }
     }
 
+    /// A value of `elem`, stored as that type would store it (see
+    /// [`Value::wrapped`]).
+    pub fn new(elem: ElemType, shape: Vec<usize>, data: Data) -> Value {
+        Value { elem, shape, data }.wrapped()
+    }
+
+    /// Results computed in `f64` as a value of `elem`: floats rounded to
+    /// it, integers where exactly representable (else `None`).
+    pub fn from_f64(elem: ElemType, shape: Vec<usize>, values: Vec<f64>) -> Option<Value> {
+        let data = match kind(elem)? {
+            Kind::Float => Data::Float(values),
+            Kind::Int => Data::Int(
+                values
+                    .into_iter()
+                    .map(|v| (v.is_finite() && v.abs() < 9.0e15).then_some(v as i64))
+                    .collect::<Option<_>>()?,
+            ),
+            Kind::Bool => return None,
+        };
+        Some(Value::new(elem, shape, data))
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         match &self.data {
@@ -258,6 +280,16 @@ pub fn indices(shape: &[usize]) -> impl Iterator<Item = Vec<usize>> + '_ {
             .map(|(&s, &d)| if d == 0 { 0 } else { (flat / s) % d })
             .collect()
     })
+}
+
+/// `shape` without the dims at `axes`.
+pub fn drop_axes(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, &d)| d)
+        .collect()
 }
 
 /// `axis` (negative counts from the end) as an index below `rank`.

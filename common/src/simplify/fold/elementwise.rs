@@ -64,12 +64,7 @@ fn cast_like(a: &Args) -> Option<Vec<Value>> {
 }
 
 fn with_data(v: &Value, data: Data) -> Value {
-    Value {
-        elem: v.elem,
-        shape: v.shape.clone(),
-        data,
-    }
-    .wrapped()
+    Value::new(v.elem, v.shape.clone(), data)
 }
 
 fn neg(a: &Args) -> Option<Vec<Value>> {
@@ -202,12 +197,7 @@ fn arith(
         ),
         _ => return None,
     };
-    Some(vec![Value {
-        elem: x.elem,
-        shape,
-        data,
-    }
-    .wrapped()])
+    Some(vec![Value::new(x.elem, shape, data)])
 }
 
 fn modulo(a: &Args) -> Option<Vec<Value>> {
@@ -245,21 +235,7 @@ fn pow(a: &Args) -> Option<Vec<Value>> {
         .zip(&idx[1])
         .map(|(&i, &j)| p[i].powf(q[j]))
         .collect();
-    let data = match kind(x.elem)? {
-        Kind::Float => Data::Float(out),
-        Kind::Int => Data::Int(
-            out.into_iter()
-                .map(|v| (v.is_finite() && v.abs() < 9.0e15).then_some(v as i64))
-                .collect::<Option<_>>()?,
-        ),
-        Kind::Bool => return None,
-    };
-    Some(vec![Value {
-        elem: x.elem,
-        shape,
-        data,
-    }
-    .wrapped()])
+    Some(vec![Value::from_f64(x.elem, shape, out)?])
 }
 
 fn variadic(a: &Args, int: fn(i64, i64) -> i64, float: fn(f64, f64) -> f64) -> Option<Vec<Value>> {
@@ -293,12 +269,7 @@ fn variadic(a: &Args, int: fn(i64, i64) -> i64, float: fn(f64, f64) -> f64) -> O
         }
         Kind::Bool => return None,
     };
-    Some(vec![Value {
-        elem: first.elem,
-        shape,
-        data,
-    }
-    .wrapped()])
+    Some(vec![Value::new(first.elem, shape, data)])
 }
 
 fn compare(a: &Args, test: fn(std::cmp::Ordering) -> bool) -> Option<Vec<Value>> {

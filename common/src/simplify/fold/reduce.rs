@@ -2,7 +2,7 @@
 //! element count a Reshape needs).
 
 use super::{Args, Rule};
-use crate::simplify::value::{axis, indices, kind, strides, Data, Kind, Value};
+use crate::simplify::value::{axis, drop_axes, indices, strides, Value};
 
 pub(super) const RULES: &[(&str, Rule)] = &[
     ("ReduceProd", |a| reduce(a, |v| v.iter().product())),
@@ -52,26 +52,7 @@ fn reduce(a: &Args, f: fn(&[f64]) -> f64) -> Option<Vec<Value>> {
     let shape = if keep {
         kept
     } else {
-        x.shape
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !axes.contains(i))
-            .map(|(_, &d)| d)
-            .collect()
+        drop_axes(&x.shape, &axes)
     };
-    let data = match kind(x.elem)? {
-        Kind::Float => Data::Float(out),
-        Kind::Int => Data::Int(
-            out.into_iter()
-                .map(|v| (v.is_finite() && v.abs() < 9.0e15).then_some(v as i64))
-                .collect::<Option<_>>()?,
-        ),
-        Kind::Bool => return None,
-    };
-    Some(vec![Value {
-        elem: x.elem,
-        shape,
-        data,
-    }
-    .wrapped()])
+    Some(vec![Value::from_f64(x.elem, shape, out)?])
 }

@@ -4,7 +4,7 @@
 use super::elementwise::{broadcast_index, broadcast_shape};
 use super::{Args, Rule};
 use crate::onnx::ElemType;
-use crate::simplify::value::{axis, indices, strides, Data, Value};
+use crate::simplify::value::{axis, drop_axes, indices, strides, Data, Value};
 
 pub(super) const RULES: &[(&str, Rule)] = &[
     ("Shape", shape),
@@ -100,12 +100,7 @@ fn squeeze(a: &Args) -> Option<Vec<Value>> {
             if axes.iter().any(|&k| x.shape[k] != 1) {
                 return None;
             }
-            x.shape
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !axes.contains(i))
-                .map(|(_, &d)| d)
-                .collect()
+            drop_axes(&x.shape, &axes)
         }
         None => x.shape.iter().copied().filter(|&d| d != 1).collect(),
     };
@@ -374,12 +369,7 @@ fn range(a: &Args) -> Option<Vec<Value>> {
         Data::Float(_) => Data::Float((0..n).map(|i| s + i as f64 * d).collect()),
         Data::Bool(_) => return None,
     };
-    Some(vec![Value {
-        elem: start.elem,
-        shape: vec![n],
-        data,
-    }
-    .wrapped()])
+    Some(vec![Value::new(start.elem, vec![n], data)])
 }
 
 fn split(a: &Args) -> Option<Vec<Value>> {
