@@ -12,6 +12,7 @@ Modes (default: all):
 
 Inputs are seeded and meaningful for each model (token ids within the
 vocabulary, Silero's sample rate); dynamic dims get the sizes in CORPUS.
+In the CPU modes the plan must be one subgraph (the CPU runs every node).
 Tolerance: |tessera - onnxruntime| <= atol * max(1, max|onnxruntime|), atol
 1e-4 on CPU and 1e-3 where a GPU takes part. Prints one line per
 (model, mode) and `corpus: N passed, M failed`; exits 1 on any failure,
@@ -19,6 +20,7 @@ naming the model, the mode and what failed.
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +122,10 @@ def check(tessera, model_path, mode, feeds, expected, out_dir):
         if not diff <= atol * scale:
             return False, f"output '{name}' differs by {diff:.3g} (scale {scale:.3g}, atol {atol})"
     plan = next((l for l in proc.stdout.splitlines() if "subgraph" in l), "")
+    # The CPU runs every node of the corpus: one device used, one subgraph.
+    count = re.match(r"\s*(\d+) subgraphs", plan)
+    if mode.endswith("-cpu") and "gpu" not in mode and (not count or count.group(1) != "1"):
+        return False, f"expected 1 subgraph on the CPU, got: {plan.strip()}"
     return True, f"max rel diff {worst:.2g}, {took:.1f} s; {plan.strip()}"
 
 

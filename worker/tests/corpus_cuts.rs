@@ -20,7 +20,7 @@ use tessera_worker::hetero::{LoadOptions, Network};
 use tessera_worker::plugin::DevicePlugin;
 use tessera_worker::plugins::cpu::CpuPlugin;
 
-/// The corpus with the number of cuts each gets: 20, and 2 for the three
+/// The corpus with the number of cuts each gets: 20, and 6 for the three
 /// classic CNNs whose single run costs several seconds of tract compute on
 /// two cores (their 200–550 MB of weights are made by ConstantOfShape).
 const CORPUS: &[(&str, usize)] = &[
@@ -28,15 +28,15 @@ const CORPUS: &[(&str, usize)] = &[
     ("ch_PP-OCRv4_rec_infer.onnx", 20),
     ("ch_ppocr_mobile_v2.0_cls_infer.onnx", 20),
     ("magika_standard_v3_3.onnx", 20),
-    ("light_bvlc_alexnet.onnx", 2),
+    ("light_bvlc_alexnet.onnx", 6),
     ("light_densenet121.onnx", 20),
     ("light_inception_v1.onnx", 20),
     ("light_inception_v2.onnx", 20),
     ("light_resnet50.onnx", 20),
     ("light_shufflenet.onnx", 20),
     ("light_squeezenet.onnx", 20),
-    ("light_vgg19.onnx", 2),
-    ("light_zfnet512.onnx", 2),
+    ("light_vgg19.onnx", 6),
+    ("light_zfnet512.onnx", 6),
     ("paraphrase-MiniLM-L3-v2.onnx", 20),
     ("silero_vad_16k_sequence.onnx", 20),
 ];

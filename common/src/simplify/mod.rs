@@ -319,6 +319,9 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
         {
             continue;
         }
+        if inferred_output_bytes(graph, node) > fold_budget(graph, node, options) {
+            continue;
+        }
         let results = if let Some(v) = shape_value(graph, node, proto) {
             v
         } else {
@@ -389,7 +392,11 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
             }
             continue;
         }
-        if !fits_cap(graph, node, &results, options) {
+        let bytes: u64 = results
+            .iter()
+            .map(|(_, v)| v.len() as u64 * v.elem.size_bytes().unwrap_or(8))
+            .sum();
+        if bytes > fold_budget(graph, node, options) {
             continue;
         }
         for (t, v) in results {
@@ -445,33 +452,31 @@ fn shape_value(
     Some(if complete { Ok(vec![v]) } else { Err(v) })
 }
 
-/// Whether the folded outputs are small enough, or free the constants they
-/// were computed from (then the model does not grow).
-fn fits_cap(
-    graph: &Graph,
-    node: &crate::graph::Node,
-    results: &[(TensorId, Value)],
-    options: &SimplifyOptions,
-) -> bool {
-    let bytes: u64 = results
-        .iter()
-        .map(|(_, v)| v.len() as u64 * v.elem.size_bytes().unwrap_or(8))
-        .sum();
-    if bytes <= options.max_folded_bytes as u64 {
-        return true;
-    }
-    // Folding a Transpose of a weight read once: the weight goes, its
-    // transposed copy comes; a ConstantOfShape that makes a weight out of
-    // a shape stays (the model would grow by the weight).
+/// How many bytes of outputs folding `node` may make: the cap, or more when
+/// the constants it reads are read by nothing else and go with it (folding
+/// a Transpose of a weight read once swaps the weight for its transposed
+/// copy; a ConstantOfShape that makes a weight out of a shape stays, the
+/// model would grow by the weight).
+fn fold_budget(graph: &Graph, node: &crate::graph::Node, options: &SimplifyOptions) -> u64 {
     let mut freed = 0u64;
     for &t in node.inputs.iter().flatten() {
         let tensor = graph.tensor(t);
         if graph.node(tensor.producer).kind != NodeKind::Constant || tensor.consumers.len() != 1 {
-            return false;
+            return options.max_folded_bytes as u64;
         }
         freed += tensor.size_bytes().unwrap_or(0);
     }
-    bytes <= freed
+    freed.max(options.max_folded_bytes as u64)
+}
+
+/// Bytes of `node`'s outputs where inference knows their static sizes
+/// (checked before evaluating, so an oversized result is never built).
+fn inferred_output_bytes(graph: &Graph, node: &crate::graph::Node) -> u64 {
+    node.outputs
+        .iter()
+        .flatten()
+        .filter_map(|&t| graph.tensor(t).size_bytes())
+        .sum()
 }
 
 /// The value of a `Constant` node.

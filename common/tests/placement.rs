@@ -1,0 +1,136 @@
+//! Placement rules that keep a split whole: a node no device supports
+//! stays with its neighbours on devices of the fallback's kind, and a node
+//! computed from constants alone goes where it is read.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessera_common::affinity::{
+    assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, Rule, SupportSet,
+};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::proto::GraphProto;
+use tessera_common::partition::{partition, PartitionOptions};
+use tessera_common::synth::{node, opset17, tensor_info};
+use tessera_common::tensor::Tensor;
+
+fn place(
+    graph: &Graph,
+    priority: &str,
+    supports: &[(&str, SupportSet)],
+) -> tessera_common::affinity::Assignment {
+    let priority = DevicePriority::parse(priority).unwrap();
+    let supports: HashMap<DeviceId, SupportSet> = supports
+        .iter()
+        .map(|(d, s)| (DeviceId::parse(d).unwrap(), s.clone()))
+        .collect();
+    assign(
+        graph,
+        &AffinityRequest {
+            priority: &priority,
+            supports: &supports,
+            manual: &BTreeMap::new(),
+            policy: Policy::Priority,
+            strict: false,
+            cost_model: &AnalyticCostModel::default(),
+        },
+    )
+    .unwrap()
+}
+
+/// x → a (Relu) → shape_op (Reshape: "unsupported") → c (Relu) → y.
+fn chain() -> Graph {
+    let mut g = GraphProto {
+        name: Some("chain".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[2, 8]));
+    g.initializer.push(
+        Tensor::from_values(vec![2], &[4i64, 4])
+            .unwrap()
+            .to_proto("target"),
+    );
+    g.node.push(node("a", "Relu", &["x"], &["ta"]));
+    g.node
+        .push(node("shape_op", "Reshape", &["ta", "target"], &["tb"]));
+    g.node.push(node("c", "Relu", &["tb"], &["y"]));
+    g.output.push(tensor_info("y", 1, &[4, 4]));
+    Graph::from_model(opset17(g)).unwrap()
+}
+
+#[test]
+fn unsupported_nodes_stay_with_their_neighbours_on_same_kind_devices() {
+    let g = chain();
+    let both = SupportSet::from_nodes(["a", "c"]);
+    let a = place(
+        &g,
+        "HETERO:node-a/CPU,node-b/CPU",
+        &[("node-a/CPU", both.clone()), ("node-b/CPU", both)],
+    );
+    let n = g.op_by_name("shape_op").unwrap();
+    assert_eq!(a.device(n).unwrap().to_string(), "node-a/CPU");
+    let p = partition(&g, &a, PartitionOptions::default()).unwrap();
+    assert_eq!(p.subgraphs.len(), 1, "one device used, one subgraph");
+    // Across kinds the fallback device (the last) still takes it.
+    let a = place(
+        &g,
+        "HETERO:GPU,CPU",
+        &[
+            ("GPU", SupportSet::from_nodes(["a", "c"])),
+            ("CPU", SupportSet::from_nodes(["a", "c"])),
+        ],
+    );
+    assert_eq!(a.device(n).unwrap().to_string(), "CPU");
+    assert!(a
+        .explanations
+        .iter()
+        .any(|e| e.node == n && e.rule == Rule::Fallback));
+}
+
+#[test]
+fn nodes_computed_from_constants_follow_their_consumers() {
+    let mut g = GraphProto {
+        name: Some("weights".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[1, 4]));
+    g.initializer.push(
+        Tensor::from_values(vec![2], &[4i64, 3])
+            .unwrap()
+            .to_proto("w_shape"),
+    );
+    g.node
+        .push(node("make_w", "ConstantOfShape", &["w_shape"], &["w"]));
+    g.node.push(node("mm", "MatMul", &["x", "w"], &["y"]));
+    g.output.push(tensor_info("y", 1, &[1, 3]));
+    let g = Graph::from_model(opset17(g)).unwrap();
+    // The CPU runs both and comes first; the GPU runs only the MatMul.
+    // Manual affinity puts the MatMul on the GPU: the weight is made there
+    // too, not sent every request.
+    let priority = DevicePriority::parse("HETERO:CPU,GPU").unwrap();
+    let supports = HashMap::from([
+        (DeviceId::parse("CPU").unwrap(), SupportSet::all()),
+        (DeviceId::parse("GPU").unwrap(), SupportSet::all()),
+    ]);
+    let mm = g.op_by_name("mm").unwrap();
+    let manual = BTreeMap::from([(mm, DeviceId::parse("GPU").unwrap())]);
+    let a = assign(
+        &g,
+        &AffinityRequest {
+            priority: &priority,
+            supports: &supports,
+            manual: &manual,
+            policy: Policy::Priority,
+            strict: true,
+            cost_model: &AnalyticCostModel::default(),
+        },
+    )
+    .unwrap();
+    let make_w = g.op_by_name("make_w").unwrap();
+    assert_eq!(a.device(make_w).unwrap().to_string(), "GPU");
+    assert!(a
+        .explanations
+        .iter()
+        .any(|e| e.node == make_w && e.rule == Rule::WithConsumers));
+    let p = partition(&g, &a, PartitionOptions::default()).unwrap();
+    assert_eq!(p.subgraphs.len(), 1);
+}
