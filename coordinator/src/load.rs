@@ -333,8 +333,14 @@ async fn plan_request(
         .flat_map(|(_, a)| a.types.iter())
         .map(|(t, e)| (t.clone(), tessera_common::onnx::ElemType(*e)))
         .collect();
-    let graph =
-        complete_types(graph, &types).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let graph = if types.is_empty() {
+        graph
+    } else {
+        tokio::task::spawn_blocking(move || complete_types(graph, &types))
+            .await
+            .map_err(|e| CoordinatorError::Plan(format!("typing failed: {e}")))?
+            .map_err(|e| CoordinatorError::Model(e.to_string()))?
+    };
     let supports: HashMap<DeviceId, SupportSet> = answers
         .into_iter()
         .map(|(id, a)| (id, SupportSet::from_nodes(a.supported)))
@@ -359,8 +365,15 @@ async fn plan_request(
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
-    let plan = plan(&graph, &supports, &cost, &options)
-        .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
+    // Affinity, partition and export walk the whole model: off the async
+    // threads too.
+    let (graph, cost, plan) = tokio::task::spawn_blocking(move || {
+        let plan = plan(&graph, &supports, &cost, &options);
+        (graph, cost, plan)
+    })
+    .await
+    .map_err(|e| CoordinatorError::Plan(format!("planning failed: {e}")))?;
+    let plan = plan.map_err(|e| CoordinatorError::Plan(e.to_string()))?;
     Ok(Planned {
         graph,
         by_host,
