@@ -2,6 +2,8 @@
 //! stays with its neighbours on devices of the fallback's kind, and a node
 //! computed from constants alone goes where it is read.
 
+mod util;
+
 use std::collections::{BTreeMap, HashMap};
 
 use tessera_common::affinity::{
@@ -12,30 +14,6 @@ use tessera_common::onnx::proto::GraphProto;
 use tessera_common::partition::{partition, PartitionOptions};
 use tessera_common::synth::{node, opset17, tensor_info};
 use tessera_common::tensor::Tensor;
-
-fn place(
-    graph: &Graph,
-    priority: &str,
-    supports: &[(&str, SupportSet)],
-) -> tessera_common::affinity::Assignment {
-    let priority = DevicePriority::parse(priority).unwrap();
-    let supports: HashMap<DeviceId, SupportSet> = supports
-        .iter()
-        .map(|(d, s)| (DeviceId::parse(d).unwrap(), s.clone()))
-        .collect();
-    assign(
-        graph,
-        &AffinityRequest {
-            priority: &priority,
-            supports: &supports,
-            manual: &BTreeMap::new(),
-            policy: Policy::Priority,
-            strict: false,
-            cost_model: &AnalyticCostModel::default(),
-        },
-    )
-    .unwrap()
-}
 
 /// x → a (Relu) → shape_op (Reshape: "unsupported") → c (Relu) → y.
 fn chain() -> Graph {
@@ -61,20 +39,20 @@ fn chain() -> Graph {
 fn unsupported_nodes_stay_with_their_neighbours_on_same_kind_devices() {
     let g = chain();
     let both = SupportSet::from_nodes(["a", "c"]);
-    let a = place(
+    let a = util::assign_priority(
         &g,
         "HETERO:node-a/CPU,node-b/CPU",
-        &[("node-a/CPU", both.clone()), ("node-b/CPU", both)],
+        vec![("node-a/CPU", both.clone()), ("node-b/CPU", both)],
     );
     let n = g.op_by_name("shape_op").unwrap();
     assert_eq!(a.device(n).unwrap().to_string(), "node-a/CPU");
     let p = partition(&g, &a, PartitionOptions::default()).unwrap();
     assert_eq!(p.subgraphs.len(), 1, "one device used, one subgraph");
     // Across kinds the fallback device (the last) still takes it.
-    let a = place(
+    let a = util::assign_priority(
         &g,
         "HETERO:GPU,CPU",
-        &[
+        vec![
             ("GPU", SupportSet::from_nodes(["a", "c"])),
             ("CPU", SupportSet::from_nodes(["a", "c"])),
         ],

@@ -268,114 +268,49 @@ fn default_opset(model: &ModelProto) -> i64 {
 
 /// One pass in topological order: every node whose inputs are known.
 fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
+    let mut folded = Folded {
+        values: HashMap::new(),
+        nodes: Vec::new(),
+    };
     let model = graph.model();
-    let opset = default_opset(model);
     let Some(g) = model.graph.as_ref() else {
-        return Folded {
-            values: HashMap::new(),
-            nodes: Vec::new(),
-        };
+        return folded;
     };
-    let inits: HashMap<&str, &crate::onnx::proto::TensorProto> = g
-        .initializer
-        .iter()
-        .filter_map(|t| Some((t.name.as_deref()?, t)))
-        .collect();
-    let mut known: HashMap<TensorId, Value> = HashMap::new();
-    // Partly known shape values (UNKNOWN_DIM where a dim is not static).
-    let mut partial: HashMap<TensorId, Value> = HashMap::new();
-    let constant = |t: TensorId, known: &mut HashMap<TensorId, Value>| -> bool {
-        if known.contains_key(&t) {
-            return true;
-        }
-        let tensor = graph.tensor(t);
-        let producer = graph.node(tensor.producer);
-        if producer.kind != NodeKind::Constant {
-            return false;
-        }
-        let value = match producer.onnx_index.and_then(|i| g.node.get(i)) {
-            Some(node) => constant_node_value(node),
-            None => inits
-                .get(tensor.name.as_str())
-                .filter(|p| p.dims.iter().product::<i64>() <= MAX_READ_ELEMS as i64)
-                .and_then(|p| Value::from_proto(p)),
-        };
-        value.map(|v| known.insert(t, v)).is_some()
+    let mut folder = Folder {
+        graph,
+        source: g,
+        inits: g
+            .initializer
+            .iter()
+            .filter_map(|t| Some((t.name.as_deref()?, t)))
+            .collect(),
+        opset: default_opset(model),
+        known: HashMap::new(),
+        partial: HashMap::new(),
     };
-    let mut nodes = Vec::new();
-    let mut values = HashMap::new();
     let outputs: HashSet<TensorId> = graph.outputs.iter().copied().collect();
     for &id in graph.topo_ops() {
         let node = graph.node(id);
-        let Some(proto) = node.onnx_index.and_then(|i| g.node.get(i)) else {
-            continue;
-        };
         let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
         let outs: Vec<TensorId> = node.outputs.iter().flatten().copied().collect();
         if !default_domain
             || node.has_subgraphs
             || outs.is_empty()
             || outs.iter().any(|t| outputs.contains(t))
+            || inferred_output_bytes(graph, node) > fold_budget(graph, node, options)
         {
             continue;
         }
-        if inferred_output_bytes(graph, node) > fold_budget(graph, node, options) {
-            continue;
-        }
-        let results = if let Some(v) = shape_value(graph, node, proto) {
-            v
-        } else {
-            let Some(rule) = fold::rule(&node.op_type) else {
-                continue;
-            };
-            // Checked before any initializer is read (an embedding table
-            // under a Gather with variable indices is never decoded).
-            let from_constants = node.inputs.iter().flatten().all(|&t| {
-                known.contains_key(&t)
-                    || graph.node(graph.tensor(t).producer).kind == NodeKind::Constant
-            });
-            let all_known = from_constants
-                && node
-                    .inputs
-                    .iter()
-                    .flatten()
-                    .all(|&t| constant(t, &mut known));
-            // Partly known values only as the data moved (any input of a
-            // Concat, input 0 of the others): indices, axes and targets
-            // must be known.
-            let carries_partial = !all_known
-                && DATA_MOVEMENT.contains(&node.op_type.as_str())
-                && node.inputs.iter().enumerate().all(|(k, t)| {
-                    t.is_none_or(|t| {
-                        constant(t, &mut known)
-                            || (partial.contains_key(&t) && (k == 0 || node.op_type == "Concat"))
-                    })
-                });
-            if !all_known && !carries_partial {
-                continue;
-            }
-            let args = Args {
-                node: proto,
-                inputs: input_values(&node.inputs, &known, &partial),
-                opset,
-            };
-            match rule(&args) {
-                Some(v) => Ok(v),
-                None => continue,
-            }
-        };
-        let results = match results {
-            Ok(v) => v,
-            Err(p) => {
+        let results = match folder.evaluate(node) {
+            Some(Ok(v)) if v.len() == node.outputs.len() => v,
+            Some(Err(partly)) => {
                 if let Some(&t) = outs.first() {
-                    partial.insert(t, p);
+                    folder.partial.insert(t, partly);
                 }
                 continue;
             }
+            _ => continue,
         };
-        if results.len() != node.outputs.len() {
-            continue;
-        }
         let results: Vec<(TensorId, Value)> = node
             .outputs
             .iter()
@@ -388,7 +323,7 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
         {
             // Still partly unknown: carried on, not folded.
             if let [(t, v)] = &results[..] {
-                partial.insert(*t, v.clone());
+                folder.partial.insert(*t, v.clone());
             }
             continue;
         }
@@ -400,12 +335,86 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
             continue;
         }
         for (t, v) in results {
-            known.insert(t, v.clone());
-            values.insert(t, v);
+            folder.known.insert(t, v.clone());
+            folded.values.insert(t, v);
         }
-        nodes.push(id);
+        folded.nodes.push(id);
     }
-    Folded { values, nodes }
+    folded
+}
+
+/// The state of one folding pass.
+struct Folder<'g> {
+    graph: &'g Graph,
+    source: &'g crate::onnx::proto::GraphProto,
+    inits: HashMap<&'g str, &'g crate::onnx::proto::TensorProto>,
+    opset: i64,
+    /// Values of constant tensors read so far and of folded outputs.
+    known: HashMap<TensorId, Value>,
+    /// Partly known shape values (UNKNOWN_DIM where a dim is not static).
+    partial: HashMap<TensorId, Value>,
+}
+
+impl Folder<'_> {
+    /// Whether `t` is constant, reading its value on first use
+    /// (initializers past MAX_READ_ELEMS are not read).
+    fn constant(&mut self, t: TensorId) -> bool {
+        if self.known.contains_key(&t) {
+            return true;
+        }
+        let tensor = self.graph.tensor(t);
+        let producer = self.graph.node(tensor.producer);
+        if producer.kind != NodeKind::Constant {
+            return false;
+        }
+        let value = match producer.onnx_index.and_then(|i| self.source.node.get(i)) {
+            Some(node) => constant_node_value(node),
+            None => self
+                .inits
+                .get(tensor.name.as_str())
+                .filter(|p| p.dims.iter().product::<i64>() <= MAX_READ_ELEMS as i64)
+                .and_then(|p| Value::from_proto(p)),
+        };
+        value.map(|v| self.known.insert(t, v)).is_some()
+    }
+
+    /// The node's outputs (`Ok`), a partly known shape value (`Err`), or
+    /// `None` where it does not fold.
+    fn evaluate(&mut self, node: &crate::graph::Node) -> Option<Result<Vec<Value>, Value>> {
+        let proto = node.onnx_index.and_then(|i| self.source.node.get(i))?;
+        if let Some(v) = shape_value(self.graph, node, proto) {
+            return Some(v);
+        }
+        let rule = fold::rule(&node.op_type)?;
+        // Checked before any initializer is read (an embedding table under
+        // a Gather with variable indices is never decoded).
+        let graph = self.graph;
+        let from_constants = node.inputs.iter().flatten().all(|&t| {
+            self.known.contains_key(&t)
+                || graph.node(graph.tensor(t).producer).kind == NodeKind::Constant
+        });
+        let all_known = from_constants && node.inputs.iter().flatten().all(|&t| self.constant(t));
+        // Partly known values only as the data moved (any input of a
+        // Concat, input 0 of the others): indices, axes and targets must be
+        // known.
+        let carries_partial = !all_known
+            && DATA_MOVEMENT.contains(&node.op_type.as_str())
+            && node.inputs.iter().enumerate().all(|(k, t)| {
+                t.is_none_or(|t| {
+                    self.constant(t)
+                        || (self.partial.contains_key(&t) && (k == 0 || node.op_type == "Concat"))
+                })
+            });
+        if !all_known && !carries_partial {
+            return None;
+        }
+        let args = Args {
+            node: proto,
+            inputs: input_values(&node.inputs, &self.known, &self.partial),
+            opset: self.opset,
+        };
+        rule(&args).map(Ok)
+    }
 }
 
 /// The values of `inputs`, known or partly known.
