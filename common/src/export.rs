@@ -22,6 +22,16 @@ pub enum ExportError {
     NoGraph,
 }
 
+/// Ops whose outputs are sequences of tensors.
+const SEQUENCE_OPS: &[&str] = &[
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceInsert",
+    "SequenceErase",
+    "SplitToSequence",
+    "SequenceMap",
+];
+
 /// Exports every subgraph of `p`, in id order.
 pub fn export_all(graph: &Graph, p: &Partition) -> Result<Vec<ModelProto>, ExportError> {
     let ctx = Context::new(graph)?;
@@ -107,14 +117,35 @@ impl<'g> Context<'g> {
                 })
                 .collect(),
         });
+        let tensor_value = type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(elem.0),
+            shape,
+        });
+        let element = |value| {
+            Some(Box::new(TypeProto {
+                denotation: None,
+                value: Some(value),
+            }))
+        };
+        // The IR types a sequence or an optional by its elements: declare
+        // what the producing op makes.
+        let producer = graph.node(tensor.producer).op_type.as_str();
+        let value = if SEQUENCE_OPS.contains(&producer) {
+            type_proto::Value::SequenceType(Box::new(type_proto::Sequence {
+                elem_type: element(tensor_value),
+            }))
+        } else if producer == "Optional" {
+            type_proto::Value::OptionalType(Box::new(type_proto::Optional {
+                elem_type: element(tensor_value),
+            }))
+        } else {
+            tensor_value
+        };
         Ok(ValueInfoProto {
             name: Some(tensor.name.clone()),
             r#type: Some(TypeProto {
                 denotation: None,
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(elem.0),
-                    shape,
-                })),
+                value: Some(value),
             }),
             ..Default::default()
         })

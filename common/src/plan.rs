@@ -88,33 +88,71 @@ pub fn prepare(
     Ok((graph, report))
 }
 
-/// `graph` with element types for tensors it leaves untyped, as plugins'
-/// QueryNetwork answers reported them (declared as `value_info`; types the
-/// model declares or inference derived are kept). Node names are unchanged.
+/// A tensor's element type and shape as a plugin's own analysis found
+/// them (`None`: not found).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedType {
+    pub elem: Option<crate::onnx::ElemType>,
+    pub shape: Option<Vec<crate::graph::Dim>>,
+}
+
+/// `graph` with the element types and shapes its tensors lack, as plugins'
+/// QueryNetwork answers reported them (declared as `value_info`; what the
+/// model declares or inference derived is kept). Node names are unchanged.
 pub fn complete_types(
     graph: Graph,
-    reported: &BTreeMap<String, crate::onnx::ElemType>,
+    reported: &BTreeMap<String, ReportedType>,
 ) -> Result<Graph, PlanError> {
-    let missing: Vec<(&str, crate::onnx::ElemType)> = graph
-        .tensors
-        .iter()
-        .filter(|t| t.elem_type.is_none())
-        .filter_map(|t| Some((t.name.as_str(), *reported.get(&t.name)?)))
-        .collect();
-    if missing.is_empty() {
+    use crate::onnx::proto::{
+        tensor_shape_proto::{dimension, Dimension},
+        type_proto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let mut infos = Vec::new();
+    for t in &graph.tensors {
+        let Some(r) = reported.get(&t.name) else {
+            continue;
+        };
+        let elem = t.elem_type.or(r.elem);
+        let shape = t.shape.clone().or_else(|| r.shape.clone());
+        if (elem, &shape) == (t.elem_type, &t.shape) {
+            continue;
+        }
+        let shape = shape.map(|dims| TensorShapeProto {
+            dim: dims
+                .iter()
+                .map(|d| Dimension {
+                    denotation: None,
+                    value: match d {
+                        crate::graph::Dim::Known(v) => Some(dimension::Value::DimValue(*v)),
+                        crate::graph::Dim::Sym(s) => Some(dimension::Value::DimParam(s.clone())),
+                        crate::graph::Dim::Unknown => None,
+                    },
+                })
+                .collect(),
+        });
+        infos.push(ValueInfoProto {
+            name: Some(t.name.clone()),
+            r#type: Some(TypeProto {
+                denotation: None,
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: elem.map(|e| e.0),
+                    shape,
+                })),
+            }),
+            ..Default::default()
+        });
+    }
+    if infos.is_empty() {
         return Ok(graph);
     }
+    let names: std::collections::HashSet<String> =
+        infos.iter().filter_map(|v| v.name.clone()).collect();
     let mut model = graph.model().clone();
     if let Some(g) = model.graph.as_mut() {
-        for (name, elem) in missing {
-            let mut info = crate::onnx::tensor_info(name, elem.0, &[]);
-            if let Some(crate::onnx::proto::type_proto::Value::TensorType(t)) =
-                info.r#type.as_mut().and_then(|t| t.value.as_mut())
-            {
-                t.shape = None;
-            }
-            g.value_info.push(info);
-        }
+        // A partial declaration of the same tensor is replaced.
+        g.value_info
+            .retain(|v| !names.contains(v.name.as_deref().unwrap_or("")));
+        g.value_info.extend(infos);
     }
     Graph::from_model(model)
         .map_err(|e| PlanError::Simplify(crate::simplify::SimplifyError::Graph(e.to_string())))

@@ -112,3 +112,51 @@ fn nodes_computed_from_constants_follow_their_consumers() {
     let p = partition(&g, &a, PartitionOptions::default()).unwrap();
     assert_eq!(p.subgraphs.len(), 1);
 }
+
+#[test]
+fn a_sequence_crossing_a_boundary_is_declared_as_a_sequence() {
+    let mut g = GraphProto {
+        name: Some("seq".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[4, 2]));
+    g.initializer.push(
+        Tensor::from_values(vec![], &[1i64])
+            .unwrap()
+            .to_proto("one"),
+    );
+    g.node
+        .push(node("split", "SplitToSequence", &["x"], &["parts"]));
+    g.node
+        .push(node("at", "SequenceAt", &["parts", "one"], &["part"]));
+    g.node.push(node("relu", "Relu", &["part"], &["y"]));
+    g.output.push(tensor_info("y", 1, &[1, 2]));
+    let g = Graph::from_model(opset17(g)).unwrap();
+    let a = util::assign_priority(
+        &g,
+        "HETERO:GPU,CPU",
+        vec![
+            ("GPU", SupportSet::from_nodes(["split"])),
+            ("CPU", SupportSet::all()),
+        ],
+    );
+    let p = partition(&g, &a, PartitionOptions::default()).unwrap();
+    assert_eq!(p.subgraphs.len(), 2);
+    let models = tessera_common::export::export_all(&g, &p).unwrap();
+    let second = models[1].graph.as_ref().unwrap();
+    let parts = second
+        .input
+        .iter()
+        .find(|v| v.name.as_deref() == Some("parts"))
+        .unwrap();
+    use tessera_common::onnx::proto::type_proto::Value;
+    let Some(Value::SequenceType(seq)) = parts.r#type.as_ref().and_then(|t| t.value.as_ref())
+    else {
+        panic!("'parts' is not declared as a sequence: {parts:?}");
+    };
+    let element = seq.elem_type.as_ref().and_then(|t| t.value.as_ref());
+    assert!(
+        matches!(element, Some(Value::TensorType(t)) if t.elem_type == Some(1)),
+        "{element:?}"
+    );
+}

@@ -274,10 +274,16 @@ fn types_reported_by_backends_complete_the_graph() {
     let graph = Graph::from_model(opset17(g)).unwrap();
     let y = graph.tensor_by_name("y").unwrap();
     assert_eq!(graph.tensor(y).elem_type, None, "no rule for a custom op");
-    let reported = BTreeMap::from([("y".to_string(), tessera_common::onnx::ElemType::FLOAT)]);
+    assert_eq!(graph.tensor(y).shape, None, "its rank is not guessed");
+    let reported = BTreeMap::from([(
+        "y".to_string(),
+        tessera_common::plan::ReportedType {
+            elem: Some(tessera_common::onnx::ElemType::FLOAT),
+            shape: Some(vec![Dim::Known(4)]),
+        },
+    )]);
     let graph = tessera_common::plan::complete_types(graph, &reported).unwrap();
     let y = graph.tensor(graph.tensor_by_name("y").unwrap());
-    assert_eq!(y.elem_type, Some(tessera_common::onnx::ElemType::FLOAT));
-    assert_eq!(y.shape, None, "the rank stays unknown, never guessed");
+    assert_eq!(y.type_string(), "float[4]");
     assert!(graph.op_by_name("mine").is_some(), "node names are kept");
 }

@@ -266,7 +266,7 @@ fn every_control_message_round_trips() {
         },
         Control::QueryResult {
             answers: vec![DeviceAnswer {
-                types: vec![("t".into(), 1)],
+                types: vec![("t".into(), 1, Some(vec![1, -1]))],
                 device: "node-a/CPU".into(),
                 supported: vec!["conv1".into()],
                 unsupported: vec![("loop".into(), "Loop is not supported".into())],

@@ -13,9 +13,9 @@ use tessera_common::affinity::CostModel;
 use tessera_common::affinity::{
     AnalyticCostModel, DeviceId, DevicePriority, DeviceProfile, LinkProfile, Policy, SupportSet,
 };
-use tessera_common::graph::Graph;
+use tessera_common::graph::{Dim, Graph};
 use tessera_common::onnx::{decode_model, encode_model};
-use tessera_common::plan::{complete_types, io_names, plan, prepare, PlanOptions};
+use tessera_common::plan::{complete_types, io_names, plan, prepare, PlanOptions, ReportedType};
 use tessera_common::wire::control::{
     Control, DeploySpec, Destination, DeviceAnswer, LoadRequest, Route,
 };
@@ -328,10 +328,20 @@ async fn plan_request(
     let simplified_bytes = Bytes::from(encode_model(graph.model()));
     let devices = devices(shared, &request.devices)?;
     let (by_host, answers) = query_all(shared, &devices, &simplified_bytes, progress).await?;
-    let types: BTreeMap<String, tessera_common::onnx::ElemType> = answers
+    let types: BTreeMap<String, ReportedType> = answers
         .iter()
         .flat_map(|(_, a)| a.types.iter())
-        .map(|(t, e)| (t.clone(), tessera_common::onnx::ElemType(*e)))
+        .map(|(t, e, dims)| {
+            let reported = ReportedType {
+                elem: (*e != 0).then_some(tessera_common::onnx::ElemType(*e)),
+                shape: dims.as_ref().map(|d| {
+                    d.iter()
+                        .map(|&v| if v >= 0 { Dim::Known(v) } else { Dim::Unknown })
+                        .collect()
+                }),
+            };
+            (t.clone(), reported)
+        })
         .collect();
     let graph = if types.is_empty() {
         graph

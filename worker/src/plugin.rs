@@ -143,11 +143,11 @@ impl Config {
 pub struct QueryResult {
     pub supported: BTreeSet<String>,
     pub unsupported: BTreeMap<String, String>,
-    /// Element types of intermediate tensors the model leaves untyped (and
-    /// static inference could not tell), where the backend's own analysis
-    /// of the whole model finds them: the planner declares subgraph
-    /// boundaries with them instead of failing.
-    pub types: BTreeMap<String, ElemType>,
+    /// Element types and shapes (rank, dims where known) of intermediate
+    /// tensors whose type or rank static inference could not tell, where
+    /// the backend's own analysis of the whole model finds them: the
+    /// planner declares subgraph boundaries with them instead of failing.
+    pub types: BTreeMap<String, TensorSpec>,
 }
 
 /// Name, element type and shape of a subgraph input or output: `shape`

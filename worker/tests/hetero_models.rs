@@ -86,3 +86,53 @@ fn real_models_match_onnxruntime_alone_and_split_across_two_cpus() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A tensor whose rank static inference cannot tell (an Einsum has no
+/// shape rule) crosses a cut: the CPU plugin's own analysis reports its
+/// type and shape in QueryNetwork, and the boundary is declared with them.
+#[test]
+fn boundaries_static_inference_cannot_type_take_the_backends_analysis() {
+    use tessera_common::onnx::proto::{AttributeProto, GraphProto};
+    use tessera_common::synth::{node, opset17, tensor_info};
+    let mut g = GraphProto {
+        name: Some("einsum".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[2, 3]));
+    let mut einsum = node("swap", "Einsum", &["x"], &["t"]);
+    einsum.attribute.push(AttributeProto {
+        name: Some("equation".into()),
+        s: Some(b"ij->ji".to_vec()),
+        r#type: Some(3),
+        ..Default::default()
+    });
+    g.node.push(einsum);
+    g.node.push(node("relu", "Relu", &["t"], &["y"]));
+    g.output.push(tensor_info("y", 1, &[3, 2]));
+    let model = opset17(g);
+    let plain = Graph::from_model(model.clone()).unwrap();
+    let t = plain.tensor(plain.tensor_by_name("t").unwrap());
+    assert_eq!(t.shape, None, "no static rule gives the Einsum's rank");
+
+    let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = ["CPU", "CPU_B"]
+        .iter()
+        .map(|&d| {
+            let p: Arc<dyn DevicePlugin> = Arc::new(CpuPlugin::named(d).unwrap());
+            (DeviceId::parse(d).unwrap(), p)
+        })
+        .collect();
+    let mut options = LoadOptions::by_priority(DevicePriority::parse("HETERO:CPU,CPU_B").unwrap());
+    options.manual = BTreeMap::from([("relu".to_string(), DeviceId::parse("CPU_B").unwrap())]);
+    let network = Network::load(model, &plugins, &options).unwrap();
+    assert_eq!(network.partition().subgraphs.len(), 2);
+    let t = network
+        .graph()
+        .tensor(network.graph().tensor_by_name("t").unwrap());
+    assert_eq!(t.type_string(), "float[3,2]");
+    let x = Tensor::from_values(vec![2, 3], &[1f32, -2., 3., -4., 5., -6.]).unwrap();
+    let result = network.run(&HashMap::from([("x".to_string(), x)])).unwrap();
+    assert_eq!(
+        result.outputs[0].1.to_vec::<f32>().unwrap(),
+        vec![1., 0., 0., 5., 3., 0.]
+    );
+}

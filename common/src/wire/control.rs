@@ -56,9 +56,10 @@ pub struct DeviceAnswer {
     pub supported: Vec<String>,
     /// Node and why not.
     pub unsupported: Vec<(String, String)>,
-    /// Element types (ONNX numbers) of intermediate tensors the model
-    /// leaves untyped, as the backend's own analysis found them.
-    pub types: Vec<(String, i32)>,
+    /// Element types (ONNX numbers, 0: unknown) and shapes (dims, -1:
+    /// unknown; `None`: rank unknown) of intermediate tensors the model
+    /// leaves untyped or unranked, as the backend's own analysis found them.
+    pub types: Vec<(String, i32, Option<Vec<i64>>)>,
 }
 
 /// What a client asks when it loads a network (its model is the payload).

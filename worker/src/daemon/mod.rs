@@ -515,7 +515,16 @@ async fn operation(
                         device: kind.clone(),
                         supported: r.supported.into_iter().collect(),
                         unsupported: r.unsupported.into_iter().collect(),
-                        types: r.types.into_iter().map(|(t, e)| (t, e.0)).collect(),
+                        types: r
+                            .types
+                            .into_values()
+                            .map(|s| {
+                                let dims = s.shape.map(|d| {
+                                    d.iter().map(|v| v.map_or(-1, |v| v as i64)).collect()
+                                });
+                                (s.name, s.elem.0, dims)
+                            })
+                            .collect(),
                     });
                 }
                 Ok(Control::QueryResult { answers })

@@ -191,20 +191,22 @@ fn whole_model_builds(model: &ModelProto) -> Result<(), String> {
     Err(last)
 }
 
-/// Element types tract's analysis of the whole model gives the tensors
-/// `graph` leaves untyped (static inference had no rule, or the model's
-/// types are incomplete).
+/// Element types and shapes tract's analysis of the whole model gives the
+/// tensors `graph` leaves untyped or unranked (static inference had no
+/// rule, or the model's types are incomplete).
 fn analysed_types(
     model: &ModelProto,
     graph: &Graph,
-) -> std::collections::BTreeMap<String, ElemType> {
-    let untyped: std::collections::HashSet<&str> = graph
+) -> std::collections::BTreeMap<String, crate::plugin::TensorSpec> {
+    use tract_hir::infer::Factoid;
+    let wanted: std::collections::HashSet<&str> = graph
         .tensors
         .iter()
-        .filter(|t| t.elem_type.is_none())
+        .filter(|t| t.elem_type.is_none() || t.shape.is_none())
+        .filter(|t| graph.node(t.producer).kind == NodeKind::Op)
         .map(|t| t.name.as_str())
         .collect();
-    if untyped.is_empty() {
+    if wanted.is_empty() {
         return Default::default();
     }
     let bytes = model.encode_to_vec();
@@ -212,19 +214,41 @@ fn analysed_types(
         let mut m = tract_onnx::onnx()
             .with_ignore_value_info(true)
             .model_for_read(&mut &bytes[..])?;
-        // Obstinate: types of what can be analysed, past what cannot.
+        // Obstinate: facts of what can be analysed, past what cannot.
         let _ = m.analyse(true);
         let mut types = std::collections::BTreeMap::new();
         for node in m.nodes() {
             for slot in 0..node.outputs.len() {
                 let outlet = OutletId::new(node.id, slot);
-                let Some(label) = m.outlet_label(outlet).filter(|l| untyped.contains(l)) else {
+                let Some(label) = m.outlet_label(outlet).filter(|l| wanted.contains(l)) else {
                     continue;
                 };
-                let dt = Fact::datum_type(m.outlet_fact(outlet)?);
-                if let Some(elem) = dt.and_then(super::tract::elem_type) {
-                    types.insert(label.to_string(), elem);
-                }
+                let fact = m.outlet_fact(outlet)?;
+                let Some(elem) = fact
+                    .datum_type
+                    .concretize()
+                    .and_then(super::tract::elem_type)
+                else {
+                    continue;
+                };
+                let shape = (!fact.shape.is_open()).then(|| {
+                    fact.shape
+                        .dims()
+                        .map(|d| {
+                            d.concretize()
+                                .and_then(|d| d.to_i64().ok())
+                                .and_then(|v| usize::try_from(v).ok())
+                        })
+                        .collect()
+                });
+                types.insert(
+                    label.to_string(),
+                    crate::plugin::TensorSpec {
+                        name: label.to_string(),
+                        elem,
+                        shape,
+                    },
+                );
             }
         }
         Ok(types)
