@@ -315,7 +315,8 @@ async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), 
 }
 
 /// Socket buffers asked for: with the default ~200 KB, bulk transfers
-/// overflow the receive buffer and lose thousands of packets (findings.md).
+/// overflow the receive buffer and lose thousands of packets (measured
+/// here: 0.6–0.9 GB/s with losses, no loss at ≥ 8 MB).
 const SOCKET_BUFFER: usize = 8 << 20;
 
 /// A UDP socket bound to `addr` with large send and receive buffers (the

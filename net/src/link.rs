@@ -1,7 +1,7 @@
 //! Data-plane links. A [`Link`] sends frames to one peer: a writer task owns
 //! a unidirectional QUIC stream and writes the frames handed to it, in order,
 //! payloads as zero-copy chunks (one stream per link rather than one per
-//! tensor: fewer stream set-ups, measured faster in `findings.md`).
+//! tensor: fewer stream set-ups, and measured faster).
 //! [`serve_streams`] reads the frames of every unidirectional stream a peer
 //! opens and hands them to a callback.
 

@@ -94,7 +94,8 @@ impl Path {
 
 /// The largest UDP payload MTU discovery may reach on a network path. Not
 /// above: with GSO quinn sends up to ten datagrams at once and more than
-/// 64 KB vanishes (findings.md).
+/// 64 KB vanishes (quinn issues #1457, #2189; 0.007 GB/s measured at an
+/// MTU of 8000).
 pub const MAX_UDP_PAYLOAD: u16 = 6000;
 
 /// The largest UDP payload on loopback, whose MTU is 64 KiB. Each datagram

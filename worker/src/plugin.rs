@@ -1,4 +1,4 @@
-//! The device plugin API, after OpenVINO's plugin API (seed 003), kept
+//! The device plugin API, after OpenVINO's plugin API, kept
 //! small: identity and metrics, validated configuration, QueryNetwork,
 //! compilation into [`CompiledSubgraph`]s that run infer requests (several
 //! at once), export/import of compiled subgraphs, and per-node performance

@@ -1,5 +1,5 @@
 //! `fast` subgraph selection: one pass over the nodes in topological order,
-//! in the spirit of TVM's restriction map (seed 002), kept near-linear by
+//! in the spirit of TVM's restriction map (its partitioning RFC), kept near-linear by
 //! replacing restriction sets with *ranks*.
 //!
 //! Every subgraph has a rank and every edge between subgraphs goes from a

@@ -1,4 +1,4 @@
-//! `reference` subgraph selection: OpenVINO HETERO's algorithm (seed 000),
+//! `reference` subgraph selection: OpenVINO HETERO's algorithm,
 //! faithfully.
 //!
 //! Repeat until every node is placed: for each device, for each possible root
