@@ -34,7 +34,7 @@ const MAX_PLANS: usize = 32;
 pub struct CpuPlugin {
     name: String,
     config: Mutex<Config>,
-    probes: query::ProbeCache,
+    probes: crate::plugins::probe::ProbeCache,
     calibration: OnceLock<(f64, f64)>,
 }
 
@@ -56,7 +56,7 @@ impl CpuPlugin {
         Ok(CpuPlugin {
             name: name.to_string(),
             config: Mutex::new(Config::default()),
-            probes: query::ProbeCache::default(),
+            probes: crate::plugins::probe::ProbeCache::default(),
             calibration: OnceLock::new(),
         })
     }
@@ -106,18 +106,6 @@ impl CpuPlugin {
     }
 }
 
-fn cpu_model_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
-}
-
 impl DevicePlugin for CpuPlugin {
     fn name(&self) -> &str {
         &self.name
@@ -131,7 +119,7 @@ impl DevicePlugin for CpuPlugin {
         Ok(match name {
             "FULL_DEVICE_NAME" => MetricValue::Text(format!(
                 "{} (tract-onnx {BACKEND_VERSION})",
-                cpu_model_name()
+                crate::plugins::cpu_model_name()
             )),
             "AVAILABLE_DEVICES" => MetricValue::List(self.available_devices()),
             "SUPPORTED_METRICS" => {

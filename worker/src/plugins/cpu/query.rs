@@ -5,26 +5,17 @@
 //! layers are probed once. Ops tract is known to compute wrongly are refused
 //! whatever the probe says.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
-
 use prost::Message;
 use tessera_common::decompose::decompose;
-use tessera_common::graph::{Dim, Graph, NodeKind};
+use tessera_common::graph::{Graph, NodeKind};
 use tessera_common::onnx::proto::{
-    tensor_shape_proto::dimension, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
-    ValueInfoProto,
+    tensor_shape_proto::dimension, type_proto, AttributeProto, ModelProto, NodeProto,
 };
 use tessera_common::onnx::ElemType;
 use tract_onnx::prelude::*;
 
 use crate::plugin::{PluginError, QueryResult};
-
-/// Probe outcomes by op signature.
-#[derive(Default)]
-pub(super) struct ProbeCache(Mutex<HashMap<u64, Result<(), String>>>);
+use crate::plugins::probe::ProbeCache;
 
 fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     node.attribute
@@ -109,14 +100,6 @@ fn known_wrong(
         }
         _ => None,
     }
-}
-
-/// A typed input for a probe. Dynamic dims become 1: QueryNetwork asks
-/// whether tract can run the op, and tract types some ops (a Reshape fed
-/// by a Shape) only with concrete dims, which it will have at run time.
-fn value_info(name: &str, elem: ElemType, shape: &[Dim]) -> ValueInfoProto {
-    let dims: Vec<i64> = shape.iter().map(|d| d.known().unwrap_or(1)).collect();
-    tessera_common::onnx::tensor_info(name, elem.0, &dims)
 }
 
 /// How dynamic graph-input dims are filled when the whole model is probed.
@@ -263,81 +246,6 @@ fn analysed_types(
     }
 }
 
-/// The one-node model probing `node`, and its cache key.
-fn probe_model(
-    model: &ModelProto,
-    graph: &Graph,
-    id: tessera_common::graph::NodeId,
-) -> Result<(ModelProto, u64), String> {
-    let source = model.graph.as_ref().ok_or("no graph")?;
-    let ir = graph.node(id);
-    let node = ir
-        .onnx_index
-        .and_then(|i| source.node.get(i))
-        .ok_or("node not in model")?;
-    let mut g = GraphProto {
-        name: Some("probe".into()),
-        ..Default::default()
-    };
-    let mut key = DefaultHasher::new();
-    let mut bare = node.clone();
-    bare.name = None;
-    bare.input.clear();
-    bare.output.clear();
-    bare.encode_to_vec().hash(&mut key);
-    for t in ir.all_inputs() {
-        let tensor = graph.tensor(t);
-        let producer = graph.node(tensor.producer);
-        let constant = producer.kind == NodeKind::Constant;
-        if constant {
-            if let Some(init) = source
-                .initializer
-                .iter()
-                .find(|i| i.name.as_deref() == Some(tensor.name.as_str()))
-            {
-                init.encode_to_vec().hash(&mut key);
-                g.initializer.push(init.clone());
-                continue;
-            }
-            if let Some(c) = producer.onnx_index.and_then(|i| source.node.get(i)) {
-                c.attribute
-                    .iter()
-                    .for_each(|a| a.encode_to_vec().hash(&mut key));
-                g.node.push(c.clone());
-                continue;
-            }
-        }
-        let elem = tensor
-            .elem_type
-            .ok_or_else(|| format!("input '{}' has an unknown type", tensor.name))?;
-        let shape = tensor
-            .shape
-            .as_ref()
-            .ok_or_else(|| format!("input '{}' has an unknown rank", tensor.name))?;
-        (elem.0, shape).hash(&mut key);
-        g.input.push(value_info(&tensor.name, elem, shape));
-    }
-    g.node.push(node.clone());
-    for out in node.output.iter().filter(|o| !o.is_empty()) {
-        g.output.push(ValueInfoProto {
-            name: Some(out.clone()),
-            ..Default::default()
-        });
-    }
-    let probe = ModelProto {
-        ir_version: model.ir_version,
-        opset_import: model.opset_import.clone(),
-        graph: Some(g),
-        functions: model.functions.clone(),
-        ..Default::default()
-    };
-    model
-        .opset_import
-        .iter()
-        .for_each(|o| (o.domain.clone(), o.version).hash(&mut key));
-    Ok((probe, key.finish()))
-}
-
 fn probe(model: &ModelProto) -> Result<(), String> {
     let bytes = model.encode_to_vec();
     let result = std::panic::catch_unwind(|| -> TractResult<()> {
@@ -456,13 +364,5 @@ fn probe_node(
     id: tessera_common::graph::NodeId,
     cache: &ProbeCache,
 ) -> Result<(), String> {
-    let (probe_model, key) = probe_model(model, graph, id)?;
-    if let Some(r) = cache.0.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        return r;
-    }
-    let r = probe(&probe_model);
-    if let Ok(mut c) = cache.0.lock() {
-        c.insert(key, r.clone());
-    }
-    r
+    cache.probe(model, graph, id, probe)
 }
