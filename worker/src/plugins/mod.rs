@@ -1,24 +1,103 @@
 //! The plugin registry: every backend this build knows, by device name.
 //! Each backend sits behind a cargo feature; asking for one that was not
 //! built says so.
+//!
+//! The CPU device has two backends: onnxruntime (feature `onnxruntime`,
+//! the library loaded at run time) and tract (feature `cpu`, pure Rust).
+//! By default ([`CpuBackend::Auto`]) onnxruntime serves it where its
+//! library loads, tract otherwise (said once in the log); a forced backend
+//! that cannot start is an error. The choice is process-wide, as
+//! onnxruntime's library is: [`configure`] sets it before plugins are made.
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+#[cfg(feature = "onnxruntime")]
+pub mod onnxruntime;
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub mod probe;
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use crate::plugin::{DevicePlugin, PluginError};
 
-/// Device kinds this crate has backends for, and the cargo feature of each.
-pub const BACKENDS: [(&str, &str); 2] = [("CPU", "cpu"), ("GPU", "gpu")];
+/// Device kinds this crate has backends for, and the cargo features that
+/// provide them.
+pub const BACKENDS: [(&str, &str); 2] = [("CPU", "onnxruntime' or 'cpu"), ("GPU", "gpu")];
+
+/// Which backend serves the CPU device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CpuBackend {
+    /// onnxruntime where its library loads, tract otherwise.
+    #[default]
+    Auto,
+    Tract,
+    OnnxRuntime,
+}
+
+impl std::str::FromStr for CpuBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<CpuBackend, String> {
+        match s {
+            "auto" => Ok(CpuBackend::Auto),
+            "tract" => Ok(CpuBackend::Tract),
+            "onnxruntime" => Ok(CpuBackend::OnnxRuntime),
+            other => Err(format!(
+                "unknown CPU backend '{other}'; known: auto, tract, onnxruntime"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CpuBackend::Auto => "auto",
+            CpuBackend::Tract => "tract",
+            CpuBackend::OnnxRuntime => "onnxruntime",
+        })
+    }
+}
+
+/// How plugins are made in this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginOptions {
+    pub cpu_backend: CpuBackend,
+    /// onnxruntime's shared library; `None`: `ORT_DYLIB_PATH`, then the
+    /// installed Python package, then next to the executable.
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+static OPTIONS: RwLock<Option<PluginOptions>> = RwLock::new(None);
+
+/// Sets how plugins are made from now on in this process.
+pub fn configure(options: PluginOptions) {
+    if let Ok(mut o) = OPTIONS.write() {
+        *o = Some(options);
+    }
+}
+
+/// The options [`configure`] set (the defaults if it was not called).
+pub fn options() -> PluginOptions {
+    OPTIONS
+        .read()
+        .ok()
+        .and_then(|o| o.clone())
+        .unwrap_or_default()
+}
 
 /// Creates the plugin for a device kind (`CPU`, ...).
 pub fn create(kind: &str) -> Result<Arc<dyn DevicePlugin>, PluginError> {
+    create_named(kind, kind)
+}
+
+/// Creates the plugin for a device kind under another device name (a
+/// second real instance, e.g. `CPU_B` to exercise HETERO on one machine).
+pub fn create_named(kind: &str, name: &str) -> Result<Arc<dyn DevicePlugin>, PluginError> {
     match kind {
-        #[cfg(feature = "cpu")]
-        "CPU" => Ok(Arc::new(cpu::CpuPlugin::new()?)),
+        "CPU" => cpu_plugin(name, &options()),
         #[cfg(feature = "gpu")]
         "GPU" => Ok(Arc::new(gpu::GpuPlugin::new()?)),
         other => {
@@ -37,4 +116,76 @@ pub fn create(kind: &str) -> Result<Arc<dyn DevicePlugin>, PluginError> {
             })
         }
     }
+}
+
+#[cfg(not(all(feature = "cpu", feature = "onnxruntime")))]
+fn not_built(name: &str, feature: &str) -> PluginError {
+    PluginError::Unavailable {
+        plugin: name.into(),
+        reason: format!("this build has no {feature} backend (not built with feature '{feature}')"),
+    }
+}
+
+/// The CPU plugin `options` ask for.
+pub fn cpu_plugin(
+    name: &str,
+    options: &PluginOptions,
+) -> Result<Arc<dyn DevicePlugin>, PluginError> {
+    match options.cpu_backend {
+        CpuBackend::OnnxRuntime => onnxruntime_plugin(name, options),
+        CpuBackend::Tract => tract_plugin(name),
+        // A library named explicitly is asked for: its failure is an error.
+        CpuBackend::Auto if options.onnxruntime_library.is_some() => {
+            onnxruntime_plugin(name, options)
+        }
+        CpuBackend::Auto => match onnxruntime_plugin(name, options) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| tracing::info!("CPU on tract-onnx: {e}"));
+                tract_plugin(name)
+            }
+        },
+    }
+}
+
+fn onnxruntime_plugin(
+    name: &str,
+    options: &PluginOptions,
+) -> Result<Arc<dyn DevicePlugin>, PluginError> {
+    #[cfg(feature = "onnxruntime")]
+    {
+        let library = options.onnxruntime_library.as_deref();
+        Ok(Arc::new(onnxruntime::OrtPlugin::named(name, library)?))
+    }
+    #[cfg(not(feature = "onnxruntime"))]
+    {
+        let _ = options;
+        Err(not_built(name, "onnxruntime"))
+    }
+}
+
+fn tract_plugin(name: &str) -> Result<Arc<dyn DevicePlugin>, PluginError> {
+    #[cfg(feature = "cpu")]
+    {
+        Ok(Arc::new(cpu::CpuPlugin::named(name)?))
+    }
+    #[cfg(not(feature = "cpu"))]
+    {
+        Err(not_built(name, "cpu"))
+    }
+}
+
+/// The CPU's model name (from /proc/cpuinfo), for FULL_DEVICE_NAME.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn cpu_model_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
 }

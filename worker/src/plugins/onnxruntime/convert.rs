@@ -1,0 +1,137 @@
+//! Conversions between Tessera tensors and onnxruntime values.
+
+use ort::memory::Allocator;
+use ort::value::{DynTensor, DynTensorValueType, DynValue, TensorElementType, ValueType};
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+
+use crate::plugin::{PluginError, TensorSpec};
+
+/// ONNX element types (`TensorProto.DataType`) onnxruntime values carry
+/// here: the types a Tessera tensor holds (sub-byte types, which
+/// onnxruntime packs, are not among them).
+const TYPES: [(i32, TensorElementType); 15] = [
+    (1, TensorElementType::Float32),
+    (2, TensorElementType::Uint8),
+    (3, TensorElementType::Int8),
+    (4, TensorElementType::Uint16),
+    (5, TensorElementType::Int16),
+    (6, TensorElementType::Int32),
+    (7, TensorElementType::Int64),
+    (9, TensorElementType::Bool),
+    (10, TensorElementType::Float16),
+    (11, TensorElementType::Float64),
+    (12, TensorElementType::Uint32),
+    (13, TensorElementType::Uint64),
+    (16, TensorElementType::Bfloat16),
+    (17, TensorElementType::Float8E4M3FN),
+    (19, TensorElementType::Float8E5M2),
+];
+
+pub(super) fn ort_type(elem: ElemType) -> Option<TensorElementType> {
+    TYPES.iter().find(|(e, _)| *e == elem.0).map(|(_, t)| *t)
+}
+
+pub(super) fn elem_type(t: TensorElementType) -> Option<ElemType> {
+    TYPES
+        .iter()
+        .find(|(_, o)| *o == t)
+        .map(|(e, _)| ElemType(*e))
+}
+
+/// A Tessera tensor as an onnxruntime tensor: one copy into a buffer
+/// onnxruntime allocates (aligned as its kernels want; a tensor's bytes
+/// that came off the network may sit at any offset).
+pub(super) fn to_ort(t: &Tensor) -> Result<DynTensor, PluginError> {
+    let ty = ort_type(t.elem()).ok_or_else(|| {
+        PluginError::BadInput(format!("element type {} is not supported", t.elem()))
+    })?;
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    let mut value = DynTensor::new(&Allocator::default(), ty, shape)
+        .map_err(|e| PluginError::Infer(format!("cannot allocate an input: {e}")))?;
+    let bytes = t.bytes();
+    if value.size() != Some(bytes.len()) {
+        return Err(PluginError::BadInput(format!(
+            "a {} tensor of shape {:?} has {} bytes; onnxruntime expects {:?}",
+            t.elem(),
+            t.shape(),
+            bytes.len(),
+            value.size()
+        )));
+    }
+    if !bytes.is_empty() {
+        // SAFETY: the buffer was just allocated for `size()` == bytes.len()
+        // bytes on the CPU and nothing else refers to it yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                value.data_ptr_mut().cast::<u8>(),
+                bytes.len(),
+            );
+        }
+    }
+    Ok(value)
+}
+
+/// An onnxruntime output tensor's buffer, owned by a `Bytes` (no copy).
+struct OrtBytes {
+    value: DynTensor,
+    len: usize,
+}
+
+impl AsRef<[u8]> for OrtBytes {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the tensor lives as long as `self`, its CPU buffer holds
+        // `len` bytes (checked when made) and is not written after the run.
+        unsafe { std::slice::from_raw_parts(self.value.data_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// An onnxruntime output as a Tessera tensor, over onnxruntime's buffer.
+pub(super) fn from_ort(name: &str, value: DynValue) -> Result<Tensor, PluginError> {
+    let ValueType::Tensor { ty, shape, .. } = value.dtype().clone() else {
+        return Err(PluginError::Infer(format!(
+            "output '{name}' is a {}, not a tensor",
+            value.dtype()
+        )));
+    };
+    let elem = elem_type(ty).ok_or_else(|| {
+        PluginError::Infer(format!(
+            "output '{name}' is a {ty:?} tensor, which tensors here do not carry"
+        ))
+    })?;
+    let dims: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| PluginError::Infer(format!("output '{name}' has a negative dim")))?;
+    let tensor: DynTensor = value
+        .downcast::<DynTensorValueType>()
+        .map_err(|e| PluginError::Infer(format!("output '{name}': {e}")))?;
+    if !tensor.memory_info().is_cpu_accessible() {
+        return Err(PluginError::Infer(format!(
+            "output '{name}' is not in CPU memory"
+        )));
+    }
+    let len = tensor
+        .size()
+        .ok_or_else(|| PluginError::Infer(format!("output '{name}' has no byte size")))?;
+    let owner = OrtBytes { value: tensor, len };
+    Tensor::new(elem, dims, bytes::Bytes::from_owner(owner))
+        .map_err(|e| PluginError::Infer(format!("output '{name}': {e}")))
+}
+
+/// The spec of a session input or output (-1 dims are dynamic).
+pub(super) fn spec(name: &str, ty: &ValueType) -> Option<TensorSpec> {
+    let ValueType::Tensor { ty, shape, .. } = ty else {
+        return None;
+    };
+    Some(TensorSpec {
+        name: name.to_string(),
+        elem: elem_type(*ty)?,
+        shape: Some(shape.iter().map(|&d| usize::try_from(d).ok()).collect()),
+    })
+}

@@ -1,0 +1,233 @@
+//! The CPU plugin on onnxruntime (its C API through `ort`, the library
+//! loaded at run time from the onnxruntime 1.32.0 wheel; see [`library`]).
+//!
+//! Layout: `library` finds and loads the shared library; `query` answers
+//! QueryNetwork (the whole model, else node by node); `session` is the
+//! compiled subgraph (a pool of sessions, per-node profiling);
+//! `convert` moves tensors in and out; `profile` reads onnxruntime's
+//! profiler output.
+//!
+//! ```no_run
+//! use tessera_worker::plugin::DevicePlugin;
+//! use tessera_worker::plugins::onnxruntime::OrtPlugin;
+//! let cpu = OrtPlugin::named("CPU", None)?; // ORT_DYLIB_PATH or the Python package
+//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?, &Default::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod library;
+
+mod convert;
+mod profile;
+mod query;
+mod session;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tessera_common::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+use tessera_common::tensor::Tensor;
+
+pub use self::session::CompiledOrt;
+use crate::plugin::{
+    blob, CompiledSubgraph, Config, DevicePlugin, MetricValue, PluginError, QueryResult,
+    CONFIG_KEYS, METRICS,
+};
+use crate::plugins::probe::ProbeCache;
+use library::Runtime;
+
+const BACKEND: &str = "onnxruntime";
+
+/// The CPU plugin on onnxruntime.
+pub struct OrtPlugin {
+    name: String,
+    runtime: Arc<Runtime>,
+    config: Mutex<Config>,
+    probes: ProbeCache,
+    calibration: OnceLock<(f64, f64)>,
+}
+
+impl OrtPlugin {
+    /// The plugin under device name `name`, with onnxruntime loaded from
+    /// `library` or the usual places ([`library::load`]).
+    pub fn named(name: &str, library: Option<&Path>) -> Result<OrtPlugin, PluginError> {
+        let runtime = library::load(library).map_err(|reason| PluginError::Unavailable {
+            plugin: name.into(),
+            reason,
+        })?;
+        Ok(OrtPlugin {
+            name: name.into(),
+            runtime,
+            config: Mutex::new(Config::default()),
+            probes: ProbeCache::default(),
+            calibration: OnceLock::new(),
+        })
+    }
+
+    /// The loaded library's version, e.g. `1.32.0`.
+    pub fn version(&self) -> &str {
+        &self.runtime.version
+    }
+
+    /// GFLOP/s of a 256³ f32 MatMul through onnxruntime (one thread), and
+    /// memory bandwidth (GB/s) of a 64 MiB copy; measured once.
+    fn calibrate(&self) -> (f64, f64) {
+        *self.calibration.get_or_init(|| {
+            let gflops = self.matmul_gflops(256).unwrap_or_else(|e| {
+                tracing::warn!("onnxruntime calibration failed: {e}");
+                0.0
+            });
+            let src = vec![1u8; 64 << 20];
+            let start = Instant::now();
+            let copy = src.clone();
+            let gbps = 2.0 * copy.len() as f64 / start.elapsed().as_secs_f64() / 1e9;
+            std::hint::black_box(copy);
+            (gflops, gbps)
+        })
+    }
+
+    fn matmul_gflops(&self, n: usize) -> Result<f64, PluginError> {
+        let b = Tensor::new(
+            tessera_common::onnx::ElemType::FLOAT,
+            vec![n, n],
+            vec![0u8; n * n * 4],
+        )
+        .map_err(|e| PluginError::Infer(e.to_string()))?;
+        let model = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                name: Some("calibration".into()),
+                node: vec![NodeProto {
+                    name: Some("mm".into()),
+                    op_type: Some("MatMul".into()),
+                    input: vec!["a".into(), "b".into()],
+                    output: vec!["c".into()],
+                    ..Default::default()
+                }],
+                initializer: vec![b.to_proto("b")],
+                input: vec![tessera_common::onnx::tensor_info(
+                    "a",
+                    1,
+                    &[n as i64, n as i64],
+                )],
+                output: vec![tessera_common::onnx::tensor_info(
+                    "c",
+                    1,
+                    &[n as i64, n as i64],
+                )],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let compiled = self.compile(
+            &tessera_common::onnx::encode_model(&model),
+            &Config::default(),
+        )?;
+        let a = Tensor::new(
+            tessera_common::onnx::ElemType::FLOAT,
+            vec![n, n],
+            vec![0u8; n * n * 4],
+        )
+        .map_err(|e| PluginError::Infer(e.to_string()))?;
+        compiled.infer(std::slice::from_ref(&a))?;
+        let runs = 8;
+        let start = Instant::now();
+        for _ in 0..runs {
+            compiled.infer(std::slice::from_ref(&a))?;
+        }
+        Ok(2.0 * (n * n * n * runs) as f64 / start.elapsed().as_secs_f64() / 1e9)
+    }
+}
+
+fn cores() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+impl DevicePlugin for OrtPlugin {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn available_devices(&self) -> Vec<String> {
+        vec![format!("{}.0", self.name)]
+    }
+
+    fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
+        Ok(match name {
+            "FULL_DEVICE_NAME" => MetricValue::Text(format!(
+                "{} (onnxruntime {})",
+                super::cpu_model_name(),
+                self.runtime.version
+            )),
+            "AVAILABLE_DEVICES" => MetricValue::List(self.available_devices()),
+            "SUPPORTED_METRICS" => {
+                MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect())
+            }
+            "SUPPORTED_CONFIG_KEYS" => {
+                MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
+            }
+            "OPTIMIZATION_CAPABILITIES" => {
+                MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
+            }
+            "RANGE_FOR_ASYNC_INFER_REQUESTS" => MetricValue::Range(1, cores(), 1),
+            "IMPORT_EXPORT_SUPPORT" => MetricValue::Bool(true),
+            "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
+            "GFLOPS" => MetricValue::Number(self.calibrate().0),
+            "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(self.calibrate().1),
+            other => {
+                return Err(PluginError::UnknownMetric {
+                    name: other.into(),
+                    supported: METRICS.join(", "),
+                });
+            }
+        })
+    }
+
+    fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {
+        let mut config = self
+            .config
+            .lock()
+            .map_err(|_| PluginError::Infer("config lock poisoned".into()))?;
+        config.set(key, value)
+    }
+
+    fn config(&self) -> Config {
+        self.config.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError> {
+        query::query_network(&self.runtime, model, &self.probes)
+    }
+
+    fn compile(
+        &self,
+        onnx: &[u8],
+        config: &Config,
+    ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let config = self.config().merged(config);
+        Ok(Arc::new(CompiledOrt::new(
+            &self.name,
+            self.runtime.clone(),
+            onnx,
+            config,
+        )?))
+    }
+
+    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let (config, payload) = blob::read(blob, &self.name, BACKEND, &self.runtime.version)?;
+        // The blob carries the subgraph; onnxruntime optimizes it again.
+        Ok(Arc::new(CompiledOrt::new(
+            &self.name,
+            self.runtime.clone(),
+            payload,
+            config,
+        )?))
+    }
+}

@@ -1,0 +1,219 @@
+//! QueryNetwork for the onnxruntime plugin.
+//!
+//! onnxruntime has no QueryNetwork of its own: it either builds a session
+//! for a model or names what stopped it. So the whole model is built first
+//! (graph optimizations off: only kernel lookup and type inference are
+//! asked); if onnxruntime builds it, it runs every node of it, in the
+//! model's context (shape chains, LSTMs, contrib ops). Otherwise each node
+//! is built alone as a one-node model (cached by op signature), and the
+//! nodes onnxruntime refuses are answered with its own message.
+//!
+//! Types of intermediates that static inference left untyped or unranked
+//! come from onnxruntime's own type inference: the model is built once with
+//! those tensors as extra outputs and the session's output metadata read.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use tessera_common::graph::{Graph, NodeKind};
+use tessera_common::onnx::proto::{AttributeProto, ModelProto, NodeProto, ValueInfoProto};
+use tessera_common::tensor::Tensor;
+
+use super::library::Runtime;
+use super::session::{build_session, SessionSettings};
+use crate::plugin::{PluginError, QueryResult, TensorSpec};
+use crate::plugins::probe::ProbeCache;
+
+const PROBE: SessionSettings = SessionSettings { threads: 1 };
+
+/// A node, and the constant (initializer) inputs of the model it is in.
+struct Site<'a> {
+    node: &'a NodeProto,
+    model: &'a ModelProto,
+}
+
+impl Site<'_> {
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+    }
+
+    fn int(&self, name: &str) -> Option<i64> {
+        self.attr(name).and_then(|a| a.i)
+    }
+
+    fn text(&self, name: &str) -> Option<&[u8]> {
+        self.attr(name).and_then(|a| a.s.as_deref())
+    }
+
+    fn has_input(&self, k: usize) -> bool {
+        self.node.input.get(k).is_some_and(|t| !t.is_empty())
+    }
+
+    /// Input `k`'s values, if it is an initializer.
+    fn constant(&self, k: usize) -> Option<Tensor> {
+        let name = self.node.input.get(k)?;
+        let init = self
+            .model
+            .graph
+            .as_ref()?
+            .initializer
+            .iter()
+            .find(|t| t.name.as_ref() == Some(name))?;
+        Tensor::from_proto(init).ok()
+    }
+}
+
+/// Variants onnxruntime 1.32 computes differently from the operator's
+/// specification (found by the ONNX node tests; Python's onnxruntime gives
+/// the same numbers): refused, never run wrong.
+/// A rule: why onnxruntime gets this node wrong, if it does.
+type Rule = fn(&Site) -> Option<&'static str>;
+
+const KNOWN_WRONG: &[(&str, Rule)] = &[
+    ("AveragePool", |s| {
+        let dilated = s
+            .attr("dilations")
+            .is_some_and(|a| a.ints.iter().any(|&d| d != 1));
+        (dilated && s.int("ceil_mode") == Some(1) && s.int("count_include_pad") == Some(1))
+            .then_some("AveragePool with dilations, ceil_mode and count_include_pad")
+    }),
+    ("MaxUnpool", |s| {
+        s.has_input(2)
+            .then_some("MaxUnpool with an output_shape input")
+    }),
+    ("Resize", |s| {
+        let smooth = matches!(s.text("mode"), Some(b"linear" | b"cubic"));
+        let corners = s.text("coordinate_transformation_mode") == Some(b"align_corners");
+        let down = s
+            .constant(2)
+            .and_then(|t| t.float_values())
+            .is_some_and(|v| v.iter().any(|&x| x < 1.0));
+        (smooth && corners && down)
+            .then_some("Resize downsampling with align_corners (linear, cubic)")
+    }),
+    ("Dropout", |s| {
+        // training_mode: on unless it is a constant false.
+        let training = s.has_input(2)
+            && s.constant(2)
+                .is_none_or(|t| t.bytes().iter().any(|&b| b != 0));
+        training.then_some("Dropout in training mode is random")
+    }),
+];
+
+fn known_wrong(node: &NodeProto, model: &ModelProto) -> Option<String> {
+    let op = node.op_type.as_deref()?;
+    let domain = node.domain.as_deref().unwrap_or("");
+    if !domain.is_empty() && domain != "ai.onnx" {
+        return None;
+    }
+    let site = Site { node, model };
+    KNOWN_WRONG
+        .iter()
+        .filter(|(o, _)| *o == op)
+        .find_map(|(_, rule)| rule(&site))
+        .map(|why| format!("{why}: onnxruntime computes it differently from the specification"))
+}
+
+fn builds(runtime: &Runtime, model: &ModelProto) -> Result<(), String> {
+    build_session(runtime, &model.encode_to_vec(), &PROBE, false, None).map(|_| ())
+}
+
+pub(super) fn query_network(
+    runtime: &Runtime,
+    model: &ModelProto,
+    cache: &ProbeCache,
+) -> Result<QueryResult, PluginError> {
+    let graph =
+        Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+    // The graph names unnamed nodes; probe against its (normalized) model.
+    let named = graph.model();
+    let whole = builds(runtime, named);
+    if let Err(why) = &whole {
+        tracing::debug!("onnxruntime does not build the whole model ({why}); probing node by node");
+    }
+    let mut result = QueryResult {
+        types: analysed_types(runtime, named, &graph),
+        ..Default::default()
+    };
+    let source = named
+        .graph
+        .as_ref()
+        .ok_or_else(|| PluginError::InvalidModel("no graph".into()))?;
+    for &id in graph.topo_ops() {
+        let name = graph.node(id).name.clone();
+        let wrong = graph
+            .node(id)
+            .onnx_index
+            .and_then(|i| source.node.get(i))
+            .and_then(|n| known_wrong(n, named));
+        let outcome = match (wrong, &whole) {
+            (Some(why), _) => Err(why),
+            (None, Ok(())) => Ok(()),
+            (None, Err(_)) => cache.probe(named, &graph, id, |m| builds(runtime, m)),
+        };
+        match outcome {
+            Ok(()) => {
+                result.supported.insert(name);
+            }
+            Err(why) => {
+                result.unsupported.insert(name, why);
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// Types onnxruntime infers for the intermediates `graph` leaves untyped
+/// or unranked.
+fn analysed_types(
+    runtime: &Runtime,
+    model: &ModelProto,
+    graph: &Graph,
+) -> BTreeMap<String, TensorSpec> {
+    let wanted: Vec<&str> = graph
+        .tensors
+        .iter()
+        .filter(|t| t.elem_type.is_none() || t.shape.is_none())
+        .filter(|t| graph.node(t.producer).kind == NodeKind::Op)
+        .map(|t| t.name.as_str())
+        .collect();
+    if wanted.is_empty() {
+        return BTreeMap::new();
+    }
+    let mut probe = model.clone();
+    let Some(g) = probe.graph.as_mut() else {
+        return BTreeMap::new();
+    };
+    for name in &wanted {
+        if !g.output.iter().any(|o| o.name.as_deref() == Some(name)) {
+            g.output.push(ValueInfoProto {
+                name: Some(name.to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    let session = match build_session(runtime, &probe.encode_to_vec(), &PROBE, false, None) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("onnxruntime's type inference of the model failed: {e}");
+            return BTreeMap::new();
+        }
+    };
+    session
+        .outputs()
+        .iter()
+        .filter(|o| wanted.contains(&o.name()))
+        .filter_map(|o| {
+            let mut spec = super::convert::spec(o.name(), o.dtype())?;
+            // onnxruntime reports an unknown rank as no dims: a scalar is
+            // declared without a shape rather than risk a wrong rank.
+            if spec.shape.as_ref().is_some_and(Vec::is_empty) {
+                spec.shape = None;
+            }
+            Some((o.name().to_string(), spec))
+        })
+        .collect()
+}
