@@ -25,8 +25,25 @@ chmod 1777 "$root/tmp"
 for bin in coordinator worker tessera; do
   objcopy --strip-debug "target/$profile/$bin" "$root/usr/local/bin/$bin"
 done
-# The dynamic loader and every library the binaries link.
-libs=$(for bin in "$root"/usr/local/bin/*; do
+# onnxruntime's library for the CPU device, from the onnxruntime==1.32.0
+# wheel (no Python in the image; ORT_DYLIB_PATH in the Dockerfile names it).
+ort_lib=libonnxruntime.so.1.32.0
+ort_dir=.cache/onnxruntime-1.32.0
+if [ ! -f "$ort_dir/$ort_lib" ]; then
+  mkdir -p "$ort_dir"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$ort_dir" onnxruntime==1.32.0
+  python3 - "$ort_dir" "$ort_lib" <<'PY'
+import glob, sys, zipfile
+d, lib = sys.argv[1], sys.argv[2]
+wheel = glob.glob(f"{d}/onnxruntime-1.32.0-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, open(f"{d}/{lib}", "wb") as out:
+    out.write(z.read(f"onnxruntime/capi/{lib}"))
+PY
+fi
+mkdir -p "$root/usr/local/lib/tessera"
+cp "$ort_dir/$ort_lib" "$root/usr/local/lib/tessera/$ort_lib"
+# The dynamic loader and every library the binaries (and onnxruntime) link.
+libs=$(for bin in "$root"/usr/local/bin/* "$root/usr/local/lib/tessera/$ort_lib"; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
 done | sort -u)
 for lib in $libs; do

@@ -22,7 +22,13 @@
 //! - quic (only when named): one link streaming 1 MB tensors for a while,
 //!   to profile the transport alone;
 //! - pipe2 (only when named): rec's two pipelined stages alone for a
-//!   while, to profile what the pipelined run spends beyond compute.
+//!   while, to profile what the pipelined run spends beyond compute;
+//! - backends: rec's two pipelined stages on the two-worker cluster with
+//!   the onnxruntime CPU backend vs the same with tract, throughput with 16
+//!   in flight (median of 3, alternating).
+//!
+//! The CPU device is the default backend (onnxruntime where it loads) in
+//! every figure but `backends`, in the cluster and in-process alike.
 //!
 //! `TESSERA_BENCH_CPU=1` also prints the CPU time per request (per MB for
 //! streaming) by kind of thread: subgraph compute threads and the rest
@@ -51,7 +57,7 @@ use tessera_common::wire::Frame;
 use tessera_net::{certs, serve_streams, Link, Node};
 use tessera_worker::hetero;
 use tessera_worker::plugin::{Config, DevicePlugin};
-use tessera_worker::plugins::cpu::CpuPlugin;
+use tessera_worker::plugins::{self, CpuBackend, PluginOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use anyhow::{Context, Result};
@@ -110,6 +116,9 @@ fn main() -> Result<()> {
         }
         if run("pipeline") {
             pipeline().await?;
+        }
+        if run("backends") {
+            backends().await?;
         }
         Ok(())
     })
@@ -285,7 +294,7 @@ async fn rtt() -> Result<()> {
 /// tensor, the other with two, and the timing noise picked either.
 fn halves(graph: &Graph, inputs: &[(String, Tensor)]) -> Result<Vec<(String, bool)>> {
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> =
-        vec![(DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?))];
+        vec![(DeviceId::parse("CPU")?, plugins::create("CPU")?)];
     let mut config = Config::default();
     config.set("PERF_COUNT", "YES")?;
     let whole = hetero::Network::load(
@@ -408,10 +417,10 @@ async fn split() -> Result<()> {
         )
         .await?;
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = vec![
-        (DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?)),
+        (DeviceId::parse("CPU")?, plugins::create("CPU")?),
         (
             DeviceId::parse("CPU_B")?,
-            Arc::new(CpuPlugin::named("CPU_B")?),
+            plugins::create_named("CPU", "CPU_B")?,
         ),
     ];
     let manual: BTreeMap<String, DeviceId> = halves
@@ -622,6 +631,37 @@ async fn pipelined_alone() -> Result<()> {
     Ok(())
 }
 
+/// rec's two stages on two single-threaded workers, on each CPU backend.
+async fn backends() -> Result<()> {
+    let Some((bytes, graph, inputs)) = rec()? else {
+        return Ok(());
+    };
+    let mut rates: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for _ in 0..3 {
+        for backend in [CpuBackend::Tract, CpuBackend::OnnxRuntime] {
+            plugins::configure(PluginOptions {
+                cpu_backend: backend,
+                onnxruntime_library: None,
+            });
+            let (c, two) = two_stages(&bytes, &graph, &inputs).await?;
+            two.infer(inputs.clone()).await?;
+            let rate = throughput(&two, &inputs, 96, 16).await?;
+            rates.entry(backend.to_string()).or_default().push(rate);
+            two.unload().await?;
+            c.coordinator.shutdown().await;
+        }
+    }
+    plugins::configure(PluginOptions::default());
+    let rate = |b: &str| median(rates.get(b).cloned().unwrap_or_default());
+    let (ort, tract) = (rate("onnxruntime"), rate("tract"));
+    println!(
+        "PP-OCRv4 rec (1x3x48x320), two stages on two workers, one thread each, 16 in flight: \
+         onnxruntime {ort:.1} req/s, tract {tract:.1} req/s, ratio {:.2} (median of 3, alternating)",
+        ort / tract
+    );
+    Ok(())
+}
+
 /// PP-OCRv4 det on a 320×320 seeded image: more compute per byte moved
 /// than rec.
 fn det() -> Result<Option<Loaded>> {
@@ -700,7 +740,7 @@ impl Ceiling {
     fn new(graph: &Graph, inputs: &[(String, Tensor)]) -> Result<Ceiling> {
         let load = || -> Result<hetero::Network> {
             let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> =
-                vec![(DeviceId::parse("CPU")?, Arc::new(CpuPlugin::new()?))];
+                vec![(DeviceId::parse("CPU")?, plugins::create("CPU")?)];
             Ok(hetero::Network::load(
                 graph.model().clone(),
                 &plugins,

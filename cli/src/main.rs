@@ -36,6 +36,15 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The CPU backend of this process's plugins (`run --local`, embedded
+    /// clusters): auto (onnxruntime where its library loads, else tract),
+    /// tract or onnxruntime.
+    #[arg(long, global = true, default_value = "auto")]
+    cpu_backend: tessera_worker::plugins::CpuBackend,
+    /// onnxruntime's shared library (libonnxruntime.so.1.32.0); default:
+    /// ORT_DYLIB_PATH, then the installed onnxruntime Python package.
+    #[arg(long, global = true)]
+    onnxruntime_library: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -88,6 +97,10 @@ fn main() -> std::process::ExitCode {
     tessera_cli::tune_allocator();
     tessera_cli::init_tracing();
     let cli = Cli::parse();
+    tessera_worker::plugins::configure(tessera_worker::plugins::PluginOptions {
+        cpu_backend: cli.cpu_backend,
+        onnxruntime_library: cli.onnxruntime_library.clone(),
+    });
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),
         Command::Run(args) => run::run(args),

@@ -153,3 +153,45 @@ fn run_rejects_bad_input_clearly() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without onnxruntime's library the CPU device falls back to tract and
+/// says so once; a forced onnxruntime backend is a clear error; an unknown
+/// backend name is refused by the flag.
+#[test]
+fn cpu_backend_falls_back_to_tract_without_onnxruntime() {
+    let m = model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("tessera-run-fallback-{}", std::process::id()));
+    let run = |backend: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["run", m, "--local", "--random", "--cpu-backend", backend])
+            .args(["--output-dir", dir.to_str().unwrap()])
+            .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so.1.32.0")
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("tessera runs")
+    };
+    let auto = run("auto");
+    let stderr = String::from_utf8_lossy(&auto.stderr);
+    assert!(auto.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("CPU on tract-onnx")
+            && stderr.contains("onnxruntime 1.32.0 not found: set ORT_DYLIB_PATH"),
+        "{stderr}"
+    );
+    let forced = run("onnxruntime");
+    let stderr = String::from_utf8_lossy(&forced.stderr);
+    assert!(!forced.status.success());
+    assert!(
+        stderr.contains(
+            "onnxruntime 1.32.0 not found: set ORT_DYLIB_PATH or install onnxruntime==1.32.0"
+        ),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = tessera(&["run", m, "--local", "--random", "--cpu-backend", "fast"]);
+    assert!(
+        !ok && stderr.contains("unknown CPU backend 'fast'"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

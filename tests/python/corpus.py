@@ -3,6 +3,7 @@
 compared with onnxruntime on the same inputs.
 
 Usage: corpus.py TESSERA_BIN MODELS_DIR WORK_DIR [--mode M ...] [--model NAME ...]
+                 [--cpu-backend auto|tract|onnxruntime]
 
 Modes (default: all):
   local-cpu      tessera run --local --devices HETERO:CPU
@@ -90,9 +91,10 @@ def mode_args(mode):
     }[mode]
 
 
-def check(tessera, model_path, mode, feeds, expected, out_dir):
+def check(tessera, model_path, mode, backend, feeds, expected, out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    args = [tessera, "run", model_path, "--output-dir", out_dir] + mode_args(mode)
+    args = [tessera, "run", model_path, "--output-dir", out_dir, "--cpu-backend", backend]
+    args += mode_args(mode)
     for name, value in feeds.items():
         path = os.path.join(out_dir, "in_" + safe(name) + ".npy")
         np.save(path, value)
@@ -140,6 +142,7 @@ def main():
     p.add_argument("work")
     p.add_argument("--mode", action="append", choices=MODES)
     p.add_argument("--model", action="append")
+    p.add_argument("--cpu-backend", default="auto", choices=["auto", "tract", "onnxruntime"])
     a = p.parse_args()
     modes = a.mode or MODES
     models = [m for m in CORPUS if not a.model or any(s in m for s in a.model)]
@@ -156,12 +159,13 @@ def main():
         expected = dict(zip(names, session.run(None, feeds)))
         for mode in modes:
             out = os.path.join(a.work, safe(model), mode)
-            ok, what = check(a.tessera, path, mode, feeds, expected, out)
-            print(f"{'ok  ' if ok else 'FAIL'} {model} [{mode}]: {what}", flush=True)
+            ok, what = check(a.tessera, path, mode, a.cpu_backend, feeds, expected, out)
+            label = f"{mode}, {a.cpu_backend}"
+            print(f"{'ok  ' if ok else 'FAIL'} {model} [{label}]: {what}", flush=True)
             if ok:
                 passed += 1
             else:
-                failed.append(f"{model} [{mode}]: {what}")
+                failed.append(f"{model} [{label}]: {what}")
     print(f"corpus: {passed} passed, {len(failed)} failed")
     for f in failed:
         print("  failed: " + f)

@@ -1,6 +1,7 @@
 //! Property test over the real-model corpus: seeded random valid cuts of
 //! each model into 2–4 subgraphs (contiguous runs of the topological
-//! order, each on one of 2–3 CPU plugin instances by manual affinity) all
+//! order, each on one of 2–3 CPU plugin instances by manual affinity, on
+//! each CPU backend: tract, and onnxruntime) all
 //! export, compile and match onnxruntime on the same inputs (|diff| ≤ 1e-4
 //! × max(1, max |onnxruntime|)); the first cut's exported subgraphs pass
 //! `onnx.checker` with `full_check`. A failure names the model, the cut (its
@@ -18,7 +19,6 @@ use tessera_common::synth::Rng;
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
 use tessera_worker::plugin::DevicePlugin;
-use tessera_worker::plugins::cpu::CpuPlugin;
 
 /// The corpus with the number of cuts each gets: 20, and 6 for the three
 /// classic CNNs whose single run costs several seconds of tract compute on
@@ -115,15 +115,21 @@ fn check_exported(network: &Network, dir: &std::path::Path) -> Result<(), String
 }
 
 #[test]
-fn random_cuts_of_every_corpus_model_match_onnxruntime() {
+fn random_cuts_of_every_corpus_model_match_onnxruntime_on_tract() {
+    random_cuts_match_onnxruntime("tract");
+}
+
+#[test]
+fn random_cuts_of_every_corpus_model_match_onnxruntime_on_onnxruntime() {
+    random_cuts_match_onnxruntime("onnxruntime");
+}
+
+fn random_cuts_match_onnxruntime(backend: &str) {
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = DEVICES
         .iter()
-        .map(|&d| {
-            let p: Arc<dyn DevicePlugin> = Arc::new(CpuPlugin::named(d).unwrap());
-            (DeviceId::parse(d).unwrap(), p)
-        })
+        .map(|&d| (DeviceId::parse(d).unwrap(), util::cpu_plugin(backend, d)))
         .collect();
-    let tmp = std::env::temp_dir().join(format!("tessera-cuts-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!("tessera-cuts-{backend}-{}", std::process::id()));
     let mut failures = Vec::new();
     for &(name, cuts) in CORPUS {
         let started = std::time::Instant::now();
@@ -189,10 +195,12 @@ fn random_cuts_of_every_corpus_model_match_onnxruntime() {
                 });
             let took = started.elapsed().as_secs_f64();
             match outcome {
-                Ok(n) => println!("{name} cut {k} {cut:?}: {n} subgraphs, matches ({took:.0} s)"),
+                Ok(n) => println!(
+                    "{backend}: {name} cut {k} {cut:?}: {n} subgraphs, matches ({took:.0} s)"
+                ),
                 Err(e) => {
-                    println!("{name} cut {k} {cut:?}: FAILED {e}");
-                    failures.push(format!("{name} cut {k} at {cut:?}: {e}"));
+                    println!("{backend}: {name} cut {k} {cut:?}: FAILED {e}");
+                    failures.push(format!("{backend}: {name} cut {k} at {cut:?}: {e}"));
                 }
             }
         }

@@ -1,16 +1,34 @@
-//! The CPU plugin's API: metrics, configuration, a real model against
-//! onnxruntime, bad inputs, export/import and performance counters.
+//! The CPU plugin's API on each backend (tract, onnxruntime): metrics,
+//! configuration, a real model against onnxruntime, bad inputs,
+//! export/import and performance counters.
 
 mod util;
 
 use tessera_common::synth::Rng;
 use tessera_common::tensor::Tensor;
-use tessera_worker::plugin::{Config, DevicePlugin, ExecStatus, MetricValue, PluginError, METRICS};
-use tessera_worker::plugins::{self, cpu::CpuPlugin};
+use tessera_worker::plugin::{Config, ExecStatus, MetricValue, PluginError, METRICS};
+use tessera_worker::plugins;
+
+const BACKENDS: [&str; 2] = ["tract", "onnxruntime"];
 
 #[test]
 fn metrics_and_config_are_validated() {
-    let cpu = CpuPlugin::new().unwrap();
+    for backend in BACKENDS {
+        metrics_and_config_on(backend);
+    }
+    let err = plugins::create("TPU").err().unwrap();
+    assert!(err.to_string().contains("known: CPU"), "{err}");
+}
+
+fn metrics_and_config_on(backend: &str) {
+    let cpu = util::cpu_plugin(backend, "CPU");
+    let full_name = cpu.metric("FULL_DEVICE_NAME").unwrap().to_string();
+    let label = if backend == "tract" {
+        "tract-onnx 0.23"
+    } else {
+        "onnxruntime 1.32.0"
+    };
+    assert!(full_name.contains(label), "{full_name}");
     assert_eq!(cpu.name(), "CPU");
     assert_eq!(cpu.available_devices(), ["CPU.0"]);
     for m in METRICS {
@@ -39,14 +57,20 @@ fn metrics_and_config_are_validated() {
         "bad value 'fast' for config key PERFORMANCE_HINT; allowed: LATENCY or THROUGHPUT"
     );
     assert!(cpu.set_config("NUM_REQUESTS", "0").is_err());
-    let err = plugins::create("TPU").err().unwrap();
-    assert!(err.to_string().contains("known: CPU"), "{err}");
+    let err = cpu.set_config("NUM_THREADS", "0").unwrap_err();
+    assert!(err.to_string().contains(">= 1"), "{err}");
 }
 
 #[test]
 fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
+    for backend in BACKENDS {
+        runs_a_real_model_on(backend);
+    }
+}
+
+fn runs_a_real_model_on(backend: &str) {
     let path = util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
-    let cpu = CpuPlugin::new().unwrap();
+    let cpu = util::cpu_plugin(backend, "CPU");
     let model = tessera_common::onnx::load_model(&path).unwrap();
     let query = cpu.query_network(&model).unwrap();
     assert!(query.unsupported.is_empty(), "{:?}", query.unsupported);
@@ -65,18 +89,22 @@ fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
     let result = compiled.infer(std::slice::from_ref(&input)).unwrap();
 
     // onnxruntime on the same input.
-    let dir = std::env::temp_dir().join(format!("tessera-cpu-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tessera-cpu-{backend}-{}", std::process::id()));
     let want = util::onnxruntime(&path, &[(spec.name.clone(), input.clone())], &dir);
     let diff = util::max_abs_diff(&result.outputs[0], &want[0]);
-    println!("cls on the CPU plugin vs onnxruntime: max abs diff {diff:e}");
+    println!("cls on the {backend} CPU plugin vs onnxruntime (Python): max abs diff {diff:e}");
     assert!(diff <= 1e-4, "{diff}");
     let _ = std::fs::remove_dir_all(&dir);
 
     // Performance counters per original node.
-    assert!(result
-        .counters
-        .iter()
-        .any(|c| c.status == ExecStatus::Executed && c.op_type == "Conv"));
+    assert!(
+        result
+            .counters
+            .iter()
+            .any(|c| c.status == ExecStatus::Executed && c.op_type == "Conv"),
+        "{backend}: {:?}",
+        result.counters
+    );
     assert!(result.counters.iter().all(|c| !c.to_string().is_empty()));
 
     // Bad inputs: count, type, shape.
@@ -100,7 +128,13 @@ fn runs_a_real_model_like_onnxruntime_and_rejects_bad_inputs() {
 
 #[test]
 fn export_import_round_trip_and_mismatches() {
-    let cpu = CpuPlugin::new().unwrap();
+    for backend in BACKENDS {
+        export_import_on(backend);
+    }
+}
+
+fn export_import_on(backend: &str) {
+    let cpu = util::cpu_plugin(backend, "CPU");
     let bytes = std::fs::read(util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
     let mut config = Config::default();
     config.set("NUM_THREADS", "1").unwrap();
@@ -108,12 +142,19 @@ fn export_import_round_trip_and_mismatches() {
     let blob = compiled.export().unwrap();
     let imported = cpu.import(&blob).unwrap();
     assert_eq!(imported.inputs(), compiled.inputs());
-    let other = CpuPlugin::named("CPU_B").unwrap();
+    let other = util::cpu_plugin(backend, "CPU_B");
     let err = other.import(&blob).err().unwrap();
-    assert!(
-        err.to_string().contains("made by CPU on tract-onnx"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("made by CPU on "), "{err}");
+    let other_backend = if backend == "tract" {
+        "onnxruntime"
+    } else {
+        "tract"
+    };
+    let err = util::cpu_plugin(other_backend, "CPU")
+        .import(&blob)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("made by CPU on "), "{err}");
     assert!(cpu.import(b"garbage").is_err());
     assert!(cpu.import(&blob[..20]).is_err());
     assert!(cpu.compile(b"not onnx", &Config::default()).is_err());

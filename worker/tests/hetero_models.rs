@@ -1,6 +1,7 @@
 //! HETERO in one process on real models, against onnxruntime on the same
 //! seeded inputs (max abs diff ≤ 1e-4): (a) on the CPU plugin alone, (b)
-//! split across two CPU plugin instances by a seeded random affinity.
+//! split across two CPU plugin instances by a seeded random affinity; on
+//! each CPU backend (tract, onnxruntime) and on the two mixed.
 
 mod util;
 
@@ -15,21 +16,42 @@ use tessera_common::synth::Rng;
 use tessera_common::tensor::Tensor;
 use tessera_worker::hetero::{LoadOptions, Network};
 use tessera_worker::plugin::{Config, DevicePlugin};
-use tessera_worker::plugins::cpu::CpuPlugin;
 
 fn random_inputs(graph: &Graph, seed: u64) -> Vec<(String, Tensor)> {
     tessera_common::synth::random_inputs(graph, seed).expect("numeric inputs")
 }
 
 #[test]
-fn real_models_match_onnxruntime_alone_and_split_across_two_cpus() {
-    let cpu: Arc<dyn DevicePlugin> = Arc::new(CpuPlugin::new().unwrap());
-    let cpu_b: Arc<dyn DevicePlugin> = Arc::new(CpuPlugin::named("CPU_B").unwrap());
+fn real_models_match_onnxruntime_alone_and_split_across_two_cpus_on_tract() {
+    real_models_match_onnxruntime("tract", "tract");
+}
+
+#[test]
+fn real_models_match_onnxruntime_alone_and_split_across_two_cpus_on_onnxruntime() {
+    real_models_match_onnxruntime("onnxruntime", "onnxruntime");
+}
+
+/// onnxruntime's CPU with tract's: tensors cross between the backends.
+#[test]
+fn real_models_match_onnxruntime_split_across_onnxruntime_and_tract() {
+    real_models_match_onnxruntime("onnxruntime", "tract");
+}
+
+fn real_models_match_onnxruntime(first: &str, second: &str) {
     let plugins = vec![
-        (DeviceId::parse("CPU").unwrap(), cpu),
-        (DeviceId::parse("CPU_B").unwrap(), cpu_b),
+        (
+            DeviceId::parse("CPU").unwrap(),
+            util::cpu_plugin(first, "CPU"),
+        ),
+        (
+            DeviceId::parse("CPU_B").unwrap(),
+            util::cpu_plugin(second, "CPU_B"),
+        ),
     ];
-    let tmp = std::env::temp_dir().join(format!("tessera-hetero-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!(
+        "tessera-hetero-{first}-{second}-{}",
+        std::process::id()
+    ));
     for name in [
         "ch_PP-OCRv4_det_infer.onnx",
         "ch_PP-OCRv4_rec_infer.onnx",
@@ -78,7 +100,7 @@ fn real_models_match_onnxruntime_alone_and_split_across_two_cpus() {
                 .map(|((_, got), w)| util::max_abs_diff(got, w))
                 .fold(0.0, f32::max);
             println!(
-                "{name} on {label}: {} subgraphs, max abs diff vs onnxruntime {diff:e}",
+                "{name} on {label} ({first}, {second}): {} subgraphs, max abs diff vs onnxruntime {diff:e}",
                 network.partition().subgraphs.len()
             );
             assert!(diff <= 1e-4, "{name} {label}: {diff}");
@@ -88,10 +110,20 @@ fn real_models_match_onnxruntime_alone_and_split_across_two_cpus() {
 }
 
 /// A tensor whose rank static inference cannot tell (an Einsum has no
-/// shape rule) crosses a cut: the CPU plugin's own analysis reports its
-/// type and shape in QueryNetwork, and the boundary is declared with them.
+/// shape rule) crosses a cut: the CPU plugin's own analysis (tract's, or
+/// onnxruntime's type inference) reports its type and shape in
+/// QueryNetwork, and the boundary is declared with them.
 #[test]
-fn boundaries_static_inference_cannot_type_take_the_backends_analysis() {
+fn boundaries_static_inference_cannot_type_take_tracts_analysis() {
+    boundaries_take_the_backends_analysis("tract");
+}
+
+#[test]
+fn boundaries_static_inference_cannot_type_take_onnxruntimes_analysis() {
+    boundaries_take_the_backends_analysis("onnxruntime");
+}
+
+fn boundaries_take_the_backends_analysis(backend: &str) {
     use tessera_common::onnx::proto::{AttributeProto, GraphProto};
     use tessera_common::synth::{node, opset17, tensor_info};
     let mut g = GraphProto {
@@ -116,10 +148,7 @@ fn boundaries_static_inference_cannot_type_take_the_backends_analysis() {
 
     let plugins: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = ["CPU", "CPU_B"]
         .iter()
-        .map(|&d| {
-            let p: Arc<dyn DevicePlugin> = Arc::new(CpuPlugin::named(d).unwrap());
-            (DeviceId::parse(d).unwrap(), p)
-        })
+        .map(|&d| (DeviceId::parse(d).unwrap(), util::cpu_plugin(backend, d)))
         .collect();
     let mut options = LoadOptions::by_priority(DevicePriority::parse("HETERO:CPU,CPU_B").unwrap());
     options.manual = BTreeMap::from([("relu".to_string(), DeviceId::parse("CPU_B").unwrap())]);

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use tessera_worker::daemon::config::WorkerConfig;
 use tessera_worker::daemon::{self, WorkerOptions};
+use tessera_worker::plugins::{self, CpuBackend, PluginOptions};
 
 #[derive(Parser)]
 #[command(name = "worker", version, about = "Tessera's worker")]
@@ -45,6 +46,13 @@ struct Args {
     /// Compiled-subgraph cache directory.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The CPU backend: auto (onnxruntime where its library loads, else
+    /// tract), tract or onnxruntime.
+    #[arg(long)]
+    cpu_backend: Option<CpuBackend>,
+    /// onnxruntime's shared library (libonnxruntime.so.1.32.0).
+    #[arg(long)]
+    onnxruntime_library: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,7 +93,20 @@ fn run(args: Args) -> Result<()> {
         .certs
         .or(file.certs)
         .unwrap_or_else(|| PathBuf::from("certs"));
-    let mut config: Vec<(String, String)> = file.plugin.into_iter().collect();
+    let mut plugin = file.plugin;
+    let cpu_backend = match (args.cpu_backend, plugin.remove("backend")) {
+        (Some(b), _) => b,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("[plugin] backend")?,
+        (None, None) => CpuBackend::Auto,
+    };
+    plugins::configure(PluginOptions {
+        cpu_backend,
+        onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
+    });
+    let mut config: Vec<(String, String)> = plugin.into_iter().collect();
     if let Some(t) = args.threads {
         config.push(("NUM_THREADS".into(), t.to_string()));
     }

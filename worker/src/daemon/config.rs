@@ -26,7 +26,11 @@ pub struct WorkerConfig {
     pub mailbox: Option<usize>,
     /// Compiled-subgraph cache directory.
     pub cache_dir: Option<PathBuf>,
-    /// Plugin configuration for every compile, e.g. `NUM_THREADS = "1"`.
+    /// onnxruntime's shared library (default: `ORT_DYLIB_PATH`, then the
+    /// installed Python package, then next to the executable).
+    pub onnxruntime_library: Option<PathBuf>,
+    /// Plugin configuration for every compile, e.g. `NUM_THREADS = "1"`;
+    /// `backend = "tract" | "onnxruntime"` picks the CPU backend.
     #[serde(default)]
     pub plugin: BTreeMap<String, String>,
 }

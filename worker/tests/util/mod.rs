@@ -34,3 +34,17 @@ pub fn gpu_plugin() -> Option<tessera_worker::plugins::gpu::GpuPlugin> {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A CPU plugin on `backend` (`tract` or `onnxruntime`) named `name`;
+/// onnxruntime comes from the Python package `scripts/test.sh` installs.
+pub fn cpu_plugin(
+    backend: &str,
+    name: &str,
+) -> std::sync::Arc<dyn tessera_worker::plugin::DevicePlugin> {
+    let options = tessera_worker::plugins::PluginOptions {
+        cpu_backend: backend.parse().expect("a CPU backend name"),
+        onnxruntime_library: None,
+    };
+    tessera_worker::plugins::cpu_plugin(name, &options)
+        .unwrap_or_else(|e| panic!("the {backend} CPU plugin: {e}"))
+}
