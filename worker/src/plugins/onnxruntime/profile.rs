@@ -2,7 +2,9 @@
 //!
 //! Kernel runs are events `{"cat": "Node", "name": "<node>_kernel_time",
 //! "dur": <µs>, "args": {"op_name": "Conv", ...}}`; session and fence
-//! events are skipped.
+//! events are skipped. A fused kernel carries the name of the last node it
+//! replaces (Conv+Relu runs as `relu1` with op `Conv`), and the NCHWc
+//! layout pass appends `_nchwc`, which is dropped.
 
 use std::collections::HashMap;
 
@@ -24,6 +26,7 @@ pub(super) fn node_times(profile: &str) -> HashMap<String, (u64, String)> {
         else {
             continue;
         };
+        let node = node.strip_suffix("_nchwc").unwrap_or(node);
         let dur = e.get("dur").and_then(|d| d.as_u64()).unwrap_or(0);
         let op = e
             .pointer("/args/op_name")
@@ -48,10 +51,12 @@ mod tests {
           {"cat":"Node","name":"conv1_fence_before","dur":0,"args":{"op_name":"Conv"}},
           {"cat":"Node","name":"conv1_kernel_time","dur":120,"args":{"op_name":"FusedConv"}},
           {"cat":"Node","name":"relu_kernel_time","dur":7,"args":{"op_name":"Relu"}},
-          {"cat":"Node","name":"relu_kernel_time","dur":3,"args":{"op_name":"Relu"}}
+          {"cat":"Node","name":"relu_kernel_time","dur":3,"args":{"op_name":"Relu"}},
+          {"cat":"Node","name":"pool1_nchwc_kernel_time","dur":5,"args":{"op_name":"MaxPool"}}
         ]"#;
         let t = node_times(profile);
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t["pool1"], (5, "MaxPool".to_string()));
         assert_eq!(t["conv1"], (120, "FusedConv".to_string()));
         assert_eq!(t["relu"], (10, "Relu".to_string()));
         assert!(node_times("not json").is_empty());
