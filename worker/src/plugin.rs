@@ -226,6 +226,24 @@ impl TensorSpec {
     }
 }
 
+/// Checks a request's inputs against a compiled subgraph's specs: their
+/// count, then each one's element type and shape.
+pub fn check_inputs(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), PluginError> {
+    if inputs.len() != specs.len() {
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        return Err(PluginError::BadInput(format!(
+            "expected {} inputs ({}), got {}",
+            names.len(),
+            names.join(", "),
+            inputs.len()
+        )));
+    }
+    inputs
+        .iter()
+        .zip(specs)
+        .try_for_each(|(t, spec)| spec.check(t))
+}
+
 /// What happened to an original node in a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecStatus {

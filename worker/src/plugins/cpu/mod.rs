@@ -425,22 +425,6 @@ impl CompiledCpu {
         Ok(InferResult { outputs, counters })
     }
 
-    fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), PluginError> {
-        if inputs.len() != self.inputs.len() {
-            let names: Vec<&str> = self.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(PluginError::BadInput(format!(
-                "expected {} inputs ({}), got {}",
-                names.len(),
-                names.join(", "),
-                inputs.len()
-            )));
-        }
-        for (t, spec) in inputs.iter().zip(&self.inputs) {
-            spec.check(t)?;
-        }
-        Ok(())
-    }
-
     fn counters(&self, times: &HashMap<String, (u64, String)>) -> Vec<PerfCounter> {
         self.nodes
             .iter()
@@ -492,7 +476,7 @@ impl CompiledSubgraph for CompiledCpu {
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
-        self.check_inputs(inputs)?;
+        crate::plugin::check_inputs(&self.inputs, inputs)?;
         self.run(&self.specialized(inputs)?, inputs)
     }
 

@@ -193,22 +193,6 @@ impl CompiledOrt {
         .map_err(|e| PluginError::Infer(format!("cannot build another session: {e}")))
     }
 
-    fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), PluginError> {
-        if inputs.len() != self.inputs.len() {
-            let names: Vec<&str> = self.inputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(PluginError::BadInput(format!(
-                "expected {} inputs ({}), got {}",
-                names.len(),
-                names.join(", "),
-                inputs.len()
-            )));
-        }
-        inputs
-            .iter()
-            .zip(&self.inputs)
-            .try_for_each(|(t, spec)| spec.check(t))
-    }
-
     /// Runs `inputs` on `session`; the outputs in declared order.
     fn run_on(&self, session: &mut Session, inputs: &[Tensor]) -> Result<Vec<Tensor>, PluginError> {
         let mut feeds: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
@@ -301,7 +285,7 @@ impl CompiledSubgraph for CompiledOrt {
     }
 
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
-        self.check_inputs(inputs)?;
+        crate::plugin::check_inputs(&self.inputs, inputs)?;
         if self.perf {
             return self.run_profiled(inputs);
         }
