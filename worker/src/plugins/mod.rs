@@ -189,3 +189,65 @@ pub(crate) fn cpu_model_name() -> String {
         })
         .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
 }
+
+/// A metric of a CPU device, answered alike by both CPU backends:
+/// `backend` names the backend in FULL_DEVICE_NAME (`tract-onnx 0.23`),
+/// `calibrate` gives (GFLOPS, memory GB/s) and is called only when asked.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn cpu_metric(
+    device: &str,
+    backend: &str,
+    name: &str,
+    calibrate: impl FnOnce() -> (f64, f64),
+) -> Result<crate::plugin::MetricValue, PluginError> {
+    use crate::plugin::{MetricValue, CONFIG_KEYS, METRICS};
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    Ok(match name {
+        "FULL_DEVICE_NAME" => MetricValue::Text(format!("{} ({backend})", cpu_model_name())),
+        "AVAILABLE_DEVICES" => MetricValue::List(vec![format!("{device}.0")]),
+        "SUPPORTED_METRICS" => MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect()),
+        "SUPPORTED_CONFIG_KEYS" => {
+            MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
+        }
+        "OPTIMIZATION_CAPABILITIES" => {
+            MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
+        }
+        "RANGE_FOR_ASYNC_INFER_REQUESTS" => MetricValue::Range(1, cores, 1),
+        "IMPORT_EXPORT_SUPPORT" => MetricValue::Bool(true),
+        "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
+        "GFLOPS" => MetricValue::Number(calibrate().0),
+        "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(calibrate().1),
+        other => {
+            return Err(PluginError::UnknownMetric {
+                name: other.into(),
+                supported: METRICS.join(", "),
+            });
+        }
+    })
+}
+
+/// Memory bandwidth (GB/s) of a 64 MiB copy, read and written.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn memory_bandwidth_gbps() -> f64 {
+    let src = vec![1u8; 64 << 20];
+    let start = std::time::Instant::now();
+    let copy = src.clone();
+    let gbps = 2.0 * copy.len() as f64 / start.elapsed().as_secs_f64() / 1e9;
+    std::hint::black_box(copy);
+    gbps
+}
+
+/// The tensors of `graph` made by op nodes whose element type or rank
+/// static inference left open: what a backend's own analysis is asked for.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn untyped_intermediates(graph: &tessera_common::graph::Graph) -> Vec<&str> {
+    graph
+        .tensors
+        .iter()
+        .filter(|t| t.elem_type.is_none() || t.shape.is_none())
+        .filter(|t| graph.node(t.producer).kind == tessera_common::graph::NodeKind::Op)
+        .map(|t| t.name.as_str())
+        .collect()
+}

@@ -22,7 +22,7 @@ use tract_onnx::tract_core::runtime::RunOptions;
 
 use crate::plugin::{
     blob, CompiledSubgraph, Config, DevicePlugin, ExecStatus, InferResult, MetricValue,
-    PerfCounter, PluginError, QueryResult, TensorSpec, CONFIG_KEYS, METRICS,
+    PerfCounter, PluginError, QueryResult, TensorSpec,
 };
 
 const BACKEND: &str = "tract-onnx";
@@ -61,12 +61,6 @@ impl CpuPlugin {
         })
     }
 
-    fn cores() -> u32 {
-        std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1)
-    }
-
     /// GFLOP/s of a 256³ f32 MatMul through tract, and memory bandwidth
     /// (GB/s) of a 64 MiB copy; measured once.
     fn calibrate(&self) -> (f64, f64) {
@@ -96,12 +90,7 @@ impl CpuPlugin {
                 Ok(2.0 * (n * n * n * runs) as f64 / start.elapsed().as_secs_f64() / 1e9)
             })()
             .unwrap_or(0.0);
-            let src = vec![1u8; 64 << 20];
-            let start = Instant::now();
-            let copy = src.clone();
-            let gbps = 2.0 * copy.len() as f64 / start.elapsed().as_secs_f64() / 1e9;
-            std::hint::black_box(copy);
-            (gflops, gbps)
+            (gflops, crate::plugins::memory_bandwidth_gbps())
         })
     }
 }
@@ -116,33 +105,8 @@ impl DevicePlugin for CpuPlugin {
     }
 
     fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
-        Ok(match name {
-            "FULL_DEVICE_NAME" => MetricValue::Text(format!(
-                "{} (tract-onnx {BACKEND_VERSION})",
-                crate::plugins::cpu_model_name()
-            )),
-            "AVAILABLE_DEVICES" => MetricValue::List(self.available_devices()),
-            "SUPPORTED_METRICS" => {
-                MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect())
-            }
-            "SUPPORTED_CONFIG_KEYS" => {
-                MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
-            }
-            "OPTIMIZATION_CAPABILITIES" => {
-                MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
-            }
-            "RANGE_FOR_ASYNC_INFER_REQUESTS" => MetricValue::Range(1, Self::cores(), 1),
-            "IMPORT_EXPORT_SUPPORT" => MetricValue::Bool(true),
-            "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
-            "GFLOPS" => MetricValue::Number(self.calibrate().0),
-            "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(self.calibrate().1),
-            other => {
-                return Err(PluginError::UnknownMetric {
-                    name: other.into(),
-                    supported: METRICS.join(", "),
-                });
-            }
-        })
+        let backend = format!("tract-onnx {BACKEND_VERSION}");
+        crate::plugins::cpu_metric(&self.name, &backend, name, || self.calibrate())
     }
 
     fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {

@@ -7,7 +7,7 @@
 
 use prost::Message;
 use tessera_common::decompose::decompose;
-use tessera_common::graph::{Graph, NodeKind};
+use tessera_common::graph::Graph;
 use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, AttributeProto, ModelProto, NodeProto,
 };
@@ -182,12 +182,8 @@ fn analysed_types(
     graph: &Graph,
 ) -> std::collections::BTreeMap<String, crate::plugin::TensorSpec> {
     use tract_hir::infer::Factoid;
-    let wanted: std::collections::HashSet<&str> = graph
-        .tensors
-        .iter()
-        .filter(|t| t.elem_type.is_none() || t.shape.is_none())
-        .filter(|t| graph.node(t.producer).kind == NodeKind::Op)
-        .map(|t| t.name.as_str())
+    let wanted: std::collections::HashSet<&str> = crate::plugins::untyped_intermediates(graph)
+        .into_iter()
         .collect();
     if wanted.is_empty() {
         return Default::default();

@@ -32,7 +32,6 @@ use tessera_common::tensor::Tensor;
 pub use self::session::CompiledOrt;
 use crate::plugin::{
     blob, CompiledSubgraph, Config, DevicePlugin, MetricValue, PluginError, QueryResult,
-    CONFIG_KEYS, METRICS,
 };
 use crate::plugins::probe::ProbeCache;
 use library::Runtime;
@@ -78,12 +77,7 @@ impl OrtPlugin {
                 tracing::warn!("onnxruntime calibration failed: {e}");
                 0.0
             });
-            let src = vec![1u8; 64 << 20];
-            let start = Instant::now();
-            let copy = src.clone();
-            let gbps = 2.0 * copy.len() as f64 / start.elapsed().as_secs_f64() / 1e9;
-            std::hint::black_box(copy);
-            (gflops, gbps)
+            (gflops, crate::plugins::memory_bandwidth_gbps())
         })
     }
 
@@ -144,12 +138,6 @@ impl OrtPlugin {
     }
 }
 
-fn cores() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1)
-}
-
 impl DevicePlugin for OrtPlugin {
     fn name(&self) -> &str {
         &self.name
@@ -160,34 +148,8 @@ impl DevicePlugin for OrtPlugin {
     }
 
     fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
-        Ok(match name {
-            "FULL_DEVICE_NAME" => MetricValue::Text(format!(
-                "{} (onnxruntime {})",
-                super::cpu_model_name(),
-                self.runtime.version
-            )),
-            "AVAILABLE_DEVICES" => MetricValue::List(self.available_devices()),
-            "SUPPORTED_METRICS" => {
-                MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect())
-            }
-            "SUPPORTED_CONFIG_KEYS" => {
-                MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
-            }
-            "OPTIMIZATION_CAPABILITIES" => {
-                MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
-            }
-            "RANGE_FOR_ASYNC_INFER_REQUESTS" => MetricValue::Range(1, cores(), 1),
-            "IMPORT_EXPORT_SUPPORT" => MetricValue::Bool(true),
-            "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
-            "GFLOPS" => MetricValue::Number(self.calibrate().0),
-            "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(self.calibrate().1),
-            other => {
-                return Err(PluginError::UnknownMetric {
-                    name: other.into(),
-                    supported: METRICS.join(", "),
-                });
-            }
-        })
+        let backend = format!("onnxruntime {}", self.runtime.version);
+        crate::plugins::cpu_metric(&self.name, &backend, name, || self.calibrate())
     }
 
     fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use prost::Message;
-use tessera_common::graph::{Graph, NodeKind};
+use tessera_common::graph::Graph;
 use tessera_common::onnx::proto::{AttributeProto, ModelProto, NodeProto, ValueInfoProto};
 use tessera_common::tensor::Tensor;
 
@@ -173,13 +173,7 @@ fn analysed_types(
     model: &ModelProto,
     graph: &Graph,
 ) -> BTreeMap<String, TensorSpec> {
-    let wanted: Vec<&str> = graph
-        .tensors
-        .iter()
-        .filter(|t| t.elem_type.is_none() || t.shape.is_none())
-        .filter(|t| graph.node(t.producer).kind == NodeKind::Op)
-        .map(|t| t.name.as_str())
-        .collect();
+    let wanted = crate::plugins::untyped_intermediates(graph);
     if wanted.is_empty() {
         return BTreeMap::new();
     }
