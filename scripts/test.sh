@@ -7,6 +7,12 @@ if ! python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
     "onnx==1.17.0" "onnxruntime==1.32.0" "numpy==2.4.6"
 fi
+# The KServe v2 test's real clients: Triton's Python client and
+# prometheus_client's text-format parser.
+if ! python3 -c "import tritonclient.http, prometheus_client" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check \
+    "tritonclient[http]==2.73.0" "prometheus_client==0.23.1"
+fi
 ./scripts/fetch-test-models.sh >/dev/null
 # The GPU plugin's tests run on Mesa's lavapipe (a software Vulkan device)
 # where no GPU is present; with it installed they are required to run.

@@ -44,6 +44,17 @@ pub async fn start(
     devices: &[String],
     plugin_config: &[(String, String)],
 ) -> Result<Embedded> {
+    start_configured(workers, devices, plugin_config, |_| {}).await
+}
+
+/// [`start`] with the coordinator's configuration changed by `configure`
+/// first (e.g. `http_listen`).
+pub async fn start_configured(
+    workers: usize,
+    devices: &[String],
+    plugin_config: &[(String, String)],
+    configure: impl FnOnce(&mut CoordinatorConfig),
+) -> Result<Embedded> {
     if workers == 0 {
         bail!("an embedded cluster needs at least one worker");
     }
@@ -51,11 +62,12 @@ pub async fn start(
     let mut all: Vec<&str> = vec!["coordinator", "client"];
     all.extend(names.iter().map(String::as_str));
     let ids = certs::ephemeral(CLUSTER, &all)?;
-    let config = CoordinatorConfig {
+    let mut config = CoordinatorConfig {
         cluster: CLUSTER.into(),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..Default::default()
     };
+    configure(&mut config);
     let coordinator = Coordinator::bind(config, &ids[0])?;
     let addr = coordinator.local_addr()?;
     let serving = coordinator.clone();

@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use std::collections::HashMap;
 use tessera_client::LoadOptions;
+
 use tessera_common::graph::Graph;
 use tessera_common::onnx;
+use tessera_common::tensor::{read_npy, Tensor};
 
 use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs};
 
@@ -17,7 +20,7 @@ use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs};
 #[derive(Args)]
 pub struct ModelArgs {
     /// The ONNX model.
-    model: PathBuf,
+    pub(crate) model: PathBuf,
     /// Device priority, e.g. HETERO:node-a/CPU,node-b/CPU (a bare kind: that
     /// kind on every worker; default: every device).
     #[arg(long, default_value = "")]
@@ -91,6 +94,11 @@ pub struct BenchArgs {
     concurrency: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// NAME=FILE.npy: this input from a file (the others are random, of
+    /// the model's shapes with `--shape` applied; a dynamic dim left open
+    /// is 1 for the first dim, 64 for the others).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
 }
 
 #[derive(Args)]
@@ -241,9 +249,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     tessera_cli::cluster::run_system(async move {
         let bytes = args.model.read()?;
-        let graph = Graph::from_model(onnx::decode_model(&bytes)?)?;
-        let inputs = tessera_common::synth::random_inputs(&graph, args.seed)
-            .context("an input has an unknown or non-numeric type")?;
+        let inputs = bench_inputs(&args, &bytes)?;
         let (client, embedded) = connect(&args.model.remote).await?;
         let network = client
             .load_network_with_progress(bytes, args.model.options()?, |what, done, total| {
@@ -302,6 +308,50 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The bench's inputs: `--input` files, the others random of the shapes
+/// the network is planned for (`--shape`).
+fn bench_inputs(args: &BenchArgs, bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
+    let shapes = tessera_cli::parse_shapes(&args.model.shapes)?;
+    let (graph, _) = tessera_common::plan::prepare(&onnx::decode_model(bytes)?, &shapes)?;
+    let mut given: HashMap<String, Tensor> = HashMap::new();
+    for spec in &args.inputs {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+        let data = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+        let t = read_npy(&data).with_context(|| format!("--input {spec}"))?;
+        given.insert(name.to_string(), t);
+    }
+    let random = tessera_common::synth::random_inputs(&graph, args.seed);
+    let mut inputs = Vec::new();
+    for &t in &graph.inputs {
+        let name = &graph.tensor(t).name;
+        let tensor = match given.remove(name) {
+            Some(t) => t,
+            None => random
+                .as_ref()
+                .and_then(|r| r.iter().find(|(n, _)| n == name))
+                .map(|(_, t)| t.clone())
+                .with_context(|| {
+                    format!("input '{name}' has an unknown or non-numeric type: give it with --input {name}=FILE.npy")
+                })?,
+        };
+        inputs.push((name.clone(), tensor));
+    }
+    if let Some(name) = given.keys().next() {
+        let names: Vec<&str> = graph
+            .inputs
+            .iter()
+            .map(|&t| graph.tensor(t).name.as_str())
+            .collect();
+        bail!(
+            "--input {name}: the model has no such input (inputs: {})",
+            names.join(", ")
+        );
+    }
+    Ok(inputs)
 }
 
 /// `[#####     ] 12/64` on stderr, redrawn in place.

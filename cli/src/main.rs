@@ -6,7 +6,8 @@
 //! HETERO on this machine's plugins, inputs and outputs as `.npy`;
 //! `run` on a cluster; `query`, `plan`, `bench`, `cluster`, `soak` (a
 //! checked steady load for fault drills) against a cluster
-//! (`--coordinator ADDR`) or an embedded local one; `certs init`,
+//! (`--coordinator ADDR`) or an embedded local one; `load`, `models`,
+//! `unload`, the named models of a running cluster; `certs init`,
 //! the cluster CA and node certificates; `example-model`.
 //!
 //! ```text
@@ -14,12 +15,14 @@
 //! tessera run model.onnx --devices HETERO:CPU --local --random --output-dir out --perf-counts
 //! tessera run model.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU --random
 //! tessera plan model.onnx --devices CPU --policy cost --dump-dir dumps --explain
-//! tessera bench model.onnx --requests 64 --concurrency 16
+//! tessera bench model.onnx --requests 64 --concurrency 16 --shape x=1,3,48,320
+//! tessera load rec rec.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU
 //! tessera certs init --dir certs --cluster lab --nodes coordinator,node-a,node-b,client
 //! ```
 
 mod certs;
 mod cluster_cmds;
+mod models_cmds;
 mod partition;
 mod remote;
 mod run;
@@ -63,6 +66,14 @@ enum Command {
     Bench(cluster_cmds::BenchArgs),
     /// A cluster's workers, devices, metrics and health.
     Cluster(cluster_cmds::ClusterArgs),
+    /// Load a model under a name on a running cluster (its model
+    /// repository): HTTP clients reach it by name, and it is re-planned by
+    /// itself after a worker loss.
+    Load(models_cmds::LoadArgs),
+    /// The cluster's named models and their state.
+    Models(models_cmds::ModelsArgs),
+    /// Unload a named model.
+    Unload(models_cmds::UnloadArgs),
     /// A steady load of checked requests (for fault drills): counts sent,
     /// succeeded, failed, lost and wrong answers.
     Soak(soak::SoakArgs),
@@ -108,6 +119,9 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => cluster_cmds::plan(args),
         Command::Bench(args) => cluster_cmds::bench(args),
         Command::Cluster(args) => cluster_cmds::cluster(args),
+        Command::Load(args) => models_cmds::load(args),
+        Command::Models(args) => models_cmds::models(args),
+        Command::Unload(args) => models_cmds::unload(args),
         Command::Soak(args) => soak::soak(args),
         Command::Certs(command) => certs::run(command),
         Command::ExampleModel { out, seed } => {

@@ -45,7 +45,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, LoadRequest};
-pub use tessera_common::wire::control::{Counters, DeviceAnswer, NodeTime, Transfer, WorkerState};
+pub use tessera_common::wire::control::{
+    Counters, DeviceAnswer, ModelStatus, NodeTime, Transfer, WorkerState,
+};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
@@ -205,7 +207,7 @@ impl Client {
         options: LoadOptions,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let request = load_request(options, false);
+        let request = Control::LoadNetwork(load_request(options, false));
         match self.operation(&request, Some(model.into()), progress).await {
             Ok(Control::NetworkLoaded { network, plan }) => {
                 let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
@@ -225,6 +227,88 @@ impl Client {
         }
     }
 
+    /// Loads `model` (ONNX bytes) as the named model `name` of the
+    /// coordinator's repository (replacing a model of that name once the
+    /// new one is deployed); requests by name (SDK, HTTP) then reach it,
+    /// and it is re-planned by itself after a worker loss.
+    pub async fn load_model(
+        &self,
+        name: &str,
+        model: impl Into<Bytes>,
+        options: LoadOptions,
+        progress: impl FnMut(&str, u64, u64),
+    ) -> Result<Network, ClientError> {
+        let request = Some(load_request(options, false));
+        self.model_operation(name, request, Some(model.into()), progress)
+            .await
+    }
+
+    /// The network serving named model `name` (loading the repository's
+    /// model of that name if it is not loaded).
+    pub async fn model(&self, name: &str) -> Result<Network, ClientError> {
+        self.model_operation(name, None, None, |_, _, _| {}).await
+    }
+
+    async fn model_operation(
+        &self,
+        name: &str,
+        request: Option<LoadRequest>,
+        model: Option<Bytes>,
+        progress: impl FnMut(&str, u64, u64),
+    ) -> Result<Network, ClientError> {
+        let msg = Control::LoadModel {
+            name: name.to_string(),
+            request,
+        };
+        match self.operation(&msg, model, progress).await {
+            Ok(Control::NetworkLoaded { network, plan }) => {
+                let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
+                Ok(Network {
+                    client: self.clone(),
+                    id: network,
+                    plan: Arc::new(plan),
+                    deadline: None,
+                })
+            }
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// Unloads named model `name` (it stays in the repository, unloaded).
+    pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
+        let msg = Control::UnloadModel { name: name.into() };
+        match self.operation(&msg, None, |_, _, _| {}).await {
+            Ok(Control::ModelUnloaded { .. }) => Ok(()),
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
+    /// The named models of the coordinator's repository and their state.
+    pub async fn models(&self) -> Result<Vec<ModelStatus>, ClientError> {
+        match self
+            .operation(&Control::ListModels, None, |_, _, _| {})
+            .await
+        {
+            Ok(Control::Models { models }) => Ok(models),
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "unexpected {}",
+                other.name()
+            ))),
+            Err(OpError::Failed(e)) => Err(ClientError::Protocol(e)),
+            Err(OpError::Client(e)) => Err(e),
+        }
+    }
+
     /// Plans `model` as [`Client::load_network`] would, deploying nothing:
     /// the partition, why each node went where, predicted costs.
     pub async fn plan(
@@ -232,7 +316,7 @@ impl Client {
         model: impl Into<Bytes>,
         options: LoadOptions,
     ) -> Result<Plan, ClientError> {
-        let request = load_request(options, true);
+        let request = Control::LoadNetwork(load_request(options, true));
         match self
             .operation(&request, Some(model.into()), |_, _, _| {})
             .await
@@ -341,8 +425,8 @@ impl From<ClientError> for OpError {
     }
 }
 
-fn load_request(options: LoadOptions, dry_run: bool) -> Control {
-    Control::LoadNetwork(LoadRequest {
+fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
+    LoadRequest {
         name: options.name,
         devices: options.devices,
         policy: if options.policy.is_empty() {
@@ -358,7 +442,7 @@ fn load_request(options: LoadOptions, dry_run: bool) -> Control {
             .into_iter()
             .map(|(name, dims)| (name, dims.into_iter().map(|d| d as u64).collect()))
             .collect(),
-    })
+    }
 }
 
 /// The cluster as the coordinator sees it.

@@ -124,6 +124,7 @@ fn garbled_and_truncated_frames_are_errors() {
     let frame = Control::Heartbeat {
         seq: 1,
         in_flight: 0,
+        mailboxes: vec![],
     }
     .encode(0, &limits)
     .unwrap();
@@ -228,7 +229,8 @@ proptest! {
 #[test]
 fn every_control_message_round_trips() {
     use tessera_common::wire::control::{
-        Counters, DeviceAnswer, DeviceInfo, LoadRequest, NodeTime, Transfer, WorkerState,
+        Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelStatus, NodeTime,
+        Transfer, WorkerState,
     };
     let limits = Limits::default();
     let device = DeviceInfo {
@@ -260,6 +262,11 @@ fn every_control_message_round_trips() {
         Control::Heartbeat {
             seq: 9,
             in_flight: 2,
+            mailboxes: vec![MailboxDepth {
+                network: 3,
+                subgraph: 1,
+                depth: 4,
+            }],
         },
         Control::QueryNetwork {
             devices: vec!["CPU".into()],
@@ -325,6 +332,21 @@ fn every_control_message_round_trips() {
         },
         Control::Moved(transfer),
         Control::Cancel { request: 2 },
+        Control::LoadModel {
+            name: "rec".into(),
+            request: None,
+        },
+        Control::UnloadModel { name: "rec".into() },
+        Control::ModelUnloaded { name: "rec".into() },
+        Control::ListModels,
+        Control::Models {
+            models: vec![ModelStatus {
+                name: "rec".into(),
+                state: "READY".into(),
+                network: 4,
+                reason: String::new(),
+            }],
+        },
         Control::ClusterInfo,
         Control::ClusterState {
             workers: vec![WorkerState {

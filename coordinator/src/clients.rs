@@ -1,6 +1,7 @@
 //! Client sessions: a client opens one bidirectional stream per operation
 //! (`LoadNetwork`, also as a dry run, `Infer`, `Unload`, `QueryNetwork`,
-//! `ClusterInfo`); many run at once. A malformed
+//! `ClusterInfo`, and for named models `LoadModel`, `UnloadModel`,
+//! `ListModels`); many run at once. A malformed
 //! operation fails on its own stream; the session and the others go on.
 
 use std::collections::HashMap;
@@ -98,6 +99,35 @@ async fn operation(
                     .unwrap_or_default(),
             };
             write(send, &msg, &limits).await
+        }
+        Control::LoadModel { name, request } => {
+            let new = request.map(|r| (crate::repository::Source::Bytes(payload), r));
+            let (tx, rx) = mpsc::channel::<Control>(64);
+            let loaded = with_progress(
+                crate::repository::load(shared, &name, new, tx),
+                rx,
+                send,
+                &limits,
+            )
+            .await?;
+            let msg = Control::NetworkLoaded {
+                network: loaded.id,
+                plan: loaded
+                    .deployed()
+                    .map(|d| d.plan.clone())
+                    .unwrap_or_default(),
+            };
+            write(send, &msg, &limits).await
+        }
+        Control::UnloadModel { name } => {
+            crate::repository::unload(shared, &name)
+                .await
+                .map_err(|e| e.to_string())?;
+            write(send, &Control::ModelUnloaded { name }, &limits).await
+        }
+        Control::ListModels => {
+            let models = crate::repository::statuses(shared);
+            write(send, &Control::Models { models }, &limits).await
         }
         Control::QueryNetwork { devices } => {
             let (tx, rx) = mpsc::channel::<Control>(64);

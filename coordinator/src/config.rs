@@ -2,14 +2,25 @@
 //! `configs/cluster.toml`), each key overridable by an environment variable
 //! `TESSERA_<KEY>` (e.g. `TESSERA_LISTEN=0.0.0.0:7400`). Unknown keys are
 //! an error, not ignored.
+//!
+//! Named models (the model repository served over HTTP and loaded by name
+//! through the SDK) are `[models.NAME]` tables:
+//!
+//! ```toml
+//! [models.rec]
+//! path = "models/rec.onnx"
+//! devices = "HETERO:node-a/CPU,node-b/CPU"
+//! policy = "priority"
+//! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 /// Every key, for environment overrides and error messages.
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 10] = [
     "cluster",
     "name",
     "listen",
@@ -18,7 +29,48 @@ pub const KEYS: [&str; 8] = [
     "worker_timeout_ms",
     "request_deadline_ms",
     "inter_host_gbps",
+    "http_listen",
+    "http_max_body_bytes",
 ];
+
+/// A named model of the repository: `[models.NAME]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The ONNX file (relative paths from the working directory, like
+    /// `certs`).
+    pub path: PathBuf,
+    /// Device priority, e.g. `HETERO:node-a/CPU,node-b/CPU` (empty: every
+    /// device of every worker).
+    #[serde(default)]
+    pub devices: String,
+    /// `priority` or `cost`.
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// Refuse a plan that leaves a node without a device.
+    #[serde(default)]
+    pub strict: bool,
+    /// Concrete shapes of graph inputs: `{ x = [1, 3, 48, 320] }`.
+    #[serde(default)]
+    pub shapes: BTreeMap<String, Vec<u64>>,
+    /// Manual affinity: node name → `host/DEVICE`.
+    #[serde(default)]
+    pub affinity: BTreeMap<String, String>,
+}
+
+fn default_policy() -> String {
+    "priority".into()
+}
+
+/// Whether `name` can name a model in URLs and metrics: 1–128 of
+/// `[A-Za-z0-9_.-]`, not starting with a dot.
+pub fn valid_model_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -41,6 +93,13 @@ pub struct CoordinatorConfig {
     /// Network bandwidth between hosts assumed by the cost policy until the
     /// coordinator has measured it, GB/s (latency is always measured).
     pub inter_host_gbps: f64,
+    /// Address of the HTTP listener (KServe v2 inference protocol and
+    /// Prometheus `/metrics`); empty: no HTTP listener.
+    pub http_listen: String,
+    /// Largest HTTP request body accepted (larger: 413).
+    pub http_max_body_bytes: u64,
+    /// The model repository: models loaded by name at start.
+    pub models: BTreeMap<String, ModelConfig>,
 }
 
 impl Default for CoordinatorConfig {
@@ -54,6 +113,9 @@ impl Default for CoordinatorConfig {
             worker_timeout_ms: 2000,
             request_deadline_ms: 30_000,
             inter_host_gbps: 1.0,
+            http_listen: String::new(),
+            http_max_body_bytes: 64 << 20,
+            models: BTreeMap::new(),
         }
     }
 }
@@ -112,6 +174,34 @@ impl CoordinatorConfig {
         if cfg.inter_host_gbps <= 0.0 {
             return Err(err("inter_host_gbps must be positive".into()));
         }
+        cfg.http_addr().map_err(err)?;
+        if cfg.http_max_body_bytes == 0 {
+            return Err(err("http_max_body_bytes must be positive".into()));
+        }
+        for (name, model) in &cfg.models {
+            if !valid_model_name(name) {
+                return Err(err(format!(
+                    "models.{name}: a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')"
+                )));
+            }
+            if !matches!(model.policy.as_str(), "priority" | "cost") {
+                return Err(err(format!(
+                    "models.{name}.policy: '{}' is neither 'priority' nor 'cost'",
+                    model.policy
+                )));
+            }
+        }
         Ok(cfg)
+    }
+
+    /// The HTTP listener's address, `None` when off.
+    pub fn http_addr(&self) -> Result<Option<SocketAddr>, String> {
+        let text = self.http_listen.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(|e| {
+            format!("http_listen '{text}': {e} (expected IP:PORT, e.g. 127.0.0.1:8000)")
+        })
     }
 }

@@ -183,6 +183,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
                     "network re-planned ({why})"
                 );
                 loaded.current.send_replace(Current::Ready(deployed));
+                shared.metrics.replanned(&loaded.name);
                 return;
             }
             Err(e) => {
@@ -209,7 +210,10 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
 
 /// `request` without the devices and manual pins that name workers no
 /// longer connected (their nodes fall to the policy).
-fn without_lost(shared: &Shared, request: &LoadRequest) -> Result<LoadRequest, CoordinatorError> {
+pub(crate) fn without_lost(
+    shared: &Shared,
+    request: &LoadRequest,
+) -> Result<LoadRequest, CoordinatorError> {
     let here = |d: &DeviceId| {
         d.host
             .as_ref()

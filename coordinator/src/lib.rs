@@ -37,8 +37,11 @@
 pub mod clients;
 pub mod config;
 pub mod heal;
+pub mod http;
 pub mod load;
 pub mod members;
+pub mod metrics;
+pub mod repository;
 pub mod requests;
 
 use std::net::SocketAddr;
@@ -67,6 +70,11 @@ pub enum CoordinatorError {
     Worker(String),
     #[error("no network {0} is loaded")]
     UnknownNetwork(u64),
+    #[error("no model named '{0}' in the repository")]
+    UnknownModel(String),
+    /// A named model known but not deployed now.
+    #[error("{0}")]
+    NotReady(String),
     #[error("bad inputs: {0}")]
     BadInput(String),
     #[error("request {request} missed its deadline of {deadline_ms} ms{waiting}")]
@@ -77,6 +85,8 @@ pub enum CoordinatorError {
     },
     #[error(transparent)]
     Net(#[from] NetError),
+    #[error("http: {0}")]
+    Http(String),
 }
 
 /// State shared by every session.
@@ -87,9 +97,14 @@ pub struct Shared {
     /// Loaded networks by the id clients use.
     pub networks: DashMap<u64, Arc<Loaded>>,
     pub pending: DashMap<u64, Pending>,
+    /// Named models.
+    pub repository: repository::Repository,
+    pub metrics: metrics::Metrics,
     next_network: AtomicU64,
     next_request: AtomicU64,
     closing: std::sync::atomic::AtomicBool,
+    /// When the coordinator started.
+    pub started: std::time::Instant,
 }
 
 impl Shared {
@@ -103,6 +118,9 @@ impl Shared {
 #[derive(Clone)]
 pub struct Coordinator {
     shared: Arc<Shared>,
+    /// The HTTP listener, until [`Coordinator::serve`] takes it.
+    http: Arc<std::sync::Mutex<Option<tokio::net::TcpListener>>>,
+    http_addr: Option<SocketAddr>,
 }
 
 impl Coordinator {
@@ -112,9 +130,22 @@ impl Coordinator {
         config: CoordinatorConfig,
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
+        let http = match config.http_addr().map_err(CoordinatorError::Http)? {
+            Some(addr) => Some(http::bind(addr)?),
+            None => None,
+        };
+        let http_addr = match &http {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| CoordinatorError::Http(format!("the HTTP listener: {e}")))?,
+            ),
+            None => None,
+        };
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
         Ok(Coordinator {
             shared: Arc::new(Shared {
+                repository: repository::Repository::from_config(&config.models),
+                metrics: metrics::Metrics::new(),
                 config,
                 node,
                 workers: DashMap::new(),
@@ -123,12 +154,21 @@ impl Coordinator {
                 next_network: AtomicU64::new(1),
                 next_request: AtomicU64::new(1),
                 closing: Default::default(),
+                started: std::time::Instant::now(),
             }),
+            http: Arc::new(std::sync::Mutex::new(http)),
+            http_addr,
         })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, CoordinatorError> {
         Ok(self.shared.node.local_addr()?)
+    }
+
+    /// The HTTP listener's address (KServe v2 and `/metrics`), if one is
+    /// configured (`http_listen`).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -151,6 +191,11 @@ impl Coordinator {
     /// fails TLS or the handshake is logged and refused; the others go on.
     pub async fn serve(&self) {
         tokio::spawn(members::watchdog(self.shared.clone()));
+        tokio::spawn(repository::keep_loaded(self.shared.clone()));
+        let listener = self.http.lock().ok().and_then(|mut l| l.take());
+        if let Some(listener) = listener {
+            tokio::spawn(http::serve(self.shared.clone(), listener));
+        }
         while let Some(peer) = self.shared.node.accept(&[Role::Worker, Role::Client]).await {
             let peer = match peer {
                 Ok(p) => p,

@@ -644,6 +644,7 @@ pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), Coordinato
         .networks
         .remove(&network)
         .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    shared.repository.network_unloaded(network);
     if let Some(deployed) = loaded.deployed() {
         undeploy(shared, deployed.id, &deployed.hosts).await;
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, DeviceInfo};
+use tessera_common::wire::control::{Control, DeviceInfo, MailboxDepth};
 use tessera_common::wire::Frame;
 use tessera_net::{recv_frame, send_frame, serve_streams, Link, Peer};
 
@@ -127,6 +127,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
     shared.workers.insert(name.clone(), entry.clone());
+    shared.metrics.worker_up(&name, true);
     crate::heal::worker_joined(&shared, &name);
     // A probe tensor (network 0): the worker reports how long it took.
     let probe = entry.tensors.clone();
@@ -180,9 +181,16 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
                             *seen = Instant::now();
                         }
                         match msg {
-                            Control::Heartbeat { in_flight, .. } => entry
-                                .running
-                                .store(in_flight, std::sync::atomic::Ordering::Relaxed),
+                            Control::Heartbeat {
+                                in_flight,
+                                mailboxes,
+                                ..
+                            } => {
+                                entry
+                                    .running
+                                    .store(in_flight, std::sync::atomic::Ordering::Relaxed);
+                                mailbox_metrics(&shared, &entry.name, mailboxes);
+                            }
                             Control::Failed {
                                 request: Some(request),
                                 error,
@@ -230,6 +238,7 @@ pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
     if shared.workers.remove(name).is_none() {
         return;
     }
+    shared.metrics.worker_up(name, false);
     if !shared.shutting_down() {
         crate::heal::worker_lost(shared, name);
     }
@@ -239,6 +248,22 @@ pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
         tracing::warn!(worker = %name, "worker lost: {why}");
     }
     crate::requests::fail_on_worker(shared, name, &format!("worker {name} was lost: {why}"));
+}
+
+/// A heartbeat's mailbox depths, by the model each deployment serves.
+fn mailbox_metrics(shared: &Shared, worker: &str, mailboxes: Vec<MailboxDepth>) {
+    let model_of = |deployment: u64| {
+        shared
+            .networks
+            .iter()
+            .find(|n| n.deployed().is_some_and(|d| d.id == deployment))
+            .map(|n| n.name.clone())
+    };
+    let depths = mailboxes
+        .into_iter()
+        .filter_map(|m| Some((model_of(m.network)?, m.subgraph, m.depth)))
+        .collect();
+    shared.metrics.mailboxes(worker, depths);
 }
 
 async fn refuse(

@@ -74,17 +74,41 @@ pub struct Pending {
 
 /// Runs one request on a loaded network, retrying it on the network's
 /// next deployment when a worker is lost, until `deadline`.
+/// Counted in the coordinator's metrics under the network's name.
 pub async fn infer(
     shared: &Arc<Shared>,
     network: u64,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
 ) -> Result<Done, CoordinatorError> {
-    let loaded = shared
-        .networks
-        .get(&network)
-        .map(|n| n.clone())
-        .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    let Some(loaded) = shared.networks.get(&network).map(|n| n.clone()) else {
+        let e = CoordinatorError::UnknownNetwork(network);
+        shared
+            .metrics
+            .failed("", crate::metrics::failure_reason(&e));
+        return Err(e);
+    };
+    let started = Instant::now();
+    let _in_flight = shared.metrics.started(&loaded.name);
+    let result = infer_on(shared, &loaded, inputs, deadline).await;
+    match &result {
+        Ok(done) => shared
+            .metrics
+            .succeeded(&loaded.name, started.elapsed(), &done.counters),
+        Err(e) => shared
+            .metrics
+            .failed(&loaded.name, crate::metrics::failure_reason(e)),
+    }
+    result
+}
+
+async fn infer_on(
+    shared: &Arc<Shared>,
+    loaded: &crate::heal::Loaded,
+    inputs: HashMap<String, Tensor>,
+    deadline: Option<Duration>,
+) -> Result<Done, CoordinatorError> {
+    let network = loaded.id;
     check_inputs(&loaded.graph, &inputs).map_err(|e| match e {
         PlanError::BadInput(m) => CoordinatorError::BadInput(m),
         e => CoordinatorError::Plan(e.to_string()),

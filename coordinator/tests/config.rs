@@ -80,3 +80,55 @@ fn unknown_keys_and_bad_values_are_clear_errors() {
     .to_string();
     assert!(err.contains("heartbeat_ms"), "{err}");
 }
+
+#[test]
+fn named_models_and_the_http_listener_are_configured() {
+    let path = write(
+        "models.toml",
+        "http_listen = \"127.0.0.1:8000\"\nhttp_max_body_bytes = 1024\n\
+         [models.rec]\npath = \"models/rec.onnx\"\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
+         shapes = { x = [1, 3, 48, 320] }\naffinity = { \"conv_1\" = \"node-b/CPU\" }\n\
+         [models.MiniLM-L3]\npath = \"minilm.onnx\"\npolicy = \"cost\"\n",
+    );
+    let cfg = CoordinatorConfig::load(Some(&path), no_env).unwrap();
+    assert_eq!(
+        cfg.http_addr().unwrap(),
+        Some("127.0.0.1:8000".parse().unwrap())
+    );
+    assert_eq!(cfg.http_max_body_bytes, 1024);
+    let rec = &cfg.models["rec"];
+    assert_eq!(rec.path, Path::new("models/rec.onnx"));
+    assert_eq!(rec.policy, "priority");
+    assert_eq!(rec.shapes["x"], vec![1, 3, 48, 320]);
+    assert_eq!(rec.affinity["conv_1"], "node-b/CPU");
+    // Names keep their case.
+    assert_eq!(cfg.models["MiniLM-L3"].policy, "cost");
+    let env = |k: &str| (k == "TESSERA_HTTP_LISTEN").then(|| "0.0.0.0:9100".to_string());
+    let cfg = CoordinatorConfig::load(Some(&path), env).unwrap();
+    assert_eq!(
+        cfg.http_addr().unwrap(),
+        Some("0.0.0.0:9100".parse().unwrap())
+    );
+}
+
+#[test]
+fn bad_model_tables_and_http_keys_are_clear_errors() {
+    let cases = [
+        ("http_listen = \"port 80\"\n", "http_listen"),
+        ("http_max_body_bytes = 0\n", "http_max_body_bytes"),
+        ("[models.rec]\ndevices = \"CPU\"\n", "path"),
+        (
+            "[models.rec]\npath = \"a.onnx\"\npolicy = \"fastest\"\n",
+            "neither",
+        ),
+        ("[models.rec]\npath = \"a.onnx\"\nbatch = 4\n", "batch"),
+        ("[models.\"a/b\"]\npath = \"a.onnx\"\n", "model name"),
+    ];
+    for (i, (text, wanted)) in cases.iter().enumerate() {
+        let path = write(&format!("bad-{i}.toml"), text);
+        let err = CoordinatorConfig::load(Some(&path), no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(wanted), "{text:?}: {err}");
+    }
+}

@@ -174,6 +174,7 @@ async fn a_garbled_stream_fails_alone() {
     let mut huge = Control::Heartbeat {
         seq: 1,
         in_flight: 0,
+        mailboxes: vec![],
     }
     .encode(0, &limits)
     .unwrap();
@@ -187,6 +188,7 @@ async fn a_garbled_stream_fails_alone() {
     let beat = Control::Heartbeat {
         seq: 7,
         in_flight: 0,
+        mailboxes: vec![],
     };
     send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)
         .await

@@ -121,6 +121,17 @@ impl Cluster {
     /// As [`Cluster::start`], each worker serving its own devices
     /// (`("node-a", "GPU")`).
     pub fn start_with(test: &str, workers: &[(&str, &str)], threads: usize) -> Cluster {
+        Cluster::start_configured(test, workers, threads, "")
+    }
+
+    /// As [`Cluster::start_with`], with `extra` appended to the
+    /// coordinator's cluster.toml (e.g. `http_listen`, `[models.NAME]`).
+    pub fn start_configured(
+        test: &str,
+        workers: &[(&str, &str)],
+        threads: usize,
+        extra: &str,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -133,7 +144,7 @@ impl Cluster {
             &config,
             format!(
                 "cluster = \"{CLUSTER}\"\nlisten = \"127.0.0.1:0\"\ncerts = \"{}\"\n\
-                 heartbeat_ms = 200\nworker_timeout_ms = 1500\nrequest_deadline_ms = 60000\n",
+                 heartbeat_ms = 200\nworker_timeout_ms = 1500\nrequest_deadline_ms = 60000\n{extra}",
                 certs.display()
             ),
         )

@@ -117,6 +117,28 @@ pub struct Transfer {
     pub micros: u64,
 }
 
+/// How many requests one subgraph actor holds (waiting for inputs, ready,
+/// or computing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailboxDepth {
+    /// The deployment (network id on the wire to workers).
+    pub network: u64,
+    pub subgraph: u32,
+    pub depth: u32,
+}
+
+/// A named model of the coordinator's repository.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    pub name: String,
+    /// `READY`, `LOADING`, `UNAVAILABLE` or `UNLOADED`.
+    pub state: String,
+    /// The network serving it (0: none).
+    pub network: u64,
+    /// Why it is not ready, where known.
+    pub reason: String,
+}
+
 /// A request's performance counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
@@ -144,6 +166,8 @@ pub enum Control {
     Heartbeat {
         seq: u64,
         in_flight: u32,
+        /// Requests waiting in or handed on by each subgraph actor's mailbox.
+        mailboxes: Vec<MailboxDepth>,
     },
 
     // QueryNetwork and deployment.
@@ -220,6 +244,25 @@ pub enum Control {
     Cancel {
         request: u64,
     },
+    // Named models (the model repository).
+    /// Load model `name`: with a request, defined anew from the payload's
+    /// ONNX bytes (replacing a model of that name once deployed); without,
+    /// the repository's model of that name.
+    LoadModel {
+        name: String,
+        request: Option<LoadRequest>,
+    },
+    UnloadModel {
+        name: String,
+    },
+    /// The answer to `UnloadModel`.
+    ModelUnloaded {
+        name: String,
+    },
+    ListModels,
+    Models {
+        models: Vec<ModelStatus>,
+    },
     /// Client → coordinator: the cluster's workers.
     ClusterInfo,
     ClusterState {
@@ -264,6 +307,11 @@ impl Control {
             Control::Ran { .. } => "Ran",
             Control::Moved(_) => "Moved",
             Control::Cancel { .. } => "Cancel",
+            Control::LoadModel { .. } => "LoadModel",
+            Control::UnloadModel { .. } => "UnloadModel",
+            Control::ModelUnloaded { .. } => "ModelUnloaded",
+            Control::ListModels => "ListModels",
+            Control::Models { .. } => "Models",
             Control::ClusterInfo => "ClusterInfo",
             Control::ClusterState { .. } => "ClusterState",
             Control::Unreachable { .. } => "Unreachable",

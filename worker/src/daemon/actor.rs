@@ -84,6 +84,8 @@ pub struct SubgraphActor {
     jobs: Option<mpsc::SyncSender<Job>>,
     /// Handed requests forgotten since: the thread skips them.
     cancelled: Arc<Mutex<HashSet<u64>>>,
+    /// Requests held (pending, ready, handed), as heartbeats report it.
+    depth: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl SubgraphActor {
@@ -105,7 +107,6 @@ impl SubgraphActor {
             compiled,
             inputs,
             outputs,
-            router,
             mailbox,
             stale_after: Duration::from_secs(300),
             pending: HashMap::new(),
@@ -113,7 +114,16 @@ impl SubgraphActor {
             handed: VecDeque::new(),
             jobs: None,
             cancelled: Default::default(),
+            depth: router.mailbox_gauge(network, subgraph),
+            router,
         }
+    }
+
+    /// Publishes how many requests this actor holds.
+    fn publish_depth(&self) {
+        let held = self.pending.len() + self.ready.len() + self.handed.len();
+        self.depth
+            .store(held as u32, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Hands ready requests to the compute thread while it has room.
@@ -291,6 +301,7 @@ impl Handler<Arrived> for SubgraphActor {
             // A subgraph of constants only: its trigger arrived.
             self.ready.push_back((msg.request, Vec::new()));
             self.next();
+            self.publish_depth();
             return;
         }
         let Some(slot) = self.inputs.iter().position(|n| *n == msg.name) else {
@@ -309,6 +320,7 @@ impl Handler<Arrived> for SubgraphActor {
                 self.next();
             }
         }
+        self.publish_depth();
     }
 }
 
@@ -323,6 +335,7 @@ impl Handler<Finished> for SubgraphActor {
             }
         }
         self.next();
+        self.publish_depth();
     }
 }
 
@@ -337,6 +350,7 @@ impl Handler<Forget> for SubgraphActor {
                 cancelled.insert(msg.request);
             }
         }
+        self.publish_depth();
     }
 }
 

@@ -325,6 +325,7 @@ async fn session<R: FnOnce(&str)>(
             let beat = Control::Heartbeat {
                 seq,
                 in_flight: counting.in_flight(),
+                mailboxes: counting.mailbox_depths(),
             };
             if beats.send_control(&beat).await.is_err() {
                 break;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use actix::Addr;
 use dashmap::DashMap;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, Destination, NodeTime, Transfer};
+use tessera_common::wire::control::{Control, Destination, MailboxDepth, NodeTime, Transfer};
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
 
@@ -37,6 +37,9 @@ pub struct Router {
     peers: tokio::sync::Mutex<HashMap<String, Link>>,
     /// Subgraph runs under way (reported in heartbeats).
     running: std::sync::atomic::AtomicU32,
+    /// Requests each subgraph actor holds: (network, subgraph) → depth
+    /// (reported in heartbeats).
+    mailboxes: DashMap<(u64, u32), Arc<std::sync::atomic::AtomicU32>>,
 }
 
 impl Router {
@@ -51,7 +54,28 @@ impl Router {
             routes: DashMap::new(),
             peers: tokio::sync::Mutex::new(HashMap::new()),
             running: Default::default(),
+            mailboxes: DashMap::new(),
         }
+    }
+
+    /// The depth gauge of subgraph `subgraph` of `network`'s actor.
+    pub fn mailbox_gauge(&self, network: u64, subgraph: u32) -> Arc<std::sync::atomic::AtomicU32> {
+        self.mailboxes
+            .entry((network, subgraph))
+            .or_default()
+            .clone()
+    }
+
+    /// Every subgraph actor's depth, for a heartbeat.
+    pub fn mailbox_depths(&self) -> Vec<MailboxDepth> {
+        self.mailboxes
+            .iter()
+            .map(|e| MailboxDepth {
+                network: e.key().0,
+                subgraph: e.key().1,
+                depth: e.value().load(std::sync::atomic::Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// A subgraph run starts (`true`) or ends.
@@ -112,6 +136,7 @@ impl Router {
             }
         });
         self.routes.retain(|(n, _), _| *n != network);
+        self.mailboxes.retain(|(n, _), _| *n != network);
         actors
     }
 

@@ -1,0 +1,97 @@
+//! `tessera load`, `models` and `unload`: the coordinator's named models
+//! (its model repository), which HTTP clients reach by name
+//! (`/v2/models/NAME/infer`) and which come back by themselves after a
+//! worker loss.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use crate::cluster_cmds::ModelArgs;
+use crate::remote::{connect, plan_lines, RemoteArgs};
+
+#[derive(Args)]
+pub struct LoadArgs {
+    /// The model's name (1-128 of A-Z a-z 0-9 _ . -).
+    name: String,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+#[derive(Args)]
+pub struct ModelsArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub struct UnloadArgs {
+    /// The model's name.
+    name: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+fn needs_coordinator(remote: &RemoteArgs, what: &str) -> Result<()> {
+    if remote.coordinator.is_none() {
+        bail!("tessera {what} acts on a running cluster: give --coordinator ADDR");
+    }
+    Ok(())
+}
+
+pub fn load(args: LoadArgs) -> Result<()> {
+    needs_coordinator(&args.model.remote, "load")?;
+    tessera_cli::cluster::run_system(async move {
+        let bytes = args.model.read()?;
+        let (client, _) = connect(&args.model.remote).await?;
+        let network = client
+            .load_model(
+                &args.name,
+                bytes,
+                args.model.options()?,
+                |what, done, total| eprintln!("[{done}/{total}] {what}"),
+            )
+            .await?;
+        crate::print_stdout(&format!(
+            "model {} loaded as network {}\n{}",
+            args.name,
+            network.id(),
+            plan_lines(network.plan())
+        ));
+        Ok(())
+    })
+}
+
+pub fn models(args: ModelsArgs) -> Result<()> {
+    needs_coordinator(&args.remote, "models")?;
+    tessera_cli::cluster::run_system(async move {
+        let (client, _) = connect(&args.remote).await?;
+        let models = client.models().await?;
+        let mut out = String::new();
+        use std::fmt::Write as _;
+        if models.is_empty() {
+            out.push_str("no named models\n");
+        }
+        for m in &models {
+            let _ = write!(out, "{}: {}", m.name, m.state);
+            if m.network != 0 {
+                let _ = write!(out, " (network {})", m.network);
+            }
+            if !m.reason.is_empty() {
+                let _ = write!(out, ": {}", m.reason);
+            }
+            out.push('\n');
+        }
+        crate::print_stdout(&out);
+        Ok(())
+    })
+}
+
+pub fn unload(args: UnloadArgs) -> Result<()> {
+    needs_coordinator(&args.remote, "unload")?;
+    tessera_cli::cluster::run_system(async move {
+        let (client, _) = connect(&args.remote).await?;
+        client.unload_model(&args.name).await?;
+        crate::print_stdout(&format!("model {} unloaded\n", args.name));
+        Ok(())
+    })
+}

@@ -1,0 +1,343 @@
+//! `POST /v2/models/{name}[/versions/{v}]/infer`: a KServe v2 inference
+//! request, with JSON `data` or the binary tensor extension (the JSON
+//! header's length in `Inference-Header-Content-Length`, the tensors'
+//! bytes after it in input order), run by the model's current deployment.
+//! Outputs come back as JSON `data`, or as binary when asked per output
+//! (`parameters.binary_data`) or for all (`parameters.binary_data_output`,
+//! what the Python client asks by default).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tessera_common::graph::Graph;
+use tessera_common::tensor::Tensor;
+
+use super::tensors;
+use super::{check_version, HttpError, VERSION};
+use crate::{repository, requests, Shared};
+
+/// The header that splits a binary request or response.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+#[derive(Deserialize)]
+struct InferRequest {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    inputs: Vec<RequestInput>,
+    #[serde(default)]
+    outputs: Option<Vec<RequestOutput>>,
+}
+
+#[derive(Deserialize)]
+struct RequestInput {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    data: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RequestOutput {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+}
+
+pub async fn infer(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    run(&shared, &name, &headers, body).await
+}
+
+pub async fn infer_v(
+    State(shared): State<Arc<Shared>>,
+    Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    check_version(&name, &version)?;
+    run(&shared, &name, &headers, body).await
+}
+
+async fn run(
+    shared: &Arc<Shared>,
+    name: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let loaded = repository::serving(shared, name)?;
+    let decoded = async {
+        let body = read_body(shared.config.http_max_body_bytes, headers, body).await?;
+        let (json_part, binary) = split_body(headers, &body)?;
+        let request: InferRequest = serde_json::from_slice(json_part)
+            .map_err(|e| HttpError::bad_request(format!("malformed inference request: {e}")))?;
+        let inputs = decode_inputs(&loaded.graph, &request.inputs, binary)?;
+        let deadline = timeout(request.parameters.as_ref())?;
+        Ok::<_, HttpError>((request, inputs, deadline))
+    };
+    let (request, inputs, deadline) = match decoded.await {
+        Ok(d) => d,
+        Err(e) => {
+            // Refused before it reached the cluster: counted here.
+            let reason = if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+                "too_large"
+            } else {
+                "bad_input"
+            };
+            shared.metrics.failed(&loaded.name, reason);
+            return Err(e);
+        }
+    };
+    let done = requests::infer(shared, loaded.id, inputs, deadline).await?;
+    respond(name, &request, done.outputs)
+}
+
+/// The whole body, refused past `limit` bytes.
+async fn read_body(limit: u64, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, HttpError> {
+    let too_large = |n: String| {
+        HttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {n} bytes is over http_max_body_bytes ({limit})"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        return Err(too_large(n.to_string()));
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large("more than that".into()))
+}
+
+/// The JSON header and the binary tensors after it.
+fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), HttpError> {
+    let Some(value) = headers.get(HEADER_LENGTH) else {
+        return Ok((body, &[]));
+    };
+    let n = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .ok_or_else(|| {
+            HttpError::bad_request(format!(
+                "{HEADER_LENGTH} must be a byte count, got {value:?}"
+            ))
+        })?;
+    if n > body.len() {
+        return Err(HttpError::bad_request(format!(
+            "{HEADER_LENGTH} is {n} but the body has only {} bytes",
+            body.len()
+        )));
+    }
+    Ok(body.split_at(n))
+}
+
+/// The request's tensors, checked against the model's inputs.
+fn decode_inputs(
+    graph: &Graph,
+    inputs: &[RequestInput],
+    binary: &[u8],
+) -> Result<HashMap<String, Tensor>, HttpError> {
+    let bad = HttpError::bad_request;
+    let mut tensors = HashMap::new();
+    let mut at = 0usize;
+    for input in inputs {
+        let spec = graph
+            .inputs
+            .iter()
+            .map(|&t| graph.tensor(t))
+            .find(|t| t.name == input.name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = graph
+                    .inputs
+                    .iter()
+                    .map(|&t| graph.tensor(t).name.as_str())
+                    .collect();
+                bad(format!(
+                    "unknown input '{}'; the model's inputs are: {}",
+                    input.name,
+                    names.join(", ")
+                ))
+            })?;
+        let elem = tensors::elem_type(&input.datatype).ok_or_else(|| {
+            bad(format!(
+                "input '{}': unknown datatype '{}'",
+                input.name, input.datatype
+            ))
+        })?;
+        if let Some(want) = spec.elem_type.filter(|&e| e != elem) {
+            return Err(bad(format!(
+                "input '{}' is {} in the model, got {}",
+                input.name,
+                tensors::datatype(want).unwrap_or("?"),
+                input.datatype
+            )));
+        }
+        if input.datatype == "BYTES" {
+            return Err(bad(format!(
+                "input '{}': BYTES (string) tensors are not supported by Tessera's devices",
+                input.name
+            )));
+        }
+        let shape = tensors::dims(&input.name, &input.shape).map_err(bad)?;
+        let tensor = match tensors::binary_size(input.parameters.as_ref()).map_err(bad)? {
+            Some(size) => {
+                let end = at.checked_add(size).filter(|&e| e <= binary.len()).ok_or_else(|| {
+                    bad(format!(
+                        "input '{}': binary_data_size {size} runs past the end of the body ({} binary bytes from offset {at})",
+                        input.name,
+                        binary.len()
+                    ))
+                })?;
+                let t = tensors::from_binary(&input.name, elem, shape, &binary[at..end])
+                    .map_err(bad)?;
+                at = end;
+                t
+            }
+            None => {
+                let data = input.data.as_ref().ok_or_else(|| {
+                    bad(format!(
+                        "input '{}' has neither data nor binary_data_size",
+                        input.name
+                    ))
+                })?;
+                tensors::from_json(&input.name, elem, shape, data).map_err(bad)?
+            }
+        };
+        if tensors.insert(input.name.clone(), tensor).is_some() {
+            return Err(bad(format!("input '{}' is given twice", input.name)));
+        }
+    }
+    if at != binary.len() {
+        return Err(bad(format!(
+            "{} bytes after the JSON header belong to no input",
+            binary.len() - at
+        )));
+    }
+    Ok(tensors)
+}
+
+/// The request's `timeout` parameter (microseconds, as Triton's clients
+/// send it) as a deadline.
+fn timeout(parameters: Option<&Map<String, Value>>) -> Result<Option<Duration>, HttpError> {
+    match parameters.and_then(|p| p.get("timeout")) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|&us| us > 0)
+            .map(|us| Some(Duration::from_micros(us)))
+            .ok_or_else(|| {
+                HttpError::bad_request(format!(
+                    "timeout must be a positive number of microseconds, got {v}"
+                ))
+            }),
+    }
+}
+
+fn flag(parameters: Option<&Map<String, Value>>, key: &str) -> bool {
+    parameters
+        .and_then(|p| p.get(key))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// The response: asked outputs (all by default), each as JSON or binary.
+fn respond(
+    model: &str,
+    request: &InferRequest,
+    outputs: Vec<(String, Tensor)>,
+) -> Result<Response, HttpError> {
+    let all_binary = flag(request.parameters.as_ref(), "binary_data_output");
+    let wanted: Vec<(&(String, Tensor), bool)> = match &request.outputs {
+        None => outputs.iter().map(|o| (o, all_binary)).collect(),
+        Some(asked) => {
+            let mut wanted = Vec::new();
+            for out in asked {
+                let params = out.parameters.as_ref();
+                if params.is_some_and(|p| p.contains_key("classification")) {
+                    return Err(HttpError::bad_request(format!(
+                        "output '{}': the classification extension is not supported",
+                        out.name
+                    )));
+                }
+                let found = outputs
+                    .iter()
+                    .find(|(n, _)| *n == out.name)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
+                        HttpError::bad_request(format!(
+                            "unknown output '{}'; the model's outputs are: {}",
+                            out.name,
+                            names.join(", ")
+                        ))
+                    })?;
+                let binary = params
+                    .and_then(|p| p.get("binary_data"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(all_binary);
+                wanted.push((found, binary));
+            }
+            wanted
+        }
+    };
+    let mut binary_tail: Vec<u8> = Vec::new();
+    let mut described = Vec::with_capacity(wanted.len());
+    for ((name, t), binary) in wanted {
+        let datatype = tensors::datatype(t.elem()).ok_or_else(|| {
+            HttpError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("output '{name}' is {}, which has no v2 datatype", t.elem()),
+            )
+        })?;
+        let mut out = json!({ "name": name, "datatype": datatype, "shape": t.shape() });
+        if binary {
+            out["parameters"] = json!({ "binary_data_size": t.bytes().len() });
+            binary_tail.extend_from_slice(t.bytes());
+        } else {
+            out["data"] = tensors::to_json(t).map_err(HttpError::bad_request)?;
+        }
+        described.push(out);
+    }
+    let mut head = json!({ "model_name": model, "model_version": VERSION, "outputs": described });
+    if let Some(id) = &request.id {
+        head["id"] = id.clone();
+    }
+    let head = serde_json::to_vec(&head)
+        .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if binary_tail.is_empty() {
+        return Ok(([(header::CONTENT_TYPE, "application/json")], head).into_response());
+    }
+    let head_len = HeaderValue::from(head.len());
+    let mut body = head;
+    body.extend_from_slice(&binary_tail);
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::HeaderName::from_static(HEADER_LENGTH), head_len),
+        ],
+        body,
+    )
+        .into_response())
+}

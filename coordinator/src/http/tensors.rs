@@ -1,0 +1,264 @@
+//! KServe v2 tensors: datatype names, JSON `data` (flat or nested) and the
+//! binary tensor extension (`binary_data_size` inputs after the JSON
+//! header; `binary_data` outputs), to and from [`Tensor`].
+
+use serde_json::{Map, Value};
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+
+/// v2 datatype names and their ONNX element types.
+const DATATYPES: [(&str, i32); 14] = [
+    ("BOOL", 9),
+    ("UINT8", 2),
+    ("UINT16", 4),
+    ("UINT32", 12),
+    ("UINT64", 13),
+    ("INT8", 3),
+    ("INT16", 5),
+    ("INT32", 6),
+    ("INT64", 7),
+    ("FP16", 10),
+    ("FP32", 1),
+    ("FP64", 11),
+    ("BF16", 16),
+    ("BYTES", 8),
+];
+
+/// The v2 name of an ONNX element type (`None`: no v2 name).
+pub fn datatype(elem: ElemType) -> Option<&'static str> {
+    DATATYPES
+        .iter()
+        .find(|(_, e)| *e == elem.0)
+        .map(|(name, _)| *name)
+}
+
+/// The ONNX element type of a v2 datatype name.
+pub fn elem_type(datatype: &str) -> Option<ElemType> {
+    DATATYPES
+        .iter()
+        .find(|(name, _)| *name == datatype)
+        .map(|(_, e)| ElemType(*e))
+}
+
+/// The `binary_data_size` parameter, if given.
+pub fn binary_size(parameters: Option<&Map<String, Value>>) -> Result<Option<usize>, String> {
+    match parameters.and_then(|p| p.get("binary_data_size")) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| format!("binary_data_size must be a non-negative integer, got {v}")),
+    }
+}
+
+/// `shape` as tensor dims (every dim ≥ 0).
+pub fn dims(name: &str, shape: &[i64]) -> Result<Vec<usize>, String> {
+    shape
+        .iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| format!("input '{name}': shape {shape:?} has a negative dimension"))
+        })
+        .collect()
+}
+
+/// A tensor from raw little-endian bytes (the binary extension).
+pub fn from_binary(
+    name: &str,
+    elem: ElemType,
+    shape: Vec<usize>,
+    bytes: &[u8],
+) -> Result<Tensor, String> {
+    Tensor::new(elem, shape, bytes.to_vec()).map_err(|e| format!("input '{name}': {e}"))
+}
+
+/// A tensor from JSON `data`, flat or nested in row-major order.
+pub fn from_json(
+    name: &str,
+    elem: ElemType,
+    shape: Vec<usize>,
+    data: &Value,
+) -> Result<Tensor, String> {
+    let mut flat = Vec::new();
+    flatten(data, &mut flat);
+    let want: usize = shape.iter().product();
+    if flat.len() != want {
+        return Err(format!(
+            "input '{name}': shape {shape:?} holds {want} elements, data has {}",
+            flat.len()
+        ));
+    }
+    let dt = datatype(elem).unwrap_or("?");
+    let bad = |v: &Value| format!("input '{name}': {v} is not a valid {dt} value");
+    let mut bytes = Vec::with_capacity(want * elem.size_bytes().unwrap_or(1) as usize);
+    for v in flat {
+        encode_value(elem, v, &mut bytes).ok_or_else(|| bad(v))?;
+    }
+    Tensor::new(elem, shape, bytes).map_err(|e| format!("input '{name}': {e}"))
+}
+
+fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
+        other => out.push(other),
+    }
+}
+
+/// Appends one JSON value as `elem`'s little-endian bytes; `None` if it
+/// is not a value of that type (or out of its range).
+fn encode_value(elem: ElemType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
+    macro_rules! int {
+        ($t:ty) => {{
+            let x: $t = if let Some(i) = v.as_i64() {
+                <$t>::try_from(i).ok()?
+            } else {
+                <$t>::try_from(v.as_u64()?).ok()?
+            };
+            out.extend_from_slice(&x.to_le_bytes());
+        }};
+    }
+    match elem.0 {
+        9 => out.push(u8::from(v.as_bool()?)),
+        2 => int!(u8),
+        4 => int!(u16),
+        12 => int!(u32),
+        13 => int!(u64),
+        3 => int!(i8),
+        5 => int!(i16),
+        6 => int!(i32),
+        7 => int!(i64),
+        10 => out.extend_from_slice(&half::f16::from_f64(v.as_f64()?).to_le_bytes()),
+        16 => out.extend_from_slice(&half::bf16::from_f64(v.as_f64()?).to_le_bytes()),
+        1 => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
+        11 => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// A tensor's elements as a flat JSON array.
+pub fn to_json(t: &Tensor) -> Result<Value, String> {
+    let b = t.bytes();
+    macro_rules! each {
+        ($n:expr, $f:expr) => {
+            b.chunks_exact($n).map($f).collect::<Vec<Value>>()
+        };
+    }
+    let values = match t.elem().0 {
+        9 => each!(1, |c| Value::Bool(c[0] != 0)),
+        2 => each!(1, |c| Value::from(c[0])),
+        3 => each!(1, |c| Value::from(c[0] as i8)),
+        4 => each!(2, |c| Value::from(u16::from_le_bytes([c[0], c[1]]))),
+        5 => each!(2, |c| Value::from(i16::from_le_bytes([c[0], c[1]]))),
+        6 => each!(4, |c| Value::from(i32::from_le_bytes([
+            c[0], c[1], c[2], c[3]
+        ]))),
+        12 => each!(4, |c| Value::from(u32::from_le_bytes([
+            c[0], c[1], c[2], c[3]
+        ]))),
+        7 => each!(8, |c| Value::from(i64::from_le_bytes(eight(c)))),
+        13 => each!(8, |c| Value::from(u64::from_le_bytes(eight(c)))),
+        1 => each!(4, |c| float(
+            f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64
+        )),
+        11 => each!(8, |c| float(f64::from_le_bytes(eight(c)))),
+        10 => each!(2, |c| float(
+            half::f16::from_le_bytes([c[0], c[1]]).to_f64()
+        )),
+        16 => each!(2, |c| float(
+            half::bf16::from_le_bytes([c[0], c[1]]).to_f64()
+        )),
+        _ => return Err(format!("{} tensors cannot be sent as JSON", t.elem())),
+    };
+    Ok(Value::Array(values))
+}
+
+fn eight(c: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(c);
+    a
+}
+
+/// A float as JSON (NaN and infinities, which JSON cannot hold, as null).
+fn float(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nested_and_flat_json_give_the_same_tensor() {
+        let flat = from_json(
+            "x",
+            ElemType::FLOAT,
+            vec![2, 2],
+            &json!([1.0, 2.0, 3.5, -4.0]),
+        )
+        .unwrap();
+        let nested = from_json(
+            "x",
+            ElemType::FLOAT,
+            vec![2, 2],
+            &json!([[1.0, 2.0], [3.5, -4.0]]),
+        )
+        .unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.5, -4.0]);
+        assert_eq!(to_json(&flat).unwrap(), json!([1.0, 2.0, 3.5, -4.0]));
+    }
+
+    #[test]
+    fn every_datatype_round_trips_through_json() {
+        let cases = [
+            ("BOOL", json!([true, false])),
+            ("UINT8", json!([0, 255])),
+            ("UINT16", json!([0, 65535])),
+            ("UINT32", json!([0, 4294967295u64])),
+            ("UINT64", json!([0, u64::MAX])),
+            ("INT8", json!([-128, 127])),
+            ("INT16", json!([-32768, 32767])),
+            ("INT32", json!([i32::MIN, i32::MAX])),
+            ("INT64", json!([i64::MIN, i64::MAX])),
+            ("FP16", json!([0.5, -2.0])),
+            ("BF16", json!([0.5, -2.0])),
+            ("FP32", json!([0.25, -1.5])),
+            ("FP64", json!([0.1, -1e300])),
+        ];
+        for (dt, data) in cases {
+            let elem = elem_type(dt).unwrap();
+            assert_eq!(datatype(elem), Some(dt));
+            let t = from_json("x", elem, vec![2], &data).unwrap();
+            assert_eq!(to_json(&t).unwrap(), data, "{dt}");
+        }
+    }
+
+    #[test]
+    fn bad_values_and_lengths_are_clear_errors() {
+        let e = from_json("ids", ElemType::INT64, vec![3], &json!([1, 2])).unwrap_err();
+        assert!(e.contains("holds 3 elements, data has 2"), "{e}");
+        let e = from_json("ids", ElemType::INT64, vec![1], &json!([1.5])).unwrap_err();
+        assert!(e.contains("not a valid INT64"), "{e}");
+        let e = from_json("b", ElemType::UINT8, vec![1], &json!([256])).unwrap_err();
+        assert!(e.contains("not a valid UINT8"), "{e}");
+        let e = from_json("s", ElemType::STRING, vec![1], &json!(["a"])).unwrap_err();
+        assert!(e.contains("not a valid BYTES"), "{e}");
+        let e = from_binary("x", ElemType::FLOAT, vec![2], &[0u8; 7]).unwrap_err();
+        assert!(e.contains("needs 8 bytes, got 7"), "{e}");
+        assert!(dims("x", &[1, -1]).is_err());
+        assert!(binary_size(json!({"binary_data_size": -3}).as_object()).is_err());
+        assert_eq!(
+            binary_size(json!({"binary_data_size": 8}).as_object()),
+            Ok(Some(8))
+        );
+    }
+
+    #[test]
+    fn non_finite_floats_are_null_in_json() {
+        let t = Tensor::from_values(vec![2], &[f32::NAN, 1.0]).unwrap();
+        assert_eq!(to_json(&t).unwrap(), json!([null, 1.0]));
+    }
+}

@@ -1,0 +1,531 @@
+//! The model repository: networks known by a name. Named models come from
+//! `[models.NAME]` tables of the configuration (loaded at start) or are
+//! loaded by name through the SDK, the CLI (`tessera load NAME MODEL`) or
+//! the KServe repository extension (`POST /v2/repository/models/NAME/load`).
+//!
+//! A named model the coordinator should serve is *wanted*: [`keep_loaded`]
+//! loads every wanted model that has no network as soon as the workers its
+//! devices and pins name are registered, and tries again when the set of
+//! workers changes (or after [`RETRY_AFTER`]) when a load fails. Workers
+//! it names that are still absent `worker_timeout_ms` after the
+//! coordinator started are left out (as a re-plan after a loss leaves them
+//! out); once they register, the model is planned again with them. A worker loss is healed by
+//! [`crate::heal`] (the network outlives its deployments), so a request by
+//! name is always served by the network's current deployment, and a
+//! restarted coordinator loads its configured models again by itself.
+//! Models loaded from bytes (SDK, CLI) live in the coordinator's memory.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tessera_common::affinity::{DeviceId, DevicePriority};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::decode_model;
+use tessera_common::wire::control::{Control, LoadRequest, ModelStatus};
+use tokio::sync::mpsc;
+
+use crate::config::{valid_model_name, ModelConfig};
+use crate::heal::{Current, Loaded};
+use crate::{load, CoordinatorError, Shared};
+
+/// A failed load is tried again after this long even if the workers did
+/// not change.
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// Where a named model's ONNX bytes come from.
+#[derive(Clone)]
+pub enum Source {
+    /// A file, read at each load (a model replaced on disk is picked up by
+    /// the next load).
+    File(std::path::PathBuf),
+    /// Bytes a client sent.
+    Bytes(Bytes),
+}
+
+/// One named model.
+pub struct Entry {
+    pub name: String,
+    state: Mutex<EntryState>,
+    /// One load or unload of this model at a time.
+    busy: tokio::sync::Mutex<()>,
+}
+
+struct EntryState {
+    source: Source,
+    request: LoadRequest,
+    wanted: bool,
+    network: Option<u64>,
+    loading: bool,
+    /// Why the last load failed, the workers then and when.
+    failure: Option<(String, Vec<String>, Instant)>,
+    /// The model's graph (for metadata before it is loaded).
+    graph: Option<Arc<Graph>>,
+    /// Loaded without some workers its request names (absent then).
+    degraded: bool,
+}
+
+/// The named models.
+#[derive(Default)]
+pub struct Repository {
+    entries: dashmap::DashMap<String, Arc<Entry>>,
+}
+
+impl Repository {
+    /// The repository of `[models.NAME]` tables; every one wanted.
+    pub fn from_config(models: &std::collections::BTreeMap<String, ModelConfig>) -> Repository {
+        let repo = Repository::default();
+        for (name, model) in models {
+            let request = LoadRequest {
+                name: name.clone(),
+                devices: model.devices.clone(),
+                policy: model.policy.clone(),
+                strict: model.strict,
+                affinity: model
+                    .affinity
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                dry_run: false,
+                shapes: model
+                    .shapes
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            };
+            repo.insert(name, Source::File(model.path.clone()), request, true);
+        }
+        repo
+    }
+
+    fn insert(&self, name: &str, source: Source, request: LoadRequest, wanted: bool) -> Arc<Entry> {
+        let entry = Arc::new(Entry {
+            name: name.to_string(),
+            state: Mutex::new(EntryState {
+                source,
+                request,
+                wanted,
+                network: None,
+                loading: false,
+                failure: None,
+                graph: None,
+                degraded: false,
+            }),
+            busy: tokio::sync::Mutex::new(()),
+        });
+        self.entries.insert(name.to_string(), entry.clone());
+        entry
+    }
+
+    /// Where model `name`'s bytes come from and how it is placed.
+    pub fn definition(&self, name: &str) -> Option<(Source, LoadRequest)> {
+        let e = self.get(name)?;
+        let s = e.lock();
+        Some((s.source.clone(), s.request.clone()))
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
+        self.entries.get(name).map(|e| e.clone())
+    }
+
+    /// Names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.entries.iter().map(|e| e.key().clone()).collect();
+        names.sort();
+        names
+    }
+
+    /// Forgets that `network` belongs to a named model (it was unloaded by
+    /// its id): the model is no longer wanted.
+    pub fn network_unloaded(&self, network: u64) {
+        for e in self.entries.iter() {
+            let mut s = e.lock();
+            if s.network == Some(network) {
+                s.network = None;
+                s.wanted = false;
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EntryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The network serving it now, if loaded.
+    pub fn network(&self) -> Option<u64> {
+        self.lock().network
+    }
+
+    pub fn wanted(&self) -> bool {
+        self.lock().wanted
+    }
+}
+
+/// The status of every named model, sorted by name.
+pub fn statuses(shared: &Shared) -> Vec<ModelStatus> {
+    shared
+        .repository
+        .names()
+        .iter()
+        .filter_map(|n| shared.repository.get(n))
+        .map(|e| status(shared, &e))
+        .collect()
+}
+
+/// One model's status: `READY`, `LOADING`, `UNAVAILABLE` (with why) or
+/// `UNLOADED`.
+pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
+    let s = entry.lock();
+    let (state, reason) = match s
+        .network
+        .and_then(|n| shared.networks.get(&n).map(|l| l.current()))
+    {
+        Some(Current::Ready(_)) => ("READY", String::new()),
+        Some(Current::Healing(_)) => ("LOADING", "re-planning after a worker loss".into()),
+        Some(Current::Broken(why)) => ("UNAVAILABLE", why),
+        None if !s.wanted => ("UNLOADED", String::new()),
+        None if s.loading => ("LOADING", String::new()),
+        None if shared.workers.is_empty() => ("UNAVAILABLE", "no worker is registered".into()),
+        None if s.failure.is_none() && !absent_workers(shared, &s.request).is_empty() => (
+            "UNAVAILABLE",
+            format!(
+                "waiting for workers {}",
+                absent_workers(shared, &s.request).join(", ")
+            ),
+        ),
+        None => (
+            "UNAVAILABLE",
+            s.failure.as_ref().map(|f| f.0.clone()).unwrap_or_default(),
+        ),
+    };
+    ModelStatus {
+        name: entry.name.clone(),
+        state: state.into(),
+        network: s.network.unwrap_or(0),
+        reason,
+    }
+}
+
+/// The network that serves model `name` now.
+pub fn serving(shared: &Shared, name: &str) -> Result<Arc<Loaded>, CoordinatorError> {
+    let entry = shared
+        .repository
+        .get(name)
+        .ok_or_else(|| CoordinatorError::UnknownModel(name.into()))?;
+    let loaded = entry
+        .network()
+        .and_then(|n| shared.networks.get(&n).map(|l| l.clone()));
+    match loaded {
+        Some(l) => Ok(l),
+        None => {
+            let st = status(shared, &entry);
+            let why = if st.reason.is_empty() {
+                st.state.to_lowercase()
+            } else {
+                format!("{}: {}", st.state.to_lowercase(), st.reason)
+            };
+            Err(CoordinatorError::NotReady(format!(
+                "model {name} is not loaded ({why})"
+            )))
+        }
+    }
+}
+
+/// The graph of model `name` (its loaded network's, else read from its
+/// source), for metadata.
+pub async fn graph(shared: &Shared, name: &str) -> Result<Arc<Graph>, CoordinatorError> {
+    let entry = shared
+        .repository
+        .get(name)
+        .ok_or_else(|| CoordinatorError::UnknownModel(name.into()))?;
+    let source = {
+        let s = entry.lock();
+        if let Some(g) = &s.graph {
+            return Ok(g.clone());
+        }
+        s.source.clone()
+    };
+    let bytes = read(&source).await?;
+    let graph = tokio::task::spawn_blocking(move || parse(&bytes))
+        .await
+        .map_err(|e| CoordinatorError::Model(e.to_string()))??;
+    let graph = Arc::new(graph);
+    entry.lock().graph = Some(graph.clone());
+    Ok(graph)
+}
+
+fn parse(bytes: &[u8]) -> Result<Graph, CoordinatorError> {
+    let model = decode_model(bytes).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    Graph::from_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))
+}
+
+async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
+    match source {
+        Source::Bytes(b) => Ok(b.clone()),
+        Source::File(path) => {
+            let p = path.clone();
+            tokio::task::spawn_blocking(move || std::fs::read(&p))
+                .await
+                .map_err(|e| CoordinatorError::Model(e.to_string()))?
+                .map(Bytes::from)
+                .map_err(|e| {
+                    CoordinatorError::Model(format!("cannot read {}: {e}", path.display()))
+                })
+        }
+    }
+}
+
+/// Loads model `name`, or answers with its network if it is loaded and
+/// nothing new is given. With `new` (bytes and how to place them) the
+/// model is (re)defined: the new network replaces the old one once it is
+/// deployed, so requests by name never find it missing.
+pub async fn load(
+    shared: &Arc<Shared>,
+    name: &str,
+    new: Option<(Source, LoadRequest)>,
+    progress: mpsc::Sender<Control>,
+) -> Result<Arc<Loaded>, CoordinatorError> {
+    load_entry(shared, name, new, Keep::No, progress).await
+}
+
+/// What [`keep_loaded`] asks of a load.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Keep {
+    /// An explicit load (SDK, CLI, HTTP): as requested, strictly.
+    No,
+    /// Only if still wanted (an unload meanwhile wins); `without_absent`:
+    /// leaving out workers the request names that are not registered;
+    /// `replace`: planned again even if loaded (a degraded load whose
+    /// workers are all back).
+    Yes { without_absent: bool, replace: bool },
+}
+
+async fn load_entry(
+    shared: &Arc<Shared>,
+    name: &str,
+    new: Option<(Source, LoadRequest)>,
+    keep: Keep,
+    progress: mpsc::Sender<Control>,
+) -> Result<Arc<Loaded>, CoordinatorError> {
+    if !valid_model_name(name) {
+        return Err(CoordinatorError::Model(format!(
+            "'{name}' is not a model name (1-128 of A-Z a-z 0-9 _ . -, not starting with '.')"
+        )));
+    }
+    let entry = match (shared.repository.get(name), &new) {
+        (Some(e), _) => e,
+        (None, Some((source, request))) => {
+            shared
+                .repository
+                .insert(name, source.clone(), request.clone(), false)
+        }
+        (None, None) => return Err(CoordinatorError::UnknownModel(name.into())),
+    };
+    let _busy = entry.busy.lock().await;
+    let replacing = new.is_some() || matches!(keep, Keep::Yes { replace: true, .. });
+    let without_absent = matches!(
+        keep,
+        Keep::Yes {
+            without_absent: true,
+            ..
+        }
+    );
+    {
+        let mut s = entry.lock();
+        if let Some((source, mut request)) = new {
+            request.name = name.to_string();
+            request.dry_run = false;
+            s.source = source;
+            s.request = request;
+            s.graph = None;
+        }
+        if keep != Keep::No && !s.wanted {
+            return Err(CoordinatorError::NotReady(format!(
+                "model {name} was unloaded"
+            )));
+        }
+        s.wanted = true;
+        if !replacing {
+            if let Some(l) = s
+                .network
+                .and_then(|n| shared.networks.get(&n).map(|l| l.clone()))
+            {
+                return Ok(l);
+            }
+        }
+        s.loading = true;
+    }
+    let result = load_now(shared, &entry, without_absent, progress).await;
+    let old = {
+        let mut s = entry.lock();
+        s.loading = false;
+        match &result {
+            Ok(loaded) => {
+                s.failure = None;
+                s.degraded = without_absent;
+                s.graph = Some(Arc::new(loaded.graph.clone()));
+                s.network.replace(loaded.id)
+            }
+            Err(e) => {
+                s.failure = Some((e.to_string(), worker_names(shared), Instant::now()));
+                None
+            }
+        }
+    };
+    if let Some(old) = old {
+        if let Err(e) = load::unload(shared, old).await {
+            tracing::debug!(model = name, "replaced network {old}: {e}");
+        }
+    }
+    result
+}
+
+async fn load_now(
+    shared: &Arc<Shared>,
+    entry: &Entry,
+    without_absent: bool,
+    progress: mpsc::Sender<Control>,
+) -> Result<Arc<Loaded>, CoordinatorError> {
+    let (source, mut request) = {
+        let s = entry.lock();
+        (s.source.clone(), s.request.clone())
+    };
+    let bytes = read(&source).await?;
+    let absent = absent_workers(shared, &request);
+    if without_absent && !absent.is_empty() {
+        tracing::warn!(
+            model = %entry.name,
+            "loading without workers {} (named by its devices or pins, not registered)",
+            absent.join(", ")
+        );
+        request = crate::heal::without_lost(shared, &request)?;
+    }
+    tracing::info!(model = %entry.name, "loading named model");
+    load::load_network(shared, request, bytes, progress).await
+}
+
+/// Unloads model `name`: it stays in the repository, not wanted, until it
+/// is loaded again.
+pub async fn unload(shared: &Arc<Shared>, name: &str) -> Result<(), CoordinatorError> {
+    let entry = shared
+        .repository
+        .get(name)
+        .ok_or_else(|| CoordinatorError::UnknownModel(name.into()))?;
+    let _busy = entry.busy.lock().await;
+    let network = {
+        let mut s = entry.lock();
+        s.wanted = false;
+        s.failure = None;
+        s.network.take()
+    };
+    if let Some(network) = network {
+        load::unload(shared, network).await?;
+    }
+    tracing::info!(model = name, "named model unloaded");
+    Ok(())
+}
+
+/// Workers that `request`'s devices or manual pins name and that are not
+/// registered now.
+fn absent_workers(shared: &Shared, request: &LoadRequest) -> Vec<String> {
+    let mut named: Vec<String> = Vec::new();
+    if let Ok(priority) = DevicePriority::parse(&request.devices) {
+        named.extend(priority.devices.iter().filter_map(|d| d.host.clone()));
+    }
+    for (_, device) in &request.affinity {
+        if let Ok(d) = DeviceId::parse(device) {
+            named.extend(d.host);
+        }
+    }
+    named.sort();
+    named.dedup();
+    named.retain(|h| !shared.workers.contains_key(h));
+    named
+}
+
+fn worker_names(shared: &Shared) -> Vec<String> {
+    let mut names: Vec<String> = shared.workers.iter().map(|w| w.key().clone()).collect();
+    names.sort();
+    names
+}
+
+/// A progress channel whose reports go to the debug log (loads nobody
+/// watches: at start, over HTTP).
+pub fn progress_log(model: &str) -> mpsc::Sender<Control> {
+    let (tx, mut rx) = mpsc::channel(64);
+    let model = model.to_string();
+    tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if let Control::Progress { what, done, total } = msg {
+                tracing::debug!(%model, "[{done}/{total}] {what}");
+            }
+        }
+    });
+    tx
+}
+
+/// Loads every wanted model that has no network, whenever workers are
+/// registered; a failed load is tried again when the workers change or
+/// after [`RETRY_AFTER`]. Runs until the coordinator shuts down.
+pub async fn keep_loaded(shared: Arc<Shared>) {
+    let tick = Duration::from_millis(shared.config.heartbeat_ms.max(50));
+    while !shared.shutting_down() {
+        if !shared.workers.is_empty() {
+            let workers = worker_names(&shared);
+            for name in shared.repository.names() {
+                let Some(entry) = shared.repository.get(&name) else {
+                    continue;
+                };
+                let grace = shared.started.elapsed()
+                    >= Duration::from_millis(shared.config.worker_timeout_ms);
+                let due = {
+                    let s = entry.lock();
+                    let absent = absent_workers(&shared, &s.request);
+                    if !s.wanted || s.loading {
+                        None
+                    } else if s.network.is_none() {
+                        let gated = s.failure.as_ref().is_some_and(|(_, then, at)| {
+                            *then == workers && at.elapsed() < RETRY_AFTER
+                        });
+                        match (gated, absent.is_empty()) {
+                            (true, _) => None,
+                            (false, true) => Some(Keep::Yes {
+                                without_absent: false,
+                                replace: false,
+                            }),
+                            (false, false) if grace => Some(Keep::Yes {
+                                without_absent: true,
+                                replace: false,
+                            }),
+                            (false, false) => None,
+                        }
+                    } else if s.degraded && absent.is_empty() {
+                        Some(Keep::Yes {
+                            without_absent: false,
+                            replace: true,
+                        })
+                    } else {
+                        None
+                    }
+                };
+                if let Some(keep) = due {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        let tx = progress_log(&name);
+                        match load_entry(&shared, &entry.name, None, keep, tx).await {
+                            Ok(l) => {
+                                tracing::info!(model = %entry.name, network = l.id, "named model ready")
+                            }
+                            Err(e) => {
+                                tracing::warn!(model = %entry.name, "named model not loaded: {e}")
+                            }
+                        }
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(tick).await;
+    }
+}
