@@ -131,3 +131,14 @@ fn main() -> std::process::ExitCode {
     };
     tessera_cli::exit(result)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every command's arguments are well formed (unique names, valid
+    /// defaults): clap checks this only when a command is first parsed.
+    #[test]
+    fn every_command_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -12,7 +12,8 @@ use crate::remote::{connect, plan_lines, RemoteArgs};
 #[derive(Args)]
 pub struct LoadArgs {
     /// The model's name (1-128 of A-Z a-z 0-9 _ . -).
-    name: String,
+    #[arg(value_name = "NAME")]
+    model_name: String,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -26,7 +27,8 @@ pub struct ModelsArgs {
 #[derive(Args)]
 pub struct UnloadArgs {
     /// The model's name.
-    name: String,
+    #[arg(value_name = "NAME")]
+    model_name: String,
     #[command(flatten)]
     remote: RemoteArgs,
 }
@@ -45,7 +47,7 @@ pub fn load(args: LoadArgs) -> Result<()> {
         let (client, _) = connect(&args.model.remote).await?;
         let network = client
             .load_model(
-                &args.name,
+                &args.model_name,
                 bytes,
                 args.model.options()?,
                 |what, done, total| eprintln!("[{done}/{total}] {what}"),
@@ -53,7 +55,7 @@ pub fn load(args: LoadArgs) -> Result<()> {
             .await?;
         crate::print_stdout(&format!(
             "model {} loaded as network {}\n{}",
-            args.name,
+            args.model_name,
             network.id(),
             plan_lines(network.plan())
         ));
@@ -90,8 +92,8 @@ pub fn unload(args: UnloadArgs) -> Result<()> {
     needs_coordinator(&args.remote, "unload")?;
     tessera_cli::cluster::run_system(async move {
         let (client, _) = connect(&args.remote).await?;
-        client.unload_model(&args.name).await?;
-        crate::print_stdout(&format!("model {} unloaded\n", args.name));
+        client.unload_model(&args.model_name).await?;
+        crate::print_stdout(&format!("model {} unloaded\n", args.model_name));
         Ok(())
     })
 }

@@ -112,3 +112,90 @@ fn cluster_query_plan_bench_and_run_on_a_real_cluster() {
         );
     }
 }
+
+#[test]
+fn named_models_load_list_replace_and_unload_from_the_cli() {
+    let cluster = Cluster::start("cli-models", &["node-a"], 1);
+    let out = run(&cluster, &["models"]);
+    assert_eq!(out, "no named models\n");
+
+    let out = run(
+        &cluster,
+        &["load", "cnn", MODEL, "--devices", "HETERO:node-a/CPU"],
+    );
+    assert!(out.starts_with("model cnn loaded as network "), "{out}");
+    let first = out.split_whitespace().nth(5).unwrap().to_string();
+    let out = run(&cluster, &["models"]);
+    assert_eq!(out, format!("cnn: READY (network {first})\n"));
+
+    // Loading the name again replaces its network.
+    let out = run(&cluster, &["load", "cnn", MODEL]);
+    let second = out.split_whitespace().nth(5).unwrap().to_string();
+    assert_ne!(first, second, "{out}");
+    let out = run(&cluster, &["models"]);
+    assert_eq!(out, format!("cnn: READY (network {second})\n"));
+
+    let out = run(&cluster, &["unload", "cnn"]);
+    assert_eq!(out, "model cnn unloaded\n");
+    let out = run(&cluster, &["models"]);
+    assert_eq!(out, "cnn: UNLOADED\n");
+
+    let (ok, _, err) = tessera(&[
+        "load",
+        "a/b",
+        MODEL,
+        "--coordinator",
+        &cluster.addr.to_string(),
+        "--certs",
+        cluster.certs.to_str().unwrap(),
+        "--cluster",
+        util::cluster::CLUSTER,
+    ]);
+    assert!(!ok && err.contains("not a model name"), "{err}");
+    let (ok, _, err) = tessera(&["models"]);
+    assert!(!ok && err.contains("give --coordinator"), "{err}");
+}
+
+#[test]
+fn bench_takes_inputs_from_files_and_shapes() {
+    let cluster = Cluster::start("cli-bench-inputs", &["node-a"], 1);
+    let bytes = std::fs::read(MODEL).unwrap();
+    let graph = tessera_common::graph::Graph::from_model(
+        tessera_common::onnx::decode_model(&bytes).unwrap(),
+    )
+    .unwrap();
+    let input = graph.tensor(graph.inputs[0]);
+    let inputs = tessera_common::synth::random_inputs(&graph, 3).unwrap();
+    let npy = cluster.dir.join("x.npy");
+    std::fs::write(
+        &npy,
+        tessera_common::tensor::write_npy(&inputs[0].1).unwrap(),
+    )
+    .unwrap();
+    let given = format!("{}={}", input.name, npy.display());
+    let out = run(
+        &cluster,
+        &[
+            "bench",
+            MODEL,
+            "--input",
+            &given,
+            "--requests",
+            "8",
+            "--concurrency",
+            "2",
+        ],
+    );
+    assert!(out.contains("8 requests, 2 in flight: "), "{out}");
+
+    let mut args = vec!["bench", MODEL, "--input", "nope=x.npy"];
+    let client = cluster.client_args();
+    args.extend(client.iter().map(String::as_str));
+    let (ok, _, err) = tessera(&args);
+    assert!(!ok && err.contains("cannot read x.npy"), "{err}");
+    let wrong = format!("nope={}", npy.display());
+    let mut args = vec!["bench", MODEL, "--input", &wrong];
+    args.extend(client.iter().map(String::as_str));
+    let (ok, _, err) = tessera(&args);
+    assert!(!ok && err.contains("no such input"), "{err}");
+}

@@ -16,10 +16,18 @@
 //! with the inputs the coordinator keeps until each completes. A worker
 //! that comes back registers again and is used by new plans.
 //!
+//! Named models ([`repository`]) are networks the coordinator keeps
+//! loaded: from `[models.NAME]` tables at start, or loaded by name through
+//! the SDK or HTTP. With `http_listen` set, [`http`] serves the KServe v2 /
+//! Open Inference Protocol (what Triton's clients speak) and Prometheus
+//! `/metrics` ([`metrics`]).
+//!
 //! Layout: [`config`] (TOML + environment), [`members`] (worker sessions,
 //! heartbeats, loss), [`load`] (QueryNetwork fan-out, planning,
 //! deployment), [`heal`] (re-planning after a loss), [`requests`]
-//! (routing, retries, deadlines, results), [`clients`] (client sessions).
+//! (routing, retries, deadlines, results), [`clients`] (client sessions),
+//! [`repository`] (named models), [`http`] (KServe v2 over HTTP),
+//! [`metrics`] (Prometheus).
 //!
 //! # Example
 //!
