@@ -57,6 +57,12 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 say "healthy:"; cat "$work/cluster.txt"
+# The coordinator's HTTP listener (KServe v2), published on the loopback.
+if ! curl -fsS http://127.0.0.1:8000/v2/health/live >/dev/null ||
+  ! curl -fsS http://127.0.0.1:8000/metrics | grep -q '^tessera_worker_up{worker="node-a"} 1'; then
+  say "the coordinator's HTTP listener does not answer on 127.0.0.1:8000"; exit 1
+fi
+say "HTTP: /v2/health/live and /metrics answer"
 
 # Seeded inputs, and onnxruntime's answers to them.
 cases=$work/cases

@@ -13,6 +13,11 @@ if ! python3 -c "import tritonclient.http, prometheus_client" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
     "tritonclient[http]==2.73.0" "prometheus_client==0.23.1"
 fi
+# curl: the KServe v2 test checks every endpoint with it.
+if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get install -y -q curl || { apt-get update -q && apt-get install -y -q curl; }; } >/dev/null 2>&1 ||
+    echo "warning: could not install curl; the KServe v2 test needs it"
+fi
 ./scripts/fetch-test-models.sh >/dev/null
 # The GPU plugin's tests run on Mesa's lavapipe (a software Vulkan device)
 # where no GPU is present; with it installed they are required to run.

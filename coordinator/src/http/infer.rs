@@ -83,12 +83,17 @@ async fn run(
     let loaded = repository::serving(shared, name)?;
     let decoded = async {
         let body = read_body(shared.config.http_max_body_bytes, headers, body).await?;
-        let (json_part, binary) = split_body(headers, &body)?;
-        let request: InferRequest = serde_json::from_slice(json_part)
-            .map_err(|e| HttpError::bad_request(format!("malformed inference request: {e}")))?;
-        let inputs = decode_inputs(&loaded.graph, &request.inputs, binary)?;
-        let deadline = timeout(request.parameters.as_ref())?;
-        Ok::<_, HttpError>((request, inputs, deadline))
+        let header_len = headers.get(HEADER_LENGTH).cloned();
+        let graph = loaded.clone();
+        off_async(body.len() > BIG, move || {
+            let (json_part, binary) = split_body(header_len.as_ref(), &body)?;
+            let request: InferRequest = serde_json::from_slice(json_part)
+                .map_err(|e| HttpError::bad_request(format!("malformed inference request: {e}")))?;
+            let inputs = decode_inputs(&graph.graph, &request.inputs, binary)?;
+            let deadline = timeout(request.parameters.as_ref())?;
+            Ok((request, inputs, deadline))
+        })
+        .await
     };
     let (request, inputs, deadline) = match decoded.await {
         Ok(d) => d,
@@ -104,7 +109,33 @@ async fn run(
         }
     };
     let done = requests::infer(shared, loaded.id, inputs, deadline).await?;
-    respond(name, &request, done.outputs)
+    // JSON answers of large outputs are encoded off the async threads.
+    let json_bytes: usize = done.outputs.iter().map(|(_, t)| t.bytes().len()).sum();
+    let model = name.to_string();
+    off_async(json_bytes > BIG, move || {
+        respond(&model, &request, done.outputs)
+    })
+    .await
+}
+
+/// Bodies (and outputs) larger than this are decoded (encoded) on a
+/// blocking thread: JSON of a few MB takes tens of milliseconds.
+const BIG: usize = 64 << 10;
+
+/// Runs `work` here when small, else on tokio's blocking pool.
+async fn off_async<T: Send + 'static>(
+    big: bool,
+    work: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
+) -> Result<T, HttpError> {
+    if !big {
+        return work();
+    }
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        HttpError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("request decoding: {e}"),
+        )
+    })?
 }
 
 /// The whole body, refused past `limit` bytes.
@@ -129,8 +160,11 @@ async fn read_body(limit: u64, headers: &HeaderMap, body: Body) -> Result<bytes:
 }
 
 /// The JSON header and the binary tensors after it.
-fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), HttpError> {
-    let Some(value) = headers.get(HEADER_LENGTH) else {
+fn split_body<'a>(
+    header_len: Option<&HeaderValue>,
+    body: &'a [u8],
+) -> Result<(&'a [u8], &'a [u8]), HttpError> {
+    let Some(value) = header_len else {
         return Ok((body, &[]));
     };
     let n = value
