@@ -175,7 +175,7 @@ def check_concurrency(url, oracle, n=64):
           f"{time.time() - started:.2f} s after the last was sent")
 
 
-def check_curl_endpoints(url, oracle):
+def check_curl_endpoints(url, oracle, models):
     expect = [
         ("GET", "/v2/health/live", 200), ("GET", "/v2/health/ready", 200), ("GET", "/v2", 200),
         ("GET", "/v2/models/rec", 200), ("GET", "/v2/models/rec/versions/1", 200),
@@ -202,7 +202,32 @@ def check_curl_endpoints(url, oracle):
         out = reply["outputs"][0]
         want = oracle.minilm.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         close(np.array(out["data"], dtype=np.float32).reshape(out["shape"]), want, "curl JSON minilm")
-    print(f"curl: {len(expect) + 2} endpoint checks ok")
+    # The repository extension: a model defined by the load request (a path
+    # on the coordinator), then unloaded; bad loads refused.
+    cls = os.path.join(models, "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    config = json.dumps({"path": cls, "devices": "HETERO:node-a/CPU", "shapes": {"x": [1, 3, 48, 192]}})
+    loads = [
+        ("/v2/repository/models/cls/load", json.dumps({"parameters": {"config": config}}).encode(), 200),
+        ("/v2/repository/models/cls/unload", b"", 200),
+        ("/v2/repository/models/cls/load", b"", 200),
+        ("/v2/repository/models/cls/unload", b"", 200),
+        ("/v2/repository/models/nope/load", b"", 404),
+        ("/v2/repository/models/nope/unload", b"", 404),
+        ("/v2/repository/models/cls/load", b'{"parameters": {"config": "{\\"path\\": 3}"}}', 400),
+        ("/v2/repository/models/cls/load", b'{"parameters": {"file:1/model.onnx": "AAAA"}}', 400),
+        ("/v2/repository/models/cls/load", b"{not json", 400),
+    ]
+    for path, body, status in loads:
+        code, reply = curl(url, path, "POST", body, ["Content-Type: application/json"])
+        assert code == status, f"POST {path} {body[:60]!r}: {code} {reply[:300]!r}"
+        if path.endswith("cls/load") and status == 200:
+            code, _ = curl(url, "/v2/models/cls/ready")
+            assert code == 200, code
+            code, meta = curl(url, "/v2/models/cls")
+            assert json.loads(meta)["inputs"][0]["shape"] == [1, 3, 48, 192], meta
+    code, _ = curl(url, "/v2/models/cls/ready")
+    assert code == 503, "an unloaded model is not ready"
+    print(f"curl: {len(expect) + 2 + len(loads)} endpoint checks ok")
 
 
 def bad_requests(url, oracle, max_body):
@@ -310,7 +335,7 @@ def main():
     check_health_and_metadata(client)
     check_inference(client, oracle)
     check_concurrency(args.url, oracle)
-    check_curl_endpoints(args.url, oracle)
+    check_curl_endpoints(args.url, oracle, args.models)
     check_bad_requests(args.url, client, oracle, args.max_body)
     check_metrics(args.url, client, oracle, before)
     check_repository(client, oracle)
