@@ -20,11 +20,16 @@ pub struct InitArgs {
     /// The cluster's name (peers of other clusters are refused).
     #[arg(long, default_value = "tessera")]
     cluster: String,
-    /// Node names: the coordinator, workers (their --name) and clients.
+    /// Nodes, NAME or NAME:ROLE (coordinator, worker or client): the
+    /// coordinator, workers (their --name) and clients. Without a role,
+    /// `coordinator` is the coordinator, names starting with `client` are
+    /// clients and the others workers. The name and role go into the
+    /// certificate: a node can only connect as what its certificate says.
     #[arg(long, value_delimiter = ',', default_value = "coordinator,client")]
     nodes: Vec<String>,
-    /// Keep the certificates of nodes that have one in --dir already (the
-    /// compose file's one-shot `certs` service runs at every `up`).
+    /// Keep the certificates of nodes that have one (naming their role) in
+    /// --dir already (the compose file's one-shot `certs` service runs at
+    /// every `up`).
     #[arg(long)]
     keep: bool,
 }
@@ -32,9 +37,15 @@ pub struct InitArgs {
 pub fn run(command: CertsCommand) -> anyhow::Result<()> {
     match command {
         CertsCommand::Init(args) => {
-            let has = |node: &str| {
-                args.dir.join(format!("{node}.pem")).exists()
-                    && args.dir.join(format!("{node}.key")).exists()
+            // Kept: a certificate and key that name the node's role (older
+            // ones without a role are issued again).
+            let has = |spec: &str| {
+                let Ok((node, role)) = tessera_net::certs::parse_node(spec) else {
+                    return false;
+                };
+                let pem = args.dir.join(format!("{node}.pem"));
+                args.dir.join(format!("{node}.key")).exists()
+                    && tessera_net::certs::role_of_file(&pem) == Some(role)
             };
             let nodes: Vec<&str> = args
                 .nodes

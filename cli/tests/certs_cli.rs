@@ -2,6 +2,7 @@
 
 mod util;
 
+use tessera_common::wire::handshake::Role;
 use util::tessera;
 
 #[test]
@@ -47,5 +48,35 @@ fn certs_init_writes_a_ca_and_node_certificates() {
     let (ok, _, stderr) = tessera(&["certs", "init", "--dir", &d, "--nodes", "bad name"]);
     assert!(!ok);
     assert!(stderr.contains("node name 'bad name'"), "{stderr}");
+
+    // Each certificate names its role: from the name, or NAME:ROLE.
+    let (ok, _, stderr) = tessera(&["certs", "init", "--dir", &d, "--nodes", "client,ops:client"]);
+    assert!(ok, "{stderr}");
+    let role = |f: &str| tessera_net::certs::role_of_file(&dir.join(f));
+    assert_eq!(role("coordinator.pem"), Some(Role::Coordinator));
+    assert_eq!(role("node-a.pem"), Some(Role::Worker));
+    assert_eq!(role("client.pem"), Some(Role::Client));
+    assert_eq!(role("ops.pem"), Some(Role::Client));
+    let (ok, _, stderr) = tessera(&["certs", "init", "--dir", &d, "--nodes", "x:admin"]);
+    assert!(
+        !ok && stderr.contains("coordinator, worker or client"),
+        "{stderr}"
+    );
+    // --keep keeps certificates with a role and issues again those without.
+    std::fs::copy(dir.join("ca.pem"), dir.join("node-a.pem")).unwrap(); // no role
+    let (ok, stdout, _) = tessera(&[
+        "certs",
+        "init",
+        "--dir",
+        &d,
+        "--nodes",
+        "node-a,node-b",
+        "--keep",
+    ]);
+    assert!(
+        ok && stdout.contains("node-a.pem") && !stdout.contains("node-b.pem"),
+        "{stdout}"
+    );
+    assert_eq!(role("node-a.pem"), Some(Role::Worker));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,7 @@
 //! A real cluster refuses what it must, with clear errors, and serves on:
-//! a worker with a certificate from another CA, a client without a
+//! a worker with a certificate from another CA, another node's certificate
+//! (a client's claiming a worker's name, a worker's used by a client), a
+//! client without a
 //! certificate, a peer of another protocol version, a garbled frame, an
 //! oversized message, unknown devices, inputs of the wrong shape.
 
@@ -65,6 +67,59 @@ fn bad_peers_and_bad_messages_are_refused_and_the_cluster_serves_on() {
         "{stderr}"
     );
     println!("foreign worker: {}", stderr.trim());
+
+    // The client's certificate presented as worker node-a: refused (it
+    // cannot evict the real node-a), and the worker exits with why.
+    let impostor = cluster.dir.join("impostor-certs");
+    std::fs::create_dir_all(&impostor).unwrap();
+    for (from, to) in [
+        ("ca.pem", "ca.pem"),
+        ("client.pem", "node-a.pem"),
+        ("client.key", "node-a.key"),
+    ] {
+        std::fs::copy(cluster.certs.join(from), impostor.join(to)).unwrap();
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_worker"))
+        .args(cluster.worker_args("node-a", &impostor, 1))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("claiming to be the worker 'node-a'")
+            && stderr.contains("certificate of the client 'client'"),
+        "{stderr}"
+    );
+    println!("client certificate as node-a: {}", stderr.trim());
+    // A worker's certificate used by a client.
+    let (ok, _, err) = util::tessera(&[
+        "cluster",
+        "--coordinator",
+        &cluster.addr.to_string(),
+        "--certs",
+        cluster.certs.to_str().unwrap(),
+        "--cluster",
+        CLUSTER,
+        "--name",
+        "node-b",
+    ]);
+    assert!(
+        !ok && err.contains("claiming to be the client 'node-b'"),
+        "{err}"
+    );
+    let (ok, out, err) = util::tessera(&[
+        "cluster",
+        "--coordinator",
+        &cluster.addr.to_string(),
+        "--certs",
+        cluster.certs.to_str().unwrap(),
+        "--cluster",
+        CLUSTER,
+    ]);
+    assert!(
+        ok && out.starts_with("2 workers"),
+        "node-a still serves: {out}{err}"
+    );
 
     rt.block_on(async {
         // A client without any certificate.

@@ -1,8 +1,11 @@
 //! The cluster's certificates: a CA per cluster, and a certificate per node
 //! signed by it (`tessera certs init`). Every certificate names its node
-//! and carries [`CLUSTER_SAN`], the name peers verify servers by, so any
-//! node can dial any other by address; what a certificate proves is
-//! membership of the cluster (signed by its CA).
+//! (common name) and its role (organizational unit: coordinator, worker or
+//! client) and carries [`CLUSTER_SAN`], the name peers verify servers by,
+//! so any node can dial any other by address. TLS proves membership of the
+//! cluster (signed by its CA); the handshake then checks that the node name
+//! and role a peer claims are the ones its certificate proves
+//! ([`peer_identity`]), so one node's certificate cannot pass for another.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +13,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
+
+use tessera_common::wire::handshake::{CertIdentity, Role};
 
 use crate::NetError;
 
@@ -84,8 +89,10 @@ impl ClusterCa {
         self.key.serialize_pem()
     }
 
-    /// A certificate for node `name`, valid as TLS server and client.
-    pub fn issue(&self, name: &str) -> Result<NodeIdentity, NetError> {
+    /// A certificate for node `name` in `role`, valid as TLS server and
+    /// client. The name is the subject's common name (and a DNS name); the
+    /// role its organizational unit: what peers check a hello against.
+    pub fn issue(&self, name: &str, role: Role) -> Result<NodeIdentity, NetError> {
         if name.is_empty() || name.len() > 64 || !name.chars().all(valid_name_char) {
             return Err(NetError::Certificate(format!(
                 "node name '{name}' must be 1–64 characters of A-Z a-z 0-9 . _ -"
@@ -95,6 +102,7 @@ impl ClusterCa {
             .map_err(cert_error)?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, name);
+        dn.push(DnType::OrganizationalUnitName, role.to_string());
         params.distinguished_name = dn;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![
@@ -119,11 +127,79 @@ fn valid_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
+/// A node of `tessera certs init --nodes`: `NAME` or `NAME:ROLE`. Without
+/// a role, `coordinator` is the coordinator, names starting with `client`
+/// are clients, and every other name is a worker.
+pub fn parse_node(spec: &str) -> Result<(String, Role), NetError> {
+    let (name, role) = match spec.split_once(':') {
+        Some((name, role)) => {
+            let role = Role::parse(role).ok_or_else(|| {
+                NetError::Certificate(format!(
+                    "'{spec}': the role must be coordinator, worker or client"
+                ))
+            })?;
+            (name, role)
+        }
+        None if spec == "coordinator" => (spec, Role::Coordinator),
+        None if spec.starts_with("client") => (spec, Role::Client),
+        None => (spec, Role::Worker),
+    };
+    Ok((name.to_string(), role))
+}
+
 /// Throw-away certificates for an embedded cluster: a fresh CA (never
-/// written anywhere) and one identity per node name.
+/// written anywhere) and one identity per node (`NAME[:ROLE]`, see
+/// [`parse_node`]).
 pub fn ephemeral(cluster: &str, nodes: &[&str]) -> Result<Vec<NodeIdentity>, NetError> {
     let ca = ClusterCa::generate(cluster)?;
-    nodes.iter().map(|n| ca.issue(n)).collect()
+    nodes
+        .iter()
+        .map(|spec| {
+            let (name, role) = parse_node(spec)?;
+            ca.issue(&name, role)
+        })
+        .collect()
+}
+
+/// The role a PEM certificate file names (`None`: unreadable, or made
+/// without a role by an older `tessera certs init`).
+pub fn role_of_file(path: &Path) -> Option<Role> {
+    let pem = std::fs::read(path).ok()?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let role = cert
+        .subject()
+        .iter_organizational_unit()
+        .filter_map(|ou| ou.as_str().ok())
+        .find_map(Role::parse);
+    role
+}
+
+/// The node name and role a peer's certificate proves (the connection's
+/// TLS handshake has checked it against the cluster CA).
+pub fn peer_identity(connection: &quinn::Connection) -> Result<CertIdentity, NetError> {
+    let bad = |why: &str| NetError::Certificate(format!("the peer's certificate: {why}"));
+    let chain = connection
+        .peer_identity()
+        .and_then(|any| {
+            any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        })
+        .ok_or_else(|| bad("none was shown"))?;
+    let der = chain.first().ok_or_else(|| bad("an empty chain"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| bad(&e.to_string()))?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .ok_or_else(|| bad("no common name"))?
+        .to_string();
+    let role = subject
+        .iter_organizational_unit()
+        .filter_map(|ou| ou.as_str().ok())
+        .find_map(Role::parse);
+    Ok(CertIdentity { name, role })
 }
 
 fn write(path: &Path, contents: &str, secret: bool) -> Result<(), NetError> {
@@ -172,8 +248,9 @@ pub fn init_dir(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<Vec<PathBuf
         written.extend([ca_cert, ca_key]);
         ca
     };
-    for node in nodes {
-        let id = ca.issue(node)?;
+    for spec in nodes {
+        let (node, role) = parse_node(spec)?;
+        let id = ca.issue(&node, role)?;
         let (cert, key) = (
             dir.join(format!("{node}.pem")),
             dir.join(format!("{node}.key")),

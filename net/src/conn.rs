@@ -146,12 +146,23 @@ impl Node {
             .await
             .map_err(|e| failed(e.to_string()))?;
         match recv_frame(&mut recv, &self.limits).await {
-            Ok(Some(Frame::Handshake(Handshake::Welcome(theirs)))) => Ok(Peer {
-                connection,
-                hello: theirs,
-                send,
-                recv,
-            }),
+            Ok(Some(Frame::Handshake(Handshake::Welcome(theirs)))) => {
+                // The listener, too, must be who it says it is.
+                let cert = crate::certs::peer_identity(&connection)?;
+                if let Err(e) = handshake::check_identity(&theirs, &cert) {
+                    connection.close(1u32.into(), b"refused");
+                    return Err(NetError::Handshake {
+                        addr,
+                        reason: e.to_string(),
+                    });
+                }
+                Ok(Peer {
+                    connection,
+                    hello: theirs,
+                    send,
+                    recv,
+                })
+            }
             Ok(Some(Frame::Handshake(Handshake::Refused(reason)))) => {
                 Err(NetError::Refused { addr, reason })
             }
@@ -200,7 +211,13 @@ impl Node {
             }
             None => return Err(connect("closed before its hello".into())),
         };
-        if let Err(e) = handshake::check(&hello, &self.cluster, accepted) {
+        let checked = handshake::check(&hello, &self.cluster, accepted).and_then(|()| {
+            match crate::certs::peer_identity(&connection) {
+                Ok(cert) => handshake::check_identity(&hello, &cert),
+                Err(e) => Err(handshake::HandshakeError::NoRole(e.to_string())),
+            }
+        });
+        if let Err(e) = checked {
             refuse(&mut send, &e.to_string(), &self.limits).await;
             connection.close(1u32.into(), b"refused");
             return Err(NetError::Handshake {

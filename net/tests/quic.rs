@@ -34,7 +34,7 @@ fn serve(node: Arc<Node>) -> mpsc::UnboundedReceiver<Result<Peer, NetError>> {
 
 /// A coordinator node of cluster `lab`, shared with its accept loop.
 fn coordinator(ca: &ClusterCa) -> Arc<Node> {
-    let id = ca.issue("coordinator").unwrap();
+    let id = ca.issue("coordinator", Role::Coordinator).unwrap();
     Arc::new(Node::bind(any(), &id, "lab", Role::Coordinator).unwrap())
 }
 
@@ -44,7 +44,13 @@ async fn connected() -> (Arc<Node>, Node, Peer, Peer) {
     let ca = ClusterCa::generate("lab").unwrap();
     let coordinator = coordinator(&ca);
     let mut accepted = serve(coordinator.clone());
-    let worker = Node::bind(any(), &ca.issue("node-a").unwrap(), "lab", Role::Worker).unwrap();
+    let worker = Node::bind(
+        any(),
+        &ca.issue("node-a", Role::Worker).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
     let addr = coordinator.local_addr().unwrap();
     let peer = worker.dial(addr).await.unwrap();
     let theirs = accepted.recv().await.unwrap().unwrap();
@@ -108,7 +114,10 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
     let mut accepted = serve(coordinator.clone());
 
     // A certificate from another CA.
-    let stranger = ClusterCa::generate("lab").unwrap().issue("node-x").unwrap();
+    let stranger = ClusterCa::generate("lab")
+        .unwrap()
+        .issue("node-x", Role::Worker)
+        .unwrap();
     let mut id = stranger.clone();
     id.ca_pem = ca.cert_pem.clone(); // it trusts our CA, but we do not trust it
     let node = Node::bind(any(), &id, "lab", Role::Worker).unwrap();
@@ -117,15 +126,26 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
     assert!(accepted.recv().await.unwrap().is_err());
 
     // No certificate at all.
-    let bare = Node::bind(any(), &ca.issue("node-y").unwrap(), "lab", Role::Client)
-        .unwrap()
-        .with_client_config(tls::client_config_without_certificate(&ca.cert_pem).unwrap());
+    let bare = Node::bind(
+        any(),
+        &ca.issue("node-y", Role::Client).unwrap(),
+        "lab",
+        Role::Client,
+    )
+    .unwrap()
+    .with_client_config(tls::client_config_without_certificate(&ca.cert_pem).unwrap());
     let err = bare.dial(addr).await.expect_err("no certificate");
     assert!(matches!(err, NetError::Connect { .. }), "{err}");
     assert!(accepted.recv().await.unwrap().is_err());
 
     // Another protocol version, another cluster, a role not accepted.
-    let mut old = Node::bind(any(), &ca.issue("node-z").unwrap(), "lab", Role::Worker).unwrap();
+    let mut old = Node::bind(
+        any(),
+        &ca.issue("node-z", Role::Worker).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
     old.hello_mut().protocol = PROTOCOL_VERSION + 1;
     let err = old.dial(addr).await.expect_err("another version");
     let text = err.to_string();
@@ -134,13 +154,19 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
         "{text}"
     );
     assert!(accepted.recv().await.unwrap().is_err());
-    let other = Node::bind(any(), &ca.issue("node-w").unwrap(), "prod", Role::Worker).unwrap();
+    let other = Node::bind(
+        any(),
+        &ca.issue("node-w", Role::Worker).unwrap(),
+        "prod",
+        Role::Worker,
+    )
+    .unwrap();
     let err = other.dial(addr).await.expect_err("another cluster");
     assert!(err.to_string().contains("cluster 'prod'"), "{err}");
     assert!(accepted.recv().await.unwrap().is_err());
     let rival = Node::bind(
         any(),
-        &ca.issue("coord-2").unwrap(),
+        &ca.issue("coord-2", Role::Coordinator).unwrap(),
         "lab",
         Role::Coordinator,
     )
@@ -153,9 +179,128 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
     assert!(accepted.recv().await.unwrap().is_err());
 
     // A proper worker still gets in.
-    let good = Node::bind(any(), &ca.issue("node-a").unwrap(), "lab", Role::Worker).unwrap();
+    let good = Node::bind(
+        any(),
+        &ca.issue("node-a", Role::Worker).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
     good.dial(addr).await.unwrap();
     assert_eq!(accepted.recv().await.unwrap().unwrap().hello.node, "node-a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_cannot_pass_for_another_node_or_role() {
+    let ca = ClusterCa::generate("lab").unwrap();
+    let coordinator = coordinator(&ca);
+    let addr = coordinator.local_addr().unwrap();
+    let mut accepted = serve(coordinator.clone());
+
+    // The client's certificate claiming to be worker node-a.
+    let mut impostor = Node::bind(
+        any(),
+        &ca.issue("client", Role::Client).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
+    impostor.hello_mut().node = "node-a".into();
+    let err = impostor
+        .dial(addr)
+        .await
+        .expect_err("a client posing as a worker");
+    let text = err.to_string();
+    assert!(
+        text.contains("claiming to be the worker 'node-a'")
+            && text.contains("certificate of the client 'client'"),
+        "{text}"
+    );
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // One worker's certificate claiming another worker's name.
+    let mut other = Node::bind(
+        any(),
+        &ca.issue("node-b", Role::Worker).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
+    other.hello_mut().node = "node-a".into();
+    let err = other.dial(addr).await.expect_err("node-b posing as node-a");
+    assert!(err.to_string().contains("the worker 'node-b'"), "{err}");
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // A worker's certificate used as a client.
+    let as_client = Node::bind(
+        any(),
+        &ca.issue("node-b", Role::Worker).unwrap(),
+        "lab",
+        Role::Client,
+    )
+    .unwrap();
+    let err = as_client
+        .dial(addr)
+        .await
+        .expect_err("a worker posing as a client");
+    assert!(
+        err.to_string()
+            .contains("claiming to be the client 'node-b'"),
+        "{err}"
+    );
+    assert!(accepted.recv().await.unwrap().is_err());
+
+    // A listener that lies about its name is refused by the dialer.
+    let mut liar = Node::bind(
+        any(),
+        &ca.issue("coordinator", Role::Coordinator).unwrap(),
+        "lab",
+        Role::Coordinator,
+    )
+    .unwrap();
+    liar.hello_mut().node = "coordinator-2".into();
+    let liar = Arc::new(liar);
+    let liar_addr = liar.local_addr().unwrap();
+    let _liar_accepts = serve(liar.clone());
+    let worker = Node::bind(
+        any(),
+        &ca.issue("node-a", Role::Worker).unwrap(),
+        "lab",
+        Role::Worker,
+    )
+    .unwrap();
+    let err = worker.dial(liar_addr).await.expect_err("a lying listener");
+    assert!(
+        err.to_string().contains("the coordinator 'coordinator-2'"),
+        "{err}"
+    );
+
+    // The real node-a still gets in.
+    worker.dial(addr).await.unwrap();
+    let peer = accepted.recv().await.unwrap().unwrap();
+    assert_eq!(
+        (peer.hello.node.as_str(), peer.hello.role),
+        ("node-a", Role::Worker)
+    );
+}
+
+#[test]
+fn certs_init_names_roles_from_node_names_or_explicitly() {
+    use tessera_net::certs::parse_node;
+    let role = |spec: &str| parse_node(spec).unwrap();
+    assert_eq!(
+        role("coordinator"),
+        ("coordinator".into(), Role::Coordinator)
+    );
+    assert_eq!(role("client"), ("client".into(), Role::Client));
+    assert_eq!(role("client-ops"), ("client-ops".into(), Role::Client));
+    assert_eq!(role("node-a"), ("node-a".into(), Role::Worker));
+    assert_eq!(role("ops:client"), ("ops".into(), Role::Client));
+    assert_eq!(role("gpu-box:worker"), ("gpu-box".into(), Role::Worker));
+    assert!(parse_node("x:admin")
+        .unwrap_err()
+        .to_string()
+        .contains("role"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,26 @@ impl std::fmt::Display for Role {
     }
 }
 
+impl Role {
+    /// The role named `name` (`coordinator`, `worker`, `client`).
+    pub fn parse(name: &str) -> Option<Role> {
+        match name {
+            "coordinator" => Some(Role::Coordinator),
+            "worker" => Some(Role::Worker),
+            "client" => Some(Role::Client),
+            _ => None,
+        }
+    }
+}
+
+/// What a peer's certificate proves: the node name and role the cluster CA
+/// signed (`None`: a certificate made without a role).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertIdentity {
+    pub name: String,
+    pub role: Option<Role>,
+}
+
 /// Who is speaking.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -89,6 +109,32 @@ pub enum HandshakeError {
         role: Role,
         expected: String,
     },
+    #[error("a peer claiming to be the {role} '{node}' shows the certificate of {cert}")]
+    Identity {
+        node: String,
+        role: Role,
+        /// What the certificate says, e.g. `the client 'client'`.
+        cert: String,
+    },
+    #[error("the certificate of '{0}' names no role (made by an older `tessera certs init`): issue it again")]
+    NoRole(String),
+}
+
+/// Checks that a hello claims what the peer's certificate proves: the same
+/// node name and role. A certificate of the cluster cannot pass for
+/// another node (a client's for a worker, one worker's for another).
+pub fn check_identity(hello: &Hello, cert: &CertIdentity) -> Result<(), HandshakeError> {
+    let role = cert
+        .role
+        .ok_or_else(|| HandshakeError::NoRole(cert.name.clone()))?;
+    if cert.name != hello.node || role != hello.role {
+        return Err(HandshakeError::Identity {
+            node: hello.node.clone(),
+            role: hello.role,
+            cert: format!("the {role} '{}'", cert.name),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a peer's hello: same protocol version, same cluster, a role this

@@ -12,6 +12,7 @@ use actix::Addr;
 use dashmap::DashMap;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, Destination, MailboxDepth, NodeTime, Transfer};
+use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
 
@@ -194,6 +195,16 @@ impl Router {
             .dial(socket)
             .await
             .map_err(|e| format!("cannot reach worker {name}: {e}"))?;
+        // The address must be the worker the route names (its certificate
+        // proved the name it answered with).
+        if peer.hello.node != name || peer.hello.role != Role::Worker {
+            peer.connection
+                .close(1u32.into(), b"not the worker the route names");
+            return Err(format!(
+                "{addr} is the {} '{}', not worker {name}",
+                peer.hello.role, peer.hello.node
+            ));
+        }
         let link = Link::open(peer.connection, name, self.limits, LINK_DEPTH);
         peers.insert(name.to_string(), link.clone());
         Ok(link)
