@@ -651,7 +651,8 @@ pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), Coordinato
     Ok(())
 }
 
-/// Runs futures concurrently; the first error wins.
+/// Runs futures concurrently until every one has finished; then the first
+/// error in the given order, if any, is the result.
 async fn futures_join<T, F>(futures: impl Iterator<Item = F>) -> Result<Vec<T>, CoordinatorError>
 where
     F: std::future::Future<Output = Result<T, CoordinatorError>>,

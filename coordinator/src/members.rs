@@ -1,6 +1,7 @@
 //! Cluster membership: a worker registers on its connection's control
-//! stream, then sends heartbeats, per-subgraph timings and request failures
-//! there; its final outputs arrive on unidirectional streams. A worker
+//! stream, then sends heartbeats (with its actors' mailbox depths) and
+//! request failures there; its final outputs, per-subgraph timings (`Ran`)
+//! and tensor transfers (`Moved`) arrive on unidirectional data streams. A worker
 //! whose connection closes, or that stays silent longer than
 //! `worker_timeout_ms`, is dropped, and every request waiting on it fails
 //! with an error that names it.
@@ -103,7 +104,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         // The same certificate again: the worker restarted (or reconnected
         // after a network cut) before its loss was noticed.
         lost(&shared, &name, "it registered again");
-        old.close(5u32.into(), b"registered again");
+        tessera_net::CloseCode::RegisteredAgain.close(&old, "registered again");
     }
     let registered = Control::Registered {
         heartbeat_ms: shared.config.heartbeat_ms,
@@ -138,7 +139,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         }
     });
 
-    // Final outputs.
+    // Data streams: final outputs, timings (`Ran`), transfers (`Moved`).
     let outputs = {
         let shared = shared.clone();
         let from: Arc<str> = name.as_str().into();
@@ -169,7 +170,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
             }
         })
     };
-    // Control stream: heartbeats, timings, failures.
+    // Control stream: heartbeats, failures.
     let control = {
         let shared = shared.clone();
         let entry = entry.clone();
@@ -220,7 +221,7 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         .close_reason()
         .map(|r| r.to_string())
         .unwrap_or(why);
-    connection.close(3u32.into(), b"dropped");
+    tessera_net::CloseCode::Dropped.close(&connection, "dropped");
     // Only if this session's entry is still the registered one (not a
     // newer registration under the same name).
     let ours = shared
@@ -309,7 +310,7 @@ pub async fn watchdog(shared: Arc<Shared>) {
             if current {
                 lost(&shared, &w.name, &why);
             }
-            w.connection.close(4u32.into(), why.as_bytes());
+            tessera_net::CloseCode::Silent.close(&w.connection, &why);
         }
     }
 }

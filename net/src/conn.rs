@@ -150,7 +150,7 @@ impl Node {
                 // The listener, too, must be who it says it is.
                 let cert = crate::certs::peer_identity(&connection)?;
                 if let Err(e) = handshake::check_identity(&theirs, &cert) {
-                    connection.close(1u32.into(), b"refused");
+                    crate::CloseCode::Refused.close(&connection, "refused");
                     return Err(NetError::Handshake {
                         addr,
                         reason: e.to_string(),
@@ -219,7 +219,7 @@ impl Node {
         });
         if let Err(e) = checked {
             refuse(&mut send, &e.to_string(), &self.limits).await;
-            connection.close(1u32.into(), b"refused");
+            crate::CloseCode::Refused.close(&connection, "refused");
             return Err(NetError::Handshake {
                 addr,
                 reason: e.to_string(),
@@ -237,7 +237,7 @@ impl Node {
 
     /// Closes the endpoint and waits until peers were told.
     pub async fn shutdown(&self) {
-        self.endpoint.close(0u32.into(), b"shutdown");
+        crate::CloseCode::Shutdown.close_endpoint(&self.endpoint, "shutdown");
         self.endpoint.wait_idle().await;
     }
 }

@@ -32,12 +32,14 @@
 //! ```
 
 pub mod certs;
+pub mod close;
 pub mod conn;
 pub mod link;
 pub mod tls;
 
 use std::net::SocketAddr;
 
+pub use close::CloseCode;
 pub use conn::{recv_frame, recv_frame_timed, send_frame, Node, Peer};
 pub use link::{serve_streams, Link};
 

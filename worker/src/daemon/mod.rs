@@ -400,10 +400,10 @@ async fn session<R: FnOnce(&str)>(
     router.close_peers().await;
     if let Ok(all) = incoming.lock() {
         for c in all.iter() {
-            c.close(0u32.into(), b"session over");
+            tessera_net::CloseCode::SessionOver.close(c, "session over");
         }
     }
-    connection.close(0u32.into(), b"session over");
+    tessera_net::CloseCode::SessionOver.close(&connection, "session over");
     Err(WorkerError::CoordinatorLost(
         connection
             .close_reason()

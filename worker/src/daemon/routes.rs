@@ -198,8 +198,8 @@ impl Router {
         // The address must be the worker the route names (its certificate
         // proved the name it answered with).
         if peer.hello.node != name || peer.hello.role != Role::Worker {
-            peer.connection
-                .close(1u32.into(), b"not the worker the route names");
+            tessera_net::CloseCode::Refused
+                .close(&peer.connection, "not the worker the route names");
             return Err(format!(
                 "{addr} is the {} '{}', not worker {name}",
                 peer.hello.role, peer.hello.node
