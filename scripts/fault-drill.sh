@@ -5,6 +5,8 @@
 # (rapidocr-onnxruntime==1.4.4), every answer checked against onnxruntime,
 # while it
 #   1. kills node-b (docker kill), then starts it again (it rejoins);
+#      stops node-a (docker stop: SIGTERM, it closes its connections and
+#      exits), then starts it again;
 #   2. cuts node-c off the network (docker network disconnect), then
 #      reconnects it;
 #   3. restarts the coordinator (the workers register again by themselves,
@@ -78,7 +80,7 @@ python3 tests/python/ort_run.py "$model" "$cases/expected" "${runs[@]}"
 
 # The load: four requests in flight, one stage of the model per worker.
 "$tessera" soak "$model" "${remote[@]}" --devices HETERO:node-a/CPU,node-b/CPU,node-c/CPU \
-  --spread node-a,node-b,node-c --cases "$cases" --concurrency 4 --seconds 90 \
+  --spread node-a,node-b,node-c --cases "$cases" --concurrency 4 --seconds 110 \
   --deadline-ms 30000 --events "$work/events.jsonl" >"$work/soak.out" 2>"$work/soak.err" &
 soak=$!
 for i in $(seq 1 240); do
@@ -95,6 +97,14 @@ docker kill tessera-node-b >/dev/null
 sleep 10
 mark start-node-b
 docker start tessera-node-b >/dev/null
+sleep 10
+# SIGTERM (docker stop): the worker closes its connections and exits; the
+# coordinator re-plans at once instead of waiting for heartbeats.
+mark stop-node-a
+docker stop -t 10 tessera-node-a >/dev/null
+sleep 10
+mark start-node-a
+docker start tessera-node-a >/dev/null
 sleep 10
 mark disconnect-node-c
 docker network disconnect tessera tessera-node-c
@@ -118,7 +128,7 @@ for (name, t), end in zip(marks, ends):
     phase = [e for e in events if t <= e["unix_ms"] < end]
     count = lambda o: sum(e["outcome"] == o for e in phase)
     line = f"{name}: {len(phase)} answered, {count('ok')} ok, {count('failed')} failed, {count('lost')} lost, {count('wrong')} wrong, {sum(e['attempts'] > 1 for e in phase)} retried"
-    if name in ("kill-node-b", "disconnect-node-c"):
+    if name in ("kill-node-b", "stop-node-a", "disconnect-node-c"):
         before = {e["deployment"] for e in events if e["unix_ms"] < t and e["outcome"] == "ok"}
         new = [e["unix_ms"] for e in phase if e["outcome"] == "ok" and e["deployment"] not in before]
         line += f"; first success on the new plan {(min(new) - t) / 1e3:.2f} s after" if new else "; no success on a new plan"

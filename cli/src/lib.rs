@@ -43,6 +43,27 @@ pub fn tune_allocator() {
     }
 }
 
+/// Completes on SIGTERM (`docker compose stop`, systemd) or Ctrl-C.
+pub async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+                }
+                return;
+            }
+            Err(e) => tracing::warn!("cannot watch for SIGTERM: {e}"),
+        }
+    }
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// One line on stdout, flushed at once (scripts and tests wait for it).
 pub fn announce(line: &str) {
     use std::io::Write;

@@ -248,3 +248,55 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
         assert!(max_abs_diff(&got.tensors[0].1, &want[0][0]) <= TOLERANCE);
     });
 }
+
+#[test]
+fn a_worker_stopped_with_sigterm_says_so_and_its_networks_move_at_once() {
+    let mut cluster = Cluster::start("faults-sigterm", &["node-a", "node-b"], 1);
+    let model = synth::small_cnn(7);
+    let path = cluster.dir.join("small_cnn.onnx");
+    std::fs::write(&path, encode_model(&model)).unwrap();
+    let graph = Graph::from_model(model.clone()).unwrap();
+    let inputs = synth::random_inputs(&graph, 5).unwrap();
+    let want = onnxruntime_many(
+        &path,
+        std::slice::from_ref(&inputs),
+        &cluster.dir.join("ort"),
+    );
+    let options = LoadOptions {
+        devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+        affinity: spread(&graph, &["node-a", "node-b"]),
+        ..Default::default()
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let network = client
+            .load_network(encode_model(&model), options)
+            .await
+            .unwrap()
+            .with_deadline(DEADLINE);
+        network.infer(inputs.clone()).await.unwrap();
+
+        // SIGTERM: the worker closes its connections (code Shutdown) and
+        // exits 0; the coordinator learns it from the close, not from
+        // missing heartbeats, and re-plans onto node-a.
+        let status = cluster.workers[1].terminate();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "node-b's exit: {status:?}"
+        );
+        let got = network.infer(inputs.clone()).await.unwrap();
+        assert!(max_abs_diff(&got.tensors[0].1, &want[0][0]) <= TOLERANCE);
+    });
+    let worker_log = cluster.workers[1].log_text();
+    assert!(worker_log.contains("shutting down"), "{worker_log}");
+    let log = cluster.coordinator.log_text();
+    let lost = log
+        .lines()
+        .find(|l| l.contains("worker lost") && l.contains("node-b"))
+        .unwrap_or_else(|| panic!("node-b's loss is logged:\n{log}"));
+    assert!(
+        lost.contains("shutdown") && !lost.contains("no heartbeat"),
+        "lost by its close, not a timeout: {lost}"
+    );
+}

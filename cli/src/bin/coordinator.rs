@@ -48,8 +48,8 @@ fn run(args: Args) -> Result<()> {
         tessera_cli::announce(&format!("listening on {}", coordinator.local_addr()?));
         tokio::select! {
             () = coordinator.serve() => {}
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("interrupted; closing connections");
+            () = tessera_cli::terminated() => {
+                tracing::info!("closing connections");
                 coordinator.shutdown().await;
             }
         }

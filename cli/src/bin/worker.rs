@@ -129,9 +129,14 @@ fn run(args: Args) -> Result<()> {
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
     tessera_cli::cluster::run_system(async move {
         let announced = name.clone();
-        daemon::run(options, &identity, move |addr: &str| {
-            tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
-        })
+        daemon::run_until(
+            options,
+            &identity,
+            move |addr: &str| {
+                tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
+            },
+            tessera_cli::terminated(),
+        )
         .await
         .map_err(anyhow::Error::from)
     })

@@ -73,6 +73,21 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM (what `docker compose stop` sends); waits up to 10 s for the
+    /// exit and returns its status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid; no memory is touched.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Whether it is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -186,6 +186,19 @@ pub async fn run(
     identity: &tessera_net::certs::NodeIdentity,
     ready: impl FnOnce(&str),
 ) -> Result<(), WorkerError> {
+    run_until(options, identity, ready, std::future::pending()).await
+}
+
+/// [`run`] until `stop` completes (SIGTERM, Ctrl-C): then every connection
+/// is closed at once with [`tessera_net::CloseCode::Shutdown`], so the
+/// coordinator re-plans this worker's networks and retries its requests
+/// elsewhere without waiting for a heartbeat timeout.
+pub async fn run_until(
+    options: WorkerOptions,
+    identity: &tessera_net::certs::NodeIdentity,
+    ready: impl FnOnce(&str),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
     // Plugin start-up (a GPU adapter, device and shaders) and the metrics'
     // calibration block: off the async threads, so that the QUIC endpoints
     // and heartbeats of this process (an embedded cluster runs several
@@ -210,11 +223,31 @@ pub async fn run(
         &options.cluster,
         Role::Worker,
     )?);
+    let serving = serve_sessions(&options, &node, devices, &infos, ready);
+    tokio::select! {
+        outcome = serving => outcome,
+        () = stop => {
+            tracing::info!("shutting down: closing every connection");
+            node.shutdown().await;
+            Ok(())
+        }
+    }
+}
+
+/// Sessions with the coordinator, one after another while it can be
+/// reached again.
+async fn serve_sessions(
+    options: &WorkerOptions,
+    node: &Arc<Node>,
+    devices: Vec<Device>,
+    infos: &[DeviceInfo],
+    ready: impl FnOnce(&str),
+) -> Result<(), WorkerError> {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let error = match session(&options, &node, devices.clone(), &infos, &mut ready).await {
+        let error = match session(options, node, devices.clone(), infos, &mut ready).await {
             Err(e) if options.reconnect && e.transient() => e,
             outcome => {
                 node.shutdown().await;
