@@ -58,6 +58,25 @@ pub struct ModelConfig {
     pub affinity: BTreeMap<String, String>,
 }
 
+impl ModelConfig {
+    /// Checks the model's name and policy; the error starts with the key
+    /// at fault (`: ...` or `.policy: ...`).
+    pub fn check(&self, name: &str) -> Result<(), String> {
+        if !valid_model_name(name) {
+            return Err(
+                ": a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')".into(),
+            );
+        }
+        if !matches!(self.policy.as_str(), "priority" | "cost") {
+            return Err(format!(
+                ".policy: '{}' is neither 'priority' nor 'cost'",
+                self.policy
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn default_policy() -> String {
     "priority".into()
 }
@@ -179,17 +198,9 @@ impl CoordinatorConfig {
             return Err(err("http_max_body_bytes must be positive".into()));
         }
         for (name, model) in &cfg.models {
-            if !valid_model_name(name) {
-                return Err(err(format!(
-                    "models.{name}: a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')"
-                )));
-            }
-            if !matches!(model.policy.as_str(), "priority" | "cost") {
-                return Err(err(format!(
-                    "models.{name}.policy: '{}' is neither 'priority' nor 'cost'",
-                    model.policy
-                )));
-            }
+            model
+                .check(name)
+                .map_err(|e| err(format!("models.{name}{e}")))?;
         }
         Ok(cfg)
     }

@@ -76,24 +76,8 @@ impl Repository {
     pub fn from_config(models: &std::collections::BTreeMap<String, ModelConfig>) -> Repository {
         let repo = Repository::default();
         for (name, model) in models {
-            let request = LoadRequest {
-                name: name.clone(),
-                devices: model.devices.clone(),
-                policy: model.policy.clone(),
-                strict: model.strict,
-                affinity: model
-                    .affinity
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                dry_run: false,
-                shapes: model
-                    .shapes
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            };
-            repo.insert(name, Source::File(model.path.clone()), request, true);
+            let (source, request) = definition(name, model);
+            repo.insert(name, source, request, true);
         }
         repo
     }
@@ -115,13 +99,6 @@ impl Repository {
         });
         self.entries.insert(name.to_string(), entry.clone());
         entry
-    }
-
-    /// Where model `name`'s bytes come from and how it is placed.
-    pub fn definition(&self, name: &str) -> Option<(Source, LoadRequest)> {
-        let e = self.get(name)?;
-        let s = e.lock();
-        Some((s.source.clone(), s.request.clone()))
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
@@ -163,6 +140,28 @@ impl Entry {
     }
 }
 
+/// Where a `[models.NAME]` table's model comes from and how it is placed.
+pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
+    let request = LoadRequest {
+        name: name.to_string(),
+        devices: model.devices.clone(),
+        policy: model.policy.clone(),
+        strict: model.strict,
+        affinity: model
+            .affinity
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        dry_run: false,
+        shapes: model
+            .shapes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    (Source::File(model.path.clone()), request)
+}
+
 /// The status of every named model, sorted by name.
 pub fn statuses(shared: &Shared) -> Vec<ModelStatus> {
     shared
@@ -178,6 +177,7 @@ pub fn statuses(shared: &Shared) -> Vec<ModelStatus> {
 /// `UNLOADED`.
 pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
     let s = entry.lock();
+    let absent = absent_workers(shared, &s.request);
     let (state, reason) = match s
         .network
         .and_then(|n| shared.networks.get(&n).map(|l| l.current()))
@@ -188,12 +188,9 @@ pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
         None if !s.wanted => ("UNLOADED", String::new()),
         None if s.loading => ("LOADING", String::new()),
         None if shared.workers.is_empty() => ("UNAVAILABLE", "no worker is registered".into()),
-        None if s.failure.is_none() && !absent_workers(shared, &s.request).is_empty() => (
+        None if s.failure.is_none() && !absent.is_empty() => (
             "UNAVAILABLE",
-            format!(
-                "waiting for workers {}",
-                absent_workers(shared, &s.request).join(", ")
-            ),
+            format!("waiting for workers {}", absent.join(", ")),
         ),
         None => (
             "UNAVAILABLE",

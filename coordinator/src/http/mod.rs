@@ -284,18 +284,15 @@ async fn load(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
-    let new =
-        match load_config(&body)? {
-            Some(config) => {
-                let mut models = std::collections::BTreeMap::new();
-                models.insert(name.clone(), config);
-                let defined = repository::Repository::from_config(&models);
-                Some(defined.definition(&name).ok_or_else(|| {
-                    HttpError::bad_request(format!("'{name}' is not a model name"))
-                })?)
-            }
-            None => None,
-        };
+    let new = match load_config(&body)? {
+        Some(config) => {
+            config
+                .check(&name)
+                .map_err(|e| HttpError::bad_request(format!("model {name}{e}")))?;
+            Some(repository::definition(&name, &config))
+        }
+        None => None,
+    };
     repository::load(&shared, &name, new, repository::progress_log(&name)).await?;
     Ok(Json(json!({})))
 }
@@ -326,12 +323,6 @@ fn load_config(body: &[u8]) -> Result<Option<ModelConfig>, HttpError> {
             "parameters.config: {e} (keys: path, devices, policy, strict, shapes, affinity)"
         ))
     })?;
-    if !matches!(config.policy.as_str(), "priority" | "cost") {
-        return Err(HttpError::bad_request(format!(
-            "parameters.config.policy: '{}' is neither 'priority' nor 'cost'",
-            config.policy
-        )));
-    }
     Ok(Some(config))
 }
 
