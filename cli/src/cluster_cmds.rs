@@ -12,7 +12,7 @@ use tessera_client::LoadOptions;
 
 use tessera_common::graph::Graph;
 use tessera_common::onnx;
-use tessera_common::tensor::{read_npy, Tensor};
+use tessera_common::tensor::Tensor;
 
 use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs};
 
@@ -317,12 +317,8 @@ fn bench_inputs(args: &BenchArgs, bytes: &[u8]) -> Result<Vec<(String, Tensor)>>
     let (graph, _) = tessera_common::plan::prepare(&onnx::decode_model(bytes)?, &shapes)?;
     let mut given: HashMap<String, Tensor> = HashMap::new();
     for spec in &args.inputs {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
-        let data = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
-        let t = read_npy(&data).with_context(|| format!("--input {spec}"))?;
-        given.insert(name.to_string(), t);
+        let (name, t) = crate::run::input_file(spec)?;
+        given.insert(name, t);
     }
     let random = tessera_common::synth::random_inputs(&graph, args.seed);
     let mut inputs = Vec::new();

@@ -162,18 +162,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// One `--input NAME=FILE.npy`.
+pub fn input_file(spec: &str) -> Result<(String, Tensor)> {
+    let (name, file) = spec
+        .split_once('=')
+        .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+    let tensor = read_npy(&bytes).with_context(|| format!("--input {spec}"))?;
+    Ok((name.to_string(), tensor))
+}
+
 /// The inputs from `--input` files, the rest random with `--random`.
 pub fn read_inputs(args: &RunArgs, graph: &Graph) -> Result<HashMap<String, Tensor>> {
     let mut inputs: HashMap<String, Tensor> = HashMap::new();
     for spec in &args.inputs {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--input {spec}: expected NAME=FILE.npy"))?;
-        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
-        inputs.insert(
-            name.to_string(),
-            read_npy(&bytes).with_context(|| format!("--input {spec}"))?,
-        );
+        let (name, tensor) = input_file(spec)?;
+        inputs.insert(name, tensor);
     }
     if args.random {
         let generated = synth::random_inputs(graph, args.seed)

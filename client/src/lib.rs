@@ -208,7 +208,13 @@ impl Client {
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
         let request = Control::LoadNetwork(load_request(options, false));
-        match self.operation(&request, Some(model.into()), progress).await {
+        let answer = self.operation(&request, Some(model.into()), progress).await;
+        self.loaded(answer)
+    }
+
+    /// The network a `NetworkLoaded` answer names.
+    fn loaded(&self, answer: Result<Control, OpError>) -> Result<Network, ClientError> {
+        match answer {
             Ok(Control::NetworkLoaded { network, plan }) => {
                 let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
                 Ok(Network {
@@ -260,23 +266,8 @@ impl Client {
             name: name.to_string(),
             request,
         };
-        match self.operation(&msg, model, progress).await {
-            Ok(Control::NetworkLoaded { network, plan }) => {
-                let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
-                Ok(Network {
-                    client: self.clone(),
-                    id: network,
-                    plan: Arc::new(plan),
-                    deadline: None,
-                })
-            }
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
-            Err(OpError::Client(e)) => Err(e),
-        }
+        let answer = self.operation(&msg, model, progress).await;
+        self.loaded(answer)
     }
 
     /// Unloads named model `name` (it stays in the repository, unloaded).

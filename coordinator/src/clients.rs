@@ -91,14 +91,7 @@ async fn operation(
                 &limits,
             )
             .await?;
-            let msg = Control::NetworkLoaded {
-                network: loaded.id,
-                plan: loaded
-                    .deployed()
-                    .map(|d| d.plan.clone())
-                    .unwrap_or_default(),
-            };
-            write(send, &msg, &limits).await
+            write(send, &network_loaded(&loaded), &limits).await
         }
         Control::LoadModel { name, request } => {
             let new = request.map(|r| (crate::repository::Source::Bytes(payload), r));
@@ -110,14 +103,7 @@ async fn operation(
                 &limits,
             )
             .await?;
-            let msg = Control::NetworkLoaded {
-                network: loaded.id,
-                plan: loaded
-                    .deployed()
-                    .map(|d| d.plan.clone())
-                    .unwrap_or_default(),
-            };
-            write(send, &msg, &limits).await
+            write(send, &network_loaded(&loaded), &limits).await
         }
         Control::UnloadModel { name } => {
             crate::repository::unload(shared, &name)
@@ -220,6 +206,17 @@ async fn operation(
             write(send, &Control::Unloaded { network }, &limits).await
         }
         other => Err(format!("a client may not send {}", other.name())),
+    }
+}
+
+/// The answer to a load: the network's id and its current plan.
+fn network_loaded(loaded: &crate::heal::Loaded) -> Control {
+    Control::NetworkLoaded {
+        network: loaded.id,
+        plan: loaded
+            .deployed()
+            .map(|d| d.plan.clone())
+            .unwrap_or_default(),
     }
 }
 
