@@ -186,14 +186,22 @@ fn a_killed_worker_loses_no_request_its_networks_heal_and_it_rejoins() {
     });
 }
 
-#[test]
-fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
-    let mut cluster = Cluster::start("faults-restart", &["node-a", "node-b"], 1);
+/// The model, its seeded inputs, onnxruntime's answers, the load options.
+type SmallCnnCase = (
+    tessera_common::onnx::proto::ModelProto,
+    Vec<(String, Tensor)>,
+    Vec<Vec<Tensor>>,
+    LoadOptions,
+);
+
+/// The small CNN split over node-a and node-b: the model, seeded inputs,
+/// onnxruntime's answers to them, and the load options.
+fn small_cnn_on_two(cluster: &Cluster, seed: u64) -> SmallCnnCase {
     let model = synth::small_cnn(7);
     let path = cluster.dir.join("small_cnn.onnx");
     std::fs::write(&path, encode_model(&model)).unwrap();
     let graph = Graph::from_model(model.clone()).unwrap();
-    let inputs = synth::random_inputs(&graph, 3).unwrap();
+    let inputs = synth::random_inputs(&graph, seed).unwrap();
     let want = onnxruntime_many(
         &path,
         std::slice::from_ref(&inputs),
@@ -204,6 +212,13 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
         affinity: spread(&graph, &["node-a", "node-b"]),
         ..Default::default()
     };
+    (model, inputs, want, options)
+}
+
+#[test]
+fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
+    let mut cluster = Cluster::start("faults-restart", &["node-a", "node-b"], 1);
+    let (model, inputs, want, options) = small_cnn_on_two(&cluster, 3);
     let rt = runtime();
     rt.block_on(async {
         let client = cluster.client().await;
@@ -252,21 +267,7 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
 #[test]
 fn a_worker_stopped_with_sigterm_says_so_and_its_networks_move_at_once() {
     let mut cluster = Cluster::start("faults-sigterm", &["node-a", "node-b"], 1);
-    let model = synth::small_cnn(7);
-    let path = cluster.dir.join("small_cnn.onnx");
-    std::fs::write(&path, encode_model(&model)).unwrap();
-    let graph = Graph::from_model(model.clone()).unwrap();
-    let inputs = synth::random_inputs(&graph, 5).unwrap();
-    let want = onnxruntime_many(
-        &path,
-        std::slice::from_ref(&inputs),
-        &cluster.dir.join("ort"),
-    );
-    let options = LoadOptions {
-        devices: "HETERO:node-a/CPU,node-b/CPU".into(),
-        affinity: spread(&graph, &["node-a", "node-b"]),
-        ..Default::default()
-    };
+    let (model, inputs, want, options) = small_cnn_on_two(&cluster, 5);
     let rt = runtime();
     rt.block_on(async {
         let client = cluster.client().await;

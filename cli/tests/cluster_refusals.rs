@@ -92,30 +92,15 @@ fn bad_peers_and_bad_messages_are_refused_and_the_cluster_serves_on() {
     );
     println!("client certificate as node-a: {}", stderr.trim());
     // A worker's certificate used by a client.
-    let (ok, _, err) = util::tessera(&[
-        "cluster",
-        "--coordinator",
-        &cluster.addr.to_string(),
-        "--certs",
-        cluster.certs.to_str().unwrap(),
-        "--cluster",
-        CLUSTER,
-        "--name",
-        "node-b",
-    ]);
+    let client = cluster.client_args();
+    let mut args: Vec<&str> = vec!["cluster"];
+    args.extend(client.iter().map(String::as_str));
+    let (ok, _, err) = util::tessera(&[args.as_slice(), &["--name", "node-b"]].concat());
     assert!(
         !ok && err.contains("claiming to be the client 'node-b'"),
         "{err}"
     );
-    let (ok, out, err) = util::tessera(&[
-        "cluster",
-        "--coordinator",
-        &cluster.addr.to_string(),
-        "--certs",
-        cluster.certs.to_str().unwrap(),
-        "--cluster",
-        CLUSTER,
-    ]);
+    let (ok, out, err) = util::tessera(&args);
     assert!(
         ok && out.starts_with("2 workers"),
         "node-a still serves: {out}{err}"

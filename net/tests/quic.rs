@@ -32,6 +32,12 @@ fn serve(node: Arc<Node>) -> mpsc::UnboundedReceiver<Result<Peer, NetError>> {
     rx
 }
 
+/// A node of cluster `lab` whose certificate names `name` as `cert_role`,
+/// speaking as `role`.
+fn bound(ca: &ClusterCa, name: &str, cert_role: Role, role: Role) -> Node {
+    Node::bind(any(), &ca.issue(name, cert_role).unwrap(), "lab", role).unwrap()
+}
+
 /// A coordinator node of cluster `lab`, shared with its accept loop.
 fn coordinator(ca: &ClusterCa) -> Arc<Node> {
     let id = ca.issue("coordinator", Role::Coordinator).unwrap();
@@ -198,13 +204,7 @@ async fn a_certificate_cannot_pass_for_another_node_or_role() {
     let mut accepted = serve(coordinator.clone());
 
     // The client's certificate claiming to be worker node-a.
-    let mut impostor = Node::bind(
-        any(),
-        &ca.issue("client", Role::Client).unwrap(),
-        "lab",
-        Role::Worker,
-    )
-    .unwrap();
+    let mut impostor = bound(&ca, "client", Role::Client, Role::Worker);
     impostor.hello_mut().node = "node-a".into();
     let err = impostor
         .dial(addr)
@@ -219,26 +219,14 @@ async fn a_certificate_cannot_pass_for_another_node_or_role() {
     assert!(accepted.recv().await.unwrap().is_err());
 
     // One worker's certificate claiming another worker's name.
-    let mut other = Node::bind(
-        any(),
-        &ca.issue("node-b", Role::Worker).unwrap(),
-        "lab",
-        Role::Worker,
-    )
-    .unwrap();
+    let mut other = bound(&ca, "node-b", Role::Worker, Role::Worker);
     other.hello_mut().node = "node-a".into();
     let err = other.dial(addr).await.expect_err("node-b posing as node-a");
     assert!(err.to_string().contains("the worker 'node-b'"), "{err}");
     assert!(accepted.recv().await.unwrap().is_err());
 
     // A worker's certificate used as a client.
-    let as_client = Node::bind(
-        any(),
-        &ca.issue("node-b", Role::Worker).unwrap(),
-        "lab",
-        Role::Client,
-    )
-    .unwrap();
+    let as_client = bound(&ca, "node-b", Role::Worker, Role::Client);
     let err = as_client
         .dial(addr)
         .await
@@ -251,24 +239,12 @@ async fn a_certificate_cannot_pass_for_another_node_or_role() {
     assert!(accepted.recv().await.unwrap().is_err());
 
     // A listener that lies about its name is refused by the dialer.
-    let mut liar = Node::bind(
-        any(),
-        &ca.issue("coordinator", Role::Coordinator).unwrap(),
-        "lab",
-        Role::Coordinator,
-    )
-    .unwrap();
+    let mut liar = bound(&ca, "coordinator", Role::Coordinator, Role::Coordinator);
     liar.hello_mut().node = "coordinator-2".into();
     let liar = Arc::new(liar);
     let liar_addr = liar.local_addr().unwrap();
     let _liar_accepts = serve(liar.clone());
-    let worker = Node::bind(
-        any(),
-        &ca.issue("node-a", Role::Worker).unwrap(),
-        "lab",
-        Role::Worker,
-    )
-    .unwrap();
+    let worker = bound(&ca, "node-a", Role::Worker, Role::Worker);
     let err = worker.dial(liar_addr).await.expect_err("a lying listener");
     assert!(
         err.to_string().contains("the coordinator 'coordinator-2'"),

@@ -87,9 +87,9 @@ async fn run(
         let graph = loaded.clone();
         off_async(body.len() > BIG, move || {
             let (json_part, binary) = split_body(header_len.as_ref(), &body)?;
-            let request: InferRequest = serde_json::from_slice(json_part)
+            let request: InferRequest = serde_json::from_slice(&json_part)
                 .map_err(|e| HttpError::bad_request(format!("malformed inference request: {e}")))?;
-            let inputs = decode_inputs(&graph.graph, &request.inputs, binary)?;
+            let inputs = decode_inputs(&graph.graph, &request.inputs, &binary)?;
             let deadline = timeout(request.parameters.as_ref())?;
             Ok((request, inputs, deadline))
         })
@@ -160,12 +160,12 @@ async fn read_body(limit: u64, headers: &HeaderMap, body: Body) -> Result<bytes:
 }
 
 /// The JSON header and the binary tensors after it.
-fn split_body<'a>(
+fn split_body(
     header_len: Option<&HeaderValue>,
-    body: &'a [u8],
-) -> Result<(&'a [u8], &'a [u8]), HttpError> {
+    body: &bytes::Bytes,
+) -> Result<(bytes::Bytes, bytes::Bytes), HttpError> {
     let Some(value) = header_len else {
-        return Ok((body, &[]));
+        return Ok((body.clone(), bytes::Bytes::new()));
     };
     let n = value
         .to_str()
@@ -182,14 +182,15 @@ fn split_body<'a>(
             body.len()
         )));
     }
-    Ok(body.split_at(n))
+    // Shared slices of the body: the tensors are not copied out of it.
+    Ok((body.slice(..n), body.slice(n..)))
 }
 
 /// The request's tensors, checked against the model's inputs.
 fn decode_inputs(
     graph: &Graph,
     inputs: &[RequestInput],
-    binary: &[u8],
+    binary: &bytes::Bytes,
 ) -> Result<HashMap<String, Tensor>, HttpError> {
     let bad = HttpError::bad_request;
     let mut tensors = HashMap::new();
@@ -242,7 +243,7 @@ fn decode_inputs(
                         binary.len()
                     ))
                 })?;
-                let t = tensors::from_binary(&input.name, elem, shape, &binary[at..end])
+                let t = tensors::from_binary(&input.name, elem, shape, binary.slice(at..end))
                     .map_err(bad)?;
                 at = end;
                 t
@@ -333,7 +334,7 @@ fn respond(
             wanted
         }
     };
-    let mut binary_tail: Vec<u8> = Vec::new();
+    let mut binary_parts: Vec<&Tensor> = Vec::new();
     let mut described = Vec::with_capacity(wanted.len());
     for ((name, t), binary) in wanted {
         let datatype = tensors::datatype(t.elem()).ok_or_else(|| {
@@ -345,7 +346,7 @@ fn respond(
         let mut out = json!({ "name": name, "datatype": datatype, "shape": t.shape() });
         if binary {
             out["parameters"] = json!({ "binary_data_size": t.bytes().len() });
-            binary_tail.extend_from_slice(t.bytes());
+            binary_parts.push(t);
         } else {
             out["data"] = tensors::to_json(t).map_err(HttpError::bad_request)?;
         }
@@ -357,12 +358,16 @@ fn respond(
     }
     let head = serde_json::to_vec(&head)
         .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    if binary_tail.is_empty() {
+    if binary_parts.is_empty() {
         return Ok(([(header::CONTENT_TYPE, "application/json")], head).into_response());
     }
     let head_len = HeaderValue::from(head.len());
-    let mut body = head;
-    body.extend_from_slice(&binary_tail);
+    let tail: usize = binary_parts.iter().map(|t| t.bytes().len()).sum();
+    let mut body = Vec::with_capacity(head.len() + tail);
+    body.extend_from_slice(&head);
+    for t in binary_parts {
+        body.extend_from_slice(t.bytes());
+    }
     Ok((
         [
             (

@@ -68,9 +68,9 @@ pub fn from_binary(
     name: &str,
     elem: ElemType,
     shape: Vec<usize>,
-    bytes: &[u8],
+    bytes: bytes::Bytes,
 ) -> Result<Tensor, String> {
-    Tensor::new(elem, shape, bytes.to_vec()).map_err(|e| format!("input '{name}': {e}"))
+    Tensor::new(elem, shape, bytes).map_err(|e| format!("input '{name}': {e}"))
 }
 
 /// A tensor from JSON `data`, flat or nested in row-major order.
@@ -246,7 +246,7 @@ mod tests {
         assert!(e.contains("not a valid UINT8"), "{e}");
         let e = from_json("s", ElemType::STRING, vec![1], &json!(["a"])).unwrap_err();
         assert!(e.contains("not a valid BYTES"), "{e}");
-        let e = from_binary("x", ElemType::FLOAT, vec![2], &[0u8; 7]).unwrap_err();
+        let e = from_binary("x", ElemType::FLOAT, vec![2], vec![0u8; 7].into()).unwrap_err();
         assert!(e.contains("needs 8 bytes, got 7"), "{e}");
         assert!(dims("x", &[1, -1]).is_err());
         assert!(binary_size(json!({"binary_data_size": -3}).as_object()).is_err());
