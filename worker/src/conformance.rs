@@ -292,10 +292,12 @@ fn as_declared_bfloat16(
             .any(|t| t.name.is_some() && t.name == v.name)
     });
     for (t, v) in tensors.iter_mut().zip(declared) {
-        let bf16 =
-            crate::plugin::TensorSpec::from_value_info(v).is_some_and(|s| s.elem == ElemType(16));
-        if bf16 && t.elem() == ElemType(4) {
-            if let Ok(retyped) = Tensor::new(ElemType(16), t.shape().to_vec(), t.shared_bytes()) {
+        let bf16 = crate::plugin::TensorSpec::from_value_info(v)
+            .is_some_and(|s| s.elem == ElemType::BFLOAT16);
+        if bf16 && t.elem() == ElemType::UINT16 {
+            if let Ok(retyped) =
+                Tensor::new(ElemType::BFLOAT16, t.shape().to_vec(), t.shared_bytes())
+            {
                 *t = retyped;
             }
         }
@@ -322,20 +324,20 @@ fn f16_to_f32(bits: u16) -> f32 {
 
 fn as_f64(t: &Tensor) -> Option<Vec<f64>> {
     let b = t.bytes();
-    Some(match t.elem().0 {
-        1 => b
+    Some(match t.elem() {
+        ElemType::FLOAT => b
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
             .collect(),
-        11 => b
+        ElemType::DOUBLE => b
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect(),
-        10 => b
+        ElemType::FLOAT16 => b
             .chunks_exact(2)
             .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])) as f64)
             .collect(),
-        16 => b
+        ElemType::BFLOAT16 => b
             .chunks_exact(2)
             .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64)
             .collect(),

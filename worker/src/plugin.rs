@@ -150,6 +150,20 @@ pub struct QueryResult {
     pub types: BTreeMap<String, TensorSpec>,
 }
 
+impl QueryResult {
+    /// Records one node's answer: supported, or why not.
+    pub fn record(&mut self, node: String, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => {
+                self.supported.insert(node);
+            }
+            Err(why) => {
+                self.unsupported.insert(node, why);
+            }
+        }
+    }
+}
+
 /// Name, element type and shape of a subgraph input or output: `shape`
 /// is `None` where the rank is unknown, a dim `None` where it is dynamic.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -59,10 +59,11 @@ mod types;
 use std::collections::HashMap;
 
 use crate::graph::{Dim, Graph};
-use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
+use crate::onnx::proto::{ModelProto, NodeProto, TensorProto};
 use crate::onnx::ElemType;
 use crate::tensor::Tensor;
 
+pub(crate) use crate::onnx::attr::{attr, attr_i, attr_ints, attr_s, input};
 pub use emit::Emit;
 
 /// A model after decomposition.
@@ -121,13 +122,13 @@ impl Context<'_> {
     /// The values of a float or boolean initializer, as f64.
     pub fn const_floats(&self, name: &str) -> Option<Vec<f64>> {
         let t = Tensor::from_proto(self.initializers.get(name)?).ok()?;
-        match t.elem().0 {
-            1 => t
+        match t.elem() {
+            ElemType::FLOAT => t
                 .to_vec::<f32>()
                 .ok()
                 .map(|v| v.into_iter().map(f64::from).collect()),
-            11 => t.to_vec::<f64>().ok(),
-            9 => t
+            ElemType::DOUBLE => t.to_vec::<f64>().ok(),
+            ElemType::BOOL => t
                 .to_vec::<bool>()
                 .ok()
                 .map(|v| v.into_iter().map(|b| f64::from(u8::from(b))).collect()),
@@ -180,9 +181,10 @@ const ML_RULES: &[(&str, Rule)] = &[
     ("ArrayFeatureExtractor", misc::array_feature_extractor),
 ];
 
-/// The default-domain opset assumed for expansions in a model that imports
-/// only other domains.
-const FALLBACK_OPSET: i64 = 13;
+/// The default-domain opset expansions are written at in a model that
+/// imports only other domains (e.g. `ai.onnx.ml`); the model then gains
+/// this import.
+const EXPANSION_OPSET: i64 = 13;
 
 /// The op types [`decompose`] can rewrite.
 pub fn decomposable_ops() -> impl Iterator<Item = &'static str> {
@@ -194,12 +196,8 @@ pub fn decomposable_ops() -> impl Iterator<Item = &'static str> {
 /// as they are.
 pub fn decompose(graph: &Graph, wanted: impl Fn(&str) -> bool) -> Decomposed {
     let model = graph.model();
-    let default_opset = model
-        .opset_import
-        .iter()
-        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
-        .and_then(|o| o.version);
-    let opset = default_opset.unwrap_or(FALLBACK_OPSET);
+    let default_opset = crate::onnx::attr::declared_default_opset(model);
+    let opset = default_opset.unwrap_or(EXPANSION_OPSET);
     let mut out = model.clone();
     let mut origin = HashMap::new();
     let mut declined = HashMap::new();
@@ -261,7 +259,7 @@ pub fn decompose(graph: &Graph, wanted: impl Fn(&str) -> bool) -> Decomposed {
         out.opset_import
             .push(crate::onnx::proto::OperatorSetIdProto {
                 domain: Some(String::new()),
-                version: Some(FALLBACK_OPSET),
+                version: Some(EXPANSION_OPSET),
             });
     }
     Decomposed {
@@ -269,33 +267,6 @@ pub fn decompose(graph: &Graph, wanted: impl Fn(&str) -> bool) -> Decomposed {
         origin,
         declined,
     }
-}
-
-/// The attribute `name` of `node`.
-pub(crate) fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute
-        .iter()
-        .find(|a| a.name.as_deref() == Some(name))
-}
-
-pub(crate) fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
-    attr(node, name).and_then(|a| a.i)
-}
-
-pub(crate) fn attr_s<'a>(node: &'a NodeProto, name: &str) -> Option<&'a str> {
-    attr(node, name).and_then(|a| std::str::from_utf8(a.s.as_deref()?).ok())
-}
-
-pub(crate) fn attr_ints<'a>(node: &'a NodeProto, name: &str) -> Option<&'a [i64]> {
-    attr(node, name).map(|a| a.ints.as_slice())
-}
-
-/// Input `k` of `node` where present and not the empty name.
-pub(crate) fn input(node: &NodeProto, k: usize) -> Option<&str> {
-    node.input
-        .get(k)
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
 }
 
 /// The data input (0) and output (0) of `node`.

@@ -10,18 +10,13 @@ use super::{attr_i, input, output, Context};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
-const UINT16: ElemType = ElemType(4);
-const INT16: ElemType = ElemType(5);
-const INT8: ElemType = ElemType(3);
-const DOUBLE: ElemType = ElemType(11);
-
 /// The range of an integer type that quantization saturates to.
 fn range(elem: ElemType) -> Option<(f32, f32)> {
     Some(match elem {
         ElemType::UINT8 => (0.0, 255.0),
-        INT8 => (-128.0, 127.0),
-        UINT16 => (0.0, 65535.0),
-        INT16 => (-32768.0, 32767.0),
+        ElemType::INT8 => (-128.0, 127.0),
+        ElemType::UINT16 => (0.0, 65535.0),
+        ElemType::INT16 => (-32768.0, 32767.0),
         _ => return None,
     })
 }
@@ -89,7 +84,7 @@ pub(super) fn quantize_linear(
             .map_or(ElemType::UINT8, |t| ElemType(t as i32)),
     };
     let block = attr_i(node, "block_size").unwrap_or(0);
-    if matches!(to, ElemType::UINT8 | INT8) && block == 0 && ctx.is_constant(scale) {
+    if matches!(to, ElemType::UINT8 | ElemType::INT8) && block == 0 && ctx.is_constant(scale) {
         return Err("8-bit with a constant scale runs natively".into());
     }
     range(to).ok_or_else(|| format!("output type {to}"))?;
@@ -99,8 +94,8 @@ pub(super) fn quantize_linear(
     // enough that rounding to f32 or f16 afterwards is correct rounding),
     // since a backend may divide by a reciprocal, which moves values next
     // to a rounding tie across it (a dynamic-quantization node test does).
-    let wide_x = emit.cast(x, DOUBLE);
-    let wide_s = emit.cast(&s, DOUBLE);
+    let wide_x = emit.cast(x, ElemType::DOUBLE);
+    let wide_s = emit.cast(&s, ElemType::DOUBLE);
     let quotient = emit.op("Div", &[&wide_x, &wide_s], &[]);
     let mut v = emit.cast(&quotient, elem);
     if let Some(z) = zero {
@@ -127,7 +122,7 @@ pub(super) fn dequantize_linear(
     let from = ctx.elem(x).ok_or("input of unknown type")?;
     let out = ctx.elem(scale).ok_or("scale of unknown type")?;
     let block = attr_i(node, "block_size").unwrap_or(0);
-    if matches!(from, ElemType::UINT8 | INT8) && block == 0 && ctx.is_constant(scale) {
+    if matches!(from, ElemType::UINT8 | ElemType::INT8) && block == 0 && ctx.is_constant(scale) {
         return Err("8-bit with a constant scale runs natively".into());
     }
     range(from).ok_or_else(|| format!("input type {from}"))?;

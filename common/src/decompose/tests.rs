@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::onnx::proto::{
-    attribute_proto::AttributeType, GraphProto, ModelProto, OperatorSetIdProto,
+    attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, OperatorSetIdProto,
 };
 use crate::onnx::tensor_info;
 use crate::synth::node;

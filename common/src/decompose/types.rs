@@ -30,11 +30,11 @@ pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Res
     let amount = input(node, 1).ok_or("no shift")?;
     let y = output(node, 0).ok_or("no output")?;
     let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let bits: i64 = match elem.0 {
-        2 => 8,
-        4 => 16,
-        12 => 32,
-        13 => 64,
+    let bits: i64 = match elem {
+        ElemType::UINT8 => 8,
+        ElemType::UINT16 => 16,
+        ElemType::UINT32 => 32,
+        ElemType::UINT64 => 64,
         _ => return Err(format!("type {elem}")),
     };
     let to = |emit: &mut Emit, v: i64| -> Result<String, String> {

@@ -2,6 +2,7 @@
 //! vendored upstream `proto/onnx-ml.proto` (a superset of `onnx.proto`), so
 //! a decode → encode round trip keeps every field the standard defines.
 
+pub mod attr;
 mod io;
 
 pub use io::{
@@ -49,13 +50,39 @@ pub enum OnnxError {
 pub struct ElemType(pub i32);
 
 impl ElemType {
+    pub const UNDEFINED: ElemType = ElemType(DataType::Undefined as i32);
     pub const FLOAT: ElemType = ElemType(DataType::Float as i32);
-    pub const FLOAT16: ElemType = ElemType(DataType::Float16 as i32);
-    pub const INT64: ElemType = ElemType(DataType::Int64 as i32);
-    pub const INT32: ElemType = ElemType(DataType::Int32 as i32);
-    pub const BOOL: ElemType = ElemType(DataType::Bool as i32);
     pub const UINT8: ElemType = ElemType(DataType::Uint8 as i32);
+    pub const INT8: ElemType = ElemType(DataType::Int8 as i32);
+    pub const UINT16: ElemType = ElemType(DataType::Uint16 as i32);
+    pub const INT16: ElemType = ElemType(DataType::Int16 as i32);
+    pub const INT32: ElemType = ElemType(DataType::Int32 as i32);
+    pub const INT64: ElemType = ElemType(DataType::Int64 as i32);
     pub const STRING: ElemType = ElemType(DataType::String as i32);
+    pub const BOOL: ElemType = ElemType(DataType::Bool as i32);
+    pub const FLOAT16: ElemType = ElemType(DataType::Float16 as i32);
+    pub const DOUBLE: ElemType = ElemType(DataType::Double as i32);
+    pub const UINT32: ElemType = ElemType(DataType::Uint32 as i32);
+    pub const UINT64: ElemType = ElemType(DataType::Uint64 as i32);
+    pub const BFLOAT16: ElemType = ElemType(DataType::Bfloat16 as i32);
+
+    /// The types Tessera's tensors compute with: every fixed-size real
+    /// numeric type and bool, in ONNX number order.
+    pub const NUMERIC: &'static [ElemType] = &[
+        ElemType::FLOAT,
+        ElemType::UINT8,
+        ElemType::INT8,
+        ElemType::UINT16,
+        ElemType::INT16,
+        ElemType::INT32,
+        ElemType::INT64,
+        ElemType::BOOL,
+        ElemType::FLOAT16,
+        ElemType::DOUBLE,
+        ElemType::UINT32,
+        ElemType::UINT64,
+        ElemType::BFLOAT16,
+    ];
 
     /// Bytes per element (sub-byte types round up to one byte); `None` for
     /// strings and undefined types.

@@ -257,15 +257,6 @@ struct Folded {
     nodes: Vec<crate::graph::NodeId>,
 }
 
-fn default_opset(model: &ModelProto) -> i64 {
-    model
-        .opset_import
-        .iter()
-        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
-        .and_then(|o| o.version)
-        .unwrap_or(1)
-}
-
 /// One pass in topological order: every node whose inputs are known.
 fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
     let mut folded = Folded {
@@ -284,7 +275,7 @@ fn fold_round(graph: &Graph, options: &SimplifyOptions) -> Folded {
             .iter()
             .filter_map(|t| Some((t.name.as_deref()?, t)))
             .collect(),
-        opset: default_opset(model),
+        opset: crate::onnx::attr::default_opset(model),
         known: HashMap::new(),
         partial: HashMap::new(),
     };

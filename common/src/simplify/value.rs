@@ -35,10 +35,19 @@ pub enum Kind {
 
 /// The kind of `elem`; `None` for strings, complex and sub-byte types.
 pub fn kind(elem: ElemType) -> Option<Kind> {
-    match elem.0 {
-        2..=7 | 12 | 13 => Some(Kind::Int),
-        1 | 10 | 11 | 16 => Some(Kind::Float),
-        9 => Some(Kind::Bool),
+    match elem {
+        ElemType::UINT8
+        | ElemType::INT8
+        | ElemType::UINT16
+        | ElemType::INT16
+        | ElemType::INT32
+        | ElemType::INT64
+        | ElemType::UINT32
+        | ElemType::UINT64 => Some(Kind::Int),
+        ElemType::FLOAT | ElemType::FLOAT16 | ElemType::DOUBLE | ElemType::BFLOAT16 => {
+            Some(Kind::Float)
+        }
+        ElemType::BOOL => Some(Kind::Bool),
         _ => None,
     }
 }
@@ -101,24 +110,26 @@ impl Value {
     }
 
     pub fn from_tensor(t: &Tensor) -> Option<Value> {
-        let data = match t.elem().0 {
-            1 => Data::Float(t.to_vec::<f32>().ok()?.into_iter().map(f64::from).collect()),
-            10 => Data::Float(
+        let data = match t.elem() {
+            ElemType::FLOAT => {
+                Data::Float(t.to_vec::<f32>().ok()?.into_iter().map(f64::from).collect())
+            }
+            ElemType::FLOAT16 => Data::Float(
                 t.to_vec::<half::f16>()
                     .ok()?
                     .into_iter()
                     .map(f64::from)
                     .collect(),
             ),
-            11 => Data::Float(t.to_vec::<f64>().ok()?),
-            2 => ints::<u8>(t)?,
-            3 => ints::<i8>(t)?,
-            4 => ints::<u16>(t)?,
-            5 => ints::<i16>(t)?,
-            6 => ints::<i32>(t)?,
-            7 => ints::<i64>(t)?,
-            12 => ints::<u32>(t)?,
-            13 => Data::Int(
+            ElemType::DOUBLE => Data::Float(t.to_vec::<f64>().ok()?),
+            ElemType::UINT8 => ints::<u8>(t)?,
+            ElemType::INT8 => ints::<i8>(t)?,
+            ElemType::UINT16 => ints::<u16>(t)?,
+            ElemType::INT16 => ints::<i16>(t)?,
+            ElemType::INT32 => ints::<i32>(t)?,
+            ElemType::INT64 => ints::<i64>(t)?,
+            ElemType::UINT32 => ints::<u32>(t)?,
+            ElemType::UINT64 => Data::Int(
                 t.to_vec::<u64>()
                     .ok()?
                     .into_iter()
@@ -126,7 +137,7 @@ impl Value {
                     .collect::<Result<_, _>>()
                     .ok()?,
             ),
-            9 => Data::Bool(t.to_vec::<bool>().ok()?),
+            ElemType::BOOL => Data::Bool(t.to_vec::<bool>().ok()?),
             _ => return None,
         };
         Some(Value {
@@ -204,21 +215,21 @@ impl Value {
     pub fn wrapped(mut self) -> Value {
         match &mut self.data {
             Data::Int(v) => {
-                let wrap: fn(i64) -> i64 = match self.elem.0 {
-                    2 => |x| x as u8 as i64,
-                    3 => |x| x as i8 as i64,
-                    4 => |x| x as u16 as i64,
-                    5 => |x| x as i16 as i64,
-                    6 => |x| x as i32 as i64,
-                    12 => |x| x as u32 as i64,
+                let wrap: fn(i64) -> i64 = match self.elem {
+                    ElemType::UINT8 => |x| x as u8 as i64,
+                    ElemType::INT8 => |x| x as i8 as i64,
+                    ElemType::UINT16 => |x| x as u16 as i64,
+                    ElemType::INT16 => |x| x as i16 as i64,
+                    ElemType::INT32 => |x| x as i32 as i64,
+                    ElemType::UINT32 => |x| x as u32 as i64,
                     _ => |x| x,
                 };
                 v.iter_mut().for_each(|x| *x = wrap(*x));
             }
             Data::Float(v) => {
-                let round: fn(f64) -> f64 = match self.elem.0 {
-                    1 => |x| x as f32 as f64,
-                    10 => |x| f64::from(half::f16::from_f64(x)),
+                let round: fn(f64) -> f64 = match self.elem {
+                    ElemType::FLOAT => |x| x as f32 as f64,
+                    ElemType::FLOAT16 => |x| f64::from(half::f16::from_f64(x)),
                     _ => |x| x,
                 };
                 v.iter_mut().for_each(|x| *x = round(*x));
@@ -315,7 +326,7 @@ mod tests {
         assert_eq!(i.as_ints().unwrap(), &[1, -2, 3]);
         let b = Value::ints(vec![0, 3]).cast(ElemType::BOOL).unwrap();
         assert_eq!(b.data, Data::Bool(vec![false, true]));
-        let w = Value::ints(vec![300]).cast(ElemType(2)).unwrap();
+        let w = Value::ints(vec![300]).cast(ElemType::UINT8).unwrap();
         assert_eq!(w.as_ints().unwrap(), &[44]);
         assert_eq!(indices(&[2, 2]).collect::<Vec<_>>().len(), 4);
         assert_eq!(axis(-1, 3), Some(2));

@@ -180,15 +180,15 @@ macro_rules! element {
 
 element!(f32, ElemType::FLOAT);
 element!(half::f16, ElemType::FLOAT16);
-element!(f64, ElemType(11));
-element!(i8, ElemType(3));
-element!(i16, ElemType(5));
+element!(f64, ElemType::DOUBLE);
+element!(i8, ElemType::INT8);
+element!(i16, ElemType::INT16);
 element!(i32, ElemType::INT32);
 element!(i64, ElemType::INT64);
 element!(u8, ElemType::UINT8);
-element!(u16, ElemType(4));
-element!(u32, ElemType(12));
-element!(u64, ElemType(13));
+element!(u16, ElemType::UINT16);
+element!(u32, ElemType::UINT32);
+element!(u64, ElemType::UINT64);
 
 impl Element for bool {
     const ELEM: ElemType = ElemType::BOOL;

@@ -6,19 +6,19 @@ use crate::onnx::ElemType;
 const MAGIC: &[u8] = b"\x93NUMPY";
 
 fn descr_of(elem: ElemType) -> Option<&'static str> {
-    Some(match elem.0 {
-        1 => "<f4",
-        2 => "|u1",
-        3 => "|i1",
-        4 => "<u2",
-        5 => "<i2",
-        6 => "<i4",
-        7 => "<i8",
-        9 => "|b1",
-        10 => "<f2",
-        11 => "<f8",
-        12 => "<u4",
-        13 => "<u8",
+    Some(match elem {
+        ElemType::FLOAT => "<f4",
+        ElemType::UINT8 => "|u1",
+        ElemType::INT8 => "|i1",
+        ElemType::UINT16 => "<u2",
+        ElemType::INT16 => "<i2",
+        ElemType::INT32 => "<i4",
+        ElemType::INT64 => "<i8",
+        ElemType::BOOL => "|b1",
+        ElemType::FLOAT16 => "<f2",
+        ElemType::DOUBLE => "<f8",
+        ElemType::UINT32 => "<u4",
+        ElemType::UINT64 => "<u8",
         _ => return None,
     })
 }
@@ -31,8 +31,9 @@ fn elem_of(descr: &str) -> Option<ElemType> {
     } else {
         d
     };
-    (1..=13)
-        .map(ElemType)
+    ElemType::NUMERIC
+        .iter()
+        .copied()
         .find(|&e| descr_of(e) == Some(d.as_str()))
 }
 

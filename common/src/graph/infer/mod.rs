@@ -13,8 +13,9 @@ pub use types::has_rule as has_type_rule;
 use std::collections::HashMap;
 
 use super::{Dim, Graph, TensorId};
-use crate::onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
+use crate::onnx::proto::{ModelProto, TensorProto};
 
+pub(super) use crate::onnx::attr::{attr, attr_i, attr_ints};
 use shapes::output_shapes;
 use types::output_types;
 
@@ -94,37 +95,7 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
     }
 }
 
-pub(super) fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute
-        .iter()
-        .find(|a| a.name.as_deref() == Some(name))
-}
-
-pub(super) fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
-    attr(node, name).and_then(|a| a.i)
-}
-
-pub(super) fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
-    attr(node, name).map(|a| a.ints.clone())
-}
-
 /// Integer contents of a small int64/int32 initializer.
 pub(super) fn int_values(t: &TensorProto) -> Option<Vec<i64>> {
-    match t.data_type? {
-        7 => Some(if let Some(raw) = &t.raw_data {
-            raw.chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect()
-        } else {
-            t.int64_data.clone()
-        }),
-        6 => Some(if let Some(raw) = &t.raw_data {
-            raw.chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-                .collect()
-        } else {
-            t.int32_data.iter().map(|&v| v as i64).collect()
-        }),
-        _ => None,
-    }
+    crate::tensor::Tensor::from_proto(t).ok()?.int_values()
 }

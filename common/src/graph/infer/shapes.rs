@@ -270,21 +270,28 @@ pub(super) fn output_shape(
             let (channels, kernel) = if op == "Conv" {
                 let w = in_shape(1)?;
                 let kernel = attr_ints(node, "kernel_shape")
+                    .map(<[i64]>::to_vec)
                     .unwrap_or_else(|| w.iter().skip(2).filter_map(Dim::known).collect());
                 (w.first()?.clone(), kernel)
             } else {
-                (x[1].clone(), attr_ints(node, "kernel_shape")?)
+                (
+                    x[1].clone(),
+                    attr_ints(node, "kernel_shape").map(<[i64]>::to_vec)?,
+                )
             };
             if kernel.len() != spatial {
                 return None;
             }
             let strides = attr_ints(node, "strides")
+                .map(<[i64]>::to_vec)
                 .filter(|v| !v.is_empty())
                 .unwrap_or(vec![1; spatial]);
             let dilations = attr_ints(node, "dilations")
+                .map(<[i64]>::to_vec)
                 .filter(|v| !v.is_empty())
                 .unwrap_or(vec![1; spatial]);
             let pads = attr_ints(node, "pads")
+                .map(<[i64]>::to_vec)
                 .filter(|v| !v.is_empty())
                 .unwrap_or(vec![0; 2 * spatial]);
             let auto_pad = attr(node, "auto_pad")
@@ -336,8 +343,9 @@ pub(super) fn output_shape(
         }
         "Transpose" => {
             let x = in_shape(0)?;
-            let perm =
-                attr_ints(node, "perm").unwrap_or_else(|| (0..x.len() as i64).rev().collect());
+            let perm = attr_ints(node, "perm")
+                .map(<[i64]>::to_vec)
+                .unwrap_or_else(|| (0..x.len() as i64).rev().collect());
             perm.iter()
                 .map(|&p| x.get(usize::try_from(p).ok()?).cloned())
                 .collect()
@@ -438,12 +446,13 @@ pub(super) fn output_shape(
                 };
                 (starts, ends, axes, steps)
             } else {
-                let starts = attr_ints(node, "starts");
+                let starts = attr_ints(node, "starts").map(<[i64]>::to_vec);
                 let axes = attr_ints(node, "axes")
+                    .map(<[i64]>::to_vec)
                     .or_else(|| starts.as_ref().map(|s| (0..s.len() as i64).collect()));
                 (
                     starts.clone(),
-                    attr_ints(node, "ends"),
+                    attr_ints(node, "ends").map(<[i64]>::to_vec),
                     axes,
                     starts.map(|s| vec![1; s.len()]),
                 )
@@ -489,7 +498,7 @@ pub(super) fn output_shape(
         | "ReduceL2" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" => {
             let x = in_shape(0)?;
             let keep = attr_i(node, "keepdims").unwrap_or(1) != 0;
-            let axes = match attr_ints(node, "axes").or_else(|| {
+            let axes = match attr_ints(node, "axes").map(<[i64]>::to_vec).or_else(|| {
                 if node.input.len() > 1 {
                     const_ints(1)
                 } else {
@@ -555,7 +564,9 @@ pub(super) fn output_shape(
         "Range" | "NonZero" => Some(vec![Dim::Unknown; if op == "Range" { 1 } else { 2 }]),
         "Unsqueeze" | "Squeeze" => {
             let x = in_shape(0)?;
-            let axes = attr_ints(node, "axes").or_else(|| const_ints(1));
+            let axes = attr_ints(node, "axes")
+                .map(<[i64]>::to_vec)
+                .or_else(|| const_ints(1));
             let rank = if op == "Unsqueeze" {
                 x.len() + axes.as_ref()?.len()
             } else {

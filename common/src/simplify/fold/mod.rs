@@ -10,7 +10,7 @@ mod shape;
 pub(crate) use shape::shape_range;
 
 use super::value::Value;
-use crate::decompose::{attr, attr_i, attr_ints};
+use crate::onnx::attr::{attr_i, attr_ints};
 use crate::onnx::proto::NodeProto;
 
 /// What a rule sees: the node, its inputs' values (`None`: omitted
@@ -32,7 +32,7 @@ impl<'a> Args<'a> {
     }
 
     pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
-        attr(self.node, name).map(|_| attr_ints(self.node, name).unwrap_or_default().to_vec())
+        attr_ints(self.node, name).map(<[i64]>::to_vec)
     }
 
     /// Integers from attribute `name` (older opsets) or input `k` (newer).

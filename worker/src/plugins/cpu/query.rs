@@ -8,20 +8,15 @@
 use prost::Message;
 use tessera_common::decompose::decompose;
 use tessera_common::graph::Graph;
+use tessera_common::onnx::attr::attr;
 use tessera_common::onnx::proto::{
-    tensor_shape_proto::dimension, type_proto, AttributeProto, ModelProto, NodeProto,
+    tensor_shape_proto::dimension, type_proto, ModelProto, NodeProto,
 };
 use tessera_common::onnx::ElemType;
 use tract_onnx::prelude::*;
 
 use crate::plugin::{PluginError, QueryResult};
 use crate::plugins::probe::ProbeCache;
-
-fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute
-        .iter()
-        .find(|a| a.name.as_deref() == Some(name))
-}
 
 /// Ops and variants tract is known to compute wrongly (measured against
 /// onnxruntime and the ONNX node tests): refused, never run wrong.
@@ -52,7 +47,7 @@ fn known_wrong(
             Some(format!("{op} direction other than forward"))
         }
         "Attention" => Some("Attention is not computed correctly by tract".into()),
-        "Celu" if input_type(0) == Some(ElemType(10)) => {
+        "Celu" if input_type(0) == Some(ElemType::FLOAT16) => {
             Some("Celu on float16 is wrong in tract".into())
         }
         "AveragePool"
@@ -62,7 +57,7 @@ fn known_wrong(
         }
         // (Decomposed into integer MatMul and float rescaling when the
         // types are known; refused if that rule declined.)
-        "QLinearMatMul" if input_type(0) == Some(ElemType(3)) => {
+        "QLinearMatMul" if input_type(0) == Some(ElemType::INT8) => {
             Some("QLinearMatMul on int8 is wrong in tract".into())
         }
         "BitShift" => Some("BitShift by the bit width or more is wrong in tract".into()),
@@ -341,14 +336,7 @@ fn query_graph(
         } else {
             probe_node(named, graph, id, cache)
         };
-        match outcome {
-            Ok(()) => {
-                result.supported.insert(name);
-            }
-            Err(why) => {
-                result.unsupported.insert(name, why);
-            }
-        }
+        result.record(name, outcome);
     }
     Ok(result)
 }

@@ -7,25 +7,28 @@ use tract_onnx::prelude::{DatumType, IntoTensor, TValue, Tensor as TractTensor};
 use crate::plugin::PluginError;
 
 pub(super) fn datum_type(elem: ElemType) -> Option<DatumType> {
-    Some(match elem.0 {
-        1 => DatumType::F32,
-        2 => DatumType::U8,
-        3 => DatumType::I8,
-        4 => DatumType::U16,
-        5 => DatumType::I16,
-        6 => DatumType::I32,
-        7 => DatumType::I64,
-        9 => DatumType::Bool,
-        10 => DatumType::F16,
-        11 => DatumType::F64,
-        12 => DatumType::U32,
-        13 => DatumType::U64,
+    Some(match elem {
+        ElemType::FLOAT => DatumType::F32,
+        ElemType::UINT8 => DatumType::U8,
+        ElemType::INT8 => DatumType::I8,
+        ElemType::UINT16 => DatumType::U16,
+        ElemType::INT16 => DatumType::I16,
+        ElemType::INT32 => DatumType::I32,
+        ElemType::INT64 => DatumType::I64,
+        ElemType::BOOL => DatumType::Bool,
+        ElemType::FLOAT16 => DatumType::F16,
+        ElemType::DOUBLE => DatumType::F64,
+        ElemType::UINT32 => DatumType::U32,
+        ElemType::UINT64 => DatumType::U64,
         _ => return None,
     })
 }
 
 pub(super) fn elem_type(dt: DatumType) -> Option<ElemType> {
-    (1..=13).map(ElemType).find(|&e| datum_type(e) == Some(dt))
+    ElemType::NUMERIC
+        .iter()
+        .copied()
+        .find(|&e| datum_type(e) == Some(dt))
 }
 
 /// A Tessera tensor as a tract tensor (one copy into tract's aligned buffer).

@@ -303,14 +303,7 @@ impl DevicePlugin for GpuPlugin {
                 }
                 Ok(())
             })();
-            match verdict {
-                Ok(()) => {
-                    result.supported.insert(node.name.clone());
-                }
-                Err(why) => {
-                    result.unsupported.insert(node.name.clone(), why);
-                }
-            }
+            result.record(node.name.clone(), verdict);
         }
         Ok(result)
     }

@@ -343,7 +343,7 @@ impl Program {
         let spec = |v: &tessera_common::onnx::proto::ValueInfoProto| -> TensorSpec {
             TensorSpec::from_value_info(v).unwrap_or_else(|| TensorSpec {
                 name: v.name().to_string(),
-                elem: ElemType(0),
+                elem: ElemType::UNDEFINED,
                 shape: None,
             })
         };

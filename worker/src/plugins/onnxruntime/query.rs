@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 
 use prost::Message;
 use tessera_common::graph::Graph;
-use tessera_common::onnx::proto::{AttributeProto, ModelProto, NodeProto, ValueInfoProto};
+use tessera_common::onnx::attr;
+use tessera_common::onnx::proto::{ModelProto, NodeProto, ValueInfoProto};
 use tessera_common::tensor::Tensor;
 
 use super::library::Runtime;
@@ -33,23 +34,16 @@ struct Site<'a> {
 }
 
 impl Site<'_> {
-    fn attr(&self, name: &str) -> Option<&AttributeProto> {
-        self.node
-            .attribute
-            .iter()
-            .find(|a| a.name.as_deref() == Some(name))
-    }
-
     fn int(&self, name: &str) -> Option<i64> {
-        self.attr(name).and_then(|a| a.i)
+        attr::attr_i(self.node, name)
     }
 
     fn text(&self, name: &str) -> Option<&[u8]> {
-        self.attr(name).and_then(|a| a.s.as_deref())
+        attr::attr(self.node, name).and_then(|a| a.s.as_deref())
     }
 
     fn has_input(&self, k: usize) -> bool {
-        self.node.input.get(k).is_some_and(|t| !t.is_empty())
+        attr::input(self.node, k).is_some()
     }
 
     /// Input `k`'s values, if it is an initializer.
@@ -74,9 +68,8 @@ type Rule = fn(&Site) -> Option<&'static str>;
 
 const KNOWN_WRONG: &[(&str, Rule)] = &[
     ("AveragePool", |s| {
-        let dilated = s
-            .attr("dilations")
-            .is_some_and(|a| a.ints.iter().any(|&d| d != 1));
+        let dilated =
+            attr::attr_ints(s.node, "dilations").is_some_and(|d| d.iter().any(|&d| d != 1));
         (dilated && s.int("ceil_mode") == Some(1) && s.int("count_include_pad") == Some(1))
             .then_some("AveragePool with dilations, ceil_mode and count_include_pad")
     }),
@@ -154,14 +147,7 @@ pub(super) fn query_network(
             (None, Ok(())) => Ok(()),
             (None, Err(_)) => cache.probe(named, &graph, id, |m| builds(runtime, m)),
         };
-        match outcome {
-            Ok(()) => {
-                result.supported.insert(name);
-            }
-            Err(why) => {
-                result.unsupported.insert(name, why);
-            }
-        }
+        result.record(name, outcome);
     }
     Ok(result)
 }

@@ -43,7 +43,7 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
             if attr_ints(node, "output_shape").is_some() {
                 return Err("output_shape".into());
             }
-            if !matches!(attr_s(node, "auto_pad").as_deref(), None | Some("NOTSET")) {
+            if !matches!(attr_s(node, "auto_pad"), None | Some("NOTSET")) {
                 return Err("auto_pad".into());
             }
             unknown_attrs(
@@ -73,7 +73,7 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
         ),
         _ => unknown_attrs(node, &[]),
     }?;
-    match attr_s(node, "auto_pad").as_deref() {
+    match attr_s(node, "auto_pad") {
         None | Some("NOTSET") | Some("VALID") | Some("SAME_UPPER") | Some("SAME_LOWER") => Ok(()),
         Some(other) => Err(format!("auto_pad '{other}'")),
     }
@@ -93,12 +93,12 @@ fn axis_out(
         return Err("an empty input, kernel or stride".into());
     }
     let eff = d * (k - 1) + 1;
-    match attr_s(node, "auto_pad").as_deref() {
+    match attr_s(node, "auto_pad") {
         Some("SAME_UPPER") | Some("SAME_LOWER") => {
             let out = size.div_ceil(s);
             let total = ((out - 1) * s + eff).saturating_sub(size);
             let (small, big) = (total / 2, total - total / 2);
-            let (b, e) = if attr_s(node, "auto_pad").as_deref() == Some("SAME_UPPER") {
+            let (b, e) = if attr_s(node, "auto_pad") == Some("SAME_UPPER") {
                 (small, big)
             } else {
                 (big, small)

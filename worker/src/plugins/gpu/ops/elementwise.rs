@@ -3,6 +3,7 @@
 
 use tessera_common::onnx::proto::NodeProto;
 
+use super::codes::{BinaryOp, UnaryOp};
 use super::{attr_f, attr_i, attr_s, input, padded, strides, unknown_attrs, MAX_RANK};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
@@ -21,7 +22,7 @@ pub fn check(node: &NodeProto, _opset: i64) -> Result<(), String> {
         "HardSigmoid" => unknown_attrs(node, &["alpha", "beta"]),
         "Clip" => unknown_attrs(node, &["min", "max"]),
         "Gelu" => {
-            match attr_s(node, "approximate").as_deref() {
+            match attr_s(node, "approximate") {
                 None | Some("none") | Some("tanh") => {}
                 Some(other) => return Err(format!("approximate '{other}'")),
             }
@@ -83,54 +84,50 @@ pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<u32> {
         .collect()
 }
 
-fn unary_code(node: &NodeProto) -> (u32, f32, f32) {
+/// The unary kernel's op and its (alpha, beta) for `node`; an op type
+/// without one is an error, never a silent Identity.
+fn unary_code(node: &NodeProto) -> Result<(UnaryOp, f32, f32), String> {
     let a = |name: &str, default: f32| attr_f(node, name).unwrap_or(default);
-    match node.op_type() {
-        "Relu" => (0, 0.0, 0.0),
-        "LeakyRelu" => (1, a("alpha", 0.01), 0.0),
-        "Sigmoid" => (2, 0.0, 0.0),
-        "Tanh" => (3, 0.0, 0.0),
-        "HardSigmoid" => (4, a("alpha", 0.2), a("beta", 0.5)),
-        "HardSwish" => (5, 0.0, 0.0),
-        "Clip" => (6, a("min", f32::MIN), a("max", f32::MAX)),
-        "Erf" => (7, 0.0, 0.0),
-        "Gelu" if attr_s(node, "approximate").as_deref() == Some("tanh") => (9, 0.0, 0.0),
-        "Gelu" => (8, 0.0, 0.0),
-        "Exp" => (10, 0.0, 0.0),
-        "Neg" => (11, 0.0, 0.0),
-        "Abs" => (12, 0.0, 0.0),
-        "Sqrt" => (13, 0.0, 0.0),
-        "Reciprocal" => (15, 0.0, 0.0),
-        "Elu" => (16, a("alpha", 1.0), 0.0),
-        "Log" => (17, 0.0, 0.0),
-        "Floor" => (18, 0.0, 0.0),
-        "Ceil" => (19, 0.0, 0.0),
-        _ => (14, 0.0, 0.0),
-    }
+    Ok(match node.op_type() {
+        "Relu" => (UnaryOp::Relu, 0.0, 0.0),
+        "LeakyRelu" => (UnaryOp::LeakyRelu, a("alpha", 0.01), 0.0),
+        "Sigmoid" => (UnaryOp::Sigmoid, 0.0, 0.0),
+        "Tanh" => (UnaryOp::Tanh, 0.0, 0.0),
+        "HardSigmoid" => (UnaryOp::HardSigmoid, a("alpha", 0.2), a("beta", 0.5)),
+        "HardSwish" => (UnaryOp::HardSwish, 0.0, 0.0),
+        "Clip" => (UnaryOp::Clip, a("min", f32::MIN), a("max", f32::MAX)),
+        "Erf" => (UnaryOp::Erf, 0.0, 0.0),
+        "Gelu" if attr_s(node, "approximate") == Some("tanh") => (UnaryOp::GeluTanh, 0.0, 0.0),
+        "Gelu" => (UnaryOp::Gelu, 0.0, 0.0),
+        "Exp" => (UnaryOp::Exp, 0.0, 0.0),
+        "Neg" => (UnaryOp::Neg, 0.0, 0.0),
+        "Abs" => (UnaryOp::Abs, 0.0, 0.0),
+        "Sqrt" => (UnaryOp::Sqrt, 0.0, 0.0),
+        "Identity" => (UnaryOp::Identity, 0.0, 0.0),
+        "Reciprocal" => (UnaryOp::Reciprocal, 0.0, 0.0),
+        "Elu" => (UnaryOp::Elu, a("alpha", 1.0), 0.0),
+        "Log" => (UnaryOp::Log, 0.0, 0.0),
+        "Floor" => (UnaryOp::Floor, 0.0, 0.0),
+        "Ceil" => (UnaryOp::Ceil, 0.0, 0.0),
+        other => return Err(format!("{other} has no elementwise kernel")),
+    })
 }
 
-fn unary(b: &mut Builder, node: &NodeProto, code: (u32, f32, f32)) -> Result<(), String> {
+fn unary(b: &mut Builder, node: &NodeProto, code: (UnaryOp, f32, f32)) -> Result<(), String> {
     let x = input(node, 0).ok_or("no input")?;
     let shape = b.shape(x)?;
     let n: usize = shape.iter().product();
     let xs = b.slot(x)?;
     let ys = b.output(&node.output[0], shape)?;
-    let params = [n as u32, code.0, code.1.to_bits(), code.2.to_bits()];
+    let params = [n as u32, code.0.code(), code.1.to_bits(), code.2.to_bits()];
     b.dispatch("unary", &[xs, ys], &params, groups_1d(n))
 }
 
 pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let op = match node.op_type() {
-        "Add" => 0,
-        "Sub" => 1,
-        "Mul" => 2,
-        "Div" => 3,
-        "Pow" => 4,
-        "Max" => 5,
-        "Min" => 6,
         "BatchNormalization" => return batchnorm(b, node),
         "Clip" => {
-            let (code, mut lo, mut hi) = unary_code(node);
+            let (code, mut lo, mut hi) = unary_code(node)?;
             // Opset 11+: bounds as (constant) inputs.
             for (i, bound) in [(1, &mut lo), (2, &mut hi)] {
                 if let Some(name) = input(node, i) {
@@ -140,13 +137,14 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             }
             return unary(b, node, (code, lo, hi));
         }
-        _ => {
-            let code = unary_code(node);
-            return unary(b, node, code);
-        }
+        other => match BinaryOp::of(other) {
+            Some(op) => op,
+            None => return unary(b, node, unary_code(node)?),
+        },
     };
+    // Max and Min of one input: the input itself.
     if node.input.len() == 1 {
-        return unary(b, node, (14, 0.0, 0.0));
+        return unary(b, node, (UnaryOp::Identity, 0.0, 0.0));
     }
     let (x, z) = (
         input(node, 0).ok_or("no input A")?,
@@ -163,7 +161,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         &broadcast_strides(&sx, &out),
         &broadcast_strides(&sz, &out),
     );
-    let mut params = vec![n as u32, dims.len() as u32, op];
+    let mut params = vec![n as u32, dims.len() as u32, op.code()];
     params.extend(padded(&dims, MAX_RANK, 1));
     params.extend(padded(&sa, MAX_RANK, 0));
     params.extend(padded(&sb, MAX_RANK, 0));
@@ -224,4 +222,37 @@ fn batchnorm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     slots.push(b.output(&node.output[0], shape)?);
     let params = [n as u32, c as u32, inner.max(1) as u32, eps.to_bits()];
     b.dispatch("batchnorm", &slots, &params, groups_1d(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::gpu::ops::OPS;
+
+    fn node(op: &str) -> NodeProto {
+        NodeProto {
+            op_type: Some(op.into()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            ..Default::default()
+        }
+    }
+
+    /// Every op the plugin lists with an elementwise kernel resolves to a
+    /// shader op code; anything else is refused, not run as Identity.
+    #[test]
+    fn every_elementwise_op_has_a_code() {
+        let elementwise = OPS
+            .iter()
+            .filter(|(_, kernels)| kernels.contains(&"binary") || kernels == &["unary"]);
+        let mut seen = 0;
+        for (op, _) in elementwise {
+            let coded = BinaryOp::of(op).is_some() || unary_code(&node(op)).is_ok();
+            assert!(coded, "{op} has no op code");
+            seen += 1;
+        }
+        assert!(seen >= UnaryOp::ALL.len(), "{seen} elementwise ops");
+        let err = unary_code(&node("Softplus")).unwrap_err();
+        assert!(err.contains("Softplus"), "{err}");
+    }
 }

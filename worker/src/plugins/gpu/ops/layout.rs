@@ -72,7 +72,7 @@ fn ints_of(
             .ints(name)
             .map(Some)
             .ok_or_else(|| format!("input '{name}' must be a constant")),
-        None => Ok(attr_ints(node, attr)),
+        None => Ok(attr_ints(node, attr).map(<[i64]>::to_vec)),
     }
 }
 

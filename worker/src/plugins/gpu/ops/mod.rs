@@ -2,6 +2,7 @@
 //! by QueryNetwork and compile), and how each is planned into kernel
 //! launches for concrete shapes ([`plan`]). One file per op family.
 
+mod codes;
 mod conv;
 mod elementwise;
 mod layout;
@@ -9,11 +10,14 @@ mod linear;
 mod reduce;
 mod resize;
 
-use tessera_common::onnx::proto::{ModelProto, NodeProto, ValueInfoProto};
+use tessera_common::onnx::proto::{NodeProto, ValueInfoProto};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
 use super::program::Builder;
+pub use tessera_common::onnx::attr::{
+    attr_f, attr_i, attr_ints, attr_s, default_opset as opset, input,
+};
 
 /// Every op type this plugin runs, with the kernels it launches (Cast's
 /// need shader-f16: compiled when planned).
@@ -80,15 +84,6 @@ pub fn kernels(op_type: &str) -> &'static [&'static str] {
         .map_or(&[], |(_, k)| *k)
 }
 
-/// The default-domain opset of `model`.
-pub fn opset(model: &ModelProto) -> i64 {
-    model
-        .opset_import
-        .iter()
-        .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
-        .map_or(1, |o| o.version())
-}
-
 /// Element type and shape (`None`: dynamic) of a graph input or output.
 pub fn value_type(v: &ValueInfoProto) -> (ElemType, Vec<Option<usize>>) {
     use tessera_common::onnx::proto::tensor_shape_proto::dimension::Value as D;
@@ -110,7 +105,7 @@ pub fn value_type(v: &ValueInfoProto) -> (ElemType, Vec<Option<usize>>) {
                 .unwrap_or_default();
             (ElemType(t.elem_type()), dims)
         }
-        _ => (ElemType(0), Vec::new()),
+        _ => (ElemType::UNDEFINED, Vec::new()),
     }
 }
 
@@ -151,45 +146,12 @@ pub fn constant_value(node: &NodeProto) -> Result<Tensor, String> {
     }
 }
 
-fn attr<'a>(
-    node: &'a NodeProto,
-    name: &str,
-) -> Option<&'a tessera_common::onnx::proto::AttributeProto> {
-    node.attribute.iter().find(|a| a.name() == name)
-}
-
-pub fn attr_i(node: &NodeProto, name: &str) -> Option<i64> {
-    attr(node, name).and_then(|a| a.i)
-}
-
-pub fn attr_f(node: &NodeProto, name: &str) -> Option<f32> {
-    attr(node, name).and_then(|a| a.f)
-}
-
-pub fn attr_s(node: &NodeProto, name: &str) -> Option<String> {
-    attr(node, name)
-        .and_then(|a| a.s.as_ref())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-}
-
-pub fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
-    attr(node, name).map(|a| a.ints.clone())
-}
-
 /// The node's attributes not in `known`: any is a reason to refuse it.
 fn unknown_attrs(node: &NodeProto, known: &[&str]) -> Result<(), String> {
     match node.attribute.iter().find(|a| !known.contains(&a.name())) {
         Some(a) => Err(format!("attribute '{}' is not supported", a.name())),
         None => Ok(()),
     }
-}
-
-/// The node's input `i`, if present.
-pub fn input(node: &NodeProto, i: usize) -> Option<&str> {
-    node.input
-        .get(i)
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
 }
 
 /// Whether this plugin runs `node` exactly (element types are checked by

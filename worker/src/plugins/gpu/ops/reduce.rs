@@ -3,6 +3,7 @@
 
 use tessera_common::onnx::proto::NodeProto;
 
+use super::codes::UnaryOp;
 use super::{attr_f, attr_i, attr_ints, axis, input, padded, strides, unknown_attrs, MAX_RANK};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
@@ -68,7 +69,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     // Axes: an input from opset 13 (ReduceSum) or 18 (the others).
     let axes = match input(node, 1) {
         Some(name) => Some(b.ints(name).ok_or("axes must be a constant")?),
-        None => attr_ints(node, "axes"),
+        None => attr_ints(node, "axes").map(<[i64]>::to_vec),
     };
     let axes: Vec<usize> = match axes {
         Some(a) if !a.is_empty() => a.iter().map(|&v| axis(v, rank)).collect::<Result<_, _>>()?,
@@ -76,7 +77,12 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             let ys = b.output(&node.output[0], sx.clone())?;
             let xs = b.slot(x)?;
             let n: usize = sx.iter().product();
-            return b.dispatch("unary", &[xs, ys], &[n as u32, 14, 0, 0], groups_1d(n));
+            return b.dispatch(
+                "unary",
+                &[xs, ys],
+                &[n as u32, UnaryOp::Identity.code(), 0, 0],
+                groups_1d(n),
+            );
         }
         _ => (0..rank).collect(),
     };

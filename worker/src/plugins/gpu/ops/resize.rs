@@ -22,7 +22,7 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
             "keep_aspect_ratio_policy",
         ],
     )?;
-    match attr_s(node, "mode").as_deref() {
+    match attr_s(node, "mode") {
         None | Some("nearest") | Some("linear") => {}
         Some(other) => return Err(format!("mode '{other}'")),
     }
@@ -35,26 +35,24 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
     {
         return Err("exclude_outside / antialias".into());
     }
-    match attr_s(node, "keep_aspect_ratio_policy").as_deref() {
+    match attr_s(node, "keep_aspect_ratio_policy") {
         None | Some("stretch") => Ok(()),
         Some(other) => Err(format!("keep_aspect_ratio_policy '{other}'")),
     }
 }
 
 fn coord(node: &NodeProto) -> Result<u32, String> {
-    Ok(
-        match attr_s(node, "coordinate_transformation_mode").as_deref() {
-            None | Some("half_pixel") => 0,
-            Some("asymmetric") => 1,
-            Some("align_corners") => 2,
-            Some("pytorch_half_pixel") => 3,
-            Some(other) => return Err(format!("coordinate_transformation_mode '{other}'")),
-        },
-    )
+    Ok(match attr_s(node, "coordinate_transformation_mode") {
+        None | Some("half_pixel") => 0,
+        Some("asymmetric") => 1,
+        Some("align_corners") => 2,
+        Some("pytorch_half_pixel") => 3,
+        Some(other) => return Err(format!("coordinate_transformation_mode '{other}'")),
+    })
 }
 
 fn nearest(node: &NodeProto) -> Result<u32, String> {
-    Ok(match attr_s(node, "nearest_mode").as_deref() {
+    Ok(match attr_s(node, "nearest_mode") {
         None | Some("round_prefer_floor") => 0,
         Some("round_prefer_ceil") => 1,
         Some("floor") => 2,
@@ -108,7 +106,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     if out[0] != sx[0] || out[1] != sx[1] {
         return Err("resizing the batch or channel axes".into());
     }
-    let mode = u32::from(attr_s(node, "mode").as_deref() == Some("linear"));
+    let mode = u32::from(attr_s(node, "mode") == Some("linear"));
     let (coord, nearest) = if b.opset < 11 {
         (1, 2)
     } else {

@@ -10,11 +10,11 @@ alias T = f32;
 
 fn apply(op: u32, x: f32, z: f32) -> f32 {
     switch op {
-        case 0u: { return x + z; }
-        case 1u: { return x - z; }
-        case 2u: { return x * z; }
-        case 3u: { return x / z; }
-        case 4u: {
+        case 0u: { return x + z; }  // Add
+        case 1u: { return x - z; }  // Sub
+        case 2u: { return x * z; }  // Mul
+        case 3u: { return x / z; }  // Div
+        case 4u: {                  // Pow
             // ONNX Pow: a negative base with an integral exponent is defined.
             if (x < 0.0 && z == round(z)) {
                 let r = pow(-x, z);
@@ -24,9 +24,10 @@ fn apply(op: u32, x: f32, z: f32) -> f32 {
             if (x == 0.0 && z == 0.0) { return 1.0; }
             return pow(x, z);
         }
-        case 5u: { return max(x, z); }
-        case 6u: { return min(x, z); }
-        default: { return 0.0; }
+        case 5u: { return max(x, z); }  // Max
+        case 6u: { return min(x, z); }  // Min
+        // Unreachable: codes come from `BinaryOp` (ops/codes.rs); NaN if not.
+        default: { return sqrt(-1.0 - abs(x)); }
     }
 }
 

@@ -36,24 +36,25 @@ fn apply(op: u32, v: f32, alpha: f32, beta: f32) -> f32 {
         case 6u: { return min(max(v, alpha), beta); }            // Clip
         case 7u: { return erf_(v); }                             // Erf
         case 8u: { return 0.5 * v * (1.0 + erf_(v * 0.70710678118654752)); } // Gelu
-        case 9u: {                                               // Gelu, tanh approximation
+        case 9u: {                                               // GeluTanh (Gelu, tanh approximation)
             let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
             var t = sign(u);
             if (abs(u) <= 10.0) { let e = exp(2.0 * u); t = (e - 1.0) / (e + 1.0); }
             return 0.5 * v * (1.0 + t);
         }
-        case 10u: { return exp(v); }
-        case 11u: { return -v; }
-        case 12u: { return abs(v); }
-        case 13u: { return sqrt(v); }
+        case 10u: { return exp(v); }                            // Exp
+        case 11u: { return -v; }                                // Neg
+        case 12u: { return abs(v); }                            // Abs
+        case 13u: { return sqrt(v); }                           // Sqrt
         case 14u: { return v; }                                  // Identity
         case 15u: { return 1.0 / v; }                            // Reciprocal
         case 16u: { return select(alpha * (exp(v) - 1.0), v, v >= 0.0); } // Elu
-        case 17u: { return log(v); }
-        case 18u: { return floor(v); }
-        case 19u: { return ceil(v); }
-        case 20u: { return v * sigmoid_(v); }                   // x * sigmoid (Swish/SiLU)
-        default: { return v; }
+        case 17u: { return log(v); }                            // Log
+        case 18u: { return floor(v); }                          // Floor
+        case 19u: { return ceil(v); }                           // Ceil
+        // Unreachable: codes come from `UnaryOp` (ops/codes.rs). NaN (not a
+        // silent identity) if one ever is not.
+        default: { return sqrt(-1.0 - abs(v)); }
     }
 }
 
