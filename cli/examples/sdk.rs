@@ -39,7 +39,10 @@ fn main() -> anyhow::Result<()> {
         for sg in &network.plan().subgraphs {
             println!(
                 "subgraph {} on {}: {} nodes, predicted {:.0} µs",
-                sg.id, sg.device, sg.nodes, sg.predicted_compute_us
+                sg.id,
+                sg.device,
+                sg.nodes.len(),
+                sg.predicted_compute_us
             );
         }
 

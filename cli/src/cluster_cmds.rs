@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::collections::HashMap;
 use tessera_client::LoadOptions;
+use tessera_common::affinity::Policy;
 
 use tessera_common::graph::Graph;
 use tessera_common::onnx;
@@ -25,8 +26,9 @@ pub struct ModelArgs {
     /// kind on every worker; default: every device).
     #[arg(long, default_value = "")]
     devices: String,
-    #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
-    policy: String,
+    /// priority or cost.
+    #[arg(long, default_value = "priority")]
+    policy: Policy,
     /// Fail if a node is supported by no device.
     #[arg(long)]
     strict: bool,
@@ -51,7 +53,7 @@ impl ModelArgs {
         Ok(LoadOptions {
             name: self.model.display().to_string(),
             devices: self.devices.clone(),
-            policy: self.policy.clone(),
+            policy: self.policy,
             strict: self.strict,
             affinity: read_affinity(self.affinity.as_deref())?,
             shapes: tessera_cli::parse_shapes(&self.shapes)?
@@ -165,11 +167,10 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             "predicted total: {compute:.0} µs compute, {transfer:.0} µs transfers (sequential)"
         );
         if args.explain {
-            if let Some(map) = plan.json["explanations"].as_object() {
-                for (node, why) in map {
-                    let device = plan.json["affinity"][node].as_str().unwrap_or("?");
-                    let _ = writeln!(out, "{node} → {device}: {why}");
-                }
+            for (node, why) in &plan.explanations {
+                let device = plan.affinity.get(node).map_or("?", String::as_str);
+                let why = serde_json::to_string(why)?;
+                let _ = writeln!(out, "{node} → {device}: {why}");
             }
         }
         if let Some(dir) = &args.dump_dir {
@@ -177,7 +178,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let stem = model_stem(&args.model.model);
             let json_path = dir.join(format!("{stem}_plan.json"));
-            std::fs::write(&json_path, serde_json::to_string_pretty(&plan.json)?)
+            std::fs::write(&json_path, serde_json::to_string_pretty(&plan)?)
                 .with_context(|| format!("cannot write {}", json_path.display()))?;
             let graph = Graph::from_model(onnx::decode_model(&args.model.read()?)?)?;
             let dot_path = dir.join(format!("{stem}_plan.dot"));
@@ -204,32 +205,24 @@ fn plan_dot(graph: &Graph, plan: &tessera_client::Plan) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n");
     let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-    if let Some(subgraphs) = plan.json["subgraphs"].as_array() {
-        for sg in subgraphs {
-            let id = sg["id"].as_u64().unwrap_or(0);
-            let device = sg["device"].as_str().unwrap_or("?");
-            let _ = writeln!(
-                out,
-                "  subgraph cluster_{id} {{\n    label=\"subgraph{id} on {}\";",
-                quote(device)
-            );
-            for n in sg["nodes"].as_array().into_iter().flatten() {
-                if let Some(n) = n.as_str() {
-                    let _ = writeln!(out, "    \"{}\";", quote(n));
-                }
-            }
-            out.push_str("  }\n");
+    for sg in &plan.subgraphs {
+        let id = sg.id;
+        let _ = writeln!(
+            out,
+            "  subgraph cluster_{id} {{\n    label=\"subgraph{id} on {}\";",
+            quote(&sg.device)
+        );
+        for n in &sg.nodes {
+            let _ = writeln!(out, "    \"{}\";", quote(n));
         }
+        out.push_str("  }\n");
     }
-    let placed: std::collections::HashSet<&str> = plan.json["affinity"]
-        .as_object()
-        .map(|m| m.keys().map(String::as_str).collect())
-        .unwrap_or_default();
+    let placed = &plan.affinity;
     for &op in graph.topo_ops() {
         let node = graph.node(op);
         for t in node.all_inputs() {
             let producer = &graph.node(graph.tensor(t).producer).name;
-            if placed.contains(producer.as_str()) {
+            if placed.contains_key(producer.as_str()) {
                 let _ = writeln!(
                     out,
                     "  \"{}\" -> \"{}\";",

@@ -30,8 +30,9 @@ pub struct PartitionArgs {
     #[arg(long)]
     affinity: Option<PathBuf>,
     /// How to choose among devices that support a node.
-    #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
-    policy: String,
+    /// priority or cost.
+    #[arg(long, default_value = "priority")]
+    policy: Policy,
     /// Subgraph selection algorithm.
     #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
     algorithm: String,
@@ -131,7 +132,7 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
         }
         None => BTreeMap::new(),
     };
-    let policy: Policy = args.policy.parse().map_err(anyhow::Error::msg)?;
+    let policy = args.policy;
     let algorithm: Algorithm = args.algorithm.parse().map_err(anyhow::Error::msg)?;
     let cost = AnalyticCostModel::default();
     let req = AffinityRequest {
@@ -242,10 +243,9 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
             ),
             (
                 format!("{name}_subgraphs.json"),
-                serde_json::to_string_pretty(&{
-                    let mut json = dump::subgraphs_json(&graph, &assignment, &p);
-                    json["simplified"] = serde_json::to_value(&simplified)?;
-                    json
+                serde_json::to_string_pretty(&dump::PlanReport {
+                    simplified: simplified.clone(),
+                    ..dump::plan_report(&graph, &assignment, &p)
                 })?,
             ),
         ];

@@ -114,7 +114,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
     let options = LoadOptions {
         name: args.model.display().to_string(),
         devices: args.devices.clone().unwrap_or_default(),
-        policy: args.policy.clone(),
+        policy: args.policy,
         strict: args.strict,
         affinity,
         shapes: shapes.into_iter().collect(),
@@ -142,7 +142,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
                 .plan()
                 .subgraphs
                 .iter()
-                .find(|s| s.id == u64::from(*sg))
+                .find(|s| s.id as u64 == u64::from(*sg))
                 .map_or("?", |s| s.device.as_str());
             let _ = writeln!(out, "subgraph{sg} ({device}): {} µs", time.as_micros());
             sum += time.as_micros();
@@ -194,7 +194,7 @@ pub fn plan_lines(plan: &tessera_client::Plan) -> String {
             "subgraph{} on {}: {} nodes, inputs {}, outputs {}",
             sg.id,
             sg.device,
-            sg.nodes,
+            sg.nodes.len(),
             sg.inputs.join(","),
             sg.outputs.join(",")
         );

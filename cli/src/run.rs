@@ -47,8 +47,9 @@ pub struct RunArgs {
     /// Print per-subgraph, per-node performance counters and a total.
     #[arg(long)]
     pub(crate) perf_counts: bool,
-    #[arg(long, default_value = "priority", value_parser = ["priority", "cost"])]
-    pub(crate) policy: String,
+    /// priority or cost.
+    #[arg(long, default_value = "priority")]
+    pub(crate) policy: Policy,
     #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
     pub(crate) algorithm: String,
     /// Fail if a node is supported by no device.
@@ -115,7 +116,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let options = LoadOptions {
         priority,
-        policy: args.policy.parse::<Policy>().map_err(anyhow::Error::msg)?,
+        policy: args.policy,
         algorithm: args
             .algorithm
             .parse::<Algorithm>()

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_client::{ClientError, LoadOptions, Outputs};
+use tessera_client::{ClientError, ErrorKind, LoadOptions, Outputs};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::{decode_model, encode_model};
 use tessera_common::synth;
@@ -109,8 +109,10 @@ fn a_killed_worker_loses_no_request_its_networks_heal_and_it_rejoins() {
 
         // The pinned network fails, naming the worker, well before its
         // deadline.
-        let err = pinned.infer(cases[0].clone()).await.unwrap_err().to_string();
+        let err = pinned.infer(cases[0].clone()).await.unwrap_err();
         println!("network pinned to node-b: {err}");
+        assert_eq!(err.kind(), ErrorKind::WorkerLost, "{err}");
+        let err = err.to_string();
         assert!(err.contains("node-b"), "{err}");
         assert!(killed.elapsed() < DEADLINE / 2);
 
@@ -238,6 +240,7 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
             matches!(err, ClientError::Connection(_) | ClientError::Connect(_)),
             "{err}"
         );
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
         // The workers register again by themselves; a new session reloads.
         let client = loop {
             let client = cluster.client().await;

@@ -26,7 +26,7 @@
 //!     .load_network(std::fs::read("model.onnx")?, LoadOptions::devices("HETERO:node-a/CPU,node-b/CPU"))
 //!     .await?;
 //! for sg in &network.plan().subgraphs {
-//!     println!("subgraph {} on {}: {} nodes", sg.id, sg.device, sg.nodes);
+//!     println!("subgraph {} on {}: {} nodes", sg.id, sg.device, sg.nodes.len());
 //! }
 //! let x = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[1, 3, 32, 32]));
 //! let outputs = network.infer(vec![("x".into(), tensor::from_array(&x)?)]).await?;
@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod error;
 pub mod plan;
 pub mod tensor;
 
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+pub use tessera_common::affinity::Policy;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, LoadRequest};
 pub use tessera_common::wire::control::{
@@ -52,28 +54,11 @@ use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::certs::NodeIdentity;
-use tessera_net::{recv_frame, send_frame, NetError, Node};
+use tessera_net::{exchange, recv_frame, send_frame, NetError, Node};
 
+pub use error::{ClientError, Operation};
 pub use plan::Plan;
-
-/// What can go wrong, by kind.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot connect to the coordinator: {0}")]
-    Connect(#[source] NetError),
-    #[error("loading the network failed: {0}")]
-    Load(String),
-    #[error("request failed: {0}")]
-    Infer(String),
-    #[error("unload failed: {0}")]
-    Unload(String),
-    #[error("bad tensor: {0}")]
-    Tensor(String),
-    #[error("connection to the coordinator: {0}")]
-    Connection(String),
-    #[error("protocol: {0}")]
-    Protocol(String),
-}
+pub use tessera_common::wire::control::ErrorKind;
 
 /// How to load a network.
 #[derive(Debug, Clone, Default)]
@@ -83,9 +68,9 @@ pub struct LoadOptions {
     /// Device priority, e.g. `HETERO:node-a/GPU,node-b/CPU`; a bare kind
     /// (`CPU`) means that kind on every worker; empty: every device.
     pub devices: String,
-    /// `priority` (first device in the list that supports a node) or
-    /// `cost` (cheapest by the workers' metrics and measured links).
-    pub policy: String,
+    /// `Priority` (first device in the list that supports a node) or
+    /// `Cost` (cheapest by the workers' metrics and measured links).
+    pub policy: Policy,
     /// Fail instead of falling back when a node's device cannot run it.
     pub strict: bool,
     /// Manual affinity: node name → device (`node-b/CPU`).
@@ -177,15 +162,11 @@ impl Client {
         })
     }
 
+    /// A stream of its own for one request.
     async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
-        self.inner.connection.open_bi().await.map_err(|e| {
-            ClientError::Connection(
-                self.inner
-                    .connection
-                    .close_reason()
-                    .map(|r| r.to_string())
-                    .unwrap_or_else(|| e.to_string()),
-            )
+        let connection = &self.inner.connection;
+        connection.open_bi().await.map_err(|e| {
+            ClientError::Connection(connection.close_reason().unwrap_or(e).to_string())
         })
     }
 
@@ -208,28 +189,22 @@ impl Client {
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
         let request = Control::LoadNetwork(load_request(options, false));
-        let answer = self.operation(&request, Some(model.into()), progress).await;
-        self.loaded(answer)
+        let answer = self
+            .operation(Operation::Load, &request, Some(model.into()), progress)
+            .await?;
+        self.loaded(Operation::Load, answer)
     }
 
     /// The network a `NetworkLoaded` answer names.
-    fn loaded(&self, answer: Result<Control, OpError>) -> Result<Network, ClientError> {
+    fn loaded(&self, op: Operation, answer: Control) -> Result<Network, ClientError> {
         match answer {
-            Ok(Control::NetworkLoaded { network, plan }) => {
-                let plan = Plan::parse(&plan).map_err(ClientError::Protocol)?;
-                Ok(Network {
-                    client: self.clone(),
-                    id: network,
-                    plan: Arc::new(plan),
-                    deadline: None,
-                })
-            }
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
-            Err(OpError::Client(e)) => Err(e),
+            Control::NetworkLoaded { network, plan } => Ok(Network {
+                client: self.clone(),
+                id: network,
+                plan: Arc::new(plan::parse(&plan).map_err(ClientError::Protocol)?),
+                deadline: None,
+            }),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
@@ -266,37 +241,31 @@ impl Client {
             name: name.to_string(),
             request,
         };
-        let answer = self.operation(&msg, model, progress).await;
-        self.loaded(answer)
+        let answer = self
+            .operation(Operation::LoadModel, &msg, model, progress)
+            .await?;
+        self.loaded(Operation::LoadModel, answer)
     }
 
     /// Unloads named model `name` (it stays in the repository, unloaded).
     pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
+        let op = Operation::UnloadModel;
         let msg = Control::UnloadModel { name: name.into() };
-        match self.operation(&msg, None, |_, _, _| {}).await {
-            Ok(Control::ModelUnloaded { .. }) => Ok(()),
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
-            Err(OpError::Client(e)) => Err(e),
+        match self.operation(op, &msg, None, |_, _, _| {}).await? {
+            Control::ModelUnloaded { .. } => Ok(()),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
     /// The named models of the coordinator's repository and their state.
     pub async fn models(&self) -> Result<Vec<ModelStatus>, ClientError> {
+        let op = Operation::ListModels;
         match self
-            .operation(&Control::ListModels, None, |_, _, _| {})
-            .await
+            .operation(op, &Control::ListModels, None, |_, _, _| {})
+            .await?
         {
-            Ok(Control::Models { models }) => Ok(models),
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Protocol(e)),
-            Err(OpError::Client(e)) => Err(e),
+            Control::Models { models } => Ok(models),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
@@ -307,20 +276,16 @@ impl Client {
         model: impl Into<Bytes>,
         options: LoadOptions,
     ) -> Result<Plan, ClientError> {
+        let op = Operation::Plan;
         let request = Control::LoadNetwork(load_request(options, true));
         match self
-            .operation(&request, Some(model.into()), |_, _, _| {})
-            .await
+            .operation(op, &request, Some(model.into()), |_, _, _| {})
+            .await?
         {
-            Ok(Control::NetworkLoaded { plan, .. }) => {
-                Plan::parse(&plan).map_err(ClientError::Protocol)
+            Control::NetworkLoaded { plan, .. } => {
+                plan::parse(&plan).map_err(ClientError::Protocol)
             }
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
-            Err(OpError::Client(e)) => Err(e),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
@@ -334,38 +299,33 @@ impl Client {
         let msg = Control::QueryNetwork {
             devices: vec![devices.to_string()],
         };
-        match self.operation(&msg, Some(model.into()), |_, _, _| {}).await {
-            Ok(Control::QueryResult { answers }) => Ok(answers),
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Load(e)),
-            Err(OpError::Client(e)) => Err(e),
+        let op = Operation::Query;
+        match self
+            .operation(op, &msg, Some(model.into()), |_, _, _| {})
+            .await?
+        {
+            Control::QueryResult { answers } => Ok(answers),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
     /// The cluster's workers, their devices and health.
     pub async fn cluster(&self) -> Result<ClusterState, ClientError> {
+        let op = Operation::ClusterInfo;
         match self
-            .operation(&Control::ClusterInfo, None, |_, _, _| {})
-            .await
+            .operation(op, &Control::ClusterInfo, None, |_, _, _| {})
+            .await?
         {
-            Ok(Control::ClusterState {
+            Control::ClusterState {
                 workers,
                 networks,
                 in_flight,
-            }) => Ok(ClusterState {
+            } => Ok(ClusterState {
                 workers,
                 networks,
                 in_flight,
             }),
-            Ok(other) => Err(ClientError::Protocol(format!(
-                "unexpected {}",
-                other.name()
-            ))),
-            Err(OpError::Failed(e)) => Err(ClientError::Protocol(e)),
-            Err(OpError::Client(e)) => Err(e),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 
@@ -373,46 +333,26 @@ impl Client {
     /// progress, then the answer.
     async fn operation(
         &self,
+        op: Operation,
         msg: &Control,
         payload: Option<Bytes>,
         mut progress: impl FnMut(&str, u64, u64),
-    ) -> Result<Control, OpError> {
-        let limits = self.inner.limits;
-        let (mut send, mut recv) = self.open().await?;
-        let head = msg
-            .encode(payload.as_ref().map_or(0, |p| p.len() as u64), &limits)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        send_frame(&mut send, &head, payload.as_ref())
-            .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
-        let _ = send.finish();
-        loop {
-            match recv_frame(&mut recv, &limits).await {
-                Ok(Some(Frame::Control(Control::Progress { what, done, total }, _))) => {
-                    progress(&what, done, total)
-                }
-                Ok(Some(Frame::Control(Control::Failed { error, .. }, _))) => {
-                    return Err(OpError::Failed(error))
-                }
-                Ok(Some(Frame::Control(answer, _))) => return Ok(answer),
-                Ok(other) => {
-                    return Err(ClientError::Protocol(format!("unexpected {other:?}")).into())
-                }
-                Err(e) => return Err(ClientError::Connection(e.to_string()).into()),
+    ) -> Result<Control, ClientError> {
+        let report = |p: Control| {
+            if let Control::Progress { what, done, total } = p {
+                progress(&what, done, total)
             }
-        }
-    }
-}
-
-/// An operation's failure: the coordinator's error, or the client's.
-enum OpError {
-    Failed(String),
-    Client(ClientError),
-}
-
-impl From<ClientError> for OpError {
-    fn from(e: ClientError) -> OpError {
-        OpError::Client(e)
+        };
+        let connection = &self.inner.connection;
+        exchange::request(
+            connection,
+            msg,
+            payload.as_ref(),
+            &self.inner.limits,
+            report,
+        )
+        .await
+        .map_err(|e| ClientError::of(op, e))
     }
 }
 
@@ -420,11 +360,7 @@ fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
     LoadRequest {
         name: options.name,
         devices: options.devices,
-        policy: if options.policy.is_empty() {
-            "priority".into()
-        } else {
-            options.policy
-        },
+        policy: options.policy,
         strict: options.strict,
         affinity: options.affinity,
         dry_run,
@@ -473,10 +409,9 @@ impl Network {
             deadline_ms: self.deadline.map_or(0, |d| d.as_millis() as u64),
         };
         let io = |e: NetError| ClientError::Connection(e.to_string());
-        let head = msg
-            .encode(0, &limits)
-            .map_err(|e| ClientError::Infer(e.to_string()))?;
-        send_frame(&mut send, &head, None).await.map_err(io)?;
+        exchange::send_message(&mut send, &msg, None, &limits)
+            .await
+            .map_err(io)?;
         for (name, t) in &inputs {
             let head = TensorHeader::new(self.id, 0, name, t)
                 .encode(&limits)
@@ -486,23 +421,19 @@ impl Network {
                 .map_err(io)?;
         }
         let _ = send.finish();
-        let (count, counters, deployment, attempts) =
-            match recv_frame(&mut recv, &limits).await.map_err(io)? {
-                Some(Frame::Control(
-                    Control::InferDone {
-                        outputs,
-                        counters,
-                        deployment,
-                        attempts,
-                        ..
-                    },
-                    _,
-                )) => (outputs, counters, deployment, attempts),
-                Some(Frame::Control(Control::Failed { error, .. }, _)) => {
-                    return Err(ClientError::Infer(error))
-                }
-                other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
-            };
+        let answer = exchange::answer(&mut recv, &limits, |_| {})
+            .await
+            .map_err(|e| ClientError::of(Operation::Infer, e))?;
+        let (count, counters, deployment, attempts) = match answer {
+            Control::InferDone {
+                outputs,
+                counters,
+                deployment,
+                attempts,
+                ..
+            } => (outputs, counters, deployment, attempts),
+            other => return Err(ClientError::unexpected(Operation::Infer, &other)),
+        };
         let mut tensors = Vec::with_capacity(count as usize);
         for _ in 0..count {
             match recv_frame(&mut recv, &limits).await.map_err(io)? {
@@ -544,7 +475,7 @@ impl Network {
         for t in tasks {
             results.push(
                 t.await
-                    .unwrap_or_else(|e| Err(ClientError::Infer(format!("request task: {e}")))),
+                    .unwrap_or_else(|e| Err(ClientError::Protocol(format!("request task: {e}")))),
             );
         }
         results
@@ -552,21 +483,11 @@ impl Network {
 
     /// Stops the network's subgraphs on the workers.
     pub async fn unload(self) -> Result<(), ClientError> {
-        let limits = self.client.inner.limits;
-        let (mut send, mut recv) = self.client.open().await?;
-        let head = Control::Unload { network: self.id }
-            .encode(0, &limits)
-            .map_err(|e| ClientError::Unload(e.to_string()))?;
-        send_frame(&mut send, &head, None)
-            .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
-        let _ = send.finish();
-        match recv_frame(&mut recv, &limits).await {
-            Ok(Some(Frame::Control(Control::Unloaded { .. }, _))) => Ok(()),
-            Ok(Some(Frame::Control(Control::Failed { error, .. }, _))) => {
-                Err(ClientError::Unload(error))
-            }
-            other => Err(ClientError::Protocol(format!("unexpected {other:?}"))),
+        let op = Operation::Unload;
+        let msg = Control::Unload { network: self.id };
+        match self.client.operation(op, &msg, None, |_, _, _| {}).await? {
+            Control::Unloaded { .. } => Ok(()),
+            other => Err(ClientError::unexpected(op, &other)),
         }
     }
 }

@@ -1,19 +1,23 @@
 //! Dumps of affinity and partition decisions: GraphViz `.dot` (as OpenVINO's
 //! HETERO_DUMP_GRAPH_DOT) and JSON.
 //!
-//! The JSON written as `<model>_subgraphs.json` has this stable form, read by
-//! other tools:
-//! `{"subgraphs": [{"id", "device", "nodes", "inputs", "outputs"}, ...],
-//!   "affinity": {"node": "DEVICE", ...}}`, plus `"passthrough_outputs"` and
-//! `"explanations"` (node → devices that support it and the rule that chose).
+//! The JSON written as `<model>_subgraphs.json` is a [`PlanReport`], of this
+//! stable form, read by other tools:
+//! `{"subgraphs": [{"id", "device", "nodes", "inputs", "outputs",
+//!   "depends_on"}, ...], "affinity": {"node": "DEVICE", ...}}`, plus
+//! `"passthrough_outputs"`, `"explanations"` (node → devices that support it
+//! and the rule that chose) and `"simplified"`.
 
 use std::fmt::Write;
 
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
-use crate::affinity::Assignment;
+use serde::{Deserialize, Serialize};
+
+use crate::affinity::{Assignment, DeviceIdx, Rule};
 use crate::graph::{Graph, NodeKind};
 use crate::partition::Partition;
+use crate::simplify::SimplifyReport;
 
 const PALETTE: [&str; 8] = [
     "#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#ffffb3",
@@ -134,46 +138,108 @@ pub fn subgraphs_dot(graph: &Graph, p: &Partition) -> String {
     out
 }
 
-/// The `_subgraphs.json` document.
-pub fn subgraphs_json(graph: &Graph, a: &Assignment, p: &Partition) -> Value {
-    let names = |ts: &[crate::graph::TensorId]| -> Vec<&str> {
-        ts.iter().map(|&t| graph.tensor(t).name.as_str()).collect()
+/// The plan document: what `<model>_subgraphs.json` holds (partition,
+/// affinity, explanations), and, from the coordinator, where each subgraph
+/// runs and what the cost model predicts for it. Written and read as JSON.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub subgraphs: Vec<SubgraphReport>,
+    /// Node name → `DEVICE` (`host/DEVICE` in a cluster).
+    pub affinity: BTreeMap<String, String>,
+    /// Graph outputs that are graph inputs or constants (no subgraph makes
+    /// them).
+    #[serde(default)]
+    pub passthrough_outputs: Vec<String>,
+    /// Node name → why it runs where it does.
+    #[serde(default)]
+    pub explanations: BTreeMap<String, NodeExplanation>,
+    /// The loaded network (0 for a dry run or a local plan).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub network: u64,
+    /// Workers the plan runs on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// What simplification folded and removed before planning.
+    #[serde(default)]
+    pub simplified: SimplifyReport,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// One subgraph of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubgraphReport {
+    pub id: usize,
+    /// `DEVICE`, or `host/DEVICE` in a cluster.
+    pub device: String,
+    /// Node names, in topological order.
+    pub nodes: Vec<String>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// Subgraphs whose outputs it reads.
+    #[serde(default)]
+    pub depends_on: Vec<usize>,
+    /// The worker it runs on (a cluster's plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The cost model's estimates: compute on its device, and moving its
+    /// inputs from their producers' devices (µs; 0 where not predicted).
+    #[serde(default)]
+    pub predicted_compute_us: f64,
+    #[serde(default)]
+    pub predicted_transfer_us: f64,
+}
+
+/// Why a node runs where it does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeExplanation {
+    /// Devices that support it, in priority order.
+    pub supported_on: Vec<String>,
+    /// The rule that chose its device.
+    pub decision: Rule,
+}
+
+/// The plan document of a partition.
+pub fn plan_report(graph: &Graph, a: &Assignment, p: &Partition) -> PlanReport {
+    let names = |ts: &[crate::graph::TensorId]| -> Vec<String> {
+        ts.iter().map(|&t| graph.tensor(t).name.clone()).collect()
     };
-    let subgraphs: Vec<Value> = p
+    let subgraphs = p
         .subgraphs
         .iter()
-        .map(|sg| {
-            json!({
-                "id": sg.id,
-                "device": p.device_of(sg).to_string(),
-                "nodes": sg.nodes.iter().map(|&n| graph.node(n).name.as_str()).collect::<Vec<_>>(),
-                "inputs": names(&sg.inputs),
-                "outputs": names(&sg.outputs),
-                "depends_on": p.dependencies(graph, sg),
-            })
+        .map(|sg| SubgraphReport {
+            id: sg.id,
+            device: p.device_of(sg).to_string(),
+            nodes: sg
+                .nodes
+                .iter()
+                .map(|&n| graph.node(n).name.clone())
+                .collect(),
+            inputs: names(&sg.inputs),
+            outputs: names(&sg.outputs),
+            depends_on: p.dependencies(graph, sg),
+            ..Default::default()
         })
         .collect();
-    let mut affinity = serde_json::Map::new();
-    let mut explanations = serde_json::Map::new();
+    let device = |d: DeviceIdx| a.devices[d as usize].to_string();
+    let mut affinity = BTreeMap::new();
+    let mut explanations = BTreeMap::new();
     for e in &a.explanations {
         let name = graph.node(e.node).name.clone();
-        affinity.insert(
-            name.clone(),
-            json!(a.devices[e.device as usize].to_string()),
-        );
-        let rule = serde_json::to_value(&e.rule).unwrap_or_else(|_| json!({"rule": "unknown"}));
-        explanations.insert(
-            name,
-            json!({
-                "supported_on": e.supported_on.iter().map(|&d| a.devices[d as usize].to_string()).collect::<Vec<_>>(),
-                "decision": rule,
-            }),
-        );
+        affinity.insert(name.clone(), device(e.device));
+        let why = NodeExplanation {
+            supported_on: e.supported_on.iter().map(|&d| device(d)).collect(),
+            decision: e.rule.clone(),
+        };
+        explanations.insert(name, why);
     }
-    json!({
-        "subgraphs": subgraphs,
-        "affinity": affinity,
-        "passthrough_outputs": names(&p.passthrough_outputs),
-        "explanations": explanations,
-    })
+    PlanReport {
+        subgraphs,
+        affinity,
+        passthrough_outputs: names(&p.passthrough_outputs),
+        explanations,
+        ..Default::default()
+    }
 }

@@ -116,7 +116,7 @@ fn if_captures_are_implicit_edges_and_export_runs() {
     let plan = dir.join("plan.json");
     std::fs::write(
         &plan,
-        serde_json::to_vec(&tessera_common::dump::subgraphs_json(&g, &a, &p)).unwrap(),
+        serde_json::to_vec(&tessera_common::dump::plan_report(&g, &a, &p)).unwrap(),
     )
     .unwrap();
     for seed in ["0", "1", "2", "3"] {

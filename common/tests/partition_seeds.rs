@@ -1,4 +1,7 @@
-//! The worked examples of the seeds, with exact subgraphs asserted.
+//! The worked examples of the design sources, with exact subgraphs
+//! asserted: OpenVINO's hetero subgraph-selection example (seven nodes)
+//! and the example of TVM's partitioning RFC (a diamond with one node on
+//! another backend).
 
 mod util;
 
@@ -7,9 +10,9 @@ use tessera_common::partition::reference::{select_traced, Step};
 use tessera_common::partition::{op_dag, Algorithm};
 use util::*;
 
-/// Seed 000: nodes 1..7, edges 1→2, 2→3, 2→4, 3→5, 4→5, 5→6, 5→7; node 4
+/// OpenVINO's hetero subgraph-selection example: nodes 1..7, edges 1→2, 2→3, 2→4, 3→5, 4→5, 5→6, 5→7; node 4
 /// only on the second device.
-fn seed000() -> (
+fn openvino_example() -> (
     tessera_common::graph::Graph,
     tessera_common::affinity::Assignment,
 ) {
@@ -26,8 +29,8 @@ fn seed000() -> (
 }
 
 #[test]
-fn seed000_reference_gives_openvino_result() {
-    let (g, a) = seed000();
+fn openvino_example_reference_gives_openvino_result() {
+    let (g, a) = openvino_example();
     for merge in [false, true] {
         let p = run(&g, &a, Algorithm::Reference, merge);
         assert_eq!(
@@ -43,12 +46,12 @@ fn seed000_reference_gives_openvino_result() {
 }
 
 #[test]
-fn seed000_reference_trace_matches_the_seed() {
-    let (g, a) = seed000();
+fn openvino_example_reference_trace_matches_the_document() {
+    let (g, a) = openvino_example();
     let dag = op_dag(&g, &a).unwrap();
     let (_, trace) = select_traced(&dag);
     use Step::*;
-    // Node k of the seed is index k-1.
+    // Node k of the example is index k-1.
     let first_round = vec![
         Root(0),
         Merge(1),
@@ -72,8 +75,8 @@ fn seed000_reference_trace_matches_the_seed() {
 }
 
 #[test]
-fn seed000_fast_is_valid_with_as_few_subgraphs() {
-    let (g, a) = seed000();
+fn openvino_example_fast_is_valid_with_as_few_subgraphs() {
+    let (g, a) = openvino_example();
     let p = run(&g, &a, Algorithm::Fast, true);
     assert_eq!(p.subgraphs.len(), 3);
     assert_eq!(
@@ -86,10 +89,10 @@ fn seed000_fast_is_valid_with_as_few_subgraphs() {
     );
 }
 
-/// Seed 002 (TVM RFC): A, B, D on one backend, C on another; A→B, B→C,
+/// TVM's partitioning RFC example: A, B, D on one backend, C on another; A→B, B→C,
 /// C→D, B→D. [A,B,D]+[C] would be uncomputable.
 #[test]
-fn seed002_rfc_example() {
+fn tvm_rfc_example() {
     let names = ["A", "B", "C", "D"];
     let g = graph_from(4, &[(0, 1), (1, 2), (2, 3), (1, 3)], Some(&names));
     let a = assign_priority(

@@ -122,7 +122,7 @@ fn exported_subgraphs_reproduce_the_model_in_onnxruntime() {
                 tessera_common::onnx::save_model(m, dir.join(format!("subgraph_{i}.onnx")))
                     .unwrap();
             }
-            let plan = tessera_common::dump::subgraphs_json(&g, &a, &p);
+            let plan = tessera_common::dump::plan_report(&g, &a, &p);
             let plan_path = dir.join("plan.json");
             std::fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
             let out = Command::new("python3")

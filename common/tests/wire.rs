@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, DeploySpec, Destination, Route};
+use tessera_common::wire::control::{Control, DeploySpec, Destination, ErrorKind, Route};
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{
@@ -92,6 +92,7 @@ fn oversized_frames_are_refused_from_the_prefix() {
     // A header over the limit is refused when encoding...
     let big = Control::Failed {
         request: None,
+        kind: ErrorKind::Internal,
         error: "x".repeat(100),
     };
     assert!(matches!(
@@ -294,7 +295,7 @@ fn every_control_message_round_trips() {
         Control::LoadNetwork(LoadRequest {
             name: "m".into(),
             devices: "HETERO:node-a/CPU".into(),
-            policy: "cost".into(),
+            policy: tessera_common::affinity::Policy::Cost,
             strict: true,
             affinity: vec![("conv3".into(), "node-b/CPU".into())],
             dry_run: true,
@@ -368,6 +369,7 @@ fn every_control_message_round_trips() {
         },
         Control::Failed {
             request: Some(2),
+            kind: ErrorKind::WorkerLost,
             error: "worker node-b was lost".into(),
         },
     ];

@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use tessera_common::affinity::Policy;
 
 /// Every key, for environment overrides and error messages.
 pub const KEYS: [&str; 10] = [
@@ -45,8 +46,8 @@ pub struct ModelConfig {
     #[serde(default)]
     pub devices: String,
     /// `priority` or `cost`.
-    #[serde(default = "default_policy")]
-    pub policy: String,
+    #[serde(default)]
+    pub policy: Policy,
     /// Refuse a plan that leaves a node without a device.
     #[serde(default)]
     pub strict: bool,
@@ -59,26 +60,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Checks the model's name and policy; the error starts with the key
-    /// at fault (`: ...` or `.policy: ...`).
+    /// Checks the model's name; the error starts with the key at fault
+    /// (`: ...`).
     pub fn check(&self, name: &str) -> Result<(), String> {
         if !valid_model_name(name) {
             return Err(
                 ": a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')".into(),
             );
         }
-        if !matches!(self.policy.as_str(), "priority" | "cost") {
-            return Err(format!(
-                ".policy: '{}' is neither 'priority' nor 'cost'",
-                self.policy
-            ));
-        }
         Ok(())
     }
-}
-
-fn default_policy() -> String {
-    "priority".into()
 }
 
 /// Whether `name` can name a model in URLs and metrics: 1–128 of

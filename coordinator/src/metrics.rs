@@ -29,18 +29,9 @@ fn buckets() -> Vec<f64> {
     (0..19).map(|i| 1e-4 * f64::powi(2.0, i)).collect()
 }
 
-/// Why a request failed, as the `reason` label says it.
+/// Why a request failed, as the `reason` label says it: its error kind.
 pub fn failure_reason(e: &crate::CoordinatorError) -> &'static str {
-    use crate::CoordinatorError::*;
-    match e {
-        BadInput(_) => "bad_input",
-        Deadline { .. } => "deadline",
-        UnknownNetwork(_) | UnknownModel(_) => "unknown_model",
-        NotReady(_) => "not_ready",
-        Worker(_) => "worker",
-        Net(_) | Http(_) => "network",
-        Model(_) | Devices(_) | Plan(_) => "plan",
-    }
+    e.kind().as_str()
 }
 
 pub struct Metrics {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use tessera_common::affinity::Policy;
 use tessera_coordinator::config::CoordinatorConfig;
 
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/cluster.toml");
@@ -98,11 +99,11 @@ fn named_models_and_the_http_listener_are_configured() {
     assert_eq!(cfg.http_max_body_bytes, 1024);
     let rec = &cfg.models["rec"];
     assert_eq!(rec.path, Path::new("models/rec.onnx"));
-    assert_eq!(rec.policy, "priority");
+    assert_eq!(rec.policy, Policy::Priority);
     assert_eq!(rec.shapes["x"], vec![1, 3, 48, 320]);
     assert_eq!(rec.affinity["conv_1"], "node-b/CPU");
     // Names keep their case.
-    assert_eq!(cfg.models["MiniLM-L3"].policy, "cost");
+    assert_eq!(cfg.models["MiniLM-L3"].policy, Policy::Cost);
     let env = |k: &str| (k == "TESSERA_HTTP_LISTEN").then(|| "0.0.0.0:9100".to_string());
     let cfg = CoordinatorConfig::load(Some(&path), env).unwrap();
     assert_eq!(
@@ -119,7 +120,7 @@ fn bad_model_tables_and_http_keys_are_clear_errors() {
         ("[models.rec]\ndevices = \"CPU\"\n", "path"),
         (
             "[models.rec]\npath = \"a.onnx\"\npolicy = \"fastest\"\n",
-            "neither",
+            "expected priority or cost",
         ),
         ("[models.rec]\npath = \"a.onnx\"\nbatch = 4\n", "batch"),
         ("[models.\"a/b\"]\npath = \"a.onnx\"\n", "model name"),

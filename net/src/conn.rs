@@ -128,19 +128,19 @@ impl Node {
         let connection = connecting
             .map_err(|e| connect(e.to_string()))?
             .await
-            .map_err(|e| connect(e.to_string()))?;
+            .map_err(|e| connection_failed(addr, &e))?;
         // In TLS 1.3 the server checks our certificate after our side of the
         // handshake is done, so a refusal of it shows up here, on the first
         // stream: report it as the connection's failure, with the TLS alert
         // quinn recorded as the close reason.
         let failed = |e: String| match connection.close_reason() {
-            Some(why) => connect(why.to_string()),
+            Some(why) => connection_failed(addr, &why),
             None => connect(e),
         };
         let (mut send, mut recv) = connection
             .open_bi()
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| connection_failed(addr, &connection.close_reason().unwrap_or(e)))?;
         let hello = Handshake::Hello(self.hello.clone()).encode(&self.limits)?;
         write_all(&mut send, &hello)
             .await
@@ -197,7 +197,7 @@ impl Node {
         let connection = connecting
             .map_err(|e| connect(e.to_string()))?
             .await
-            .map_err(|e| connect(e.to_string()))?;
+            .map_err(|e| connection_failed(addr, &e))?;
         let (mut send, mut recv) = connection
             .accept_bi()
             .await
@@ -255,6 +255,24 @@ async fn write_all(send: &mut quinn::SendStream, bytes: &[u8]) -> Result<(), Net
     send.write_all(bytes)
         .await
         .map_err(|e| NetError::Stream(e.to_string()))
+}
+
+/// Why a connection failed: refused in the TLS handshake (a QUIC crypto
+/// error code, 0x100–0x1ff: a certificate one side does not trust) or not
+/// made at all (unreachable, timed out, reset).
+fn connection_failed(addr: SocketAddr, e: &quinn::ConnectionError) -> NetError {
+    let tls = |code: quinn::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+    let refused = match e {
+        quinn::ConnectionError::TransportError(t) => tls(t.code),
+        quinn::ConnectionError::ConnectionClosed(c) => tls(c.error_code),
+        _ => false,
+    };
+    let reason = e.to_string();
+    if refused {
+        NetError::TlsRefused { addr, reason }
+    } else {
+        NetError::Connect { addr, reason }
+    }
 }
 
 /// Writes a frame: its prefix and header (`head`, from an `encode`), then

@@ -8,7 +8,8 @@
 //! Layout: [`certs`] (cluster CA, node certificates, `certs init`, throw-away
 //! certificates for embedded clusters), [`tls`] (rustls/quinn
 //! configurations), [`conn`] (nodes that dial and accept, the handshake,
-//! framed streams), [`link`] (data-plane links: a writer task per peer,
+//! framed streams), [`exchange`] (request/reply on one stream, both
+//! sides), [`link`] (data-plane links: a writer task per peer,
 //! and the reader of a peer's streams).
 //!
 //! # Example
@@ -34,6 +35,7 @@
 pub mod certs;
 pub mod close;
 pub mod conn;
+pub mod exchange;
 pub mod link;
 pub mod tls;
 
@@ -41,6 +43,7 @@ use std::net::SocketAddr;
 
 pub use close::CloseCode;
 pub use conn::{recv_frame, recv_frame_timed, send_frame, Node, Peer};
+pub use exchange::ExchangeError;
 pub use link::{serve_streams, Link};
 
 /// Resolves `host:port` (a name such as `node-a:7100` on a compose
@@ -70,8 +73,14 @@ pub enum NetError {
     Tls(String),
     #[error("{what}: {reason}")]
     Io { what: String, reason: String },
+    /// The connection could not be made (unreachable, timed out, reset):
+    /// trying again later may help.
     #[error("connection with {addr} failed: {reason}")]
     Connect { addr: SocketAddr, reason: String },
+    /// The TLS handshake refused a certificate (ours or theirs): trying
+    /// again with the same certificates will not help.
+    #[error("TLS handshake with {addr} failed: {reason}")]
+    TlsRefused { addr: SocketAddr, reason: String },
     #[error("{addr} refused us: {reason}")]
     Refused { addr: SocketAddr, reason: String },
     #[error("refused {addr}: {reason}")]

@@ -128,7 +128,7 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
     id.ca_pem = ca.cert_pem.clone(); // it trusts our CA, but we do not trust it
     let node = Node::bind(any(), &id, "lab", Role::Worker).unwrap();
     let err = node.dial(addr).await.expect_err("a foreign certificate");
-    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    assert!(matches!(err, NetError::TlsRefused { .. }), "{err}");
     assert!(accepted.recv().await.unwrap().is_err());
 
     // No certificate at all.
@@ -141,7 +141,7 @@ async fn peers_outside_the_cluster_are_refused_and_the_listener_serves_on() {
     .unwrap()
     .with_client_config(tls::client_config_without_certificate(&ca.cert_pem).unwrap());
     let err = bare.dial(addr).await.expect_err("no certificate");
-    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    assert!(matches!(err, NetError::TlsRefused { .. }), "{err}");
     assert!(accepted.recv().await.unwrap().is_err());
 
     // Another protocol version, another cluster, a role not accepted.

@@ -88,14 +88,29 @@ impl SupportSet {
 }
 
 /// How to choose among several devices that support a node.
+/// Written and read as its name (`priority`, `cost`), in config files, JSON
+/// and on the wire alike; an unknown name is an error that lists both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String", into = "String")]
 pub enum Policy {
     /// First supporting device in priority order (OpenVINO's fallback policy).
     #[default]
     Priority,
     /// Cheapest supporting device by the cost model.
     Cost,
+}
+
+impl TryFrom<String> for Policy {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Policy> for String {
+    fn from(p: Policy) -> String {
+        p.to_string()
+    }
 }
 
 impl std::str::FromStr for Policy {
@@ -124,7 +139,7 @@ pub struct AffinityRequest<'a> {
 }
 
 /// One device's estimate under the cost policy.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CostEstimate {
     pub device: String,
     pub compute_us: f64,
@@ -133,7 +148,7 @@ pub struct CostEstimate {
 }
 
 /// The rule that placed a node.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "rule", rename_all = "lowercase")]
 pub enum Rule {
     Manual,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::frame::{FrameKind, Limits};
 use super::{codec, WireError};
+use crate::affinity::Policy;
 
 /// One device of a worker, with the figures the cost policy uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,8 +69,7 @@ pub struct LoadRequest {
     pub name: String,
     /// A device priority, e.g. `HETERO:node-a/GPU.0,node-b/CPU`.
     pub devices: String,
-    /// `priority` or `cost`.
-    pub policy: String,
+    pub policy: Policy,
     pub strict: bool,
     /// Manual affinity: node name → device.
     pub affinity: Vec<(String, String)>,
@@ -148,6 +148,53 @@ pub struct Counters {
     pub nodes: Vec<(u32, NodeTime)>,
     /// Every tensor moved, coordinator and workers alike.
     pub transfers: Vec<Transfer>,
+}
+
+/// What kind of failure a [`Control::Failed`] reports: what a caller can
+/// match on (the message says the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The caller's input is wrong: a malformed model, an unknown device,
+    /// a request's missing or ill-shaped tensors.
+    BadInput,
+    /// No such network or named model.
+    NotFound,
+    /// The request missed its deadline.
+    Timeout,
+    /// A worker the operation needed was lost (and retrying did not help).
+    WorkerLost,
+    /// Refused: the plan cannot place the model as asked (strict, manual
+    /// affinity to a device that cannot run a node).
+    Refused,
+    /// Not available now: a named model waiting for its workers, a peer
+    /// that cannot be reached.
+    Unavailable,
+    /// A worker failed to compile or run a subgraph.
+    Worker,
+    /// Anything else (I/O, the peer's protocol).
+    Internal,
+}
+
+impl ErrorKind {
+    /// A name for logs and metrics (`bad_input`, `timeout`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadInput => "bad_input",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::WorkerLost => "worker_lost",
+            ErrorKind::Refused => "refused",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Worker => "worker",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Control messages.
@@ -281,6 +328,7 @@ pub enum Control {
     /// carried.
     Failed {
         request: Option<u64>,
+        kind: ErrorKind,
         error: String,
     },
 }

@@ -9,6 +9,11 @@ use super::{codec, WireError};
 use crate::onnx::ElemType;
 use crate::tensor::Tensor;
 
+/// The tensor name of a request's trigger: the coordinator sends it to each
+/// subgraph that takes no input tensors (only constants), so it runs once
+/// for the request. No ONNX tensor has the empty name.
+pub const TRIGGER: &str = "";
+
 /// The header of a tensor frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorHeader {

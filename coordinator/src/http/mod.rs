@@ -36,6 +36,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tessera_common::graph::{Dim, Graph};
+use tessera_common::wire::control::ErrorKind;
 
 use crate::config::ModelConfig;
 use crate::{repository, CoordinatorError, Shared};
@@ -123,12 +124,13 @@ impl HttpError {
 
 impl From<CoordinatorError> for HttpError {
     fn from(e: CoordinatorError) -> HttpError {
-        use CoordinatorError::*;
-        let status = match &e {
-            UnknownModel(_) | UnknownNetwork(_) => StatusCode::NOT_FOUND,
-            BadInput(_) | Model(_) | Devices(_) | Plan(_) => StatusCode::BAD_REQUEST,
-            NotReady(_) | Deadline { .. } | Net(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Worker(_) | Http(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        let status = match e.kind() {
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::BadInput | ErrorKind::Refused => StatusCode::BAD_REQUEST,
+            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::WorkerLost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorKind::Worker | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         HttpError::new(status, e.to_string())
     }

@@ -118,20 +118,22 @@ fn encode_value(elem: ElemType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
             out.extend_from_slice(&x.to_le_bytes());
         }};
     }
-    match elem.0 {
-        9 => out.push(u8::from(v.as_bool()?)),
-        2 => int!(u8),
-        4 => int!(u16),
-        12 => int!(u32),
-        13 => int!(u64),
-        3 => int!(i8),
-        5 => int!(i16),
-        6 => int!(i32),
-        7 => int!(i64),
-        10 => out.extend_from_slice(&half::f16::from_f64(v.as_f64()?).to_le_bytes()),
-        16 => out.extend_from_slice(&half::bf16::from_f64(v.as_f64()?).to_le_bytes()),
-        1 => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
-        11 => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+    match elem {
+        ElemType::BOOL => out.push(u8::from(v.as_bool()?)),
+        ElemType::UINT8 => int!(u8),
+        ElemType::UINT16 => int!(u16),
+        ElemType::UINT32 => int!(u32),
+        ElemType::UINT64 => int!(u64),
+        ElemType::INT8 => int!(i8),
+        ElemType::INT16 => int!(i16),
+        ElemType::INT32 => int!(i32),
+        ElemType::INT64 => int!(i64),
+        ElemType::FLOAT16 => out.extend_from_slice(&half::f16::from_f64(v.as_f64()?).to_le_bytes()),
+        ElemType::BFLOAT16 => {
+            out.extend_from_slice(&half::bf16::from_f64(v.as_f64()?).to_le_bytes())
+        }
+        ElemType::FLOAT => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
+        ElemType::DOUBLE => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
         _ => return None,
     }
     Some(())
@@ -145,28 +147,28 @@ pub fn to_json(t: &Tensor) -> Result<Value, String> {
             b.chunks_exact($n).map($f).collect::<Vec<Value>>()
         };
     }
-    let values = match t.elem().0 {
-        9 => each!(1, |c| Value::Bool(c[0] != 0)),
-        2 => each!(1, |c| Value::from(c[0])),
-        3 => each!(1, |c| Value::from(c[0] as i8)),
-        4 => each!(2, |c| Value::from(u16::from_le_bytes([c[0], c[1]]))),
-        5 => each!(2, |c| Value::from(i16::from_le_bytes([c[0], c[1]]))),
-        6 => each!(4, |c| Value::from(i32::from_le_bytes([
+    let values = match t.elem() {
+        ElemType::BOOL => each!(1, |c| Value::Bool(c[0] != 0)),
+        ElemType::UINT8 => each!(1, |c| Value::from(c[0])),
+        ElemType::INT8 => each!(1, |c| Value::from(c[0] as i8)),
+        ElemType::UINT16 => each!(2, |c| Value::from(u16::from_le_bytes([c[0], c[1]]))),
+        ElemType::INT16 => each!(2, |c| Value::from(i16::from_le_bytes([c[0], c[1]]))),
+        ElemType::INT32 => each!(4, |c| Value::from(i32::from_le_bytes([
             c[0], c[1], c[2], c[3]
         ]))),
-        12 => each!(4, |c| Value::from(u32::from_le_bytes([
+        ElemType::UINT32 => each!(4, |c| Value::from(u32::from_le_bytes([
             c[0], c[1], c[2], c[3]
         ]))),
-        7 => each!(8, |c| Value::from(i64::from_le_bytes(eight(c)))),
-        13 => each!(8, |c| Value::from(u64::from_le_bytes(eight(c)))),
-        1 => each!(4, |c| float(
+        ElemType::INT64 => each!(8, |c| Value::from(i64::from_le_bytes(eight(c)))),
+        ElemType::UINT64 => each!(8, |c| Value::from(u64::from_le_bytes(eight(c)))),
+        ElemType::FLOAT => each!(4, |c| float(
             f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64
         )),
-        11 => each!(8, |c| float(f64::from_le_bytes(eight(c)))),
-        10 => each!(2, |c| float(
+        ElemType::DOUBLE => each!(8, |c| float(f64::from_le_bytes(eight(c)))),
+        ElemType::FLOAT16 => each!(2, |c| float(
             half::f16::from_le_bytes([c[0], c[1]]).to_f64()
         )),
-        16 => each!(2, |c| float(
+        ElemType::BFLOAT16 => each!(2, |c| float(
             half::bf16::from_le_bytes([c[0], c[1]]).to_f64()
         )),
         _ => return Err(format!("{} tensors cannot be sent as JSON", t.elem())),

@@ -1,0 +1,91 @@
+//! What can go wrong, with the kind a caller can match on.
+
+use tessera_common::wire::control::ErrorKind;
+use tessera_net::{ExchangeError, NetError};
+
+/// An operation the client asks of the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Load,
+    Plan,
+    Query,
+    Infer,
+    Unload,
+    LoadModel,
+    UnloadModel,
+    ListModels,
+    ClusterInfo,
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Operation::Load => "loading the network",
+            Operation::Plan => "planning the network",
+            Operation::Query => "QueryNetwork",
+            Operation::Infer => "request",
+            Operation::Unload => "unload",
+            Operation::LoadModel => "loading the model",
+            Operation::UnloadModel => "unloading the model",
+            Operation::ListModels => "listing the models",
+            Operation::ClusterInfo => "reading the cluster's state",
+        })
+    }
+}
+
+/// What can go wrong, by kind: [`ClientError::kind`] tells a timeout from
+/// a lost worker, bad input or a refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to the coordinator: {0}")]
+    Connect(#[source] NetError),
+    /// The coordinator failed or refused the operation.
+    #[error("{op} failed: {message}")]
+    Failed {
+        op: Operation,
+        kind: ErrorKind,
+        message: String,
+    },
+    #[error("bad tensor: {0}")]
+    Tensor(String),
+    #[error("connection to the coordinator: {0}")]
+    Connection(String),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The failure's kind: the coordinator's for a failed operation;
+    /// `Unavailable` when the coordinator cannot be reached, `BadInput` for
+    /// a tensor that cannot be sent, `Internal` for a protocol breach.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Failed { kind, .. } => *kind,
+            ClientError::Connect(_) | ClientError::Connection(_) => ErrorKind::Unavailable,
+            ClientError::Tensor(_) => ErrorKind::BadInput,
+            ClientError::Protocol(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The error of an exchange for `op`.
+    pub(crate) fn of(op: Operation, e: ExchangeError) -> ClientError {
+        match e {
+            ExchangeError::Failed { kind, error } => ClientError::Failed {
+                op,
+                kind,
+                message: error,
+            },
+            ExchangeError::Net(e) => ClientError::Connection(e.to_string()),
+            ExchangeError::NoAnswer => ClientError::Connection(e.to_string()),
+            ExchangeError::Unexpected(what) => ClientError::Protocol(format!("unexpected {what}")),
+        }
+    }
+
+    /// An answer that is not the one `op` expects.
+    pub(crate) fn unexpected(
+        op: Operation,
+        answer: &tessera_common::wire::control::Control,
+    ) -> ClientError {
+        ClientError::Protocol(format!("{op}: unexpected {}", answer.name()))
+    }
+}
