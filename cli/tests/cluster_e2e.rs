@@ -172,7 +172,7 @@ fn rec_split_between_a_gpu_worker_and_a_cpu_worker_matches_onnxruntime() {
             plan.subgraphs
                 .iter()
                 .filter(|s| s.device == device)
-                .map(|s| s.nodes)
+                .map(|s| s.nodes.len())
                 .sum::<usize>()
         };
         let (gpu, cpu) = (on("node-a/GPU"), on("node-b/CPU"));
@@ -187,4 +187,71 @@ fn rec_split_between_a_gpu_worker_and_a_cpu_worker_matches_onnxruntime() {
         assert!(cpu > 0, "the GPU plugin's gaps fall back to the CPU worker");
         assert!(diff <= 1e-3, "max abs diff {diff}");
     });
+}
+
+/// With `RUST_LOG=tessera=debug` on every process, one request reads end to
+/// end under the id the coordinator gave it: its span on the coordinator,
+/// the subgraph runs and the tensor sent between the workers, the outputs
+/// arriving back.
+#[test]
+fn one_request_is_traced_across_the_coordinator_and_both_workers() {
+    let workers = [("node-a", "CPU"), ("node-b", "CPU")];
+    let cluster = Cluster::start_logged("traced", &workers, 1, "", "tessera=debug");
+    let model = synth::small_cnn(7);
+    let graph = Graph::from_model(model.clone()).unwrap();
+    let inputs = synth::random_inputs(&graph, 1).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let options = LoadOptions {
+            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+            affinity: affinity(&graph, |i, n| i >= n / 2),
+            ..Default::default()
+        };
+        let network = client
+            .load_network(encode_model(&model), options)
+            .await
+            .unwrap();
+        network.infer(inputs).await.unwrap();
+        network.unload().await.unwrap();
+    });
+    let coordinator = cluster.coordinator.log_text();
+    // The coordinator's span for the try names the request id.
+    let id = coordinator
+        .lines()
+        .find_map(|l| {
+            let at = l.find("attempt_on{request=")? + "attempt_on{request=".len();
+            let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no attempt_on span in the coordinator's log:\n{coordinator}"));
+    let request = format!("request={id}");
+    let has = |log: &str, what: &str| {
+        log.lines()
+            .any(|l| l.contains(&request) && l.contains(what))
+    };
+    assert!(has(&coordinator, "output arrived"), "{coordinator}");
+    assert!(coordinator.contains("deploy{network="), "{coordinator}");
+    let (a, b) = (cluster.workers[0].log_text(), cluster.workers[1].log_text());
+    for (name, log) in [("node-a", &a), ("node-b", &b)] {
+        assert!(
+            has(log, "subgraph_run{"),
+            "{name} ran no subgraph of {request}:\n{log}"
+        );
+        assert!(
+            has(log, "tensor arrived"),
+            "{name} got no tensor of {request}:\n{log}"
+        );
+        assert!(
+            has(log, "deliver{"),
+            "{name} delivered nothing of {request}:\n{log}"
+        );
+    }
+    // The intermediate tensor went node-a → node-b, both ends logged.
+    assert!(
+        a.lines()
+            .any(|l| l.contains(&request) && l.contains(" sent ") && l.contains("node-b")),
+        "{a}"
+    );
+    println!("{request} traced on the coordinator, node-a and node-b");
 }

@@ -11,10 +11,10 @@ use std::time::Duration;
 use tessera_common::wire::control::{Control, WorkerState};
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
-use tessera_net::{recv_frame, send_frame, Peer};
+use tessera_net::{exchange, recv_frame, send_frame, NetError, Peer};
 use tokio::sync::mpsc;
 
-use crate::{load, requests, CoordinatorError, Shared};
+use crate::{deploy, planning, requests, CoordinatorError, Shared};
 
 /// Serves one client until it disconnects.
 pub async fn serve_client(shared: Arc<Shared>, peer: Peer) {
@@ -38,26 +38,16 @@ async fn serve_operation(
     mut recv: quinn::RecvStream,
 ) {
     let limits = *shared.node.limits();
-    let result = match recv_frame(&mut recv, &limits).await {
-        Ok(Some(Frame::Control(msg, payload))) => {
-            operation(&shared, msg, payload, &mut send, &mut recv).await
-        }
-        Ok(Some(other)) => Err(format!(
-            "expected an operation, got a {:?} frame",
-            other.kind()
-        )),
+    let result = match exchange::read_operation(&mut recv, &limits).await {
+        Ok(Some((msg, payload))) => operation(&shared, msg, payload, &mut send, &mut recv).await,
         Ok(None) => return,
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(CoordinatorError::BadInput(e.to_string())),
     };
     if let Err(error) = result {
         tracing::debug!("client operation failed: {error}");
-        let msg = Control::Failed {
-            request: None,
-            error,
-        };
-        if let Ok(head) = msg.encode(0, &limits) {
-            let _ = send_frame(&mut send, &head, None).await;
-        }
+        let sent =
+            exchange::send_failure(&mut send, None, error.kind(), error.to_string(), &limits);
+        let _ = sent.await;
     }
     let _ = send.finish();
 }
@@ -68,13 +58,13 @@ async fn operation(
     payload: bytes::Bytes,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<(), String> {
+) -> Result<(), CoordinatorError> {
     let limits = *shared.node.limits();
     match msg {
         Control::LoadNetwork(request) if request.dry_run => {
             let (tx, rx) = mpsc::channel::<Control>(64);
             let plan = with_progress(
-                load::dry_run(shared, request, payload, tx),
+                planning::dry_run(shared, request, payload, tx),
                 rx,
                 send,
                 &limits,
@@ -85,7 +75,7 @@ async fn operation(
         Control::LoadNetwork(request) => {
             let (tx, rx) = mpsc::channel::<Control>(64);
             let loaded = with_progress(
-                load::load_network(shared, request, payload, tx),
+                deploy::load_network(shared, request, payload, tx),
                 rx,
                 send,
                 &limits,
@@ -106,9 +96,7 @@ async fn operation(
             write(send, &network_loaded(&loaded), &limits).await
         }
         Control::UnloadModel { name } => {
-            crate::repository::unload(shared, &name)
-                .await
-                .map_err(|e| e.to_string())?;
+            crate::repository::unload(shared, &name).await?;
             write(send, &Control::ModelUnloaded { name }, &limits).await
         }
         Control::ListModels => {
@@ -118,99 +106,121 @@ async fn operation(
         Control::QueryNetwork { devices } => {
             let (tx, rx) = mpsc::channel::<Control>(64);
             let spec = devices.join(",");
-            let answers =
-                with_progress(load::query(shared, &spec, payload, tx), rx, send, &limits).await?;
+            let answers = with_progress(
+                planning::query(shared, &spec, payload, tx),
+                rx,
+                send,
+                &limits,
+            )
+            .await?;
             write(send, &Control::QueryResult { answers }, &limits).await
         }
-        Control::ClusterInfo => {
-            let mut workers: Vec<WorkerState> = shared
-                .workers
-                .iter()
-                .map(|w| WorkerState {
-                    name: w.name.clone(),
-                    data_addr: w.data_addr.clone(),
-                    devices: w.devices.clone(),
-                    silent_ms: w
-                        .last_seen
-                        .lock()
-                        .map(|t| t.elapsed().as_millis() as u64)
-                        .unwrap_or(0),
-                    rtt_us: w.rtt().as_micros() as u64,
-                    bandwidth_gbps: w.bandwidth_gbps().unwrap_or(0.0),
-                    running: w.running.load(std::sync::atomic::Ordering::Relaxed),
-                    networks: shared
-                        .networks
-                        .iter()
-                        .filter(|n| n.deployed().is_some_and(|d| d.hosts.contains(&w.name)))
-                        .map(|n| n.id)
-                        .collect(),
-                })
-                .collect();
-            workers.sort_by(|a, b| a.name.cmp(&b.name));
-            let msg = Control::ClusterState {
-                workers,
-                networks: shared.networks.len() as u32,
-                in_flight: shared.pending.len() as u32,
-            };
-            write(send, &msg, &limits).await
-        }
+        Control::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
         Control::Infer {
             network,
             request,
             inputs,
             deadline_ms,
         } => {
-            let mut tensors = HashMap::new();
-            for _ in 0..inputs {
-                match recv_frame(recv, &limits).await {
-                    Ok(Some(Frame::Tensor(header, payload))) => {
-                        let name = header.name.clone();
-                        let t = header.into_tensor(payload).map_err(|e| e.to_string())?;
-                        tensors.insert(name, t);
-                    }
-                    Ok(other) => {
-                        return Err(format!(
-                            "request {request}: expected {inputs} input tensors, got {other:?}"
-                        ))
-                    }
-                    Err(e) => return Err(format!("request {request}: {e}")),
-                }
-            }
             let deadline = (deadline_ms > 0).then(|| Duration::from_millis(deadline_ms));
-            let done = requests::infer(shared, network, tensors, deadline)
-                .await
-                .map_err(|e: CoordinatorError| e.to_string())?;
-            let reply = Control::InferDone {
-                network,
-                request,
-                outputs: done.outputs.len() as u32,
-                counters: done.counters,
-                deployment: done.deployment,
-                attempts: done.attempts,
-            };
-            write(send, &reply, &limits).await?;
-            for (name, t) in &done.outputs {
-                let head = TensorHeader::new(network, request, name, t)
-                    .encode(&limits)
-                    .map_err(|e| e.to_string())?;
-                send_frame(send, &head, Some(&t.shared_bytes()))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(())
+            serve_infer(shared, network, request, inputs, deadline, send, recv).await
         }
         Control::Unload { network } => {
-            load::unload(shared, network)
-                .await
-                .map_err(|e| e.to_string())?;
+            deploy::unload(shared, network).await?;
             write(send, &Control::Unloaded { network }, &limits).await
         }
-        other => Err(format!("a client may not send {}", other.name())),
+        other => Err(CoordinatorError::BadInput(format!(
+            "a client may not send {}",
+            other.name()
+        ))),
+    }
+}
+
+/// One request: its input tensors (on the same stream), then the answer
+/// and the output tensors.
+async fn serve_infer(
+    shared: &Arc<Shared>,
+    network: u64,
+    request: u64,
+    inputs: u32,
+    deadline: Option<Duration>,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+) -> Result<(), CoordinatorError> {
+    let limits = *shared.node.limits();
+    let bad = |what: String| CoordinatorError::BadInput(format!("request {request}: {what}"));
+    let mut tensors = HashMap::new();
+    for _ in 0..inputs {
+        match recv_frame(recv, &limits).await {
+            Ok(Some(Frame::Tensor(header, payload))) => {
+                let name = header.name.clone();
+                let t = header
+                    .into_tensor(payload)
+                    .map_err(|e| bad(e.to_string()))?;
+                tensors.insert(name, t);
+            }
+            Ok(other) => {
+                return Err(bad(format!(
+                    "expected {inputs} input tensors, got {other:?}"
+                )))
+            }
+            Err(e) => return Err(bad(e.to_string())),
+        }
+    }
+    let done = requests::infer(shared, network, tensors, deadline).await?;
+    let reply = Control::InferDone {
+        network,
+        request,
+        outputs: done.outputs.len() as u32,
+        counters: done.counters,
+        deployment: done.deployment,
+        attempts: done.attempts,
+    };
+    write(send, &reply, &limits).await?;
+    for (name, t) in &done.outputs {
+        let head = TensorHeader::new(network, request, name, t)
+            .encode(&limits)
+            .map_err(NetError::from)?;
+        send_frame(send, &head, Some(&t.shared_bytes())).await?;
+    }
+    Ok(())
+}
+
+/// The cluster's workers as clients see them (`tessera cluster`).
+fn cluster_state(shared: &Shared) -> Control {
+    let mut workers: Vec<WorkerState> = shared
+        .workers
+        .iter()
+        .map(|w| WorkerState {
+            name: w.name.clone(),
+            data_addr: w.data_addr.clone(),
+            devices: w.devices.clone(),
+            silent_ms: w
+                .last_seen
+                .lock()
+                .map(|t| t.elapsed().as_millis() as u64)
+                .unwrap_or(0),
+            rtt_us: w.rtt().as_micros() as u64,
+            bandwidth_gbps: w.bandwidth_gbps().unwrap_or(0.0),
+            running: w.running.load(std::sync::atomic::Ordering::Relaxed),
+            networks: shared
+                .networks
+                .iter()
+                .filter(|n| n.deployed().is_some_and(|d| d.hosts.contains(&w.name)))
+                .map(|n| n.id)
+                .collect(),
+        })
+        .collect();
+    workers.sort_by(|a, b| a.name.cmp(&b.name));
+    Control::ClusterState {
+        workers,
+        networks: shared.networks.len() as u32,
+        in_flight: shared.pending.len() as u32,
     }
 }
 
 /// The answer to a load: the network's id and its current plan.
-fn network_loaded(loaded: &crate::heal::Loaded) -> Control {
+fn network_loaded(loaded: &crate::network::Loaded) -> Control {
     Control::NetworkLoaded {
         network: loaded.id,
         plan: loaded
@@ -226,7 +236,7 @@ async fn with_progress<T>(
     mut progress: mpsc::Receiver<Control>,
     send: &mut quinn::SendStream,
     limits: &Limits,
-) -> Result<T, String> {
+) -> Result<T, CoordinatorError> {
     tokio::pin!(work);
     loop {
         tokio::select! {
@@ -235,16 +245,17 @@ async fn with_progress<T>(
                 while let Ok(p) = progress.try_recv() {
                     write(send, &p, limits).await?;
                 }
-                return result.map_err(|e| e.to_string());
+                return result;
             }
             Some(p) = progress.recv() => write(send, &p, limits).await?,
         }
     }
 }
 
-async fn write(send: &mut quinn::SendStream, msg: &Control, limits: &Limits) -> Result<(), String> {
-    let head = msg.encode(0, limits).map_err(|e| e.to_string())?;
-    send_frame(send, &head, None)
-        .await
-        .map_err(|e| e.to_string())
+async fn write(
+    send: &mut quinn::SendStream,
+    msg: &Control,
+    limits: &Limits,
+) -> Result<(), CoordinatorError> {
+    Ok(exchange::send_message(send, msg, None, limits).await?)
 }

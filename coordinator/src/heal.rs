@@ -10,92 +10,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
-use tessera_common::graph::Graph;
 use tessera_common::wire::control::LoadRequest;
-use tokio::sync::watch;
 
-use crate::load::{self, Deployed};
+use crate::deploy;
+use crate::network::{Current, Deployed, Loaded};
 use crate::{CoordinatorError, Shared};
 
 /// Re-plans tried after a loss before a network is declared broken.
 const HEAL_TRIES: usize = 3;
-
-/// What serves a loaded network now.
-#[derive(Clone)]
-pub enum Current {
-    Ready(Arc<Deployed>),
-    /// Being re-planned; the deployment it had, if any.
-    Healing(Option<Arc<Deployed>>),
-    /// No worker set that remains can run it.
-    Broken(String),
-}
-
-/// A network a client loaded: what it asked for (to plan it again) and its
-/// current deployment.
-pub struct Loaded {
-    /// The id clients use.
-    pub id: u64,
-    pub name: String,
-    pub graph: Graph,
-    request: LoadRequest,
-    model: Bytes,
-    current: watch::Sender<Current>,
-    /// One re-plan at a time.
-    healing: tokio::sync::Mutex<()>,
-}
-
-/// What waiting for a deployment gave.
-pub enum Waited {
-    Ready(Arc<Deployed>),
-    Broken(String),
-    TimedOut,
-}
-
-impl Loaded {
-    pub fn new(request: LoadRequest, model: Bytes, deployed: Arc<Deployed>) -> Loaded {
-        Loaded {
-            id: deployed.network,
-            name: request.name.clone(),
-            graph: deployed.graph.clone(),
-            request,
-            model,
-            current: watch::Sender::new(Current::Ready(deployed)),
-            healing: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub fn current(&self) -> Current {
-        self.current.borrow().clone()
-    }
-
-    /// The deployment on the workers now (also while healing), if any.
-    pub fn deployed(&self) -> Option<Arc<Deployed>> {
-        match &*self.current.borrow() {
-            Current::Ready(d) | Current::Healing(Some(d)) => Some(d.clone()),
-            _ => None,
-        }
-    }
-
-    /// Waits until a deployment other than `not` serves the network, it
-    /// is broken, or `until` passes.
-    pub async fn ready(&self, not: Option<u64>, until: Instant) -> Waited {
-        let mut rx = self.current.subscribe();
-        loop {
-            match &*rx.borrow_and_update() {
-                Current::Ready(d) if Some(d.id) != not => return Waited::Ready(d.clone()),
-                Current::Broken(e) => return Waited::Broken(e.clone()),
-                _ => {}
-            }
-            let until = tokio::time::Instant::from_std(until);
-            match tokio::time::timeout_at(until, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Waited::TimedOut,
-            }
-        }
-    }
-}
 
 /// Worker `name` is gone (already removed from the members): every
 /// network deployed on it starts healing. Call before failing its
@@ -156,7 +79,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
         };
         loaded.current.send_replace(Current::Healing(old.clone()));
         if let Some(old) = &old {
-            load::undeploy(&shared, old.id, &old.hosts).await;
+            deploy::undeploy(&shared, old.id, &old.hosts).await;
         }
         // The old deployment is gone from the workers from here on.
         loaded.current.send_replace(Current::Healing(None));
@@ -164,7 +87,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
             Ok(request) => {
                 // Nobody watches a re-plan's progress but the logs.
                 let (progress, _) = tokio::sync::mpsc::channel(1);
-                load::deploy(&shared, loaded.id, &request, &loaded.model, progress).await
+                deploy::deploy(&shared, loaded.id, &request, &loaded.model, progress).await
             }
             Err(e) => Err(e),
         };
@@ -172,7 +95,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
             Ok(deployed) => {
                 if !shared.networks.contains_key(&loaded.id) {
                     // Unloaded meanwhile.
-                    load::undeploy(&shared, deployed.id, &deployed.hosts).await;
+                    deploy::undeploy(&shared, deployed.id, &deployed.hosts).await;
                     return;
                 }
                 tracing::info!(

@@ -44,26 +44,30 @@
 
 pub mod clients;
 pub mod config;
+pub mod deploy;
 pub mod heal;
 pub mod http;
-pub mod load;
 pub mod members;
 pub mod metrics;
+pub mod network;
+pub mod planning;
 pub mod repository;
 pub mod requests;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use dashmap::DashMap;
+use tessera_common::wire::control::ErrorKind;
 use tessera_common::wire::handshake::Role;
 use tessera_net::{NetError, Node};
 
 use config::CoordinatorConfig;
-use heal::Loaded;
-use members::WorkerEntry;
+use network::Loaded;
 use requests::Pending;
+use workers::WorkerEntry;
 
 /// Errors of the coordinator's operations, as clients see them.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +80,9 @@ pub enum CoordinatorError {
     Plan(String),
     #[error("{0}")]
     Worker(String),
+    /// A worker the request needed was lost and retries did not help.
+    #[error("{0}")]
+    WorkerLost(String),
     #[error("no network {0} is loaded")]
     UnknownNetwork(u64),
     #[error("no model named '{0}' in the repository")]
@@ -95,6 +102,26 @@ pub enum CoordinatorError {
     Net(#[from] NetError),
     #[error("http: {0}")]
     Http(String),
+}
+
+impl CoordinatorError {
+    /// The kind clients see in `Failed` (and HTTP maps to a status).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CoordinatorError::Model(_)
+            | CoordinatorError::Devices(_)
+            | CoordinatorError::BadInput(_) => ErrorKind::BadInput,
+            CoordinatorError::Plan(_) => ErrorKind::Refused,
+            CoordinatorError::Worker(_) => ErrorKind::Worker,
+            CoordinatorError::WorkerLost(_) => ErrorKind::WorkerLost,
+            CoordinatorError::UnknownNetwork(_) | CoordinatorError::UnknownModel(_) => {
+                ErrorKind::NotFound
+            }
+            CoordinatorError::NotReady(_) | CoordinatorError::Net(_) => ErrorKind::Unavailable,
+            CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
+            CoordinatorError::Http(_) => ErrorKind::Internal,
+        }
+    }
 }
 
 /// State shared by every session.
@@ -231,4 +258,16 @@ impl Coordinator {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.shared.node.shutdown().await;
     }
+}
+
+/// Runs futures concurrently until every one has finished; then the first
+/// error in the given order, if any, is the result.
+pub(crate) async fn futures_join<T, F>(
+    futures: impl Iterator<Item = F>,
+) -> Result<Vec<T>, CoordinatorError>
+where
+    F: std::future::Future<Output = Result<T, CoordinatorError>>,
+{
+    let all: Vec<Result<T, CoordinatorError>> = futures_util::future::join_all(futures).await;
+    all.into_iter().collect()
 }

@@ -11,61 +11,13 @@ use std::time::{Duration, Instant};
 
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, DeviceInfo, MailboxDepth};
+use tessera_common::wire::control::{Control, ErrorKind, MailboxDepth};
 use tessera_common::wire::Frame;
-use tessera_net::{recv_frame, send_frame, serve_streams, Link, Peer};
+use tessera_net::{exchange, recv_frame, serve_streams, Link, Peer};
 
 use crate::requests::Failure;
+use crate::workers::{WorkerEntry, PROBE_BYTES};
 use crate::Shared;
-
-/// A registered worker.
-pub struct WorkerEntry {
-    pub name: String,
-    /// Where other workers stream to it.
-    pub data_addr: String,
-    pub devices: Vec<DeviceInfo>,
-    pub connection: quinn::Connection,
-    /// Graph inputs to this worker.
-    pub tensors: Link,
-    pub last_seen: Mutex<Instant>,
-    /// Link bandwidth to it, GB/s, measured on a probe at registration and
-    /// then on every large tensor it receives (moving average).
-    bandwidth: Mutex<Option<f64>>,
-    /// Subgraph runs under way, from its last heartbeat.
-    pub running: std::sync::atomic::AtomicU32,
-}
-
-/// Tensors at least this large update a link's bandwidth estimate.
-const MEASURED_BYTES: u64 = 256 << 10;
-
-/// The probe sent to each worker at registration.
-pub const PROBE_BYTES: usize = 4 << 20;
-
-impl WorkerEntry {
-    pub fn rtt(&self) -> Duration {
-        self.connection.rtt()
-    }
-
-    /// The measured bandwidth to this worker, if any yet (GB/s).
-    pub fn bandwidth_gbps(&self) -> Option<f64> {
-        self.bandwidth.lock().ok().and_then(|b| *b)
-    }
-
-    /// Folds a received tensor of `bytes` that took `micros` into the
-    /// estimate.
-    pub fn observe(&self, bytes: u64, micros: u64) {
-        if bytes < MEASURED_BYTES || micros == 0 {
-            return;
-        }
-        let gbps = bytes as f64 / micros as f64 / 1e3;
-        if let Ok(mut b) = self.bandwidth.lock() {
-            *b = Some(match *b {
-                Some(old) => 0.8 * old + 0.2 * gbps,
-                None => gbps,
-            });
-        }
-    }
-}
 
 /// One worker's session, from registration until it is lost.
 pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
@@ -75,147 +27,14 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
         mut send,
         mut recv,
     } = peer;
+    let Some(entry) = register(&shared, &connection, &hello.node, &mut send, &mut recv).await
+    else {
+        return;
+    };
     let limits = *shared.node.limits();
-    let name = hello.node.clone();
-    let (data_addr, devices) = match recv_frame(&mut recv, &limits).await {
-        Ok(Some(Frame::Control(
-            Control::Register {
-                name: claimed,
-                data_addr,
-                devices,
-            },
-            _,
-        ))) if claimed == name => (data_addr, devices),
-        Ok(Some(Frame::Control(Control::Register { name: claimed, .. }, _))) => {
-            refuse(
-                &mut send,
-                format!("registered as '{claimed}' with the certificate of '{name}'"),
-                &limits,
-            )
-            .await;
-            return;
-        }
-        other => {
-            tracing::warn!(worker = %name, "expected Register, got {other:?}");
-            return;
-        }
-    };
-    if let Some(old) = shared.workers.get(&name).map(|w| w.connection.clone()) {
-        // The same certificate again: the worker restarted (or reconnected
-        // after a network cut) before its loss was noticed.
-        lost(&shared, &name, "it registered again");
-        tessera_net::CloseCode::RegisteredAgain.close(&old, "registered again");
-    }
-    let registered = Control::Registered {
-        heartbeat_ms: shared.config.heartbeat_ms,
-    };
-    let Ok(head) = registered.encode(0, &limits) else {
-        return;
-    };
-    if send_frame(&mut send, &head, None).await.is_err() {
-        return;
-    }
-    let entry = Arc::new(WorkerEntry {
-        name: name.clone(),
-        data_addr,
-        devices,
-        tensors: Link::open(connection.clone(), &name, limits, 64),
-        connection: connection.clone(),
-        last_seen: Mutex::new(Instant::now()),
-        bandwidth: Mutex::new(None),
-        running: Default::default(),
-    });
-    let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
-    tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
-    shared.workers.insert(name.clone(), entry.clone());
-    shared.metrics.worker_up(&name, true);
-    crate::heal::worker_joined(&shared, &name);
-    // A probe tensor (network 0): the worker reports how long it took.
-    let probe = entry.tensors.clone();
-    tokio::spawn(async move {
-        let zeros = vec![0u8; PROBE_BYTES];
-        if let Ok(t) = Tensor::new(ElemType::UINT8, vec![PROBE_BYTES], zeros) {
-            let _ = probe.send_tensor(0, 0, "probe", &t).await;
-        }
-    });
-
-    // Data streams: final outputs, timings (`Ran`), transfers (`Moved`).
-    let outputs = {
-        let shared = shared.clone();
-        let from: Arc<str> = name.as_str().into();
-        serve_streams(connection.clone(), limits, move |frame, took| {
-            let (shared, from) = (shared.clone(), from.clone());
-            async move {
-                match frame {
-                    Frame::Tensor(header, payload) => {
-                        crate::requests::output_arrived(&shared, &from, header, payload, took)
-                    }
-                    Frame::Control(
-                        Control::Ran {
-                            request,
-                            subgraph,
-                            micros,
-                            nodes,
-                        },
-                        _,
-                    ) => crate::requests::ran(&shared, request, subgraph, micros, nodes),
-                    Frame::Control(Control::Moved(transfer), _) => {
-                        if let Some(w) = shared.workers.get(&transfer.to) {
-                            w.observe(transfer.bytes, transfer.micros);
-                        }
-                        crate::requests::moved(&shared, transfer)
-                    }
-                    other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
-                }
-            }
-        })
-    };
-    // Control stream: heartbeats, failures.
-    let control = {
-        let shared = shared.clone();
-        let entry = entry.clone();
-        async move {
-            loop {
-                match recv_frame(&mut recv, &limits).await {
-                    Ok(Some(Frame::Control(msg, _))) => {
-                        if let Ok(mut seen) = entry.last_seen.lock() {
-                            *seen = Instant::now();
-                        }
-                        match msg {
-                            Control::Heartbeat {
-                                in_flight,
-                                mailboxes,
-                                ..
-                            } => {
-                                entry
-                                    .running
-                                    .store(in_flight, std::sync::atomic::Ordering::Relaxed);
-                                mailbox_metrics(&shared, &entry.name, mailboxes);
-                            }
-                            Control::Failed {
-                                request: Some(request),
-                                error,
-                            } => crate::requests::fail(&shared, request, Failure::Error(error)),
-                            Control::Unreachable { request, error } => {
-                                crate::requests::fail(&shared, request, Failure::Unreachable(error))
-                            }
-                            other => {
-                                tracing::warn!(worker = %entry.name, "unexpected {}", other.name())
-                            }
-                        }
-                    }
-                    Ok(Some(other)) => {
-                        return format!("unexpected {:?} frame on its control stream", other.kind())
-                    }
-                    Ok(None) => return "it closed its control stream".to_string(),
-                    Err(e) => return e.to_string(),
-                }
-            }
-        }
-    };
     let why = tokio::select! {
-        why = outputs => why,
-        why = control => why,
+        why = serve_streams(connection.clone(), limits, data_handler(&shared, &entry.name)) => why,
+        why = read_control(&shared, &entry, recv) => why,
     };
     let why = connection
         .close_reason()
@@ -226,10 +45,161 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
     // newer registration under the same name).
     let ours = shared
         .workers
-        .get(&name)
+        .get(&entry.name)
         .is_some_and(|w| w.connection.stable_id() == connection.stable_id());
     if ours {
-        lost(&shared, &name, &why);
+        lost(&shared, &entry.name, &why);
+    }
+}
+
+/// Reads the worker's `Register` (under its certificate's name only),
+/// answers `Registered` and adds it to the members; `None` if it did not
+/// register.
+async fn register(
+    shared: &Arc<Shared>,
+    connection: &quinn::Connection,
+    name: &str,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+) -> Option<Arc<WorkerEntry>> {
+    let limits = *shared.node.limits();
+    let (data_addr, devices) = match exchange::read_operation(recv, &limits).await {
+        Ok(Some((
+            Control::Register {
+                name: claimed,
+                data_addr,
+                devices,
+            },
+            _,
+        ))) if claimed == name => (data_addr, devices),
+        Ok(Some((Control::Register { name: claimed, .. }, _))) => {
+            let why = format!("registered as '{claimed}' with the certificate of '{name}'");
+            refuse(send, why, &limits).await;
+            return None;
+        }
+        other => {
+            tracing::warn!(worker = %name, "expected Register, got {other:?}");
+            return None;
+        }
+    };
+    if let Some(old) = shared.workers.get(name).map(|w| w.connection.clone()) {
+        // The same certificate again: the worker restarted (or reconnected
+        // after a network cut) before its loss was noticed.
+        lost(shared, name, "it registered again");
+        tessera_net::CloseCode::RegisteredAgain.close(&old, "registered again");
+    }
+    let registered = Control::Registered {
+        heartbeat_ms: shared.config.heartbeat_ms,
+    };
+    exchange::send_message(send, &registered, None, &limits)
+        .await
+        .ok()?;
+    let entry = Arc::new(WorkerEntry {
+        name: name.to_string(),
+        data_addr,
+        devices,
+        tensors: Link::open(connection.clone(), name, limits, 64),
+        connection: connection.clone(),
+        last_seen: Mutex::new(Instant::now()),
+        bandwidth: Mutex::new(None),
+        running: Default::default(),
+    });
+    let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
+    tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
+    shared.workers.insert(name.to_string(), entry.clone());
+    shared.metrics.worker_up(name, true);
+    crate::heal::worker_joined(shared, name);
+    // A probe tensor (network 0): the worker reports how long it took.
+    let probe = entry.tensors.clone();
+    tokio::spawn(async move {
+        let zeros = vec![0u8; PROBE_BYTES];
+        if let Ok(t) = Tensor::new(ElemType::UINT8, vec![PROBE_BYTES], zeros) {
+            let _ = probe.send_tensor(0, 0, "probe", &t).await;
+        }
+    });
+    Some(entry)
+}
+
+/// The worker's data streams: final outputs, timings (`Ran`), transfers
+/// (`Moved`).
+fn data_handler(
+    shared: &Arc<Shared>,
+    from: &str,
+) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    let (shared, from): (Arc<Shared>, Arc<str>) = (shared.clone(), from.into());
+    move |frame, took| {
+        let (shared, from) = (shared.clone(), from.clone());
+        Box::pin(async move {
+            match frame {
+                Frame::Tensor(header, payload) => {
+                    crate::requests::output_arrived(&shared, &from, header, payload, took)
+                }
+                Frame::Control(
+                    Control::Ran {
+                        request,
+                        subgraph,
+                        micros,
+                        nodes,
+                    },
+                    _,
+                ) => crate::requests::ran(&shared, request, subgraph, micros, nodes),
+                Frame::Control(Control::Moved(transfer), _) => {
+                    if let Some(w) = shared.workers.get(&transfer.to) {
+                        w.observe(transfer.bytes, transfer.micros);
+                    }
+                    crate::requests::moved(&shared, transfer)
+                }
+                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
+            }
+        })
+    }
+}
+
+/// The worker's control stream: heartbeats and request failures, until it
+/// ends; returns why.
+async fn read_control(
+    shared: &Arc<Shared>,
+    entry: &WorkerEntry,
+    mut recv: quinn::RecvStream,
+) -> String {
+    let limits = *shared.node.limits();
+    loop {
+        let msg = match recv_frame(&mut recv, &limits).await {
+            Ok(Some(Frame::Control(msg, _))) => msg,
+            Ok(Some(other)) => {
+                return format!("unexpected {:?} frame on its control stream", other.kind())
+            }
+            Ok(None) => return "it closed its control stream".to_string(),
+            Err(e) => return e.to_string(),
+        };
+        if let Ok(mut seen) = entry.last_seen.lock() {
+            *seen = Instant::now();
+        }
+        match msg {
+            Control::Heartbeat {
+                in_flight,
+                mailboxes,
+                ..
+            } => {
+                entry
+                    .running
+                    .store(in_flight, std::sync::atomic::Ordering::Relaxed);
+                mailbox_metrics(shared, &entry.name, mailboxes);
+            }
+            Control::Failed {
+                request: Some(request),
+                error,
+                ..
+            } => crate::requests::fail(shared, request, Failure::Error(error)),
+            Control::Unreachable { request, error } => {
+                crate::requests::fail(shared, request, Failure::Unreachable(error))
+            }
+            other => tracing::warn!(worker = %entry.name, "unexpected {}", other.name()),
+        }
     }
 }
 
@@ -273,12 +243,10 @@ async fn refuse(
     limits: &tessera_common::wire::Limits,
 ) {
     tracing::warn!("refusing a worker: {error}");
-    let msg = Control::Failed {
-        request: None,
-        error,
-    };
-    if let Ok(head) = msg.encode(0, limits) {
-        let _ = send_frame(send, &head, None).await;
+    if exchange::send_failure(send, None, ErrorKind::Refused, error, limits)
+        .await
+        .is_ok()
+    {
         let _ = send.finish();
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
     }

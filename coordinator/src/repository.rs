@@ -26,8 +26,8 @@ use tessera_common::wire::control::{Control, LoadRequest, ModelStatus};
 use tokio::sync::mpsc;
 
 use crate::config::{valid_model_name, ModelConfig};
-use crate::heal::{Current, Loaded};
-use crate::{load, CoordinatorError, Shared};
+use crate::network::{Current, Loaded};
+use crate::{deploy, CoordinatorError, Shared};
 
 /// A failed load is tried again after this long even if the workers did
 /// not change.
@@ -145,7 +145,7 @@ pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
     let request = LoadRequest {
         name: name.to_string(),
         devices: model.devices.clone(),
-        policy: model.policy.clone(),
+        policy: model.policy,
         strict: model.strict,
         affinity: model
             .affinity
@@ -372,7 +372,7 @@ async fn load_entry(
         }
     };
     if let Some(old) = old {
-        if let Err(e) = load::unload(shared, old).await {
+        if let Err(e) = deploy::unload(shared, old).await {
             tracing::debug!(model = name, "replaced network {old}: {e}");
         }
     }
@@ -400,7 +400,7 @@ async fn load_now(
         request = crate::heal::without_lost(shared, &request)?;
     }
     tracing::info!(model = %entry.name, "loading named model");
-    load::load_network(shared, request, bytes, progress).await
+    deploy::load_network(shared, request, bytes, progress).await
 }
 
 /// Unloads model `name`: it stays in the repository, not wanted, until it
@@ -418,7 +418,7 @@ pub async fn unload(shared: &Arc<Shared>, name: &str) -> Result<(), CoordinatorE
         s.network.take()
     };
     if let Some(network) = network {
-        load::unload(shared, network).await?;
+        deploy::unload(shared, network).await?;
     }
     tracing::info!(model = name, "named model unloaded");
     Ok(())

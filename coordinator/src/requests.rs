@@ -21,16 +21,11 @@ use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
-use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tokio::sync::oneshot;
 
-use crate::heal::Waited;
-use crate::load::Deployed;
+use crate::network::{Deployed, Waited};
 use crate::{CoordinatorError, Shared};
-
-/// The tensor name that triggers a worker's subgraphs without inputs (the
-/// worker's `daemon::actor::TRIGGER`).
-const TRIGGER: &str = "";
 
 /// Tries of one request (each after a worker loss) before it fails.
 const MAX_ATTEMPTS: u32 = 4;
@@ -75,6 +70,7 @@ pub struct Pending {
 /// Runs one request on a loaded network, retrying it on the network's
 /// next deployment when a worker is lost, until `deadline`.
 /// Counted in the coordinator's metrics under the network's name.
+#[tracing::instrument(level = "debug", skip(shared, inputs, deadline))]
 pub async fn infer(
     shared: &Arc<Shared>,
     network: u64,
@@ -104,7 +100,7 @@ pub async fn infer(
 
 async fn infer_on(
     shared: &Arc<Shared>,
-    loaded: &crate::heal::Loaded,
+    loaded: &crate::network::Loaded,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
 ) -> Result<Done, CoordinatorError> {
@@ -128,7 +124,7 @@ async fn infer_on(
     for attempt in 1..=MAX_ATTEMPTS {
         let deployed = match loaded.ready(failed_on, until).await {
             Waited::Ready(d) => d,
-            Waited::Broken(e) => return Err(CoordinatorError::Worker(e)),
+            Waited::Broken(e) => return Err(CoordinatorError::WorkerLost(e)),
             Waited::TimedOut => {
                 return Err(timed_out(
                     0,
@@ -161,14 +157,16 @@ async fn infer_on(
                         tracing::info!(network, request = id, "retrying: {e}");
                         last = e;
                     }
-                    Waited::Broken(b) => return Err(CoordinatorError::Worker(format!("{e}; {b}"))),
-                    Waited::TimedOut => return Err(CoordinatorError::Worker(e)),
+                    Waited::Broken(b) => {
+                        return Err(CoordinatorError::WorkerLost(format!("{e}; {b}")))
+                    }
+                    Waited::TimedOut => return Err(CoordinatorError::WorkerLost(e)),
                 }
             }
         }
         failed_on = Some(deployed.id);
     }
-    Err(CoordinatorError::Worker(format!(
+    Err(CoordinatorError::WorkerLost(format!(
         "request failed {MAX_ATTEMPTS} times, the last: {last}"
     )))
 }
@@ -181,6 +179,7 @@ enum Tried {
 }
 
 /// One try of a request on one deployment, as request `id`.
+#[tracing::instrument(level = "debug", skip_all, fields(request = id, deployment = net.id))]
 async fn attempt_on(
     shared: &Arc<Shared>,
     net: &Deployed,
@@ -239,6 +238,7 @@ async fn attempt_on(
                 link.send_tensor(network, id, name, tensor)
                     .await
                     .map_err(|e| unreachable(format!("sending input '{name}' to {host}: {e}")))?;
+                tracing::debug!(input = %name, to = %host, "sent");
             }
         }
         rx.await
@@ -263,9 +263,13 @@ async fn attempt_on(
                 .map_err(|e| Tried::Failed(Failure::Error(e)))?;
             let mut counters = pending.map(|p| p.counters).unwrap_or_default();
             counters.subgraphs.sort_unstable();
+            tracing::debug!(outputs = outputs.len(), "done");
             return Ok((outputs, counters));
         }
-        Ok(Err(failure)) => Tried::Failed(failure),
+        Ok(Err(failure)) => {
+            tracing::debug!("failed: {failure:?}");
+            Tried::Failed(failure)
+        }
         Err(_) => Tried::Deadline(
             pending
                 .as_ref()
@@ -314,6 +318,7 @@ pub fn output_arrived(
             return fail(shared, request, Failure::Error(error));
         }
     };
+    tracing::debug!(request, tensor = %name, %from, bytes, "output arrived");
     let Some(mut p) = shared.pending.get_mut(&request) else {
         tracing::debug!(request, "output of a finished request");
         return;

@@ -19,19 +19,20 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `bin` and waits (up to 60 s) for a stdout line that starts with
-    /// `ready`; returns the process and that line.
+    /// Starts `bin` with `RUST_LOG=filter` and waits (up to 60 s) for a stdout
+    /// line that starts with `ready`; returns the process and that line.
     pub fn start(
         name: &str,
         bin: &str,
         args: &[String],
         dir: &Path,
         ready: &str,
+        filter: &str,
     ) -> (Proc, String) {
         let log = dir.join(format!("{name}.log"));
         let mut child = Command::new(bin)
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -107,6 +108,8 @@ pub struct Cluster {
     pub addr: SocketAddr,
     pub coordinator: Proc,
     pub workers: Vec<Proc>,
+    /// Every process's `RUST_LOG`.
+    pub log: String,
 }
 
 /// Runs `tessera certs init` for `nodes` into `dir`.
@@ -147,6 +150,17 @@ impl Cluster {
         threads: usize,
         extra: &str,
     ) -> Cluster {
+        Cluster::start_logged(test, workers, threads, extra, "info")
+    }
+
+    /// As [`Cluster::start_configured`], every process with `RUST_LOG=log`.
+    pub fn start_logged(
+        test: &str,
+        workers: &[(&str, &str)],
+        threads: usize,
+        extra: &str,
+        log: &str,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -170,6 +184,7 @@ impl Cluster {
             &["--config".into(), config.display().to_string()],
             &dir,
             "listening on ",
+            log,
         );
         let addr: SocketAddr = line["listening on ".len()..].trim().parse().unwrap();
         let mut cluster = Cluster {
@@ -178,6 +193,7 @@ impl Cluster {
             addr,
             coordinator,
             workers: Vec::new(),
+            log: log.to_string(),
         };
         for (name, devices) in workers {
             let mut args = cluster.worker_args(name, &cluster.certs.clone(), threads);
@@ -188,6 +204,7 @@ impl Cluster {
                 &args,
                 &cluster.dir,
                 "registered as ",
+                log,
             );
             cluster.workers.push(w);
         }
@@ -210,6 +227,7 @@ impl Cluster {
             &["--config".into(), config.display().to_string()],
             &self.dir,
             "listening on ",
+            &self.log,
         );
         self.coordinator = coordinator;
     }
@@ -223,6 +241,7 @@ impl Cluster {
             &self.worker_args(name, certs, threads),
             &self.dir,
             "registered as ",
+            &self.log,
         )
     }
 

@@ -22,14 +22,11 @@ use tessera_common::wire::control::NodeTime;
 use super::routes::Router;
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
-/// The tensor name that triggers subgraphs without inputs.
-pub const TRIGGER: &str = "";
-
 /// Requests handed to the compute thread at once: the one it runs and the
 /// next, so it starts the next without waiting on the actor.
 const HANDED: usize = 2;
 
-/// An input tensor of a request (or its [`TRIGGER`]).
+/// An input tensor of a request (or its trigger, [`tessera_common::wire::tensor::TRIGGER`]).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Arrived {
@@ -218,6 +215,14 @@ impl ComputeThread {
     }
 
     fn compute(&mut self, request: u64, inputs: &[Tensor]) {
+        let span = tracing::debug_span!(
+            "subgraph_run",
+            request,
+            network = self.network,
+            subgraph = self.subgraph,
+            device = %self.device
+        );
+        let _entered = span.enter();
         self.router.running(true);
         let started = Instant::now();
         let result = match &self.constants {
@@ -234,6 +239,11 @@ impl ComputeThread {
         };
         let elapsed = started.elapsed();
         self.router.running(false);
+        tracing::debug!(
+            micros = elapsed.as_micros() as u64,
+            ok = result.is_ok(),
+            "ran"
+        );
         let router = self.router.clone();
         match result {
             Ok(result) => {

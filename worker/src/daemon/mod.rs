@@ -9,32 +9,35 @@
 //! ([`actor`]); outputs stream to their consumers ([`routes`]). Compiled
 //! subgraphs are cached on disk by model hash ([`cache`]).
 //!
+//! Layout: this file (options, devices, the reconnecting loop), `session`
+//! (one registration and what it serves), `operations` (the coordinator's
+//! operations: QueryNetwork, Deploy, ...), [`actor`], [`routes`],
+//! [`cache`], [`config`] (the worker's TOML file).
+//!
 //! [`run`] must be called inside an actix system on a tokio multi-thread
 //! runtime (`actix_rt::System::with_tokio_rt`).
 
 pub mod actor;
 pub mod cache;
 pub mod config;
+mod operations;
 pub mod routes;
+mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::Actor;
-use bytes::Bytes;
-use tessera_common::onnx::decode_model;
-use tessera_common::wire::control::{Control, DeploySpec, Destination, DeviceAnswer, DeviceInfo};
+use tessera_common::wire::control::DeviceInfo;
 use tessera_common::wire::handshake::Role;
-use tessera_common::wire::Frame;
-use tessera_net::{recv_frame, send_frame, serve_streams, Link, NetError, Node, Peer};
+use tessera_net::{NetError, Node};
 
 use crate::plugin::{Config, DevicePlugin, MetricValue, PluginError};
 use crate::plugins;
-use actor::{Stop, SubgraphActor};
 use cache::CompileCache;
 use routes::Router;
+use session::session;
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -101,14 +104,13 @@ impl WorkerError {
     /// could not be reached, as opposed to a refusal (a certificate from
     /// another CA, another protocol version or cluster) or a local error.
     fn transient(&self) -> bool {
-        match self {
-            WorkerError::CoordinatorLost(_) => true,
-            WorkerError::Net(NetError::Stream(_) | NetError::Resolve { .. }) => true,
-            WorkerError::Net(NetError::Connect { reason, .. }) => {
-                !reason.contains("handshake failed") && !reason.contains("certificate")
-            }
-            _ => false,
-        }
+        matches!(
+            self,
+            WorkerError::CoordinatorLost(_)
+                | WorkerError::Net(
+                    NetError::Stream(_) | NetError::Resolve { .. } | NetError::Connect { .. },
+                )
+        )
     }
 }
 
@@ -263,326 +265,8 @@ async fn serve_sessions(
     }
 }
 
-/// One registration: serves the coordinator until it goes away. Everything
-/// deployed in it is dropped at the end.
-async fn session<R: FnOnce(&str)>(
-    options: &WorkerOptions,
-    node: &Arc<Node>,
-    devices: Vec<Device>,
-    infos: &[DeviceInfo],
-    ready: &mut Option<R>,
-) -> Result<(), WorkerError> {
-    let coordinator = tessera_net::resolve(&options.coordinator).await?;
-    let Peer {
-        connection,
-        mut send,
-        mut recv,
-        ..
-    } = node.dial(coordinator).await?;
-    let data_addr = match &options.advertise {
-        Some(a) => a.clone(),
-        None => {
-            let mut bound = node.local_addr()?;
-            if bound.ip().is_unspecified() {
-                // Bound to every interface: advertise the one the
-                // coordinator is reached from.
-                if let Some(ip) = connection
-                    .local_ip()
-                    .or_else(|| local_ip_towards(coordinator))
-                {
-                    bound.set_ip(ip);
-                }
-            }
-            bound.to_string()
-        }
-    };
-    let limits = *node.limits();
-    let register = Control::Register {
-        name: options.name.clone(),
-        data_addr: data_addr.clone(),
-        devices: infos.to_vec(),
-    };
-    send_frame(
-        &mut send,
-        &register.encode(0, &limits).map_err(NetError::from)?,
-        None,
-    )
-    .await?;
-    let heartbeat = match recv_frame(&mut recv, &limits).await? {
-        Some(Frame::Control(Control::Registered { heartbeat_ms }, _)) => {
-            Duration::from_millis(heartbeat_ms.max(50))
-        }
-        Some(Frame::Control(Control::Failed { error, .. }, _)) => {
-            return Err(WorkerError::Registration(error))
-        }
-        other => {
-            return Err(WorkerError::Registration(format!(
-                "unexpected answer: {other:?}"
-            )))
-        }
-    };
-    tracing::info!(name = %options.name, %data_addr, "registered with the coordinator");
-    let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
-    let to_coordinator = Link::open(connection.clone(), "coordinator", limits, 64);
-    let router = Arc::new(Router::new(
-        &options.name,
-        node.clone(),
-        to_coordinator,
-        control.clone(),
-    ));
-    let mut config = Config::default();
-    for (k, v) in &options.config {
-        config.set(k, v)?;
-    }
-    let state = Arc::new(State {
-        name: options.name.clone(),
-        devices,
-        router: router.clone(),
-        cache: options.cache_dir.clone().map(CompileCache::new),
-        mailbox: options.mailbox.max(1),
-        config,
-        node: node.clone(),
-        arbiter: actix::Arbiter::current(),
-    });
-    if let Some(ready) = ready.take() {
-        ready(&data_addr);
-    }
-
-    // Heartbeats on the control stream.
-    let (beats, counting) = (control.clone(), router.clone());
-    tokio::spawn(async move {
-        let mut seq = 0;
-        loop {
-            tokio::time::sleep(heartbeat).await;
-            seq += 1;
-            let beat = Control::Heartbeat {
-                seq,
-                in_flight: counting.in_flight(),
-                mailboxes: counting.mailbox_depths(),
-            };
-            if beats.send_control(&beat).await.is_err() {
-                break;
-            }
-        }
-    });
-    // Graph inputs from the coordinator.
-    tokio::spawn(serve_streams(
-        connection.clone(),
-        limits,
-        tensor_handler(router.clone(), "coordinator".into()),
-    ));
-    // Intermediate tensors from other workers.
-    let accepting = state.clone();
-    // Connections other workers opened in this session: closed at its end,
-    // so that they dial this worker's next session instead of streaming
-    // into this one's router.
-    let incoming: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Default::default();
-    let accepted = incoming.clone();
-    let peers = tokio::spawn(async move {
-        while let Some(peer) = accepting.node.accept(&[Role::Worker]).await {
-            match peer {
-                Ok(peer) => {
-                    tracing::debug!(peer = %peer.hello.node, "worker connected");
-                    if let Ok(mut all) = accepted.lock() {
-                        all.retain(|c| c.close_reason().is_none());
-                        all.push(peer.connection.clone());
-                    }
-                    tokio::spawn(serve_streams(
-                        peer.connection,
-                        limits,
-                        tensor_handler(accepting.router.clone(), peer.hello.node.clone()),
-                    ));
-                }
-                Err(e) => tracing::warn!("refused a peer: {e}"),
-            }
-        }
-    });
-    // Operations from the coordinator, one per stream; the control stream
-    // ending means the coordinator is gone.
-    let ops = {
-        let connection = connection.clone();
-        let state = state.clone();
-        async move {
-            loop {
-                let (send, recv) = match connection.accept_bi().await {
-                    Ok(s) => s,
-                    Err(e) => return e.to_string(),
-                };
-                tokio::spawn(serve_operation(state.clone(), send, recv));
-            }
-        }
-    };
-    let watch = async move {
-        loop {
-            match recv_frame(&mut recv, &limits).await {
-                Ok(Some(frame)) => tracing::debug!("control frame {:?}", frame.kind()),
-                Ok(None) => return "it closed the control stream".to_string(),
-                Err(e) => return e.to_string(),
-            }
-        }
-    };
-    let why = tokio::select! {
-        why = ops => why,
-        why = watch => why,
-    };
-    // Drop everything of this session; the endpoint stays for the next.
-    peers.abort();
-    for actor in router.remove_all() {
-        actor.do_send(Stop);
-    }
-    router.close_peers().await;
-    if let Ok(all) = incoming.lock() {
-        for c in all.iter() {
-            tessera_net::CloseCode::SessionOver.close(c, "session over");
-        }
-    }
-    tessera_net::CloseCode::SessionOver.close(&connection, "session over");
-    Err(WorkerError::CoordinatorLost(
-        connection
-            .close_reason()
-            .map(|r| r.to_string())
-            .unwrap_or(why),
-    ))
-}
-
-/// The local address the kernel routes to `remote` from (a connected UDP
-/// socket sends nothing).
-fn local_ip_towards(remote: SocketAddr) -> Option<std::net::IpAddr> {
-    let any = if remote.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    };
-    let socket = std::net::UdpSocket::bind(any).ok()?;
-    socket.connect(remote).ok()?;
-    socket.local_addr().ok().map(|a| a.ip())
-}
-
-/// Tensor frames from peer `from` → local actors; each arrival is reported
-/// to the coordinator as a transfer.
-fn tensor_handler(
-    router: Arc<Router>,
-    from: String,
-) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
-    let from: Arc<str> = from.into();
-    move |frame, took| {
-        let (router, from) = (router.clone(), from.clone());
-        Box::pin(async move {
-            match frame {
-                Frame::Tensor(header, payload) => {
-                    let (network, request) = (header.network, header.request);
-                    let name: Arc<str> = header.name.as_str().into();
-                    let bytes = payload.len() as u64;
-                    if network == 0 {
-                        // The coordinator's bandwidth probe.
-                        router.moved(request, &name, &from, bytes, took).await;
-                        return;
-                    }
-                    match header.into_tensor(payload) {
-                        Ok(t) => {
-                            router.dispatch(network, request, name.clone(), t).await;
-                            if !name.is_empty() {
-                                router.moved(request, &name, &from, bytes, took).await;
-                            }
-                        }
-                        Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
-                    }
-                }
-                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
-            }
-        })
-    }
-}
-
-/// One operation stream from the coordinator.
-async fn serve_operation(
-    state: Arc<State>,
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-) {
-    let limits = *state.node.limits();
-    let reply = match recv_frame(&mut recv, &limits).await {
-        Ok(Some(Frame::Control(msg, payload))) => operation(&state, msg, payload, &mut send).await,
-        Ok(Some(other)) => Err(format!(
-            "expected an operation, got a {:?} frame",
-            other.kind()
-        )),
-        Ok(None) => return,
-        Err(e) => Err(e.to_string()),
-    };
-    let reply = reply.unwrap_or_else(|error| {
-        tracing::warn!("{error}");
-        Control::Failed {
-            request: None,
-            error,
-        }
-    });
-    if let Ok(head) = reply.encode(0, &limits) {
-        let _ = send_frame(&mut send, &head, None).await;
-    }
-    let _ = send.finish();
-}
-
-async fn operation(
-    state: &Arc<State>,
-    msg: Control,
-    payload: Bytes,
-    send: &mut quinn::SendStream,
-) -> Result<Control, String> {
-    match msg {
-        Control::QueryNetwork { devices } => {
-            let model = decode_model(&payload).map_err(|e| format!("QueryNetwork: {e}"))?;
-            let state = state.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut answers = Vec::new();
-                for kind in &devices {
-                    let device = state.device(kind)?;
-                    let r = device
-                        .plugin
-                        .query_network(&model)
-                        .map_err(|e| format!("{}/{kind} QueryNetwork: {e}", state.name))?;
-                    answers.push(DeviceAnswer {
-                        device: kind.clone(),
-                        supported: r.supported.into_iter().collect(),
-                        unsupported: r.unsupported.into_iter().collect(),
-                        types: r
-                            .types
-                            .into_values()
-                            .map(|s| {
-                                let dims = s.shape.map(|d| {
-                                    d.iter().map(|v| v.map_or(-1, |v| v as i64)).collect()
-                                });
-                                (s.name, s.elem.0, dims)
-                            })
-                            .collect(),
-                    });
-                }
-                Ok(Control::QueryResult { answers })
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        }
-        Control::Deploy(spec) => deploy(state, spec, payload, send).await,
-        Control::Undeploy { network } => {
-            for actor in state.router.remove(network) {
-                actor.do_send(Stop);
-            }
-            Ok(Control::Unloaded { network })
-        }
-        Control::Cancel { request } => {
-            state.router.forget(request);
-            Ok(Control::Cancel { request })
-        }
-        other => Err(format!("a worker does not take {}", other.name())),
-    }
-}
-
 impl State {
-    fn device(&self, kind: &str) -> Result<&Device, String> {
+    pub(super) fn device(&self, kind: &str) -> Result<&Device, String> {
         self.devices.iter().find(|d| d.kind == kind).ok_or_else(|| {
             let have: Vec<&str> = self.devices.iter().map(|d| d.kind.as_str()).collect();
             format!(
@@ -592,99 +276,4 @@ impl State {
             )
         })
     }
-}
-
-/// Compiles (or loads from the cache) one subgraph and starts its actor.
-async fn deploy(
-    state: &Arc<State>,
-    spec: DeploySpec,
-    model: Bytes,
-    send: &mut quinn::SendStream,
-) -> Result<Control, String> {
-    let limits = *state.node.limits();
-    let what = format!(
-        "compiling subgraph {} on {}/{}",
-        spec.subgraph, state.name, spec.device
-    );
-    let progress = Control::Progress {
-        what: what.clone(),
-        done: 0,
-        total: 1,
-    };
-    if let Ok(head) = progress.encode(0, &limits) {
-        let _ = send_frame(send, &head, None).await;
-    }
-    let plugin = state.device(&spec.device)?.plugin.clone();
-    let cache = state.cache.clone();
-    let config = state.config.clone();
-    let key = format!("{}-{}", spec.device, spec.model_hash);
-    let started = Instant::now();
-    let (compiled, cached) = tokio::task::spawn_blocking(move || {
-        if let Some(cache) = &cache {
-            if let Some(blob) = cache.get(&key) {
-                match plugin.import(&blob) {
-                    Ok(c) => return Ok((c, true)),
-                    Err(e) => tracing::warn!("cached subgraph {key} unusable, recompiling: {e}"),
-                }
-            }
-        }
-        let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
-        if let Some(cache) = &cache {
-            match compiled.export() {
-                Ok(blob) => cache.put(&key, &blob),
-                Err(e) => tracing::debug!("not caching {key}: {e}"),
-            }
-        }
-        Ok::<_, String>((compiled, false))
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("{what}: {e}"))?;
-    let compile_ms = started.elapsed().as_millis() as u64;
-    tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
-    let inputs: Vec<Arc<str>> = spec.inputs.iter().map(|n| n.as_str().into()).collect();
-    let outputs: Vec<Arc<str>> = spec
-        .outputs
-        .iter()
-        .map(|r| r.tensor.as_str().into())
-        .collect();
-    let routes = spec
-        .outputs
-        .iter()
-        .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
-        .collect();
-    let actor = SubgraphActor::new(
-        spec.network,
-        spec.subgraph,
-        format!("{}/{}", state.name, spec.device),
-        compiled,
-        inputs.clone(),
-        outputs,
-        state.router.clone(),
-        state.mailbox,
-    );
-    let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
-    state.router.add(spec.network, &actor, &inputs, routes);
-    // Dial the workers this subgraph streams to now, not on the first
-    // request.
-    for route in &spec.outputs {
-        for dest in &route.to {
-            if let Destination::Worker { name, addr } = dest {
-                if *name != state.name {
-                    let (router, name, addr) = (state.router.clone(), name.clone(), addr.clone());
-                    tokio::spawn(async move {
-                        if let Err(e) = router.peer(&name, &addr).await {
-                            tracing::warn!("{e}");
-                        }
-                    });
-                }
-            }
-        }
-    }
-    Ok(Control::Deployed {
-        network: spec.network,
-        subgraph: spec.subgraph,
-        compile_ms,
-        cached,
-    })
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use actix::Addr;
 use dashmap::DashMap;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, Destination, MailboxDepth, NodeTime, Transfer};
+use tessera_common::wire::control::{
+    Control, Destination, ErrorKind, MailboxDepth, NodeTime, Transfer,
+};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
@@ -106,7 +108,7 @@ impl Router {
         if inputs.is_empty() {
             // Constants only: runs on the request's trigger.
             self.consumers
-                .entry((network, super::actor::TRIGGER.into()))
+                .entry((network, tessera_common::wire::tensor::TRIGGER.into()))
                 .or_default()
                 .push(actor.clone());
         }
@@ -144,6 +146,7 @@ impl Router {
     /// Hands an arrived tensor to the local actors that read it (waiting
     /// while a mailbox is full: back-pressure on the sender's stream).
     pub async fn dispatch(&self, network: u64, request: u64, name: Arc<str>, tensor: Tensor) {
+        tracing::debug!(network, request, tensor = %name, "tensor arrived");
         let actors = match self.consumers.get(&(network, name.clone())) {
             Some(a) => a.clone(),
             None => {
@@ -212,6 +215,7 @@ impl Router {
 
     /// Tells the coordinator how long a subgraph ran and streams its outputs
     /// of a request to their consumers.
+    #[tracing::instrument(level = "debug", skip(self, outputs, elapsed, nodes), fields(worker = %self.name))]
     pub async fn deliver(
         &self,
         network: u64,
@@ -256,6 +260,7 @@ impl Router {
                         .await
                         .map_err(|e| e.to_string()),
                 };
+                tracing::debug!(tensor = %name, to = ?dest, bytes = tensor.bytes().len(), "sent");
                 if let Err(e) = sent {
                     let error = format!("sending '{name}' from {}: {e}", self.name);
                     self.unreachable(request, error).await;
@@ -286,6 +291,7 @@ impl Router {
         self.forget(request);
         let msg = Control::Failed {
             request: Some(request),
+            kind: ErrorKind::Worker,
             error,
         };
         self.report(&msg).await;

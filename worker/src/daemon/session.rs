@@ -1,0 +1,293 @@
+//! One session with the coordinator: dial and register, then serve it
+//! (heartbeats, its operations, graph inputs from it, intermediate tensors
+//! from other workers) until it goes away; then drop everything the
+//! session deployed.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tessera_common::wire::control::{Control, DeviceInfo};
+use tessera_common::wire::handshake::Role;
+use tessera_common::wire::{Frame, Limits};
+use tessera_net::{exchange, recv_frame, serve_streams, ExchangeError, Link, Node, Peer};
+
+use super::actor::Stop;
+use super::cache::CompileCache;
+use super::routes::Router;
+use super::{operations, Device, State, WorkerError, WorkerOptions};
+use crate::plugin::Config;
+
+/// A registration the coordinator accepted.
+struct Registered {
+    connection: quinn::Connection,
+    /// The control stream: heartbeats go out on it; its end means the
+    /// coordinator is gone.
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    data_addr: String,
+    heartbeat: Duration,
+}
+
+/// One registration: serves the coordinator until it goes away. Everything
+/// deployed in it is dropped at the end.
+pub(super) async fn session<R: FnOnce(&str)>(
+    options: &WorkerOptions,
+    node: &Arc<Node>,
+    devices: Vec<Device>,
+    infos: &[DeviceInfo],
+    ready: &mut Option<R>,
+) -> Result<(), WorkerError> {
+    let Registered {
+        connection,
+        send,
+        recv,
+        data_addr,
+        heartbeat,
+    } = register(options, node, infos).await?;
+    let limits = *node.limits();
+    let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
+    let to_coordinator = Link::open(connection.clone(), "coordinator", limits, 64);
+    let router = Arc::new(Router::new(
+        &options.name,
+        node.clone(),
+        to_coordinator,
+        control.clone(),
+    ));
+    let mut config = Config::default();
+    for (k, v) in &options.config {
+        config.set(k, v)?;
+    }
+    let state = Arc::new(State {
+        name: options.name.clone(),
+        devices,
+        router: router.clone(),
+        cache: options.cache_dir.clone().map(CompileCache::new),
+        mailbox: options.mailbox.max(1),
+        config,
+        node: node.clone(),
+        arbiter: actix::Arbiter::current(),
+    });
+    if let Some(ready) = ready.take() {
+        ready(&data_addr);
+    }
+    spawn_heartbeats(control, router.clone(), heartbeat);
+    // Graph inputs from the coordinator.
+    tokio::spawn(serve_streams(
+        connection.clone(),
+        limits,
+        tensor_handler(router.clone(), "coordinator".into()),
+    ));
+    // Connections other workers opened in this session: closed at its end,
+    // so that they dial this worker's next session instead of streaming
+    // into this one's router.
+    let incoming: Arc<Mutex<Vec<quinn::Connection>>> = Default::default();
+    let peers = tokio::spawn(accept_workers(state.clone(), incoming.clone()));
+    let why = tokio::select! {
+        why = serve_operations(connection.clone(), state) => why,
+        why = watch_control(recv, limits) => why,
+    };
+    // Drop everything of this session; the endpoint stays for the next.
+    peers.abort();
+    for actor in router.remove_all() {
+        actor.do_send(Stop);
+    }
+    router.close_peers().await;
+    if let Ok(all) = incoming.lock() {
+        for c in all.iter() {
+            tessera_net::CloseCode::SessionOver.close(c, "session over");
+        }
+    }
+    tessera_net::CloseCode::SessionOver.close(&connection, "session over");
+    Err(WorkerError::CoordinatorLost(
+        connection
+            .close_reason()
+            .map(|r| r.to_string())
+            .unwrap_or(why),
+    ))
+}
+
+/// Dials the coordinator and registers this worker's devices.
+async fn register(
+    options: &WorkerOptions,
+    node: &Arc<Node>,
+    infos: &[DeviceInfo],
+) -> Result<Registered, WorkerError> {
+    let coordinator = tessera_net::resolve(&options.coordinator).await?;
+    let Peer {
+        connection,
+        mut send,
+        mut recv,
+        ..
+    } = node.dial(coordinator).await?;
+    let data_addr = match &options.advertise {
+        Some(a) => a.clone(),
+        None => advertised(node, &connection, coordinator)?,
+    };
+    let limits = *node.limits();
+    let register = Control::Register {
+        name: options.name.clone(),
+        data_addr: data_addr.clone(),
+        devices: infos.to_vec(),
+    };
+    exchange::send_message(&mut send, &register, None, &limits).await?;
+    let heartbeat = match exchange::answer(&mut recv, &limits, |_| {}).await {
+        Ok(Control::Registered { heartbeat_ms }) => Duration::from_millis(heartbeat_ms.max(50)),
+        Ok(other) => {
+            return Err(WorkerError::Registration(format!(
+                "unexpected answer: {}",
+                other.name()
+            )))
+        }
+        Err(ExchangeError::Net(e)) => return Err(e.into()),
+        Err(e) => return Err(WorkerError::Registration(e.to_string())),
+    };
+    tracing::info!(name = %options.name, %data_addr, "registered with the coordinator");
+    Ok(Registered {
+        connection,
+        send,
+        recv,
+        data_addr,
+        heartbeat,
+    })
+}
+
+/// The address other workers dial: the bound one, with the address the
+/// coordinator is reached from when bound to every interface.
+fn advertised(
+    node: &Node,
+    connection: &quinn::Connection,
+    coordinator: SocketAddr,
+) -> Result<String, WorkerError> {
+    let mut bound = node.local_addr()?;
+    if bound.ip().is_unspecified() {
+        if let Some(ip) = connection
+            .local_ip()
+            .or_else(|| local_ip_towards(coordinator))
+        {
+            bound.set_ip(ip);
+        }
+    }
+    Ok(bound.to_string())
+}
+
+/// Heartbeats on the control stream, every `every`, with the requests in
+/// flight and each subgraph actor's mailbox depth; they stop with the
+/// stream.
+fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
+    tokio::spawn(async move {
+        let mut seq = 0;
+        loop {
+            tokio::time::sleep(every).await;
+            seq += 1;
+            let beat = Control::Heartbeat {
+                seq,
+                in_flight: router.in_flight(),
+                mailboxes: router.mailbox_depths(),
+            };
+            if control.send_control(&beat).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Accepts other workers' connections (intermediate tensors), remembering
+/// each in `incoming`.
+async fn accept_workers(state: Arc<State>, incoming: Arc<Mutex<Vec<quinn::Connection>>>) {
+    let limits = *state.node.limits();
+    while let Some(peer) = state.node.accept(&[Role::Worker]).await {
+        match peer {
+            Ok(peer) => {
+                tracing::debug!(peer = %peer.hello.node, "worker connected");
+                if let Ok(mut all) = incoming.lock() {
+                    all.retain(|c| c.close_reason().is_none());
+                    all.push(peer.connection.clone());
+                }
+                tokio::spawn(serve_streams(
+                    peer.connection,
+                    limits,
+                    tensor_handler(state.router.clone(), peer.hello.node.clone()),
+                ));
+            }
+            Err(e) => tracing::warn!("refused a peer: {e}"),
+        }
+    }
+}
+
+/// Operations from the coordinator, one per stream, until the connection
+/// ends; returns why.
+async fn serve_operations(connection: quinn::Connection, state: Arc<State>) -> String {
+    loop {
+        let (send, recv) = match connection.accept_bi().await {
+            Ok(s) => s,
+            Err(e) => return e.to_string(),
+        };
+        tokio::spawn(operations::serve_operation(state.clone(), send, recv));
+    }
+}
+
+/// Reads the control stream until it ends (the coordinator is gone);
+/// returns why.
+async fn watch_control(mut recv: quinn::RecvStream, limits: Limits) -> String {
+    loop {
+        match recv_frame(&mut recv, &limits).await {
+            Ok(Some(frame)) => tracing::debug!("control frame {:?}", frame.kind()),
+            Ok(None) => return "it closed the control stream".to_string(),
+            Err(e) => return e.to_string(),
+        }
+    }
+}
+
+/// The local address the kernel routes to `remote` from (a connected UDP
+/// socket sends nothing).
+fn local_ip_towards(remote: SocketAddr) -> Option<std::net::IpAddr> {
+    let any = if remote.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let socket = std::net::UdpSocket::bind(any).ok()?;
+    socket.connect(remote).ok()?;
+    socket.local_addr().ok().map(|a| a.ip())
+}
+
+/// Tensor frames from peer `from` → local actors; each arrival is reported
+/// to the coordinator as a transfer.
+fn tensor_handler(
+    router: Arc<Router>,
+    from: String,
+) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    let from: Arc<str> = from.into();
+    move |frame, took| {
+        let (router, from) = (router.clone(), from.clone());
+        Box::pin(async move {
+            match frame {
+                Frame::Tensor(header, payload) => {
+                    let (network, request) = (header.network, header.request);
+                    let name: Arc<str> = header.name.as_str().into();
+                    let bytes = payload.len() as u64;
+                    if network == 0 {
+                        // The coordinator's bandwidth probe.
+                        router.moved(request, &name, &from, bytes, took).await;
+                        return;
+                    }
+                    match header.into_tensor(payload) {
+                        Ok(t) => {
+                            router.dispatch(network, request, name.clone(), t).await;
+                            if !name.is_empty() {
+                                router.moved(request, &name, &from, bytes, took).await;
+                            }
+                        }
+                        Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
+                    }
+                }
+                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
+            }
+        })
+    }
+}
