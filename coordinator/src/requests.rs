@@ -206,7 +206,6 @@ async fn attempt_on(
             done: Some(tx),
         },
     );
-    let network = net.id;
     let run = async {
         if let Some(gone) = net.hosts.iter().find(|h| !shared.workers.contains_key(*h)) {
             return Err(Failure::Lost(format!("worker {gone} is not connected")));
@@ -214,33 +213,7 @@ async fn attempt_on(
         if computed.is_empty() {
             return Ok(HashMap::new());
         }
-        let unreachable = |what: String| Failure::Unreachable(what);
-        let trigger = Tensor::new(tessera_common::onnx::ElemType::UINT8, vec![0], Vec::new())
-            .map_err(|e| Failure::Error(e.to_string()))?;
-        for host in &net.trigger_hosts {
-            let link = shared.workers.get(host).map(|w| w.tensors.clone());
-            let Some(link) = link else {
-                return Err(Failure::Lost(format!("worker {host} is not connected")));
-            };
-            link.send_tensor(network, id, TRIGGER, &trigger)
-                .await
-                .map_err(|e| unreachable(format!("triggering {host}: {e}")))?;
-        }
-        for (name, hosts) in &net.input_routes {
-            let Some(tensor) = inputs.get(name) else {
-                continue;
-            };
-            for host in hosts {
-                let worker = shared.workers.get(host).map(|w| w.tensors.clone());
-                let Some(link) = worker else {
-                    return Err(Failure::Lost(format!("worker {host} is not connected")));
-                };
-                link.send_tensor(network, id, name, tensor)
-                    .await
-                    .map_err(|e| unreachable(format!("sending input '{name}' to {host}: {e}")))?;
-                tracing::debug!(input = %name, to = %host, "sent");
-            }
-        }
+        send_inputs(shared, net, id, inputs).await?;
         rx.await
             .map_err(|_| Failure::Error("the request was dropped".into()))
             .and_then(|r| r)
@@ -280,6 +253,43 @@ async fn attempt_on(
     };
     cancel(shared, id, &net.hosts).await;
     Err(outcome)
+}
+
+/// Sends a request's trigger to the hosts of subgraphs without inputs and
+/// each graph input to the workers that read it.
+async fn send_inputs(
+    shared: &Shared,
+    net: &Deployed,
+    id: u64,
+    inputs: &HashMap<String, Tensor>,
+) -> Result<(), Failure> {
+    let network = net.id;
+    let link_to = |host: &str| {
+        let link = shared.workers.get(host).map(|w| w.tensors.clone());
+        link.ok_or_else(|| Failure::Lost(format!("worker {host} is not connected")))
+    };
+    let unreachable = |what: String| Failure::Unreachable(what);
+    let trigger = Tensor::new(tessera_common::onnx::ElemType::UINT8, vec![0], Vec::new())
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    for host in &net.trigger_hosts {
+        link_to(host)?
+            .send_tensor(network, id, TRIGGER, &trigger)
+            .await
+            .map_err(|e| unreachable(format!("triggering {host}: {e}")))?;
+    }
+    for (name, hosts) in &net.input_routes {
+        let Some(tensor) = inputs.get(name) else {
+            continue;
+        };
+        for host in hosts {
+            link_to(host)?
+                .send_tensor(network, id, name, tensor)
+                .await
+                .map_err(|e| unreachable(format!("sending input '{name}' to {host}: {e}")))?;
+            tracing::debug!(input = %name, to = %host, "sent");
+        }
+    }
+    Ok(())
 }
 
 /// Tells the workers to drop what a failed request left behind.
