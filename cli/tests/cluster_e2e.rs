@@ -108,6 +108,25 @@ fn ppocr_det_and_rec_split_across_two_workers_match_onnxruntime() {
     });
 }
 
+/// `model` loaded with its first half of nodes on node-a, the rest on
+/// node-b.
+async fn load_halves(
+    cluster: &Cluster,
+    model: &tessera_common::onnx::proto::ModelProto,
+    graph: &Graph,
+) -> tessera_client::Network {
+    let options = LoadOptions {
+        devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+        affinity: affinity(graph, |i, n| i >= n / 2),
+        ..Default::default()
+    };
+    let client = cluster.client().await;
+    client
+        .load_network(encode_model(model), options)
+        .await
+        .unwrap()
+}
+
 #[test]
 fn sixty_four_concurrent_requests_complete_correctly_and_in_order() {
     let cluster = Cluster::start("pipeline", &["node-a", "node-b"], 1);
@@ -121,16 +140,7 @@ fn sixty_four_concurrent_requests_complete_correctly_and_in_order() {
     let want = onnxruntime_many(&path, &requests, &cluster.dir.join("ort"));
     let rt = runtime();
     rt.block_on(async {
-        let client = cluster.client().await;
-        let options = LoadOptions {
-            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
-            affinity: affinity(&graph, |i, n| i >= n / 2),
-            ..Default::default()
-        };
-        let network = client
-            .load_network(encode_model(&model), options)
-            .await
-            .unwrap();
+        let network = load_halves(&cluster, &model, &graph).await;
         assert_eq!(network.plan().subgraphs.len(), 2);
         let results = network.infer_many(requests.clone()).await;
         assert_eq!(results.len(), 64);
@@ -202,16 +212,7 @@ fn one_request_is_traced_across_the_coordinator_and_both_workers() {
     let inputs = synth::random_inputs(&graph, 1).unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let client = cluster.client().await;
-        let options = LoadOptions {
-            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
-            affinity: affinity(&graph, |i, n| i >= n / 2),
-            ..Default::default()
-        };
-        let network = client
-            .load_network(encode_model(&model), options)
-            .await
-            .unwrap();
+        let network = load_halves(&cluster, &model, &graph).await;
         network.infer(inputs).await.unwrap();
         network.unload().await.unwrap();
     });
