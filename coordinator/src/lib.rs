@@ -23,8 +23,10 @@
 //! `/metrics` ([`metrics`]).
 //!
 //! Layout: [`config`] (TOML + environment), [`members`] (worker sessions,
-//! heartbeats, loss), [`load`] (QueryNetwork fan-out, planning,
-//! deployment), [`heal`] (re-planning after a loss), [`requests`]
+//! heartbeats, loss), [`workers`] (what is known of each worker, and
+//! asking it), [`planning`] (QueryNetwork fan-out, cost model, plan),
+//! [`deploy`] (shipping subgraphs, unloading), [`network`] (a loaded
+//! network's state), [`heal`] (re-planning after a loss), [`requests`]
 //! (routing, retries, deadlines, results), [`clients`] (client sessions),
 //! [`repository`] (named models), [`http`] (KServe v2 over HTTP),
 //! [`metrics`] (Prometheus).
