@@ -164,10 +164,9 @@ impl Client {
 
     /// A stream of its own for one request.
     async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
-        let connection = &self.inner.connection;
-        connection.open_bi().await.map_err(|e| {
-            ClientError::Connection(connection.close_reason().unwrap_or(e).to_string())
-        })
+        exchange::open(&self.inner.connection)
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))
     }
 
     /// Ships `model` (ONNX bytes) and waits until it is deployed.

@@ -15,7 +15,7 @@ use tessera_common::wire::control::{Control, DeploySpec, Destination, LoadReques
 use tokio::sync::mpsc;
 
 use crate::network::{Deployed, Loaded, Placement};
-use crate::planning::{plan_json, plan_request, ByHost, Planned};
+use crate::planning::{hosts_of, plan_json, plan_request, ByHost, Planned};
 use crate::{futures_join, CoordinatorError, Shared};
 
 /// Loads `model` as asked; returns the loaded network (its id and plan).
@@ -46,9 +46,7 @@ pub async fn deploy(
     let planned = plan_request(shared, request, model, &progress).await?;
     let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
     let specs = deploy_specs(&planned, deployment);
-    let mut hosts: Vec<String> = specs.iter().map(|(h, _, _)| h.clone()).collect();
-    hosts.sort();
-    hosts.dedup();
+    let hosts = hosts_of(&planned);
     if let Err(e) = ship(shared, &planned.by_host, &specs, &progress).await {
         undeploy(shared, deployment, &hosts).await;
         return Err(e);

@@ -50,13 +50,21 @@ pub async fn request(
     limits: &Limits,
     progress: impl FnMut(Control),
 ) -> Result<Control, ExchangeError> {
-    let (mut send, mut recv) = connection.open_bi().await.map_err(|e| {
-        let why = connection.close_reason().unwrap_or(e);
-        NetError::Stream(why.to_string())
-    })?;
+    let (mut send, mut recv) = open(connection).await?;
     send_message(&mut send, msg, payload, limits).await?;
     let _ = send.finish();
     answer(&mut recv, limits, progress).await
+}
+
+/// A new bidirectional stream on `connection`; its failure reads as the
+/// connection's close reason where it was closed.
+pub async fn open(
+    connection: &quinn::Connection,
+) -> Result<(quinn::SendStream, quinn::RecvStream), NetError> {
+    connection.open_bi().await.map_err(|e| {
+        let why = connection.close_reason().unwrap_or(e);
+        NetError::Stream(why.to_string())
+    })
 }
 
 /// Reads control frames until the answer to a message sent on this stream:
