@@ -21,6 +21,27 @@ pub struct Embedded {
     /// The client's identity (same throw-away CA).
     pub client: NodeIdentity,
     pub workers: Vec<String>,
+    /// Each worker's stop signal, by name.
+    stops: Vec<(String, tokio::sync::oneshot::Sender<()>)>,
+}
+
+impl Embedded {
+    /// Stops these workers at once, as SIGTERM stops a worker process:
+    /// every connection closed, so the coordinator re-plans without waiting
+    /// for a heartbeat timeout. Unknown or already stopped names are an
+    /// error.
+    pub fn stop_workers(&mut self, names: &[&str]) -> Result<()> {
+        for name in names {
+            let at = self
+                .stops
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| anyhow::anyhow!("no running embedded worker {name}"))?;
+            let (_, stop) = self.stops.swap_remove(at);
+            let _ = stop.send(());
+        }
+        Ok(())
+    }
 }
 
 /// Worker names: node-a, node-b, ...
@@ -72,6 +93,7 @@ pub async fn start_configured(
     let addr = coordinator.local_addr()?;
     let serving = coordinator.clone();
     tokio::spawn(async move { serving.serve().await });
+    let mut stops = Vec::new();
     for (name, id) in names.iter().zip(&ids[2..]) {
         let options = WorkerOptions {
             name: name.clone(),
@@ -88,8 +110,16 @@ pub async fn start_configured(
         let id = id.clone();
         let name = name.clone();
         let coordinator = coordinator.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push((name.clone(), stop));
+        // Only an explicit stop ends it (not the sender dropped).
+        let stopped = async move {
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await
+            }
+        };
         actix::spawn(async move {
-            if let Err(e) = daemon::run(options, &id, |_| {}).await {
+            if let Err(e) = daemon::run_until(options, &id, |_| {}, stopped).await {
                 if coordinator.shared().shutting_down() {
                     tracing::debug!(worker = %name, "stopped with the cluster: {e}");
                 } else {
@@ -113,6 +143,7 @@ pub async fn start_configured(
         addr,
         client: ids[1].clone(),
         workers: names,
+        stops,
     })
 }
 

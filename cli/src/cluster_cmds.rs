@@ -15,7 +15,7 @@ use tessera_common::graph::Graph;
 use tessera_common::onnx;
 use tessera_common::tensor::Tensor;
 
-use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs};
+use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs, ServingArgs};
 
 /// A model and how to place it.
 #[derive(Args)]
@@ -41,6 +41,8 @@ pub struct ModelArgs {
     #[arg(long = "shape", value_name = "NAME=d0,d1,...")]
     pub(crate) shapes: Vec<String>,
     #[command(flatten)]
+    pub(crate) serving: ServingArgs,
+    #[command(flatten)]
     pub(crate) remote: RemoteArgs,
 }
 
@@ -50,7 +52,7 @@ impl ModelArgs {
     }
 
     pub(crate) fn options(&self) -> Result<LoadOptions> {
-        Ok(LoadOptions {
+        let options = LoadOptions {
             name: self.model.display().to_string(),
             devices: self.devices.clone(),
             policy: self.policy,
@@ -59,7 +61,9 @@ impl ModelArgs {
             shapes: tessera_cli::parse_shapes(&self.shapes)?
                 .into_iter()
                 .collect(),
-        })
+            ..Default::default()
+        };
+        Ok(self.serving.apply(options))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_client::{Client, LoadOptions};
+use tessera_client::{Client, LoadOptions, Replicas};
 use tessera_common::onnx;
 
 use crate::run::{read_inputs, write_outputs, RunArgs};
@@ -44,6 +44,37 @@ pub struct RemoteArgs {
     /// The request's deadline in milliseconds (default: the coordinator's).
     #[arg(long)]
     pub deadline_ms: Option<u64>,
+}
+
+/// How a loaded network serves: copies and dynamic batching.
+#[derive(Args, Clone, Debug)]
+pub struct ServingArgs {
+    /// Copies of the network, requests balanced over them by least
+    /// outstanding work: a number, or auto (the cost model picks how many
+    /// and how each is split).
+    #[arg(long, default_value = "1", value_name = "N|auto")]
+    pub replicas: Replicas,
+    /// Dynamic batching: run up to this many waiting requests as one batch
+    /// (the model's first dimension must be dynamic; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub max_batch: u32,
+    /// How long a request waits for others to join its batch, µs.
+    #[arg(long, default_value_t = 500)]
+    pub max_queue_delay_us: u64,
+}
+
+impl ServingArgs {
+    /// `options` with these copies and batching.
+    pub fn apply(&self, mut options: LoadOptions) -> LoadOptions {
+        options.replicas = self.replicas;
+        if self.max_batch > 0 {
+            options = options.batching(
+                self.max_batch,
+                std::time::Duration::from_micros(self.max_queue_delay_us),
+            );
+        }
+        options
+    }
 }
 
 /// Connects to the coordinator, or starts an embedded cluster and connects
@@ -118,7 +149,9 @@ async fn run_async(args: RunArgs) -> Result<()> {
         strict: args.strict,
         affinity,
         shapes: shapes.into_iter().collect(),
+        ..Default::default()
     };
+    let options = args.serving.apply(options);
     let started = Instant::now();
     let mut network = client
         .load_network_with_progress(bytes, options, |what, done, total| {
@@ -198,6 +231,35 @@ pub fn plan_lines(plan: &tessera_client::Plan) -> String {
             sg.inputs.join(","),
             sg.outputs.join(",")
         );
+    }
+    for c in &plan.considered {
+        let _ = match c.predicted_rps {
+            Some(rps) => writeln!(out, "auto: {} copies predict {rps:.0} req/s", c.copies),
+            None => writeln!(
+                out,
+                "auto: {} copies cannot be planned: {}",
+                c.copies, c.note
+            ),
+        };
+    }
+    if plan.replicas.len() > 1 {
+        let _ = writeln!(
+            out,
+            "{} replicas, predicted {:.0} req/s:",
+            plan.replicas.len(),
+            plan.predicted_rps
+        );
+        for (i, r) in plan.replicas.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "replica {} on {}: {} subgraphs, predicted {:.0} µs a request, {:.0} req/s",
+                i + 1,
+                r.hosts.join(","),
+                r.devices.len(),
+                r.predicted_latency_us,
+                r.predicted_rps
+            );
+        }
     }
     out
 }

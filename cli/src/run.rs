@@ -32,6 +32,9 @@ pub struct RunArgs {
     pub(crate) local: bool,
     #[command(flatten)]
     pub(crate) remote: crate::remote::RemoteArgs,
+    /// Copies and batching (with a cluster).
+    #[command(flatten)]
+    pub(crate) serving: crate::remote::ServingArgs,
     /// NAME=FILE.npy for a model input.
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     pub(crate) inputs: Vec<String>,

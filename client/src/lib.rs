@@ -46,10 +46,10 @@ use std::time::Duration;
 use bytes::Bytes;
 pub use tessera_common::affinity::Policy;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, LoadRequest};
 pub use tessera_common::wire::control::{
-    Counters, DeviceAnswer, ModelStatus, NodeTime, Transfer, WorkerState,
+    Batching, Counters, DeviceAnswer, ModelStatus, NodeTime, Replicas, Transfer, WorkerState,
 };
+use tessera_common::wire::control::{Control, LoadRequest};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
@@ -79,6 +79,13 @@ pub struct LoadOptions {
     /// network is simplified for them (shape computations folded) and
     /// takes only inputs of these shapes. Empty: dynamic dims stay.
     pub shapes: Vec<(String, Vec<usize>)>,
+    /// Copies of the network (`Count(1)` by default; `Auto`: as many, and
+    /// as split, as the cost model predicts gives the most throughput);
+    /// requests go to the copy with the least outstanding work.
+    pub replicas: Replicas,
+    /// Dynamic batching (off by default): requests waiting for a subgraph
+    /// run as one batch along the first dimension, which must be dynamic.
+    pub batching: Option<Batching>,
 }
 
 impl LoadOptions {
@@ -88,6 +95,22 @@ impl LoadOptions {
             devices: devices.into(),
             ..Default::default()
         }
+    }
+
+    /// These options with `replicas` copies.
+    pub fn replicas(mut self, replicas: Replicas) -> LoadOptions {
+        self.replicas = replicas;
+        self
+    }
+
+    /// These options with dynamic batching of up to `max_batch` requests,
+    /// each waiting at most `max_queue_delay` for others.
+    pub fn batching(mut self, max_batch: u32, max_queue_delay: Duration) -> LoadOptions {
+        self.batching = Some(Batching {
+            max_batch,
+            max_queue_delay_us: max_queue_delay.as_micros() as u64,
+        });
+        self
     }
 }
 
@@ -368,6 +391,8 @@ fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
             .into_iter()
             .map(|(name, dims)| (name, dims.into_iter().map(|d| d as u64).collect()))
             .collect(),
+        replicas: options.replicas,
+        batching: options.batching,
     }
 }
 

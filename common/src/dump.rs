@@ -162,6 +162,34 @@ pub struct PlanReport {
     /// What simplification folded and removed before planning.
     #[serde(default)]
     pub simplified: SimplifyReport,
+    /// Every copy of the network (replicas), when there is more than one;
+    /// `subgraphs` above are the first copy's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaReport>,
+    /// Predicted requests per second of all copies together (0: not
+    /// predicted).
+    #[serde(default)]
+    pub predicted_rps: f64,
+    /// With `replicas = auto`: each count of copies weighed and what the
+    /// cost model predicts for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub considered: Vec<crate::schedule::Considered>,
+}
+
+/// One copy of a network.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaReport {
+    /// The deployment serving it (0 in a dry run).
+    #[serde(default)]
+    pub deployment: u64,
+    /// Workers it runs on.
+    pub hosts: Vec<String>,
+    /// Its subgraphs' devices, in subgraph order.
+    pub devices: Vec<String>,
+    /// Predicted time from inputs to outputs, µs.
+    pub predicted_latency_us: f64,
+    /// Predicted requests per second when pipelined.
+    pub predicted_rps: f64,
 }
 
 fn is_zero(v: &u64) -> bool {

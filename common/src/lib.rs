@@ -17,6 +17,9 @@
 //!   plugin's transformations before QueryNetwork and compilation).
 //! - [`plan`]: affinity, partition and export in one call (HETERO and the
 //!   coordinator), and the check of a request's inputs.
+//! - [`schedule`]: how many copies of a network run, on which hosts, and
+//!   the throughput the cost model predicts (also over 1,000 simulated
+//!   workers).
 //! - [`dump`]: GraphViz and JSON dumps of the decisions.
 //! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
 //!   NumPy `.npy`.
@@ -66,6 +69,7 @@ pub mod graph;
 pub mod onnx;
 pub mod partition;
 pub mod plan;
+pub mod schedule;
 pub mod simplify;
 pub mod synth;
 pub mod tensor;

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, DeploySpec, Destination, ErrorKind, Route};
+use tessera_common::wire::control::{Batching, Control, DeploySpec, Destination, ErrorKind, Route};
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{
@@ -41,6 +41,10 @@ fn frames_round_trip_whatever_the_read_sizes() {
                 Destination::Coordinator,
             ],
         }],
+        batching: Some(Batching {
+            max_batch: 8,
+            max_queue_delay_us: 500,
+        }),
     });
     let model = Bytes::from(vec![7u8; 1000]);
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
@@ -239,6 +243,7 @@ fn every_control_message_round_trips() {
         full_name: "EPYC".into(),
         gflops: 100.0,
         bandwidth_gbps: 5.0,
+        memory_bytes: 16 << 30,
         metrics: vec![("CORES".into(), "2".into())],
     };
     let transfer = Transfer {
@@ -300,6 +305,8 @@ fn every_control_message_round_trips() {
             affinity: vec![("conv3".into(), "node-b/CPU".into())],
             dry_run: true,
             shapes: vec![("x".into(), vec![1, 3, 64, 64])],
+            replicas: tessera_common::wire::control::Replicas::Auto,
+            batching: None,
         }),
         Control::NetworkLoaded {
             network: 1,

@@ -206,7 +206,7 @@ fn cluster_state(shared: &Shared) -> Control {
             networks: shared
                 .networks
                 .iter()
-                .filter(|n| n.deployed().is_some_and(|d| d.hosts.contains(&w.name)))
+                .filter(|n| n.deployments().iter().any(|d| d.hosts.contains(&w.name)))
                 .map(|n| n.id)
                 .collect(),
         })
@@ -223,10 +223,8 @@ fn cluster_state(shared: &Shared) -> Control {
 fn network_loaded(loaded: &crate::network::Loaded) -> Control {
     Control::NetworkLoaded {
         network: loaded.id,
-        plan: loaded
-            .deployed()
-            .map(|d| d.plan.clone())
-            .unwrap_or_default(),
+        // Plain structs of strings and numbers: serializing cannot fail.
+        plan: serde_json::to_string(&loaded.plan()).unwrap_or_default(),
     }
 }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tessera_common::affinity::Policy;
+use tessera_common::schedule::Replicas;
 
 /// Every key, for environment overrides and error messages.
 pub const KEYS: [&str; 10] = [
@@ -57,6 +58,50 @@ pub struct ModelConfig {
     /// Manual affinity: node name → `host/DEVICE`.
     #[serde(default)]
     pub affinity: BTreeMap<String, String>,
+    /// Copies to run: a number or `auto`.
+    #[serde(default, deserialize_with = "number_or_auto")]
+    pub replicas: Replicas,
+    /// Dynamic batching: the most requests run as one batch (0 or 1: off).
+    #[serde(default)]
+    pub max_batch: u32,
+    /// How long a request waits for others to join its batch, µs.
+    #[serde(default = "default_queue_delay_us")]
+    pub max_queue_delay_us: u64,
+}
+
+/// `replicas = 2` or `replicas = "auto"` (also `"2"`).
+fn number_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Replicas, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Setting {
+        Number(u64),
+        Name(String),
+    }
+    let text = match Setting::deserialize(d)? {
+        Setting::Number(n) => n.to_string(),
+        Setting::Name(s) => s,
+    };
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// The keys of a `[models.NAME]` table.
+pub const MODEL_KEYS: [&str; 9] = [
+    "path",
+    "devices",
+    "policy",
+    "strict",
+    "shapes",
+    "affinity",
+    "replicas",
+    "max_batch",
+    "max_queue_delay_us",
+];
+
+/// How long a request waits for others to join its batch by default, µs.
+pub const DEFAULT_QUEUE_DELAY_US: u64 = 500;
+
+fn default_queue_delay_us() -> u64 {
+    DEFAULT_QUEUE_DELAY_US
 }
 
 impl ModelConfig {

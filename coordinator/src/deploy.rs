@@ -1,7 +1,7 @@
-//! Deploying a planned network: every subgraph exported and shipped to its
-//! worker in parallel (progress forwarded to the client), routes from each
-//! output to its readers; a failed deployment undeploys what was deployed.
-//! Also unloading.
+//! Deploying a planned network: every copy (replica), every subgraph of
+//! each exported and shipped to its worker in parallel (progress forwarded
+//! to the client), routes from each output to its readers; a failed
+//! deployment undeploys what was deployed. Also unloading.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,16 +9,22 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tessera_common::affinity::DeviceId;
+use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
 use tessera_common::plan::{io_names, Stage};
-use tessera_common::wire::control::{Control, DeploySpec, Destination, LoadRequest, Route};
+use tessera_common::schedule::predict::CopyCost;
+use tessera_common::schedule::Replicas;
+use tessera_common::wire::control::{
+    Batching, Control, DeploySpec, Destination, LoadRequest, Route,
+};
 use tokio::sync::mpsc;
 
-use crate::network::{Deployed, Loaded, Placement};
-use crate::planning::{hosts_of, plan_json, plan_request, ByHost, Planned};
+use crate::network::{Deployed, Loaded, Placement, Replica};
+use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned};
 use crate::{futures_join, CoordinatorError, Shared};
 
-/// Loads `model` as asked; returns the loaded network (its id and plan).
+/// Loads `model` as asked (its copies planned and deployed); returns the
+/// loaded network (its id and plan).
 pub async fn load_network(
     shared: &Arc<Shared>,
     request: LoadRequest,
@@ -26,33 +32,99 @@ pub async fn load_network(
     progress: mpsc::Sender<Control>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
-    let deployed = deploy(shared, network, &request, &model, progress).await?;
-    let loaded = Arc::new(Loaded::new(request, model, deployed));
+    let loaded = Arc::new(deploy_replicas(shared, network, request, model, &progress).await?);
     shared.networks.insert(network, loaded.clone());
-    tracing::info!(network, "network loaded");
+    tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }
 
-/// Plans `model` as asked over the workers connected now and deploys it as
-/// a new deployment of network `network`.
+/// Plans the request's copies and deploys every one at once; when one
+/// fails, the others are undeployed.
+#[tracing::instrument(skip_all, fields(network = network, name = %request.name))]
+async fn deploy_replicas(
+    shared: &Arc<Shared>,
+    network: u64,
+    request: LoadRequest,
+    model: Bytes,
+    progress: &mpsc::Sender<Control>,
+) -> Result<Loaded, CoordinatorError> {
+    let scheduled =
+        plan_request(shared, &request, &model, progress, request.replicas, None).await?;
+    check_batching(&request, &scheduled.graph)?;
+    let copies = &scheduled.schedule.copies;
+    let deploys = copies.iter().enumerate().map(|(i, copy)| {
+        deploy_planned(
+            shared,
+            network,
+            &request,
+            scheduled.copy(i),
+            &copy.cost,
+            progress,
+        )
+    });
+    let deployed: Vec<Result<Arc<Deployed>, CoordinatorError>> =
+        futures_util::future::join_all(deploys).await;
+    if let Some(at) = deployed.iter().position(Result::is_err) {
+        for d in deployed.iter().flatten() {
+            undeploy(shared, d.id, &d.hosts).await;
+        }
+        let error = deployed.into_iter().nth(at).and_then(Result::err);
+        return Err(error.unwrap_or_else(|| CoordinatorError::Plan("deployment failed".into())));
+    }
+    let several = copies.len() > 1;
+    let replicas = deployed
+        .into_iter()
+        .flatten()
+        .zip(copies)
+        .enumerate()
+        .map(|(i, (d, copy))| Arc::new(Replica::new(i + 1, several.then(|| copy.hosts.clone()), d)))
+        .collect();
+    let considered = scheduled.schedule.considered;
+    Ok(Loaded::new(
+        request,
+        model,
+        scheduled.graph,
+        replicas,
+        considered,
+    ))
+}
+
+/// Plans one copy of `model` as asked over the workers connected now
+/// (`only`: these workers alone) and deploys it as a new deployment of
+/// network `network`.
 #[tracing::instrument(skip_all, fields(network = network, name = %request.name))]
 pub async fn deploy(
     shared: &Arc<Shared>,
     network: u64,
     request: &LoadRequest,
     model: &Bytes,
+    only: Option<&[String]>,
     progress: mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
-    let planned = plan_request(shared, request, model, &progress).await?;
+    let scheduled =
+        plan_request(shared, request, model, &progress, Replicas::Count(1), only).await?;
+    let cost = &scheduled.schedule.copies[0].cost;
+    deploy_planned(shared, network, request, scheduled.copy(0), cost, &progress).await
+}
+
+/// Deploys one planned copy: ships its subgraphs, then routes its inputs.
+async fn deploy_planned(
+    shared: &Arc<Shared>,
+    network: u64,
+    request: &LoadRequest,
+    planned: Planned<'_>,
+    cost: &CopyCost,
+    progress: &mpsc::Sender<Control>,
+) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
-    let specs = deploy_specs(&planned, deployment);
-    let hosts = hosts_of(&planned);
-    if let Err(e) = ship(shared, &planned.by_host, &specs, &progress).await {
+    let specs = deploy_specs(&planned, deployment, request.batching);
+    let hosts = hosts_of(planned.plan);
+    if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {
         undeploy(shared, deployment, &hosts).await;
         return Err(e);
     }
     let stages = &planned.plan.stages;
-    let (input_names, output_names) = io_names(&planned.graph);
+    let (input_names, output_names) = io_names(planned.graph);
     let input_routes = input_names
         .iter()
         .map(|name| {
@@ -71,7 +143,7 @@ pub async fn deploy(
             nodes: s.nodes,
         })
         .collect();
-    let plan = plan_json(&planned, network, &hosts);
+    let plan = plan_report_of(&planned, network, &hosts);
     tracing::info!(
         network,
         deployment,
@@ -82,14 +154,47 @@ pub async fn deploy(
         id: deployment,
         network,
         name: request.name.clone(),
-        graph: planned.graph,
+        graph: planned.graph.clone(),
         outputs: output_names,
         input_routes,
         trigger_hosts,
         hosts,
         placements,
         plan,
+        predicted_latency_us: cost.latency_us,
+        predicted_rps: cost.throughput_rps(),
     }))
+}
+
+/// Dynamic batching needs a dynamic first (batch) dimension on every graph
+/// input and output, and batches of at least two.
+fn check_batching(request: &LoadRequest, graph: &Graph) -> Result<(), CoordinatorError> {
+    let Some(batching) = request.batching else {
+        return Ok(());
+    };
+    if batching.max_batch < 2 {
+        return Err(CoordinatorError::BadInput(format!(
+            "max_batch {} batches nothing: it must be at least 2",
+            batching.max_batch
+        )));
+    }
+    let static_batch = graph.inputs.iter().chain(&graph.outputs).find(|&&t| {
+        let t = graph.tensor(t);
+        t.shape
+            .as_ref()
+            .is_some_and(|s| s.first().is_none_or(|d| d.known().is_some()))
+    });
+    match static_batch {
+        Some(&t) => {
+            let t = graph.tensor(t);
+            Err(CoordinatorError::BadInput(format!(
+                "batching needs a dynamic first (batch) dimension, but '{}' is {}",
+                t.name,
+                t.type_string()
+            )))
+        }
+        None => Ok(()),
+    }
 }
 
 fn host_of(d: &DeviceId) -> String {
@@ -111,9 +216,13 @@ fn hosts_of_stages<'a>(stages: impl Iterator<Item = &'a Stage>) -> Vec<String> {
 /// Each subgraph's deployment: its host, its spec (with routes: each output
 /// to the workers whose subgraphs read it, and to the coordinator when it
 /// is a graph output) and its model's bytes.
-fn deploy_specs(planned: &Planned, deployment: u64) -> Vec<(String, DeploySpec, Bytes)> {
+fn deploy_specs(
+    planned: &Planned,
+    deployment: u64,
+    batching: Option<Batching>,
+) -> Vec<(String, DeploySpec, Bytes)> {
     let stages = &planned.plan.stages;
-    let (_, output_names) = io_names(&planned.graph);
+    let (_, output_names) = io_names(planned.graph);
     let addr_of = |host: &str| {
         planned
             .by_host
@@ -151,6 +260,8 @@ fn deploy_specs(planned: &Planned, deployment: u64) -> Vec<(String, DeploySpec, 
                 model_hash: hex(&Sha256::digest(&bytes)),
                 inputs: stage.inputs.clone(),
                 outputs: stage.outputs.iter().map(route).collect(),
+                // A subgraph of constants only runs once per trigger.
+                batching: batching.filter(|_| !stage.inputs.is_empty()),
             };
             (host_of(&stage.device), spec, bytes)
         })
@@ -219,7 +330,7 @@ pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), Coordinato
         .remove(&network)
         .ok_or(CoordinatorError::UnknownNetwork(network))?;
     shared.repository.network_unloaded(network);
-    if let Some(deployed) = loaded.deployed() {
+    for deployed in loaded.deployments() {
         undeploy(shared, deployed.id, &deployed.hosts).await;
     }
     Ok(())

@@ -1,11 +1,14 @@
 //! Fault tolerance: a loaded network outlives the deployments that serve
-//! it. When a worker it runs on is lost, the network is marked as healing,
-//! re-planned onto the workers that remain (pins and devices that named
-//! the lost worker dropped) and re-deployed (the workers' compiled-subgraph
-//! caches make known subgraphs a file read); requests waiting meanwhile
-//! are retried on the new deployment by [`crate::requests::infer`]. A
-//! network that cannot be re-planned is broken, with an error that says
-//! why, until a worker (re)joins and a re-plan succeeds.
+//! it. When a worker it runs on is lost, each copy (replica) deployed on
+//! that worker is marked as healing while the network's other copies go
+//! on serving; it is re-planned onto the workers that remain (of its own
+//! workers, when the network has several copies; pins and devices that
+//! named the lost worker dropped) and re-deployed (the workers'
+//! compiled-subgraph caches make known subgraphs a file read). Requests
+//! meanwhile are retried on another copy, or on the new deployment, by
+//! [`crate::requests::infer`]. A copy that cannot be re-planned is broken,
+//! with an error that says why, until a worker (re)joins and a re-plan
+//! succeeds; a network is broken when all its copies are.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,47 +17,60 @@ use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::wire::control::LoadRequest;
 
 use crate::deploy;
-use crate::network::{Current, Deployed, Loaded};
+use crate::network::{Current, Deployed, Loaded, Replica};
 use crate::{CoordinatorError, Shared};
 
 /// Re-plans tried after a loss before a network is declared broken.
 const HEAL_TRIES: usize = 3;
 
-/// Worker `name` is gone (already removed from the members): every
-/// network deployed on it starts healing. Call before failing its
-/// requests, so that their retries wait for the new deployment.
+/// Worker `name` is gone (already removed from the members): every copy
+/// deployed on it starts healing (the network's other copies go on
+/// serving). Call before failing its requests, so that their retries find
+/// the copies that remain or wait for the new deployment.
 pub fn worker_lost(shared: &Arc<Shared>, name: &str) {
-    let hit: Vec<Arc<Loaded>> = shared
+    let hit: Vec<(Arc<Loaded>, Arc<Replica>)> = shared
         .networks
         .iter()
-        .filter(|n| {
-            n.deployed()
-                .is_some_and(|d| d.hosts.iter().any(|h| h == name))
+        .flat_map(|n| {
+            let loaded = n.clone();
+            n.replicas
+                .iter()
+                .filter(|r| {
+                    r.deployed()
+                        .is_some_and(|d| d.hosts.iter().any(|h| h == name))
+                })
+                .map(|r| (loaded.clone(), r.clone()))
+                .collect::<Vec<_>>()
         })
-        .map(|n| n.clone())
         .collect();
-    for loaded in hit {
-        loaded.current.send_modify(|c| {
+    for (loaded, replica) in hit {
+        replica.current.send_modify(|c| {
             if let Current::Ready(d) = c {
                 *c = Current::Healing(Some(d.clone()));
             }
         });
         let why = format!("worker {name} was lost");
-        tokio::spawn(heal(shared.clone(), loaded, why));
+        tokio::spawn(heal(shared.clone(), loaded, replica, why));
     }
 }
 
-/// A worker (re)joined: broken networks try again.
+/// A worker (re)joined: broken copies try again.
 pub fn worker_joined(shared: &Arc<Shared>, name: &str) {
-    let broken: Vec<Arc<Loaded>> = shared
+    let broken: Vec<(Arc<Loaded>, Arc<Replica>)> = shared
         .networks
         .iter()
-        .filter(|n| matches!(n.current(), Current::Broken(_)))
-        .map(|n| n.clone())
+        .flat_map(|n| {
+            let loaded = n.clone();
+            n.replicas
+                .iter()
+                .filter(|r| matches!(r.current(), Current::Broken(_)))
+                .map(|r| (loaded.clone(), r.clone()))
+                .collect::<Vec<_>>()
+        })
         .collect();
-    for loaded in broken {
+    for (loaded, replica) in broken {
         let why = format!("worker {name} joined");
-        tokio::spawn(heal(shared.clone(), loaded, why));
+        tokio::spawn(heal(shared.clone(), loaded, replica, why));
     }
 }
 
@@ -66,28 +82,30 @@ fn healthy(shared: &Shared, deployed: &Deployed) -> bool {
         .all(|h| shared.workers.contains_key(h))
 }
 
-/// Re-plans and re-deploys `loaded` unless its deployment is healthy.
-async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
-    let _one_at_a_time = loaded.healing.lock().await;
+/// Re-plans and re-deploys one copy of `loaded` (over its own workers
+/// that remain) unless its deployment is healthy.
+async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, why: String) {
+    let _one_at_a_time = replica.healing.lock().await;
     let started = Instant::now();
     let mut last = String::new();
     for _ in 0..HEAL_TRIES {
-        let old = match loaded.current() {
+        let old = match replica.current() {
             Current::Ready(d) if healthy(&shared, &d) => return,
             Current::Ready(d) | Current::Healing(Some(d)) => Some(d),
             Current::Healing(None) | Current::Broken(_) => None,
         };
-        loaded.current.send_replace(Current::Healing(old.clone()));
+        replica.current.send_replace(Current::Healing(old.clone()));
         if let Some(old) = &old {
             deploy::undeploy(&shared, old.id, &old.hosts).await;
         }
         // The old deployment is gone from the workers from here on.
-        loaded.current.send_replace(Current::Healing(None));
+        replica.current.send_replace(Current::Healing(None));
         let outcome = match without_lost(&shared, &loaded.request) {
             Ok(request) => {
                 // Nobody watches a re-plan's progress but the logs.
                 let (progress, _) = tokio::sync::mpsc::channel(1);
-                deploy::deploy(&shared, loaded.id, &request, &loaded.model, progress).await
+                let only = replica.hosts.as_deref();
+                deploy::deploy(&shared, loaded.id, &request, &loaded.model, only, progress).await
             }
             Err(e) => Err(e),
         };
@@ -100,17 +118,22 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
                 }
                 tracing::info!(
                     network = loaded.id,
+                    replica = replica.index,
                     deployment = deployed.id,
                     hosts = %deployed.hosts.join(","),
                     took_ms = started.elapsed().as_millis() as u64,
                     "network re-planned ({why})"
                 );
-                loaded.current.send_replace(Current::Ready(deployed));
+                replica.current.send_replace(Current::Ready(deployed));
                 shared.metrics.replanned(&loaded.name);
                 return;
             }
             Err(e) => {
-                tracing::warn!(network = loaded.id, "re-plan failed ({why}): {e}");
+                tracing::warn!(
+                    network = loaded.id,
+                    replica = replica.index,
+                    "re-plan failed ({why}): {e}"
+                );
                 last = e.to_string();
                 if matches!(e, CoordinatorError::Devices(_) | CoordinatorError::Plan(_)) {
                     break;
@@ -124,11 +147,16 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, why: String) {
     } else {
         format!(" ({})", loaded.name)
     };
+    let copy = if loaded.replicas.len() > 1 {
+        format!(" replica {} of {}", replica.index, loaded.replicas.len())
+    } else {
+        String::new()
+    };
     let error = format!(
-        "network {}{named} cannot run on the workers that remain ({why}): {last}",
+        "network {}{named}{copy} cannot run on the workers that remain ({why}): {last}",
         loaded.id
     );
-    loaded.current.send_replace(Current::Broken(error));
+    replica.current.send_replace(Current::Broken(error));
 }
 
 /// `request` without the devices and manual pins that name workers no

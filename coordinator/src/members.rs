@@ -227,7 +227,7 @@ fn mailbox_metrics(shared: &Shared, worker: &str, mailboxes: Vec<MailboxDepth>) 
         shared
             .networks
             .iter()
-            .find(|n| n.deployed().is_some_and(|d| d.id == deployment))
+            .find(|n| n.serves(deployment))
             .map(|n| n.name.clone())
     };
     let depths = mailboxes

@@ -1,14 +1,18 @@
-//! A loaded network and its deployments: what serves it now (ready,
-//! healing, broken), waiting for a deployment, and where each subgraph of
-//! a deployment runs. The state the request path, the healing path and the
-//! repository share; the code that changes it lives in [`crate::deploy`]
-//! and [`crate::heal`].
+//! A loaded network, its copies (replicas) and their deployments: what
+//! serves each copy now (ready, healing, broken), choosing the copy a
+//! request goes to (least outstanding work), waiting for a deployment, and
+//! where each subgraph of a deployment runs. The state the request path,
+//! the healing path and the repository share; the code that changes it
+//! lives in [`crate::deploy`] and [`crate::heal`].
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use tessera_common::dump::{PlanReport, ReplicaReport};
 use tessera_common::graph::Graph;
+use tessera_common::schedule::Considered;
 use tessera_common::wire::control::LoadRequest;
 use tokio::sync::watch;
 
@@ -20,8 +24,8 @@ pub struct Placement {
     pub nodes: usize,
 }
 
-/// One deployment of a loaded network (a network lost a worker gets a new
-/// one, see [`crate::heal`]).
+/// One deployment of one copy of a loaded network (a copy that lost a
+/// worker gets a new one, see [`crate::heal`]).
 pub struct Deployed {
     /// The deployment's id: the network id on the wire to workers.
     pub id: u64,
@@ -38,11 +42,32 @@ pub struct Deployed {
     /// Every worker it runs on.
     pub hosts: Vec<String>,
     pub placements: Vec<Placement>,
-    /// The plan as JSON (subgraphs, affinity, explanations, hosts).
-    pub plan: String,
+    /// The copy's plan (subgraphs, affinity, explanations, hosts).
+    pub plan: PlanReport,
+    /// Predicted time of one request from inputs to outputs, µs.
+    pub predicted_latency_us: f64,
+    /// Predicted requests per second when pipelined.
+    pub predicted_rps: f64,
 }
 
-/// What serves a loaded network now.
+impl Deployed {
+    fn replica_report(&self) -> ReplicaReport {
+        ReplicaReport {
+            deployment: self.id,
+            hosts: self.hosts.clone(),
+            devices: self
+                .plan
+                .subgraphs
+                .iter()
+                .map(|s| s.device.clone())
+                .collect(),
+            predicted_latency_us: self.predicted_latency_us.round(),
+            predicted_rps: self.predicted_rps,
+        }
+    }
+}
+
+/// What serves a copy now.
 #[derive(Clone)]
 pub enum Current {
     Ready(Arc<Deployed>),
@@ -52,38 +77,28 @@ pub enum Current {
     Broken(String),
 }
 
-/// A network a client loaded: what it asked for (to plan it again) and its
-/// current deployment.
-pub struct Loaded {
-    /// The id clients use.
-    pub id: u64,
-    pub name: String,
-    pub graph: Graph,
-    /// What the client asked (planned again when healing).
-    pub(crate) request: LoadRequest,
-    pub(crate) model: Bytes,
+/// One copy of a loaded network.
+pub struct Replica {
+    /// 1-based, as errors and logs name it.
+    pub index: usize,
+    /// The workers this copy may use when it is re-planned (`None`: any
+    /// connected worker; a network with one copy).
+    pub hosts: Option<Vec<String>>,
     pub(crate) current: watch::Sender<Current>,
     /// One re-plan at a time.
     pub(crate) healing: tokio::sync::Mutex<()>,
+    /// Requests on it now.
+    outstanding: AtomicU32,
 }
 
-/// What waiting for a deployment gave.
-pub enum Waited {
-    Ready(Arc<Deployed>),
-    Broken(String),
-    TimedOut,
-}
-
-impl Loaded {
-    pub fn new(request: LoadRequest, model: Bytes, deployed: Arc<Deployed>) -> Loaded {
-        Loaded {
-            id: deployed.network,
-            name: request.name.clone(),
-            graph: deployed.graph.clone(),
-            request,
-            model,
+impl Replica {
+    pub fn new(index: usize, hosts: Option<Vec<String>>, deployed: Arc<Deployed>) -> Replica {
+        Replica {
+            index,
+            hosts,
             current: watch::Sender::new(Current::Ready(deployed)),
             healing: tokio::sync::Mutex::new(()),
+            outstanding: AtomicU32::new(0),
         }
     }
 
@@ -99,8 +114,19 @@ impl Loaded {
         }
     }
 
-    /// Waits until a deployment other than `not` serves the network, it
-    /// is broken, or `until` passes.
+    /// Requests running on this copy now.
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request on this copy until the guard drops.
+    pub fn start_work(self: &Arc<Self>) -> Working {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        Working(self.clone())
+    }
+
+    /// Waits until a deployment other than `not` serves this copy, it is
+    /// broken, or `until` passes.
     pub async fn ready(&self, not: Option<u64>, until: Instant) -> Waited {
         let mut rx = self.current.subscribe();
         loop {
@@ -113,6 +139,157 @@ impl Loaded {
             match tokio::time::timeout_at(until, rx.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => return Waited::TimedOut,
+            }
+        }
+    }
+}
+
+/// A request counted on a copy (see [`Replica::start_work`]).
+pub struct Working(Arc<Replica>);
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A network a client loaded: what it asked for (to plan it again) and its
+/// copies.
+pub struct Loaded {
+    /// The id clients use.
+    pub id: u64,
+    pub name: String,
+    pub graph: Graph,
+    /// What the client asked (planned again when healing).
+    pub(crate) request: LoadRequest,
+    pub(crate) model: Bytes,
+    pub replicas: Vec<Arc<Replica>>,
+    /// `replicas = auto`: what the scheduler weighed.
+    pub considered: Vec<Considered>,
+}
+
+/// What waiting for a deployment gave.
+pub enum Waited {
+    Ready(Arc<Deployed>),
+    Broken(String),
+    TimedOut,
+}
+
+/// The copy a request goes to, and its deployment.
+pub enum Picked {
+    Ready(Arc<Replica>, Arc<Deployed>),
+    Broken(String),
+    TimedOut,
+}
+
+impl Loaded {
+    pub fn new(
+        request: LoadRequest,
+        model: Bytes,
+        graph: Graph,
+        replicas: Vec<Arc<Replica>>,
+        considered: Vec<Considered>,
+    ) -> Loaded {
+        let id = replicas
+            .first()
+            .and_then(|r| r.deployed())
+            .map_or(0, |d| d.network);
+        Loaded {
+            id,
+            name: request.name.clone(),
+            graph,
+            request,
+            model,
+            replicas,
+            considered,
+        }
+    }
+
+    /// Every deployment on the workers now.
+    pub fn deployments(&self) -> Vec<Arc<Deployed>> {
+        self.replicas.iter().filter_map(|r| r.deployed()).collect()
+    }
+
+    /// Whether deployment `id` serves one of its copies.
+    pub fn serves(&self, id: u64) -> bool {
+        self.replicas
+            .iter()
+            .any(|r| r.deployed().is_some_and(|d| d.id == id))
+    }
+
+    /// What serves the network as a whole: ready while any copy is, broken
+    /// when every copy is, healing otherwise.
+    pub fn current(&self) -> Current {
+        let states: Vec<Current> = self.replicas.iter().map(|r| r.current()).collect();
+        if let Some(ready) = states.iter().find(|c| matches!(c, Current::Ready(_))) {
+            return ready.clone();
+        }
+        if let Some(healing) = states.iter().find(|c| matches!(c, Current::Healing(_))) {
+            return healing.clone();
+        }
+        let why: Vec<String> = states
+            .into_iter()
+            .filter_map(|c| match c {
+                Current::Broken(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        Current::Broken(why.join("; "))
+    }
+
+    /// The plan clients see: the first copy's, with every copy listed
+    /// when there are several.
+    pub fn plan(&self) -> PlanReport {
+        let deployed = self.deployments();
+        let mut report = deployed.first().map(|d| d.plan.clone()).unwrap_or_default();
+        report.predicted_rps = deployed.iter().map(|d| d.predicted_rps).sum();
+        if self.replicas.len() > 1 {
+            report.replicas = deployed.iter().map(|d| d.replica_report()).collect();
+        }
+        report.considered = self.considered.clone();
+        report.network = self.id;
+        report
+    }
+
+    /// The ready copy with the least outstanding work (requests on it ×
+    /// its predicted latency) whose deployment is not in `tried`; waits
+    /// for one until `until`. Broken when every copy is.
+    pub async fn pick(&self, tried: &[u64], until: Instant) -> Picked {
+        let mut watching: Vec<watch::Receiver<Current>> = self
+            .replicas
+            .iter()
+            .map(|r| r.current.subscribe())
+            .collect();
+        loop {
+            let mut best: Option<(f64, usize, Arc<Deployed>)> = None;
+            let mut broken = Vec::new();
+            for (i, rx) in watching.iter_mut().enumerate() {
+                match &*rx.borrow_and_update() {
+                    Current::Ready(d) if !tried.contains(&d.id) => {
+                        let work = f64::from(self.replicas[i].outstanding() + 1)
+                            * d.predicted_latency_us.max(1.0);
+                        if best.as_ref().is_none_or(|(w, _, _)| work < *w) {
+                            best = Some((work, i, d.clone()));
+                        }
+                    }
+                    Current::Broken(e) => broken.push(e.clone()),
+                    _ => {}
+                }
+            }
+            if let Some((_, i, d)) = best {
+                return Picked::Ready(self.replicas[i].clone(), d);
+            }
+            if !broken.is_empty() && broken.len() == self.replicas.len() {
+                broken.dedup();
+                return Picked::Broken(broken.join("; "));
+            }
+            let changed = futures_util::future::select_all(
+                watching.iter_mut().map(|rx| Box::pin(rx.changed())),
+            );
+            let until = tokio::time::Instant::from_std(until);
+            match tokio::time::timeout_at(until, changed).await {
+                Ok((Ok(()), _, _)) => {}
+                Ok((Err(_), _, _)) | Err(_) => return Picked::TimedOut,
             }
         }
     }

@@ -1,20 +1,22 @@
 //! Planning a network: the devices a load names, QueryNetwork fanned out
 //! to their workers concurrently, the cost model from the workers' metrics
-//! and measured links, then affinity and partition over `host/DEVICE`
-//! devices, and the plan document clients get.
+//! and measured links, then its copies scheduled (one by default; see
+//! `tessera_common::schedule`), each with affinity and partition over
+//! `host/DEVICE` devices, and the plan document clients get.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tessera_common::affinity::CostModel;
 use tessera_common::affinity::{
     AnalyticCostModel, DeviceId, DevicePriority, DeviceProfile, LinkProfile, SupportSet,
 };
-use tessera_common::dump::plan_report;
+use tessera_common::dump::{plan_report, PlanReport, ReplicaReport};
 use tessera_common::graph::{Dim, Graph};
 use tessera_common::onnx::{decode_model, encode_model};
-use tessera_common::plan::{complete_types, plan, prepare, PlanOptions, ReportedType};
+use tessera_common::plan::{complete_types, prepare, Plan, PlanOptions, ReportedType};
+use tessera_common::schedule::predict::stage_costs;
+use tessera_common::schedule::{schedule, Cluster, Replicas, Schedule, ScheduleError};
 use tessera_common::wire::control::{Control, DeviceAnswer, LoadRequest};
 use tokio::sync::mpsc;
 
@@ -27,11 +29,20 @@ use crate::{futures_join, CoordinatorError, Shared};
 fn devices(
     shared: &Shared,
     spec: &str,
+    only: Option<&[String]>,
 ) -> Result<Vec<(DeviceId, Arc<WorkerEntry>)>, CoordinatorError> {
-    let mut workers: Vec<Arc<WorkerEntry>> = shared.workers.iter().map(|w| w.clone()).collect();
+    let mut workers: Vec<Arc<WorkerEntry>> = shared
+        .workers
+        .iter()
+        .filter(|w| only.is_none_or(|hosts| hosts.contains(&w.name)))
+        .map(|w| w.clone())
+        .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));
     if workers.is_empty() {
-        return Err(CoordinatorError::Devices("no worker is registered".into()));
+        return Err(CoordinatorError::Devices(match only {
+            Some(hosts) => format!("none of its workers ({}) is connected", hosts.join(", ")),
+            None => "no worker is registered".into(),
+        }));
     }
     let known = || {
         workers
@@ -60,8 +71,11 @@ fn devices(
             DevicePriority::parse(spec).map_err(|e| CoordinatorError::Devices(e.to_string()))?;
         let mut out = Vec::new();
         for d in priority.devices {
-            if d.host.is_some() {
-                out.push(d);
+            if let Some(host) = &d.host {
+                // A copy restricted to some workers keeps only theirs.
+                if only.is_none_or(|hosts| hosts.contains(host)) {
+                    out.push(d);
+                }
                 continue;
             }
             let matching: Vec<DeviceId> = workers
@@ -83,6 +97,16 @@ fn devices(
         }
         out
     };
+    if wanted.is_empty() {
+        return Err(CoordinatorError::Devices(format!(
+            "none of the devices '{spec}' names is on its workers ({})",
+            workers
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     wanted
         .into_iter()
         .map(|d| {
@@ -103,7 +127,8 @@ fn devices(
 }
 
 /// The cost model: each device's reported figures; between hosts, the
-/// round-trip time and bandwidth the coordinator measures.
+/// round-trip time and bandwidth the coordinator measures (each worker's
+/// own link: half its round trip, its measured bandwidth).
 fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> AnalyticCostModel {
     let mut model = AnalyticCostModel::default();
     let mut rtt_us = Vec::new();
@@ -123,7 +148,15 @@ fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> Anal
                 );
             }
         }
-        rtt_us.push(worker.rtt().as_secs_f64() * 1e6);
+        let rtt = worker.rtt().as_secs_f64() * 1e6;
+        rtt_us.push(rtt);
+        let link = LinkProfile {
+            gbps: worker
+                .bandwidth_gbps()
+                .unwrap_or(shared.config.inter_host_gbps),
+            latency_us: rtt / 2.0,
+        };
+        model.host_links.insert(worker.name.clone(), link);
     }
     if !rtt_us.is_empty() {
         let mean = rtt_us.iter().sum::<f64>() / rtt_us.len() as f64;
@@ -139,15 +172,6 @@ fn cost_model(shared: &Shared, devices: &[(DeviceId, Arc<WorkerEntry>)]) -> Anal
         };
     }
     model
-}
-
-/// The devices of a request, their QueryNetwork answers (asked of every
-/// worker at once), and the plan.
-pub(crate) struct Planned {
-    pub graph: Graph,
-    pub by_host: ByHost,
-    pub plan: tessera_common::plan::Plan,
-    pub cost: AnalyticCostModel,
 }
 
 /// Workers by name, with the device kinds asked of each.
@@ -217,7 +241,7 @@ pub async fn query(
     progress: mpsc::Sender<Control>,
 ) -> Result<Vec<DeviceAnswer>, CoordinatorError> {
     decode_model(&model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
-    let devices = devices(shared, spec)?;
+    let devices = devices(shared, spec, None)?;
     let (_, answers) = query_all(shared, &devices, &model, &progress).await?;
     Ok(answers
         .into_iter()
@@ -228,13 +252,26 @@ pub async fn query(
         .collect())
 }
 
-#[tracing::instrument(level = "debug", skip_all, fields(name = %request.name))]
-pub(crate) async fn plan_request(
+/// A load request's model simplified, asked about on every device it may
+/// use, typed from the answers, with everything planning needs.
+struct Prepared {
+    graph: Graph,
+    by_host: ByHost,
+    supports: HashMap<DeviceId, SupportSet>,
+    cost: AnalyticCostModel,
+    options: PlanOptions,
+    memory: HashMap<DeviceId, u64>,
+}
+
+/// Simplifies the model, asks QueryNetwork of the workers (`only`: of
+/// these workers' devices alone) and completes the graph's types.
+async fn prepare_request(
     shared: &Arc<Shared>,
     request: &LoadRequest,
     model: &Bytes,
     progress: &mpsc::Sender<Control>,
-) -> Result<Planned, CoordinatorError> {
+    only: Option<&[String]>,
+) -> Result<Prepared, CoordinatorError> {
     let proto = decode_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
     let shapes: BTreeMap<String, Vec<usize>> = request
         .shapes
@@ -250,7 +287,7 @@ pub(crate) async fn plan_request(
         tracing::info!("simplified: {}", simplified.summary());
     }
     let simplified_bytes = Bytes::from(encode_model(graph.model()));
-    let devices = devices(shared, &request.devices)?;
+    let devices = devices(shared, &request.devices, only)?;
     let (by_host, answers) = query_all(shared, &devices, &simplified_bytes, progress).await?;
     let types: BTreeMap<String, ReportedType> = answers
         .iter()
@@ -284,77 +321,134 @@ pub(crate) async fn plan_request(
         let d = DeviceId::parse(device).map_err(|e| CoordinatorError::Devices(e.to_string()))?;
         manual.insert(node.clone(), d);
     }
-    let policy = request.policy;
+    let memory = devices
+        .iter()
+        .filter_map(|(id, w)| {
+            let info = w.devices.iter().find(|d| d.device == id.name)?;
+            (info.memory_bytes > 0).then(|| (id.clone(), info.memory_bytes))
+        })
+        .collect();
     let options = PlanOptions {
         priority: DevicePriority {
             devices: devices.iter().map(|(d, _)| d.clone()).collect(),
         },
-        policy,
+        policy: request.policy,
         strict: request.strict,
         manual,
         simplified,
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
-    // Affinity, partition and export walk the whole model: off the async
-    // threads too.
-    let (graph, cost, plan) = tokio::task::spawn_blocking(move || {
-        let plan = plan(&graph, &supports, &cost, &options);
-        (graph, cost, plan)
-    })
-    .await
-    .map_err(|e| CoordinatorError::Plan(format!("planning failed: {e}")))?;
-    let plan = plan.map_err(|e| CoordinatorError::Plan(e.to_string()))?;
-    Ok(Planned {
+    Ok(Prepared {
         graph,
         by_host,
-        plan,
+        supports,
         cost,
+        options,
+        memory,
     })
 }
 
-/// The plan as JSON: the partition's [`PlanReport`], with per subgraph its
-/// host, its predicted compute time and the predicted transfer time of its
-/// inputs.
-pub(crate) fn plan_json(p: &Planned, network: u64, hosts: &[String]) -> String {
-    let (graph, planned) = (&p.graph, &p.plan);
+/// A load request's copies, each planned.
+pub(crate) struct Scheduled {
+    pub graph: Graph,
+    pub by_host: ByHost,
+    pub cost: AnalyticCostModel,
+    pub schedule: Schedule,
+}
+
+impl Scheduled {
+    /// Copy `i` as one plan to deploy.
+    pub fn copy(&self, i: usize) -> Planned<'_> {
+        Planned {
+            graph: &self.graph,
+            by_host: &self.by_host,
+            plan: &self.schedule.copies[i].plan,
+            cost: &self.cost,
+        }
+    }
+}
+
+/// Plans `replicas` copies of `model` as asked, over the workers connected
+/// now (`only`: over these workers alone).
+#[tracing::instrument(level = "debug", skip_all, fields(name = %request.name))]
+pub(crate) async fn plan_request(
+    shared: &Arc<Shared>,
+    request: &LoadRequest,
+    model: &Bytes,
+    progress: &mpsc::Sender<Control>,
+    replicas: Replicas,
+    only: Option<&[String]>,
+) -> Result<Scheduled, CoordinatorError> {
+    let prepared = prepare_request(shared, request, model, progress, only).await?;
+    // Affinity, partition and export of every copy walk the whole model:
+    // off the async threads too.
+    let (prepared, schedule) = tokio::task::spawn_blocking(move || {
+        let cluster = Cluster {
+            graph: &prepared.graph,
+            supports: &prepared.supports,
+            cost: &prepared.cost,
+            memory: &prepared.memory,
+        };
+        let schedule = schedule(&cluster, &prepared.options, replicas);
+        (prepared, schedule)
+    })
+    .await
+    .map_err(|e| CoordinatorError::Plan(format!("planning failed: {e}")))?;
+    let schedule = schedule.map_err(|e| match e {
+        ScheduleError::Copy {
+            count: 1, source, ..
+        } => CoordinatorError::Plan(source.to_string()),
+        e => CoordinatorError::Plan(e.to_string()),
+    })?;
+    if schedule.copies.len() > 1 {
+        tracing::info!(
+            copies = schedule.copies.len(),
+            predicted_rps = schedule.predicted_rps.round(),
+            "replicas scheduled"
+        );
+    }
+    Ok(Scheduled {
+        graph: prepared.graph,
+        by_host: prepared.by_host,
+        cost: prepared.cost,
+        schedule,
+    })
+}
+
+/// One planned copy, as it is deployed.
+pub(crate) struct Planned<'a> {
+    pub graph: &'a Graph,
+    pub by_host: &'a ByHost,
+    pub plan: &'a Plan,
+    pub cost: &'a AnalyticCostModel,
+}
+
+/// A copy's plan document: the partition's [`PlanReport`], with per
+/// subgraph its host, its predicted compute time and the predicted
+/// transfer time of its inputs.
+pub(crate) fn plan_report_of(p: &Planned, network: u64, hosts: &[String]) -> PlanReport {
+    let (graph, planned) = (p.graph, p.plan);
     let part = &planned.partition;
     let mut report = plan_report(graph, &planned.assignment, part);
-    for (sg, out) in part.subgraphs.iter().zip(&mut report.subgraphs) {
-        let device = part.device_of(sg);
-        let compute: f64 = sg
-            .nodes
-            .iter()
-            .map(|&n| p.cost.compute_us(graph, n, device))
-            .sum();
-        let transfer: f64 = sg
-            .inputs
-            .iter()
-            .map(|&t| {
-                let producer = graph.tensor(t).producer;
-                let from =
-                    part.subgraph_of[producer.index()].map(|i| part.device_of(&part.subgraphs[i]));
-                let bytes = tessera_common::affinity::tensor_bytes(graph, t);
-                from.map_or(0.0, |from| p.cost.transfer_us(bytes, from, device))
-            })
-            .sum();
-        out.host = device.host.clone();
+    let costs = stage_costs(graph, planned, p.cost);
+    for ((sg, out), cost) in part.subgraphs.iter().zip(&mut report.subgraphs).zip(costs) {
+        out.host = part.device_of(sg).host.clone();
         // JSON has no NaN or infinity: an estimate that is not finite is
         // reported as 0 (not predicted).
         let finite = |v: f64| if v.is_finite() { v.round() } else { 0.0 };
-        out.predicted_compute_us = finite(compute);
-        out.predicted_transfer_us = finite(transfer);
+        out.predicted_compute_us = finite(cost.compute_us);
+        out.predicted_transfer_us = finite(cost.transfer_us);
     }
     report.network = network;
     report.hosts = hosts.to_vec();
     report.simplified = planned.simplified.clone();
-    // Plain structs of strings and numbers: serializing cannot fail.
-    serde_json::to_string(&report).unwrap_or_default()
+    report
 }
 
-pub(crate) fn hosts_of(planned: &Planned) -> Vec<String> {
-    let mut hosts: Vec<String> = planned
-        .plan
+/// The workers a plan runs on, sorted, each once.
+pub(crate) fn hosts_of(plan: &Plan) -> Vec<String> {
+    let mut hosts: Vec<String> = plan
         .stages
         .iter()
         .filter_map(|s| s.device.host.clone())
@@ -364,13 +458,33 @@ pub(crate) fn hosts_of(planned: &Planned) -> Vec<String> {
     hosts
 }
 
-/// Plans `model` as asked without deploying it; returns the plan (JSON).
+/// Plans `model` as asked without deploying it; returns the plan (JSON):
+/// the first copy's, every copy listed when there are several.
 pub async fn dry_run(
     shared: &Arc<Shared>,
     request: LoadRequest,
     model: Bytes,
     progress: mpsc::Sender<Control>,
 ) -> Result<String, CoordinatorError> {
-    let planned = plan_request(shared, &request, &model, &progress).await?;
-    Ok(plan_json(&planned, 0, &hosts_of(&planned)))
+    let scheduled =
+        plan_request(shared, &request, &model, &progress, request.replicas, None).await?;
+    let copies = &scheduled.schedule.copies;
+    let first = scheduled.copy(0);
+    let mut report = plan_report_of(&first, 0, &hosts_of(first.plan));
+    if copies.len() > 1 {
+        report.replicas = copies
+            .iter()
+            .map(|c| ReplicaReport {
+                deployment: 0,
+                hosts: hosts_of(&c.plan),
+                devices: c.plan.stages.iter().map(|s| s.device.to_string()).collect(),
+                predicted_latency_us: c.cost.latency_us.round(),
+                predicted_rps: c.cost.throughput_rps(),
+            })
+            .collect();
+    }
+    report.predicted_rps = scheduled.schedule.predicted_rps;
+    report.considered = scheduled.schedule.considered.clone();
+    // Plain structs of strings and numbers: serializing cannot fail.
+    Ok(serde_json::to_string(&report).unwrap_or_default())
 }

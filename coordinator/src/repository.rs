@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model;
-use tessera_common::wire::control::{Control, LoadRequest, ModelStatus};
+use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelStatus};
 use tokio::sync::mpsc;
 
 use crate::config::{valid_model_name, ModelConfig};
@@ -158,6 +158,11 @@ pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        replicas: model.replicas,
+        batching: (model.max_batch > 1).then_some(Batching {
+            max_batch: model.max_batch,
+            max_queue_delay_us: model.max_queue_delay_us,
+        }),
     };
     (Source::File(model.path.clone()), request)
 }

@@ -5,10 +5,15 @@
 //! which outputs were still missing). Many requests are in flight at once;
 //! each has its own id and result.
 //!
+//! A network with several copies (replicas) sends each request to the
+//! ready copy with the least outstanding work: requests on it now × its
+//! predicted latency ([`crate::network::Loaded::pick`]).
+//!
 //! The coordinator keeps a request's inputs until it completes: when a
 //! worker it runs on is lost (or a tensor could not reach a worker that
-//! then turns out lost), the request is tried again, with a new id, on the
-//! network's next deployment ([`crate::heal`]), within the same deadline.
+//! then turns out lost), the request is tried again, with a new id, on
+//! another copy or the copy's next deployment ([`crate::heal`]), within
+//! the same deadline.
 //! Outputs of an abandoned try are dropped, so a result is never
 //! duplicated.
 
@@ -24,7 +29,7 @@ use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tokio::sync::oneshot;
 
-use crate::network::{Deployed, Waited};
+use crate::network::{Deployed, Picked, Waited};
 use crate::{CoordinatorError, Shared};
 
 /// Tries of one request (each after a worker loss) before it fails.
@@ -119,19 +124,21 @@ async fn infer_on(
         deadline_ms: deadline.as_millis() as u64,
         waiting,
     };
-    let mut failed_on: Option<u64> = None;
+    // Deployments a try failed on: the next try goes elsewhere.
+    let mut tried: Vec<u64> = Vec::new();
     let mut last = String::new();
     for attempt in 1..=MAX_ATTEMPTS {
-        let deployed = match loaded.ready(failed_on, until).await {
-            Waited::Ready(d) => d,
-            Waited::Broken(e) => return Err(CoordinatorError::WorkerLost(e)),
-            Waited::TimedOut => {
+        let (replica, deployed) = match loaded.pick(&tried, until).await {
+            Picked::Ready(r, d) => (r, d),
+            Picked::Broken(e) => return Err(CoordinatorError::WorkerLost(e)),
+            Picked::TimedOut => {
                 return Err(timed_out(
                     0,
                     format!(" (waiting for network {network} to be re-planned after: {last})"),
                 ))
             }
         };
+        let _working = replica.start_work();
         let id = shared.next_request.fetch_add(1, Ordering::Relaxed);
         match attempt_on(shared, &deployed, id, &inputs, until).await {
             Ok((outputs, counters)) => {
@@ -149,12 +156,17 @@ async fn infer_on(
                 last = e;
             }
             Err(Tried::Failed(Failure::Unreachable(e))) => {
-                // Retried only if the deployment changes (its worker was
-                // lost) within the time a loss takes to be noticed.
+                // Retried only if the copy's deployment changes (its
+                // worker was lost) within the time a loss takes to be
+                // noticed.
                 let wait = until.min(Instant::now() + grace);
-                match loaded.ready(Some(deployed.id), wait).await {
+                match replica.ready(Some(deployed.id), wait).await {
                     Waited::Ready(_) => {
                         tracing::info!(network, request = id, "retrying: {e}");
+                        last = e;
+                    }
+                    Waited::Broken(b) if loaded.replicas.len() > 1 => {
+                        tracing::info!(network, request = id, "retrying on another copy: {e}; {b}");
                         last = e;
                     }
                     Waited::Broken(b) => {
@@ -164,7 +176,7 @@ async fn infer_on(
                 }
             }
         }
-        failed_on = Some(deployed.id);
+        tried.push(deployed.id);
     }
     Err(CoordinatorError::WorkerLost(format!(
         "request failed {MAX_ATTEMPTS} times, the last: {last}"

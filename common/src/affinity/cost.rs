@@ -62,8 +62,12 @@ pub struct AnalyticCostModel {
     pub fallback: DeviceProfile,
     /// Between two devices of the same host.
     pub intra_host: LinkProfile,
-    /// Between hosts.
+    /// Between hosts without a profile of their own.
     pub inter_host: LinkProfile,
+    /// Each host's own link (its latency to the network, its bandwidth):
+    /// between two hosts that have one, the latencies add up and the
+    /// slower bandwidth counts.
+    pub host_links: HashMap<String, LinkProfile>,
 }
 
 impl Default for AnalyticCostModel {
@@ -102,6 +106,7 @@ impl Default for AnalyticCostModel {
                 gbps: 1.25,
                 latency_us: 100.0,
             },
+            host_links: HashMap::new(),
         }
     }
 }
@@ -113,6 +118,18 @@ impl AnalyticCostModel {
             .or_else(|| self.kinds.get(device.kind()))
             .copied()
             .unwrap_or(self.fallback)
+    }
+
+    /// The link between two different hosts.
+    pub fn between_hosts(&self, a: Option<&str>, b: Option<&str>) -> LinkProfile {
+        let own = |h: Option<&str>| h.and_then(|h| self.host_links.get(h));
+        match (own(a), own(b)) {
+            (Some(x), Some(y)) => LinkProfile {
+                gbps: x.gbps.min(y.gbps),
+                latency_us: x.latency_us + y.latency_us,
+            },
+            _ => self.inter_host,
+        }
     }
 }
 
@@ -130,7 +147,7 @@ impl CostModel for AnalyticCostModel {
         let link = if from.host == to.host {
             self.intra_host
         } else {
-            self.inter_host
+            self.between_hosts(from.host.as_deref(), to.host.as_deref())
         };
         link.latency_us + bytes as f64 / (link.gbps * 1e3)
     }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::frame::{FrameKind, Limits};
 use super::{codec, WireError};
 use crate::affinity::Policy;
+pub use crate::schedule::Replicas;
 
 /// One device of a worker, with the figures the cost policy uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,6 +19,8 @@ pub struct DeviceInfo {
     pub full_name: String,
     pub gflops: f64,
     pub bandwidth_gbps: f64,
+    /// Memory available for weights, bytes (0: not reported).
+    pub memory_bytes: u64,
     /// Other metrics by name, printable.
     pub metrics: Vec<(String, String)>,
 }
@@ -48,6 +51,19 @@ pub struct DeploySpec {
     pub model_hash: String,
     pub inputs: Vec<String>,
     pub outputs: Vec<Route>,
+    /// Requests waiting in its mailbox run as one batch (absent: one at a
+    /// time).
+    pub batching: Option<Batching>,
+}
+
+/// Dynamic batching: requests waiting for a subgraph are concatenated
+/// along their first (batch) dimension, run once and split back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batching {
+    /// The most requests in one batch (at least 2 to batch at all).
+    pub max_batch: u32,
+    /// How long a request may wait for others to join its batch, µs.
+    pub max_queue_delay_us: u64,
 }
 
 /// QueryNetwork's answer for one device.
@@ -78,6 +94,11 @@ pub struct LoadRequest {
     /// Concrete shapes of graph inputs (name, dims): dynamic dims fixed
     /// before simplification; requests must then have these shapes.
     pub shapes: Vec<(String, Vec<u64>)>,
+    /// Copies of the network to run, requests balanced over them.
+    pub replicas: Replicas,
+    /// Dynamic batching (absent: off); the model's batch dimension must be
+    /// dynamic.
+    pub batching: Option<Batching>,
 }
 
 /// One worker as the coordinator sees it.

@@ -322,7 +322,8 @@ fn load_config(body: &[u8]) -> Result<Option<ModelConfig>, HttpError> {
         .ok_or_else(|| HttpError::bad_request("parameters.config must be a JSON string"))?;
     let config: ModelConfig = serde_json::from_str(text).map_err(|e| {
         HttpError::bad_request(format!(
-            "parameters.config: {e} (keys: path, devices, policy, strict, shapes, affinity)"
+            "parameters.config: {e} (keys: {})",
+            crate::config::MODEL_KEYS.join(", ")
         ))
     })?;
     Ok(Some(config))

@@ -9,6 +9,12 @@
 //! The thread is the subgraph's for its whole life: the backend's
 //! per-thread state (scratch buffers, caches) stays warm from one request
 //! to the next, which a shared blocking pool does not guarantee.
+//!
+//! With dynamic batching on, the actor hands the thread one job at a time:
+//! the requests ready meanwhile (up to `max_batch`, of matching shapes)
+//! go as one batch, concatenated along the first dimension and split back
+//! after the run ([`super::batch`]). A lone request waits up to
+//! `max_queue_delay_us` for others while the thread is idle.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
@@ -17,8 +23,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix::WeakAddr;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::NodeTime;
+use tessera_common::wire::control::{Batching, NodeTime};
 
+use super::batch::{self, Ready};
 use super::routes::Router;
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
@@ -47,17 +54,17 @@ pub struct Forget {
 #[rtype(result = "()")]
 pub struct Stop;
 
-/// The compute thread finished (or skipped) a request.
+/// The compute thread finished (or skipped) a job.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Finished {
-    request: u64,
+    requests: Vec<u64>,
 }
 
-/// A request for the compute thread.
+/// Requests for the compute thread: one, or a batch.
 struct Job {
-    request: u64,
-    inputs: Vec<Tensor>,
+    requests: Vec<u64>,
+    inputs: Vec<Vec<Tensor>>,
 }
 
 pub struct SubgraphActor {
@@ -73,10 +80,14 @@ pub struct SubgraphActor {
     pub mailbox: usize,
     /// Requests whose inputs stay incomplete this long are dropped.
     pub stale_after: Duration,
+    /// Dynamic batching (`None`: one request at a time).
+    pub batching: Option<Batching>,
     pending: HashMap<u64, (Vec<Option<Tensor>>, Instant)>,
-    ready: VecDeque<(u64, Vec<Tensor>)>,
-    /// Requests handed to the compute thread, not finished yet.
-    handed: VecDeque<u64>,
+    ready: VecDeque<Ready>,
+    /// Jobs handed to the compute thread, not finished yet.
+    handed: VecDeque<Vec<u64>>,
+    /// A batch is waiting for more requests until a timer fires.
+    waiting_for_batch: bool,
     /// The compute thread's queue (`None` if it could not start).
     jobs: Option<mpsc::SyncSender<Job>>,
     /// Handed requests forgotten since: the thread skips them.
@@ -106,9 +117,11 @@ impl SubgraphActor {
             outputs,
             mailbox,
             stale_after: Duration::from_secs(300),
+            batching: None,
             pending: HashMap::new(),
             ready: VecDeque::new(),
             handed: VecDeque::new(),
+            waiting_for_batch: false,
             jobs: None,
             cancelled: Default::default(),
             depth: router.mailbox_gauge(network, subgraph),
@@ -118,32 +131,86 @@ impl SubgraphActor {
 
     /// Publishes how many requests this actor holds.
     fn publish_depth(&self) {
-        let held = self.pending.len() + self.ready.len() + self.handed.len();
+        let handed: usize = self.handed.iter().map(Vec::len).sum();
+        let held = self.pending.len() + self.ready.len() + handed;
         self.depth
             .store(held as u32, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Hands ready requests to the compute thread while it has room.
-    fn next(&mut self) {
-        while self.handed.len() < HANDED {
-            let Some((request, inputs)) = self.ready.pop_front() else {
-                return;
+    /// Hands ready requests to the compute thread while it has room: one
+    /// at a time, or with batching one batch at a time.
+    fn next(&mut self, ctx: &mut Context<Self>) {
+        let room = if self.batching.is_some() { 1 } else { HANDED };
+        while self.handed.len() < room && !self.ready.is_empty() {
+            let take = match self.batching {
+                Some(b) => {
+                    let max = b.max_batch.max(1) as usize;
+                    let n = batch::batchable(&self.ready, max);
+                    if n < max && self.hold_for_batch(b, ctx) {
+                        return;
+                    }
+                    n
+                }
+                None => 1,
+            };
+            let taken: Vec<Ready> = self.ready.drain(..take).collect();
+            let requests: Vec<u64> = taken.iter().map(|r| r.request).collect();
+            let inputs = taken.into_iter().map(|r| r.inputs).collect();
+            let job = Job {
+                requests: requests.clone(),
+                inputs,
             };
             let handed = self
                 .jobs
                 .as_ref()
-                .is_some_and(|jobs| jobs.try_send(Job { request, inputs }).is_ok());
+                .is_some_and(|jobs| jobs.try_send(job).is_ok());
             if handed {
-                self.handed.push_back(request);
+                self.handed.push_back(requests);
             } else {
                 let error = format!(
                     "subgraph {} on {}: its compute thread is not running",
                     self.subgraph, self.device
                 );
                 let router = self.router.clone();
-                tokio::spawn(async move { router.fail(request, error).await });
+                tokio::spawn(async move {
+                    for request in requests {
+                        router.fail(request, error.clone()).await;
+                    }
+                });
             }
         }
+    }
+
+    /// Whether the oldest ready request should wait for others to join its
+    /// batch (then a timer calls [`Self::next`] when its wait is over).
+    fn hold_for_batch(&mut self, b: Batching, ctx: &mut Context<Self>) -> bool {
+        let Some(oldest) = self.ready.front() else {
+            return false;
+        };
+        let delay = Duration::from_micros(b.max_queue_delay_us);
+        let waited = oldest.since.elapsed();
+        if waited >= delay {
+            return false;
+        }
+        if !self.waiting_for_batch {
+            self.waiting_for_batch = true;
+            ctx.run_later(delay - waited, |actor, ctx| {
+                actor.waiting_for_batch = false;
+                actor.next(ctx);
+                actor.publish_depth();
+            });
+        }
+        true
+    }
+
+    /// A request whose inputs have all arrived.
+    fn make_ready(&mut self, request: u64, inputs: Vec<Tensor>, ctx: &mut Context<Self>) {
+        self.ready.push_back(Ready {
+            request,
+            inputs,
+            since: Instant::now(),
+        });
+        self.next(ctx);
     }
 
     /// Starts the compute thread; it reports back to `actor`.
@@ -192,37 +259,36 @@ struct ComputeThread {
 impl ComputeThread {
     /// Runs jobs until the actor drops its end of the queue.
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(Job { request, inputs }) = jobs.recv() {
+        while let Ok(Job { requests, inputs }) = jobs.recv() {
             if self.actor.upgrade().is_none() {
                 return; // stopped
             }
             // A request forgotten while it waited here is skipped (one
             // forgotten while it runs: its outputs are dropped where they
             // land, and the actor clears its mark when it finishes).
-            let forgotten = self
-                .cancelled
-                .lock()
-                .map(|mut c| c.remove(&request))
-                .unwrap_or(false);
-            if !forgotten {
-                self.compute(request, &inputs);
+            let (live, inputs): (Vec<u64>, Vec<Vec<Tensor>>) = {
+                let mut cancelled = self.cancelled.lock().unwrap_or_else(|p| p.into_inner());
+                requests
+                    .iter()
+                    .copied()
+                    .zip(inputs)
+                    .filter(|(r, _)| !cancelled.remove(r))
+                    .unzip()
+            };
+            match live.len() {
+                0 => {}
+                1 => self.compute(live[0], &inputs[0]),
+                _ => self.compute_batch(&live, inputs),
             }
             match self.actor.upgrade() {
-                Some(actor) => actor.do_send(Finished { request }),
+                Some(actor) => actor.do_send(Finished { requests }),
                 None => return,
             }
         }
     }
 
-    fn compute(&mut self, request: u64, inputs: &[Tensor]) {
-        let span = tracing::debug_span!(
-            "subgraph_run",
-            request,
-            network = self.network,
-            subgraph = self.subgraph,
-            device = %self.device
-        );
-        let _entered = span.enter();
+    /// Runs the subgraph on `inputs` (or gives its constants).
+    fn infer(&mut self, inputs: &[Tensor]) -> (Result<InferResult, String>, Duration) {
         self.router.running(true);
         let started = Instant::now();
         let result = match &self.constants {
@@ -244,14 +310,24 @@ impl ComputeThread {
             ok = result.is_ok(),
             "ran"
         );
-        let router = self.router.clone();
+        (result, elapsed)
+    }
+
+    fn compute(&mut self, request: u64, inputs: &[Tensor]) {
+        let span = tracing::debug_span!(
+            "subgraph_run",
+            request,
+            network = self.network,
+            subgraph = self.subgraph,
+            device = %self.device
+        );
+        let _entered = span.enter();
+        let (result, elapsed) = self.infer(inputs);
         match result {
             Ok(result) => {
                 if !self.takes_inputs && self.constants.is_none() {
                     self.constants = Some(result.outputs.clone());
                 }
-                let outputs: Vec<(Arc<str>, Tensor)> =
-                    self.outputs.iter().cloned().zip(result.outputs).collect();
                 let nodes = result
                     .counters
                     .into_iter()
@@ -261,19 +337,73 @@ impl ComputeThread {
                         micros: c.real_us,
                     })
                     .collect();
-                let (network, subgraph) = (self.network, self.subgraph);
-                self.runtime.spawn(async move {
-                    router
-                        .deliver(network, subgraph, request, outputs, elapsed, nodes)
-                        .await
-                });
+                self.deliver(request, result.outputs, elapsed, nodes);
+            }
+            Err(e) => self.fail(request, e),
+        }
+    }
+
+    /// Runs `requests` as one batch and answers each with its own rows; a
+    /// batch that cannot be joined or split runs request by request.
+    fn compute_batch(&mut self, requests: &[u64], inputs: Vec<Vec<Tensor>>) {
+        let span = tracing::debug_span!(
+            "subgraph_run",
+            request = requests[0],
+            batch = requests.len(),
+            network = self.network,
+            subgraph = self.subgraph,
+            device = %self.device
+        );
+        let entered = span.enter();
+        let (joined, rows) = match batch::concat(&inputs) {
+            Ok(joined) => joined,
+            Err(e) => {
+                tracing::warn!("not batched: {e}");
+                drop(entered);
+                for (&r, inputs) in requests.iter().zip(&inputs) {
+                    self.compute(r, inputs);
+                }
+                return;
+            }
+        };
+        let (result, elapsed) = self.infer(&joined);
+        match result.map(|r| batch::split(r.outputs, &rows)) {
+            Ok(Ok(per_request)) => {
+                for (&r, outputs) in requests.iter().zip(per_request) {
+                    self.deliver(r, outputs, elapsed, Vec::new());
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("batch not split, running its requests one by one: {e}");
+                drop(entered);
+                for (&r, inputs) in requests.iter().zip(&inputs) {
+                    self.compute(r, inputs);
+                }
             }
             Err(e) => {
-                let error = format!("subgraph {} on {}: {e}", self.subgraph, self.device);
-                self.runtime
-                    .spawn(async move { router.fail(request, error).await });
+                for &r in requests {
+                    self.fail(r, e.clone());
+                }
             }
         }
+    }
+
+    /// Streams a request's outputs to their consumers.
+    fn deliver(&self, request: u64, outputs: Vec<Tensor>, took: Duration, nodes: Vec<NodeTime>) {
+        let outputs: Vec<(Arc<str>, Tensor)> = self.outputs.iter().cloned().zip(outputs).collect();
+        let (router, network, subgraph) = (self.router.clone(), self.network, self.subgraph);
+        self.runtime.spawn(async move {
+            router
+                .deliver(network, subgraph, request, outputs, took, nodes)
+                .await
+        });
+    }
+
+    fn fail(&self, request: u64, error: String) {
+        let error = format!("subgraph {} on {}: {error}", self.subgraph, self.device);
+        let router = self.router.clone();
+        self.runtime
+            .spawn(async move { router.fail(request, error).await });
     }
 }
 
@@ -306,11 +436,10 @@ impl Actor for SubgraphActor {
 impl Handler<Arrived> for SubgraphActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Arrived, _: &mut Self::Context) {
+    fn handle(&mut self, msg: Arrived, ctx: &mut Self::Context) {
         if self.inputs.is_empty() {
             // A subgraph of constants only: its trigger arrived.
-            self.ready.push_back((msg.request, Vec::new()));
-            self.next();
+            self.make_ready(msg.request, Vec::new(), ctx);
             self.publish_depth();
             return;
         }
@@ -325,9 +454,7 @@ impl Handler<Arrived> for SubgraphActor {
         got[slot] = Some(msg.tensor);
         if got.iter().all(Option::is_some) {
             if let Some((got, _)) = self.pending.remove(&msg.request) {
-                self.ready
-                    .push_back((msg.request, got.into_iter().flatten().collect()));
-                self.next();
+                self.make_ready(msg.request, got.into_iter().flatten().collect(), ctx);
             }
         }
         self.publish_depth();
@@ -337,14 +464,16 @@ impl Handler<Arrived> for SubgraphActor {
 impl Handler<Finished> for SubgraphActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
-        if let Some(at) = self.handed.iter().position(|r| *r == msg.request) {
+    fn handle(&mut self, msg: Finished, ctx: &mut Self::Context) {
+        if let Some(at) = self.handed.iter().position(|job| *job == msg.requests) {
             self.handed.remove(at);
             if let Ok(mut cancelled) = self.cancelled.lock() {
-                cancelled.remove(&msg.request);
+                for r in &msg.requests {
+                    cancelled.remove(r);
+                }
             }
         }
-        self.next();
+        self.next(ctx);
         self.publish_depth();
     }
 }
@@ -354,8 +483,8 @@ impl Handler<Forget> for SubgraphActor {
 
     fn handle(&mut self, msg: Forget, _: &mut Self::Context) {
         self.pending.remove(&msg.request);
-        self.ready.retain(|(r, _)| *r != msg.request);
-        if self.handed.contains(&msg.request) {
+        self.ready.retain(|r| r.request != msg.request);
+        if self.handed.iter().any(|job| job.contains(&msg.request)) {
             if let Ok(mut cancelled) = self.cancelled.lock() {
                 cancelled.insert(msg.request);
             }

@@ -18,6 +18,7 @@
 //! runtime (`actix_rt::System::with_tokio_rt`).
 
 pub mod actor;
+mod batch;
 pub mod cache;
 pub mod config;
 mod operations;
@@ -159,8 +160,26 @@ fn device_info(d: &Device) -> DeviceInfo {
             .unwrap_or_default(),
         gflops: number("GFLOPS"),
         bandwidth_gbps: number("MEMORY_BANDWIDTH_GBPS"),
+        memory_bytes: memory_bytes(d),
         metrics: Vec::new(),
     }
+}
+
+/// Memory a device holds weights in, as the coordinator checks replicas
+/// against it: a CPU device has the machine's available memory (Linux's
+/// `MemAvailable`); other devices do not report it (0).
+fn memory_bytes(d: &Device) -> u64 {
+    if d.kind != "CPU" {
+        return 0;
+    }
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return 0;
+    };
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 struct State {

@@ -153,7 +153,7 @@ async fn deploy(
         .iter()
         .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
         .collect();
-    let actor = SubgraphActor::new(
+    let mut actor = SubgraphActor::new(
         spec.network,
         spec.subgraph,
         format!("{}/{}", state.name, spec.device),
@@ -163,6 +163,7 @@ async fn deploy(
         state.router.clone(),
         state.mailbox,
     );
+    actor.batching = spec.batching.filter(|b| b.max_batch > 1);
     let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
     state.router.add(spec.network, &actor, &inputs, routes);
     // Dial the workers this subgraph streams to now, not on the first

@@ -1,0 +1,160 @@
+//! Dynamic batching: requests waiting for one subgraph concatenated along
+//! their first (batch) dimension, run once, and every output split back
+//! so that each request gets exactly its own rows.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tessera_common::tensor::Tensor;
+
+/// A request whose inputs have all arrived.
+pub struct Ready {
+    pub request: u64,
+    pub inputs: Vec<Tensor>,
+    pub since: Instant,
+}
+
+/// Rows of a request: the first dimension its inputs share (`None`: some
+/// input has no dimensions, or they disagree).
+fn rows(inputs: &[Tensor]) -> Option<usize> {
+    let first = *inputs.first()?.shape().first()?;
+    inputs
+        .iter()
+        .all(|t| t.shape().first() == Some(&first))
+        .then_some(first)
+}
+
+/// Whether two requests' inputs agree on everything but the first
+/// dimension (so that they concatenate).
+fn compatible(a: &[Tensor], b: &[Tensor]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.elem() == y.elem()
+                && x.shape().len() == y.shape().len()
+                && x.shape().get(1..) == y.shape().get(1..)
+        })
+}
+
+/// How many requests from the front of `ready` run as one batch: the
+/// longest run, at most `max`, that concatenates (at least 1).
+pub fn batchable(ready: &VecDeque<Ready>, max: usize) -> usize {
+    let Some(first) = ready.front() else {
+        return 0;
+    };
+    if rows(&first.inputs).is_none() {
+        return 1;
+    }
+    1 + ready
+        .iter()
+        .skip(1)
+        .take(max.saturating_sub(1))
+        .take_while(|r| rows(&r.inputs).is_some() && compatible(&first.inputs, &r.inputs))
+        .count()
+}
+
+/// Each input slot of `requests` concatenated along the first dimension,
+/// and each request's rows.
+pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), String> {
+    let rows: Vec<usize> = requests
+        .iter()
+        .map(|inputs| rows(inputs).ok_or("an input without a batch dimension"))
+        .collect::<Result<_, _>>()?;
+    let total: usize = rows.iter().sum();
+    let Some(first) = requests.first() else {
+        return Ok((Vec::new(), rows));
+    };
+    let joined = (0..first.len())
+        .map(|slot| {
+            let size: usize = requests.iter().map(|r| r[slot].bytes().len()).sum();
+            let mut data = BytesMut::with_capacity(size);
+            for r in requests {
+                data.extend_from_slice(r[slot].bytes());
+            }
+            let mut shape = first[slot].shape().to_vec();
+            shape[0] = total;
+            Tensor::new(first[slot].elem(), shape, data.freeze()).map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((joined, rows))
+}
+
+/// Splits each output along its first dimension by `rows`: one output
+/// list per request. An output whose first dimension is not the batch's
+/// total rows cannot be split (the model mixes rows, or drops the batch
+/// dimension): an error.
+pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, String> {
+    let total: usize = rows.iter().sum();
+    let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];
+    for (i, out) in outputs.into_iter().enumerate() {
+        if out.shape().first() != Some(&total) {
+            return Err(format!(
+                "output {i} has shape {:?}, not {total} rows: it cannot be split by request",
+                out.shape()
+            ));
+        }
+        let row_bytes = out.bytes().len() / total.max(1);
+        let data = out.shared_bytes();
+        let mut at = 0;
+        for (r, &n) in rows.iter().enumerate() {
+            let mut shape = out.shape().to_vec();
+            shape[0] = n;
+            let part = data.slice(at..at + n * row_bytes);
+            at += n * row_bytes;
+            per_request[r].push(Tensor::new(out.elem(), shape, part).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(per_request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], start: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| start + i as f32).collect();
+        Tensor::from_values(shape.to_vec(), &values).unwrap()
+    }
+
+    fn ready(inputs: Vec<Tensor>) -> Ready {
+        Ready {
+            request: 0,
+            inputs,
+            since: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn requests_concatenate_and_split_back_to_their_own_rows() {
+        let a = vec![t(&[1, 3], 0.0), t(&[1, 2], 100.0)];
+        let b = vec![t(&[2, 3], 10.0), t(&[2, 2], 200.0)];
+        let (joined, rows) = concat(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(rows, [1, 2]);
+        assert_eq!(joined[0].shape(), [3, 3]);
+        assert_eq!(joined[1].shape(), [3, 2]);
+        let back = split(joined, &rows).unwrap();
+        assert_eq!(back, vec![a, b]);
+    }
+
+    #[test]
+    fn only_requests_of_matching_shapes_join_a_batch() {
+        let mut queue = VecDeque::new();
+        queue.push_back(ready(vec![t(&[1, 3, 4], 0.0)]));
+        queue.push_back(ready(vec![t(&[1, 3, 4], 0.0)]));
+        queue.push_back(ready(vec![t(&[1, 3, 5], 0.0)]));
+        queue.push_back(ready(vec![t(&[1, 3, 4], 0.0)]));
+        assert_eq!(batchable(&queue, 8), 2);
+        assert_eq!(batchable(&queue, 1), 1);
+        let mut scalar = VecDeque::new();
+        scalar.push_back(ready(vec![Tensor::from_values(vec![], &[1.0f32]).unwrap()]));
+        scalar.push_back(ready(vec![Tensor::from_values(vec![], &[1.0f32]).unwrap()]));
+        assert_eq!(batchable(&scalar, 8), 1);
+    }
+
+    #[test]
+    fn an_output_without_the_batch_rows_is_not_split() {
+        let err = split(vec![t(&[4], 0.0)], &[1, 2]).unwrap_err();
+        assert!(err.contains("not 3 rows"), "{err}");
+    }
+}
