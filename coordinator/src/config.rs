@@ -11,6 +11,9 @@
 //! path = "models/rec.onnx"
 //! devices = "HETERO:node-a/CPU,node-b/CPU"
 //! policy = "priority"
+//! replicas = 2            # or "auto"
+//! max_batch = 8           # dynamic batching (0: off)
+//! max_queue_delay_us = 500
 //! ```
 
 use std::collections::BTreeMap;

@@ -40,7 +40,7 @@ pub async fn load_network(
 
 /// Plans the request's copies and deploys every one at once; when one
 /// fails, the others are undeployed.
-#[tracing::instrument(skip_all, fields(network = network, name = %request.name))]
+#[tracing::instrument(name = "deploy", skip_all, fields(network = network, name = %request.name))]
 async fn deploy_replicas(
     shared: &Arc<Shared>,
     network: u64,

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use tessera_common::affinity::Policy;
+use tessera_common::schedule::Replicas;
 use tessera_coordinator::config::CoordinatorConfig;
 
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/cluster.toml");
@@ -89,7 +90,8 @@ fn named_models_and_the_http_listener_are_configured() {
         "http_listen = \"127.0.0.1:8000\"\nhttp_max_body_bytes = 1024\n\
          [models.rec]\npath = \"models/rec.onnx\"\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
          shapes = { x = [1, 3, 48, 320] }\naffinity = { \"conv_1\" = \"node-b/CPU\" }\n\
-         [models.MiniLM-L3]\npath = \"minilm.onnx\"\npolicy = \"cost\"\n",
+         replicas = 2\nmax_batch = 8\n\
+         [models.MiniLM-L3]\npath = \"minilm.onnx\"\npolicy = \"cost\"\nreplicas = \"auto\"\n",
     );
     let cfg = CoordinatorConfig::load(Some(&path), no_env).unwrap();
     assert_eq!(
@@ -102,8 +104,12 @@ fn named_models_and_the_http_listener_are_configured() {
     assert_eq!(rec.policy, Policy::Priority);
     assert_eq!(rec.shapes["x"], vec![1, 3, 48, 320]);
     assert_eq!(rec.affinity["conv_1"], "node-b/CPU");
+    assert_eq!(rec.replicas, Replicas::Count(2));
+    assert_eq!((rec.max_batch, rec.max_queue_delay_us), (8, 500));
     // Names keep their case.
     assert_eq!(cfg.models["MiniLM-L3"].policy, Policy::Cost);
+    assert_eq!(cfg.models["MiniLM-L3"].replicas, Replicas::Auto);
+    assert_eq!(cfg.models["MiniLM-L3"].max_batch, 0);
     let env = |k: &str| (k == "TESSERA_HTTP_LISTEN").then(|| "0.0.0.0:9100".to_string());
     let cfg = CoordinatorConfig::load(Some(&path), env).unwrap();
     assert_eq!(
@@ -123,6 +129,14 @@ fn bad_model_tables_and_http_keys_are_clear_errors() {
             "expected priority or cost",
         ),
         ("[models.rec]\npath = \"a.onnx\"\nbatch = 4\n", "batch"),
+        (
+            "[models.rec]\npath = \"a.onnx\"\nreplicas = 0\n",
+            "at least 1",
+        ),
+        (
+            "[models.rec]\npath = \"a.onnx\"\nreplicas = \"many\"\n",
+            "'many'",
+        ),
         ("[models.\"a/b\"]\npath = \"a.onnx\"\n", "model name"),
     ];
     for (i, (text, wanted)) in cases.iter().enumerate() {

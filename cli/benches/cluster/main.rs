@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|replicas|batching|scale|simulate]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -29,7 +29,15 @@
 //! - http: rec's two pipelined stages as a named model, served over HTTP
 //!   (KServe v2 binary tensors, 16 requests in flight on keep-alive
 //!   connections) vs the Rust SDK on the same cluster (target ≥ 0.9;
-//!   median of 3, alternating).
+//!   median of 3, alternating);
+//! - replicas: rec on two single-threaded workers, 16 in flight: two
+//!   replicas, `auto` and two pipelined stages vs the whole model on one
+//!   worker, with the machine's no-network ceiling (target: replicas ≥ 0.9
+//!   of the ceiling, `auto` ≥ 0.95 of the better of the other two);
+//! - batching: PP-OCR cls 48×192, 32 in flight, max_batch 8 vs off;
+//! - scale: 64 workers in this process: registration, plan + deploy of a
+//!   64-stage split and of 64 replicas, throughput and CPU per request;
+//! - simulate: the scheduler over 64, 256 and 1,000 simulated workers.
 //!
 //! The CPU device is the default backend (onnxruntime where it loads) in
 //! every figure but `backends`, in the cluster and in-process alike.
@@ -67,6 +75,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use anyhow::{Context, Result};
 
 mod http;
+mod scale;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -128,6 +137,18 @@ fn main() -> Result<()> {
         }
         if run("http") {
             http::http_vs_sdk().await?;
+        }
+        if run("replicas") {
+            scale::replicas().await?;
+        }
+        if run("batching") {
+            scale::batching().await?;
+        }
+        if run("scale") {
+            scale::scale64().await?;
+        }
+        if run("simulate") {
+            scale::simulated()?;
         }
         Ok(())
     })
