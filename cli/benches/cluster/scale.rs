@@ -92,17 +92,40 @@ pub async fn replicas() -> Result<()> {
     Ok(())
 }
 
-/// PP-OCR cls on 48×192 lines, 32 in flight on one single-threaded
-/// worker: dynamic batching (max_batch 8) vs off.
+/// Dynamic batching (max_batch 8) vs off on one single-threaded worker,
+/// 32 in flight: PP-OCR cls on 48×192 lines, and MiniLM-L3 on 32-token
+/// sentences.
 pub async fn batching() -> Result<()> {
-    let path = model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
-    if !path.exists() {
-        println!("(skipped: {} missing)", path.display());
+    let cls = model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    let minilm = model_path("paraphrase-MiniLM-L3-v2.onnx");
+    if !cls.exists() || !minilm.exists() {
+        println!(
+            "(skipped: {} or {} missing)",
+            cls.display(),
+            minilm.display()
+        );
         return Ok(());
     }
-    let bytes = std::fs::read(&path)?;
+    let bytes = std::fs::read(&cls)?;
     let graph = Graph::from_model(decode_model(&bytes)?)?;
-    let inputs = seeded_image(&graph, 48, 192)?;
+    let image = seeded_image(&graph, 48, 192)?;
+    batching_on("PP-OCR cls (1x3x48x192)", bytes, image).await?;
+    let mut rng = synth::Rng::new(3);
+    let ids: Vec<i64> = (0..32).map(|_| rng.below(1000) as i64 + 100).collect();
+    let sentence = vec![
+        (
+            "input_ids".to_string(),
+            Tensor::from_values(vec![1, 32], &ids)?,
+        ),
+        (
+            "attention_mask".to_string(),
+            Tensor::from_values(vec![1, 32], &[1i64; 32])?,
+        ),
+    ];
+    batching_on("MiniLM-L3 (1x32 tokens)", std::fs::read(&minilm)?, sentence).await
+}
+
+async fn batching_on(label: &str, bytes: Vec<u8>, inputs: Vec<(String, Tensor)>) -> Result<()> {
     let (total, in_flight) = (640, 32);
     let (c, client) = cluster(1, Some(1)).await?;
     let off = client
@@ -110,7 +133,7 @@ pub async fn batching() -> Result<()> {
         .await?;
     let on = client
         .load_network(
-            bytes.clone(),
+            bytes,
             LoadOptions::devices("CPU").batching(8, Duration::from_micros(500)),
         )
         .await?;
@@ -123,7 +146,7 @@ pub async fn batching() -> Result<()> {
     }
     let (b, s) = (median(batched), median(single));
     println!(
-        "batching, PP-OCR cls (1x3x48x192), {in_flight} in flight, one worker, one thread: \
+        "batching, {label}, {in_flight} in flight, one worker, one thread: \
          max_batch 8 {b:.1} req/s, off {s:.1} req/s, ratio {:.2} (median of 3, alternating)",
         b / s
     );

@@ -10,11 +10,12 @@
 //! per-thread state (scratch buffers, caches) stays warm from one request
 //! to the next, which a shared blocking pool does not guarantee.
 //!
-//! With dynamic batching on, the actor hands the thread one job at a time:
-//! the requests ready meanwhile (up to `max_batch`, of matching shapes)
-//! go as one batch, concatenated along the first dimension and split back
-//! after the run ([`super::batch`]). A lone request waits up to
-//! `max_queue_delay_us` for others while the thread is idle.
+//! With dynamic batching on, the requests ready meanwhile (up to
+//! `max_batch`, of matching shapes) go to the thread as one job,
+//! concatenated along the first dimension and split back after the run
+//! ([`super::batch`]). A batch queues behind the running one only when it
+//! is full; a smaller one waits to grow until the thread is free, and then
+//! up to `max_queue_delay_us` after its oldest request became ready.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
@@ -138,15 +139,17 @@ impl SubgraphActor {
     }
 
     /// Hands ready requests to the compute thread while it has room: one
-    /// at a time, or with batching one batch at a time.
+    /// at a time, or with batching a batch at a time. A batch queued behind
+    /// a running one goes only when it is full (a smaller one waits to grow
+    /// until the thread is free).
     fn next(&mut self, ctx: &mut Context<Self>) {
-        let room = if self.batching.is_some() { 1 } else { HANDED };
-        while self.handed.len() < room && !self.ready.is_empty() {
+        while self.handed.len() < HANDED && !self.ready.is_empty() {
             let take = match self.batching {
                 Some(b) => {
                     let max = b.max_batch.max(1) as usize;
                     let n = batch::batchable(&self.ready, max);
-                    if n < max && self.hold_for_batch(b, ctx) {
+                    let busy = !self.handed.is_empty();
+                    if n < max && (busy || self.hold_for_batch(b, ctx)) {
                         return;
                     }
                     n
