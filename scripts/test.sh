@@ -19,6 +19,14 @@ if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then
     echo "warning: could not install curl; the KServe v2 test needs it"
 fi
 ./scripts/fetch-test-models.sh >/dev/null
+# onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);
+# Debian images carry only C and C.UTF-8.
+if ! locale -a 2>/dev/null | grep -qi '^en_US.utf-\?8$' && command -v apt-get >/dev/null; then
+  { { command -v locale-gen >/dev/null || apt-get install -y -q locales || { apt-get update -q && apt-get install -y -q locales; }; } &&
+    { grep -q '^en_US.UTF-8 UTF-8' /etc/locale.gen || echo 'en_US.UTF-8 UTF-8' >> /etc/locale.gen; } &&
+    locale-gen; } >/dev/null 2>&1 ||
+    echo "warning: could not generate the en_US.UTF-8 locale; StringNormalizer's node tests stay unsupported"
+fi
 # The GPU plugin's tests run on Mesa's lavapipe (a software Vulkan device)
 # where no GPU is present; with it installed they are required to run.
 lvp=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json

@@ -169,6 +169,41 @@ fn garbled_and_truncated_frames_are_errors() {
 }
 
 #[test]
+fn string_and_packed_tensors_travel_and_bad_ones_are_refused() {
+    let limits = Limits::default();
+    let strings = Tensor::from_strings(vec![3], &["a", "", "héllo"]).unwrap();
+    let int4 = Tensor::new(
+        tessera_common::onnx::ElemType::INT4,
+        vec![3],
+        vec![0x21, 0x0f],
+    )
+    .unwrap();
+    for t in [&strings, &int4] {
+        let mut stream = TensorHeader::new(1, 2, "s", t).encode(&limits).unwrap();
+        stream.extend_from_slice(t.bytes());
+        match decode_all(&stream, limits).unwrap().as_slice() {
+            [Frame::Tensor(header, payload)] => {
+                let back = header.clone().into_tensor(payload.clone()).unwrap();
+                assert_eq!(&back, t);
+            }
+            other => panic!("expected one tensor frame, got {other:?}"),
+        }
+    }
+    // A string payload that does not hold its strings: refused as a tensor.
+    let mut header = TensorHeader::new(1, 2, "s", &strings);
+    let garbled = Bytes::from(vec![9u8; strings.bytes().len()]);
+    assert!(header.clone().into_tensor(garbled).is_err());
+    // A header whose byte length disagrees with a fixed-size type's shape.
+    let floats = Tensor::from_values(vec![2], &[1f32, 2.0]).unwrap();
+    let mut lying = TensorHeader::new(1, 2, "f", &floats);
+    lying.bytes = 4;
+    assert!(lying.encode(&limits).is_err());
+    // Fewer bytes than the strings' lengths need.
+    header.bytes = 8;
+    assert!(header.encode(&limits).is_err());
+}
+
+#[test]
 fn handshake_checks_version_cluster_and_role() {
     let ok = Hello::new("lab", "node-a", Role::Worker);
     assert_eq!(handshake::check(&ok, "lab", &[Role::Worker]), Ok(()));

@@ -252,7 +252,7 @@ def bad_requests(url, oracle, max_body):
         ("malformed JSON", 400, None, b'{"inputs": [', []),
         ("missing input", 400, None, js([]), []),
         ("body over the limit", 413, None, b"0" * (max_body + 1), []),
-        ("BYTES tensor", 400, None, js([{**good, "datatype": "BYTES", "data": ["a"]}]), []),
+        ("BYTES for an FP32 input", 400, None, js([{**good, "datatype": "BYTES", "data": ["a"]}]), []),
         ("unknown output", 400, None, js([good], outputs=[{"name": "zz"}]), []),
     ]
 

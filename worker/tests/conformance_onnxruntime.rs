@@ -1,7 +1,9 @@
 //! The ONNX node tests through the onnxruntime CPU plugin: zero wrong
-//! answers among the tests its QueryNetwork accepts. 121 of onnx 1.17's
-//! 1,288 carry strings, sequences or optionals, which tensors here do not
-//! yet carry: 1,116 pass today of the 1,167 others.
+//! answers among the tests its QueryNetwork accepts. Of onnx 1.17's 1,288,
+//! 29 carry sequences or optionals, which tensors here do not carry; 9
+//! train (ai.onnx.preview.training), 9 decode images, 6 draw random numbers
+//! and 6 more ops or type variants onnxruntime 1.32 has no kernel for;
+//! 1,203 pass today (with the en_US.UTF-8 locale StringNormalizer needs).
 
 mod util;
 
@@ -33,7 +35,7 @@ fn onnxruntime_plugin_passes_the_onnx_node_tests() {
         report.failed.len()
     );
     assert!(
-        report.passed.len() >= 1110,
+        report.passed.len() >= 1195,
         "only {} node tests passed",
         report.passed.len()
     );

@@ -201,6 +201,19 @@ impl Emit {
         }
     }
 
+    /// Appends the attributes of `from` but those named in `skip` to the
+    /// last node written.
+    pub fn copy_attributes_except(&mut self, from: &NodeProto, skip: &[&str]) {
+        if let Some(last) = self.nodes.last_mut() {
+            last.attribute.extend(
+                from.attribute
+                    .iter()
+                    .filter(|a| !skip.contains(&a.name.as_deref().unwrap_or("")))
+                    .cloned(),
+            );
+        }
+    }
+
     /// The model's default-domain opset.
     pub fn opset(&self) -> i64 {
         self.opset

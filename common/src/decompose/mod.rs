@@ -54,6 +54,7 @@ mod loss;
 mod misc;
 mod pool;
 mod quant;
+mod recurrent;
 mod types;
 
 use std::collections::HashMap;
@@ -173,6 +174,13 @@ const RULES: &[(&str, Rule)] = &[
     ("Pad", layout::wrap_pad),
     ("ReduceMax", types::reduce_bool),
     ("ReduceMin", types::reduce_bool),
+    ("Max", types::widen_16bit),
+    ("Min", types::widen_16bit),
+    ("Pow", types::signed_exponent),
+    ("Cast", types::saturating_cast_4bit),
+    ("RNN", recurrent::batch_first),
+    ("GRU", recurrent::batch_first),
+    ("LSTM", recurrent::batch_first),
 ];
 
 /// Rules for ops of the `ai.onnx.ml` domain.
@@ -195,6 +203,12 @@ pub fn decomposable_ops() -> impl Iterator<Item = &'static str> {
 /// a rule and for which `wanted(op_type)` holds. Nodes a rule declines stay
 /// as they are.
 pub fn decompose(graph: &Graph, wanted: impl Fn(&str) -> bool) -> Decomposed {
+    decompose_where(graph, |node| wanted(node.op_type.as_deref().unwrap_or("")))
+}
+
+/// [`decompose`] for the nodes `wanted` picks (e.g. by name: the nodes a
+/// backend refused).
+pub fn decompose_where(graph: &Graph, wanted: impl Fn(&NodeProto) -> bool) -> Decomposed {
     let model = graph.model();
     let default_opset = crate::onnx::attr::declared_default_opset(model);
     let opset = default_opset.unwrap_or(EXPANSION_OPSET);
@@ -229,7 +243,7 @@ pub fn decompose(graph: &Graph, wanted: impl Fn(&str) -> bool) -> Decomposed {
         let rule = rules
             .iter()
             .find(|(name, _)| *name == op)
-            .filter(|_| wanted(op));
+            .filter(|_| wanted(node));
         let Some((_, rule)) = rule else {
             nodes.push(node.clone());
             continue;

@@ -218,3 +218,108 @@ fn affine_grid_base_coordinates() {
     let c = super::layout::coordinates(2, false);
     assert_eq!(c, [-0.5, 0.5]);
 }
+
+#[test]
+fn batch_first_recurrence_becomes_sequence_first_between_transposes() {
+    let mut lstm = node(
+        "l",
+        "LSTM",
+        &["x", "w", "r", "", "", "h0", "c0"],
+        &["y", "yh"],
+    );
+    lstm.attribute.push(int_attr("layout", 1));
+    lstm.attribute.push(int_attr("hidden_size", 4));
+    let g = model(
+        lstm,
+        vec![
+            tensor_info("x", 1, &[2, 5, 3]),
+            tensor_info("w", 1, &[1, 16, 3]),
+            tensor_info("r", 1, &[1, 16, 4]),
+            tensor_info("h0", 1, &[2, 1, 4]),
+            tensor_info("c0", 1, &[2, 1, 4]),
+        ],
+        14,
+    );
+    let d = decompose(&g, |_| true);
+    assert_eq!(
+        ops(&d),
+        [
+            "Transpose",
+            "Transpose",
+            "Transpose",
+            "LSTM",
+            "Transpose",
+            "Transpose"
+        ]
+    );
+    let inner = &d.model.graph.as_ref().unwrap().node[3];
+    assert!(inner
+        .attribute
+        .iter()
+        .all(|a| a.name.as_deref() != Some("layout")));
+    assert!(inner
+        .attribute
+        .iter()
+        .any(|a| a.name.as_deref() == Some("hidden_size")));
+    assert_eq!(d.origin["l.d3"], "l");
+    // Layout 0 is left alone.
+    let plain = model(
+        node("p", "RNN", &["x", "w", "r"], &["y"]),
+        vec![
+            tensor_info("x", 1, &[5, 2, 3]),
+            tensor_info("w", 1, &[1, 4, 3]),
+            tensor_info("r", 1, &[1, 4, 4]),
+        ],
+        14,
+    );
+    assert!(decompose(&plain, |_| true).origin.is_empty());
+}
+
+#[test]
+fn casts_to_4_bits_saturate_and_round_half_to_even() {
+    let mut cast = node("c", "Cast", &["x"], &["y"]);
+    cast.attribute
+        .push(int_attr("to", i64::from(ElemType::INT4.0)));
+    let g = model(cast.clone(), vec![tensor_info("x", 1, &[6])], 21);
+    assert_eq!(ops(&decompose(&g, |_| true)), ["Clip", "Round", "Cast"]);
+    let ints = model(cast, vec![tensor_info("x", 6, &[6])], 21);
+    assert_eq!(
+        ops(&decompose(&ints, |_| true)),
+        ["Cast", "Cast", "Clip", "Cast"]
+    );
+    let mut to_float = node("f", "Cast", &["x"], &["y"]);
+    to_float.attribute.push(int_attr("to", 1));
+    let g = model(to_float, vec![tensor_info("x", 6, &[6])], 21);
+    assert!(decompose(&g, |_| true).origin.is_empty());
+}
+
+#[test]
+fn narrow_min_max_and_unsigned_exponents_are_widened() {
+    let g = model(
+        node("m", "Max", &["a", "b"], &["y"]),
+        vec![tensor_info("a", 5, &[3]), tensor_info("b", 5, &[3])],
+        13,
+    );
+    assert_eq!(
+        ops(&decompose(&g, |_| true)),
+        ["Cast", "Cast", "Max", "Cast"]
+    );
+    let wide = model(
+        node("m", "Max", &["a", "b"], &["y"]),
+        vec![tensor_info("a", 6, &[3]), tensor_info("b", 6, &[3])],
+        13,
+    );
+    assert!(decompose(&wide, |_| true).origin.is_empty());
+    let pow = model(
+        node("p", "Pow", &["x", "e"], &["y"]),
+        vec![tensor_info("x", 1, &[3]), tensor_info("e", 12, &[3])],
+        15,
+    );
+    assert_eq!(ops(&decompose(&pow, |_| true)), ["Cast", "Pow"]);
+    // Only the nodes picked are rewritten.
+    assert!(
+        decompose_where(&pow, |n| n.name.as_deref() == Some("other"))
+            .origin
+            .is_empty()
+    );
+}

@@ -51,3 +51,90 @@ pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Res
     emit.op_into("Where", &[&fits, &shifted, &zero], &[], &[Some(y)]);
     Ok(())
 }
+
+/// Max / Min over 16-bit integers: the same over int32 (every int16 and
+/// uint16 value fits), cast back.
+pub(super) fn widen_16bit(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+    let y = output(node, 0).ok_or("no output")?;
+    let elem = node
+        .input
+        .first()
+        .and_then(|x| ctx.elem(x))
+        .ok_or("input of unknown type")?;
+    if !matches!(elem, ElemType::INT16 | ElemType::UINT16) {
+        return Err("only 16-bit integer inputs are rewritten".into());
+    }
+    let wide: Vec<String> = node
+        .input
+        .iter()
+        .map(|x| emit.cast(x, ElemType::INT32))
+        .collect();
+    let inputs: Vec<&str> = wide.iter().map(String::as_str).collect();
+    let op = node.op_type.as_deref().unwrap_or("");
+    let out = emit.op(op, &inputs, &[]);
+    emit.cast_into(&out, elem, y);
+    Ok(())
+}
+
+/// Pow with an unsigned integer exponent: the exponent as int64 (exact for
+/// every exponent below 2^63; larger ones overflow any base but 0 and ±1).
+pub(super) fn signed_exponent(
+    node: &NodeProto,
+    ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), String> {
+    let x = input(node, 0).ok_or("no base")?;
+    let e = input(node, 1).ok_or("no exponent")?;
+    let y = output(node, 0).ok_or("no output")?;
+    let unsigned = matches!(
+        ctx.elem(e),
+        Some(ElemType::UINT8 | ElemType::UINT16 | ElemType::UINT32 | ElemType::UINT64)
+    );
+    if !unsigned {
+        return Err("only unsigned exponents are rewritten".into());
+    }
+    let signed = emit.cast(e, ElemType::INT64);
+    emit.op_into("Pow", &[x, &signed], &[], &[Some(y)]);
+    Ok(())
+}
+
+/// Cast to INT4 / UINT4 as the specification has it: out-of-range values
+/// saturate and halves round to even (onnxruntime 1.32 wraps and rounds
+/// halves away from zero): `Cast(Round(Clip(x, lo, hi)))`.
+pub(super) fn saturating_cast_4bit(
+    node: &NodeProto,
+    ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), String> {
+    let (x, y) = data_io(node)?;
+    let to = super::attr_i(node, "to").ok_or("no target type")?;
+    let (lo, hi) = match i32::try_from(to).map(ElemType) {
+        Ok(ElemType::INT4) => (-8.0f32, 7.0f32),
+        Ok(ElemType::UINT4) => (0.0, 15.0),
+        _ => return Err("only casts to INT4 and UINT4 are rewritten".into()),
+    };
+    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+    let float = matches!(
+        elem,
+        ElemType::FLOAT | ElemType::FLOAT16 | ElemType::DOUBLE | ElemType::BFLOAT16
+    );
+    let integer = ElemType::NUMERIC.contains(&elem) && elem != ElemType::BOOL;
+    if !(float || integer) {
+        return Err(format!("input of type {elem}"));
+    }
+    let bound = |emit: &mut Emit, v: f32| -> Result<String, String> {
+        let c = emit.constant::<f32>(&[], &[v])?;
+        Ok(if elem == ElemType::FLOAT {
+            c
+        } else {
+            emit.cast(&c, elem)
+        })
+    };
+    let (lo, hi) = (bound(emit, lo)?, bound(emit, hi)?);
+    let mut clipped = emit.op("Clip", &[x, &lo, &hi], &[]);
+    if float {
+        clipped = emit.op("Round", &[&clipped], &[]);
+    }
+    emit.cast_into(&clipped, ElemType(to as i32), y);
+    Ok(())
+}

@@ -65,6 +65,12 @@ impl ElemType {
     pub const UINT32: ElemType = ElemType(DataType::Uint32 as i32);
     pub const UINT64: ElemType = ElemType(DataType::Uint64 as i32);
     pub const BFLOAT16: ElemType = ElemType(DataType::Bfloat16 as i32);
+    pub const FLOAT8E4M3FN: ElemType = ElemType(DataType::Float8e4m3fn as i32);
+    pub const FLOAT8E4M3FNUZ: ElemType = ElemType(DataType::Float8e4m3fnuz as i32);
+    pub const FLOAT8E5M2: ElemType = ElemType(DataType::Float8e5m2 as i32);
+    pub const FLOAT8E5M2FNUZ: ElemType = ElemType(DataType::Float8e5m2fnuz as i32);
+    pub const UINT4: ElemType = ElemType(DataType::Uint4 as i32);
+    pub const INT4: ElemType = ElemType(DataType::Int4 as i32);
 
     /// The types Tessera's tensors compute with: every fixed-size real
     /// numeric type and bool, in ONNX number order.
@@ -97,6 +103,26 @@ impl ElemType {
             | Float8e8m0 | Uint4 | Int4 | Float4e2m1 | Uint2 | Int2 | Float6e2m3 | Float6e3m2 => 1,
             String | Undefined => return None,
         })
+    }
+
+    /// Bytes that `numel` elements take in a tensor's data: packed for
+    /// the 4- and 2-bit types (two or four to a byte, low bits first, as
+    /// ONNX and onnxruntime store them); `None` for strings (their length
+    /// is their content's), the 6-bit float types and undefined types.
+    pub fn data_len(self, numel: u64) -> Option<u64> {
+        use DataType::*;
+        match DataType::try_from(self.0).ok()? {
+            Uint4 | Int4 | Float4e2m1 => Some(numel.div_ceil(2)),
+            Uint2 | Int2 => Some(numel.div_ceil(4)),
+            Float6e2m3 | Float6e3m2 => None,
+            _ => numel.checked_mul(self.size_bytes()?),
+        }
+    }
+
+    /// Whether each element takes whole bytes of its own (not strings,
+    /// not the packed sub-byte types).
+    pub fn is_byte_aligned(self) -> bool {
+        matches!(self.size_bytes(), Some(s) if self.data_len(2) == Some(2 * s))
     }
 
     /// Upstream name, e.g. `FLOAT`.

@@ -1,12 +1,15 @@
 //! Dense tensors as bytes: an element type, a shape and the elements in
 //! row-major order, little-endian — the form plugins exchange, files hold
-//! (`.npy`, ONNX `TensorProto`) and the wire will carry.
+//! (`.npy`, ONNX `TensorProto`) and the wire carries. The 4- and 2-bit
+//! types are packed as ONNX packs them; strings are length-prefixed.
 //!
 //! Layout: this file holds [`Tensor`] and [`Element`]; `proto` converts from
-//! and to ONNX `TensorProto`; `npy` reads and writes NumPy `.npy` files.
+//! and to ONNX `TensorProto`; `npy` reads and writes NumPy `.npy` files;
+//! `strings` holds string tensors.
 
 mod npy;
 mod proto;
+mod strings;
 
 pub use npy::{read_npy, write_npy};
 
@@ -36,6 +39,10 @@ pub enum TensorError {
     Npy(String),
     #[error("tensor '{0}' keeps its data in an external file; load the model from its path")]
     External(String),
+    #[error("not a valid string tensor: {0}")]
+    Strings(String),
+    #[error("a string of {0} bytes is too long for a tensor (at most 4 GiB)")]
+    StringTooLong(usize),
 }
 
 /// A dense tensor. Its bytes are shared and immutable: a clone costs a
@@ -49,20 +56,26 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A tensor over `data` (row-major, little-endian); the length must
-    /// match. A `Vec<u8>` or `Bytes` is taken over without a copy.
+    /// A tensor over `data` (row-major, little-endian; sub-byte types
+    /// packed; strings as [`Tensor::from_strings`] lays them out); the
+    /// length must match. A `Vec<u8>` or `Bytes` is taken over without a
+    /// copy.
     pub fn new(
         elem: ElemType,
         shape: Vec<usize>,
         data: impl Into<Bytes>,
     ) -> Result<Tensor, TensorError> {
         let data = data.into();
-        let size = elem
-            .size_bytes()
+        if elem == ElemType::STRING {
+            strings::check_strings(&shape, &data)?;
+            return Ok(Tensor { elem, shape, data });
+        }
+        let too_large = || TensorError::TooLarge(shape.iter().map(|&d| d as i64).collect());
+        let n = numel(&shape).ok_or_else(too_large)?;
+        let expected = elem
+            .data_len(n as u64)
             .ok_or_else(|| TensorError::UnsupportedType(elem.name()))?;
-        let expected = numel(&shape)
-            .and_then(|n| n.checked_mul(size as usize))
-            .ok_or_else(|| TensorError::TooLarge(shape.iter().map(|&d| d as i64).collect()))?;
+        let expected = usize::try_from(expected).map_err(|_| too_large())?;
         if data.len() != expected {
             return Err(TensorError::Size {
                 elem: elem.name(),
@@ -223,5 +236,9 @@ mod tests {
         assert_eq!(b.bytes(), &[1, 0, 1]);
         assert!(Tensor::new(ElemType::FLOAT, vec![usize::MAX, 2], vec![]).is_err());
         assert!(Tensor::new(ElemType::STRING, vec![1], vec![0]).is_err());
+        // Packed 4-bit: three elements in two bytes.
+        assert!(Tensor::new(ElemType::INT4, vec![3], vec![0x21, 0x03]).is_ok());
+        assert!(Tensor::new(ElemType::INT4, vec![3], vec![0; 3]).is_err());
+        assert!(Tensor::new(ElemType::FLOAT8E4M3FN, vec![2], vec![0x38, 0xb8]).is_ok());
     }
 }

@@ -22,6 +22,9 @@ impl Tensor {
             .map(|&d| usize::try_from(d).map_err(|_| TensorError::TooLarge(dims.clone())))
             .collect::<Result<_, _>>()?;
         let n = numel(&shape).ok_or_else(|| TensorError::TooLarge(dims.clone()))?;
+        if elem == ElemType::STRING {
+            return Tensor::from_strings(shape, &t.string_data);
+        }
         if let Some(raw) = &t.raw_data {
             return Tensor::new(elem, shape, raw.clone());
         }
@@ -59,7 +62,16 @@ impl Tensor {
                 .int32_data
                 .iter()
                 .for_each(|&v| data.extend_from_slice(&(v as u16).to_le_bytes())),
-            D::Int8 | D::Uint8 | D::Bool => t.int32_data.iter().for_each(|&v| data.push(v as u8)),
+            // One byte each; the 4-bit types two to a byte, already packed.
+            D::Int8
+            | D::Uint8
+            | D::Bool
+            | D::Float8e4m3fn
+            | D::Float8e4m3fnuz
+            | D::Float8e5m2
+            | D::Float8e5m2fnuz
+            | D::Int4
+            | D::Uint4 => t.int32_data.iter().for_each(|&v| data.push(v as u8)),
             _ => return Err(TensorError::UnsupportedType(elem.name())),
         }
         // Typed fields may be empty for a zero-sized tensor.
@@ -69,8 +81,18 @@ impl Tensor {
         Tensor::new(elem, shape, data)
     }
 
-    /// Encodes as a `TensorProto` with `raw_data`.
+    /// Encodes as a `TensorProto` with `raw_data` (strings in
+    /// `string_data`).
     pub fn to_proto(&self, name: &str) -> TensorProto {
+        if let Ok(strings) = self.strings() {
+            return TensorProto {
+                name: Some(name.to_string()),
+                dims: self.shape.iter().map(|&d| d as i64).collect(),
+                data_type: Some(self.elem.0),
+                string_data: strings.into_iter().map(<[u8]>::to_vec).collect(),
+                ..Default::default()
+            };
+        }
         TensorProto {
             name: Some(name.to_string()),
             dims: self.shape.iter().map(|&d| d as i64).collect(),
@@ -127,14 +149,19 @@ mod tests {
             Err(TensorError::NegativeDim(_))
         ));
         let s = TensorProto {
-            dims: vec![1],
+            dims: vec![2],
             data_type: Some(8),
-            string_data: vec![b"a".to_vec()],
+            string_data: vec![b"a".to_vec(), b"bc".to_vec()],
             ..Default::default()
         };
-        assert!(matches!(
-            Tensor::from_proto(&s),
-            Err(TensorError::UnsupportedType(_))
-        ));
+        let strings = Tensor::from_proto(&s).unwrap();
+        assert_eq!(strings.strings().unwrap(), [&b"a"[..], b"bc"]);
+        let int4 = TensorProto {
+            dims: vec![3],
+            data_type: Some(22),
+            int32_data: vec![0x21, 0x0f],
+            ..Default::default()
+        };
+        assert_eq!(Tensor::from_proto(&int4).unwrap().bytes(), [0x21, 0x0f]);
     }
 }

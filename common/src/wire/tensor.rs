@@ -26,6 +26,9 @@ pub struct TensorHeader {
     /// ONNX element type number.
     pub elem: i32,
     pub shape: Vec<u64>,
+    /// The payload's length in bytes: what the type and shape make for
+    /// fixed-size and packed types, the encoded strings' for `STRING`.
+    pub bytes: u64,
 }
 
 impl TensorHeader {
@@ -37,6 +40,7 @@ impl TensorHeader {
             name: name.into(),
             elem: tensor.elem().0,
             shape: tensor.shape().iter().map(|&d| d as u64).collect(),
+            bytes: tensor.bytes().len() as u64,
         }
     }
 
@@ -47,15 +51,36 @@ impl TensorHeader {
         }
     }
 
-    /// The payload size this header announces.
+    /// The payload size this header announces, checked against its type
+    /// and shape where they fix it (a string tensor's data is checked when
+    /// it becomes a tensor).
     pub fn byte_len(&self) -> Result<u64, WireError> {
-        let size = ElemType(self.elem)
-            .size_bytes()
-            .ok_or_else(|| self.error(format!("element type {} has no fixed size", self.elem)))?;
-        self.shape
+        let elem = ElemType(self.elem);
+        let numel = self
+            .shape
             .iter()
-            .try_fold(size, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| self.error(format!("shape {:?} overflows", self.shape)))
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| self.error(format!("shape {:?} overflows", self.shape)))?;
+        if elem == ElemType::STRING {
+            // At least a length per string.
+            if numel.checked_mul(4).is_none_or(|least| self.bytes < least) {
+                return Err(self.error(format!(
+                    "{numel} strings cannot fit in {} bytes",
+                    self.bytes
+                )));
+            }
+            return Ok(self.bytes);
+        }
+        let fixed = elem
+            .data_len(numel)
+            .ok_or_else(|| self.error(format!("element type {elem} is not carried")))?;
+        if fixed != self.bytes {
+            return Err(self.error(format!(
+                "{elem} {:?} needs {fixed} bytes, the header says {}",
+                self.shape, self.bytes
+            )));
+        }
+        Ok(fixed)
     }
 
     /// Checks that a payload of `len` bytes is what the header announces.

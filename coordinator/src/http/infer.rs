@@ -227,12 +227,6 @@ fn decode_inputs(
                 input.datatype
             )));
         }
-        if input.datatype == "BYTES" {
-            return Err(bad(format!(
-                "input '{}': BYTES (string) tensors are not supported by Tessera's devices",
-                input.name
-            )));
-        }
         let shape = tensors::dims(&input.name, &input.shape).map_err(bad)?;
         let tensor = match tensors::binary_size(input.parameters.as_ref()).map_err(bad)? {
             Some(size) => {

@@ -134,6 +134,13 @@ fn encode_value(elem: ElemType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
         }
         ElemType::FLOAT => out.extend_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
         ElemType::DOUBLE => out.extend_from_slice(&v.as_f64()?.to_le_bytes()),
+        // BYTES: the v2 binary layout, which is also a string tensor's
+        // (a u32 LE length, then the bytes).
+        ElemType::STRING => {
+            let text = v.as_str()?.as_bytes();
+            out.extend_from_slice(&u32::try_from(text.len()).ok()?.to_le_bytes());
+            out.extend_from_slice(text);
+        }
         _ => return None,
     }
     Some(())
@@ -171,6 +178,17 @@ pub fn to_json(t: &Tensor) -> Result<Value, String> {
         ElemType::BFLOAT16 => each!(2, |c| float(
             half::bf16::from_le_bytes([c[0], c[1]]).to_f64()
         )),
+        ElemType::STRING => t
+            .strings()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|s| match std::str::from_utf8(s) {
+                Ok(text) => Ok(Value::from(text)),
+                Err(_) => Err("a BYTES element that is not UTF-8 cannot be sent as JSON \
+                     (ask for binary_data)"
+                    .to_string()),
+            })
+            .collect::<Result<_, _>>()?,
         _ => return Err(format!("{} tensors cannot be sent as JSON", t.elem())),
     };
     Ok(Value::Array(values))
@@ -246,8 +264,14 @@ mod tests {
         assert!(e.contains("not a valid INT64"), "{e}");
         let e = from_json("b", ElemType::UINT8, vec![1], &json!([256])).unwrap_err();
         assert!(e.contains("not a valid UINT8"), "{e}");
-        let e = from_json("s", ElemType::STRING, vec![1], &json!(["a"])).unwrap_err();
+        let e = from_json("s", ElemType::STRING, vec![1], &json!([1])).unwrap_err();
         assert!(e.contains("not a valid BYTES"), "{e}");
+        let s = from_json("s", ElemType::STRING, vec![2], &json!(["a", "héllo"])).unwrap();
+        assert_eq!(to_json(&s).unwrap(), json!(["a", "héllo"]));
+        // The v2 binary layout of BYTES is the tensor's own.
+        let b = from_binary("s", ElemType::STRING, vec![2], s.shared_bytes()).unwrap();
+        assert_eq!(b, s);
+        assert!(from_binary("s", ElemType::STRING, vec![2], vec![1, 0, 0].into()).is_err());
         let e = from_binary("x", ElemType::FLOAT, vec![2], vec![0u8; 7].into()).unwrap_err();
         assert!(e.contains("needs 8 bytes, got 7"), "{e}");
         assert!(dims("x", &[1, -1]).is_err());

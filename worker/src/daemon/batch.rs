@@ -16,12 +16,13 @@ pub struct Ready {
 }
 
 /// Rows of a request: the first dimension its inputs share (`None`: some
-/// input has no dimensions, or they disagree).
+/// input has no dimensions, they disagree, or an input's rows are not
+/// whole bytes of equal length: strings, packed 4-bit types).
 fn rows(inputs: &[Tensor]) -> Option<usize> {
     let first = *inputs.first()?.shape().first()?;
     inputs
         .iter()
-        .all(|t| t.shape().first() == Some(&first))
+        .all(|t| t.shape().first() == Some(&first) && t.elem().is_byte_aligned())
         .then_some(first)
 }
 

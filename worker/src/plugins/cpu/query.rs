@@ -7,7 +7,7 @@
 
 use prost::Message;
 use tessera_common::decompose::decompose;
-use tessera_common::graph::Graph;
+use tessera_common::graph::{Graph, NodeId};
 use tessera_common::onnx::attr::attr;
 use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, ModelProto, NodeProto,
@@ -20,11 +20,7 @@ use crate::plugins::probe::ProbeCache;
 
 /// Ops and variants tract is known to compute wrongly (measured against
 /// onnxruntime and the ONNX node tests): refused, never run wrong.
-fn known_wrong(
-    node: &NodeProto,
-    graph: &Graph,
-    id: tessera_common::graph::NodeId,
-) -> Option<String> {
+fn known_wrong(node: &NodeProto, graph: &Graph, id: NodeId) -> Option<String> {
     let op = node.op_type.as_deref().unwrap_or("");
     let domain = node.domain.as_deref().unwrap_or("");
     if !domain.is_empty() && domain != "ai.onnx" {
@@ -261,7 +257,7 @@ pub(super) fn query_network(
         Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
     // Ops tract lacks are rewritten first (as at compile); an original node
     // is supported when every node of its expansion is.
-    let decomposed = decompose(&graph, |_| true);
+    let decomposed = decompose(&graph, tract_lacks);
     let inner = if decomposed.origin.is_empty() {
         query_graph(&graph, cache, |_| false)?
     } else {
@@ -292,11 +288,18 @@ pub(super) fn query_network(
     Ok(result)
 }
 
+/// Whether tract wants `op`'s decomposition rule: every rule but Pow's
+/// (tract takes unsigned exponents as they are; the rule's int64 exponent
+/// under a float base makes tract 0.23 panic at run time).
+fn tract_lacks(op: &str) -> bool {
+    op != "Pow"
+}
+
 /// The model `compile` hands to tract: ops tract lacks decomposed.
 pub(super) fn for_tract(model: &ModelProto) -> Result<Option<ModelProto>, PluginError> {
     let graph =
         Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-    let decomposed = decompose(&graph, |_| true);
+    let decomposed = decompose(&graph, tract_lacks);
     Ok((!decomposed.origin.is_empty()).then_some(decomposed.model))
 }
 
@@ -327,6 +330,10 @@ fn query_graph(
         let Some(node) = graph.node(id).onnx_index.and_then(|i| source.node.get(i)) else {
             continue;
         };
+        if let Some(why) = untyped_for_tract(graph, id) {
+            result.unsupported.insert(name, why);
+            continue;
+        }
         if let Some(why) = known_wrong(node, graph, id).filter(|_| !written_by_us(&name)) {
             result.unsupported.insert(name, why);
             continue;
@@ -341,11 +348,24 @@ fn query_graph(
     Ok(result)
 }
 
+/// A tensor of `id` whose element type tract's tensors here do not carry
+/// (strings, float8, the packed 4-bit types).
+fn untyped_for_tract(graph: &Graph, id: NodeId) -> Option<String> {
+    let node = graph.node(id);
+    node.inputs
+        .iter()
+        .chain(&node.outputs)
+        .flatten()
+        .filter_map(|&t| graph.tensor(t).elem_type)
+        .find(|&elem| super::tract::datum_type(elem).is_none())
+        .map(|elem| format!("tensors of type {elem} are not carried to tract"))
+}
+
 /// Probes one node alone (cached by op signature).
 fn probe_node(
     model: &ModelProto,
     graph: &Graph,
-    id: tessera_common::graph::NodeId,
+    id: NodeId,
     cache: &ProbeCache,
 ) -> Result<(), String> {
     cache.probe(model, graph, id, probe)

@@ -1,16 +1,16 @@
 //! Conversions between Tessera tensors and onnxruntime values.
 
 use ort::memory::Allocator;
-use ort::value::{DynTensor, DynTensorValueType, DynValue, TensorElementType, ValueType};
+use ort::value::{DynTensor, DynTensorValueType, DynValue, TensorElementType, Utf8Data, ValueType};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{PluginError, TensorSpec};
 
 /// ONNX element types (`TensorProto.DataType`) onnxruntime values carry
-/// here: the types a Tessera tensor holds (sub-byte types, which
-/// onnxruntime packs, are not among them).
-const TYPES: [(i32, TensorElementType); 15] = [
+/// here: the types a Tessera tensor holds (the 4-bit ones packed two to a
+/// byte in both).
+const TYPES: [(i32, TensorElementType); 20] = [
     (1, TensorElementType::Float32),
     (2, TensorElementType::Uint8),
     (3, TensorElementType::Int8),
@@ -25,8 +25,52 @@ const TYPES: [(i32, TensorElementType); 15] = [
     (13, TensorElementType::Uint64),
     (16, TensorElementType::Bfloat16),
     (17, TensorElementType::Float8E4M3FN),
+    (18, TensorElementType::Float8E4M3FNUZ),
     (19, TensorElementType::Float8E5M2),
+    (20, TensorElementType::Float8E5M2FNUZ),
+    (21, TensorElementType::Uint4),
+    (22, TensorElementType::Int4),
+    (8, TensorElementType::String),
 ];
+
+/// A string element as onnxruntime takes it (bytes, not checked as UTF-8
+/// by onnxruntime; a NUL inside is refused).
+#[derive(Clone)]
+struct StringBytes(Vec<u8>);
+
+impl Utf8Data for StringBytes {
+    fn as_utf8_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A string tensor as an onnxruntime tensor.
+fn strings_to_ort(t: &Tensor) -> Result<DynTensor, PluginError> {
+    let bad = |e: String| PluginError::BadInput(format!("a string tensor: {e}"));
+    let values: Vec<StringBytes> = t
+        .strings()
+        .map_err(|e| bad(e.to_string()))?
+        .into_iter()
+        .map(|s| StringBytes(s.to_vec()))
+        .collect();
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    ort::value::Tensor::from_string_array((shape, &values[..]))
+        .map(ort::value::Tensor::upcast)
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// An onnxruntime string tensor as a Tessera tensor.
+fn strings_from_ort(
+    name: &str,
+    tensor: &DynTensor,
+    dims: Vec<usize>,
+) -> Result<Tensor, PluginError> {
+    let (_, strings) = tensor
+        .try_extract_strings()
+        .map_err(|e| PluginError::Infer(format!("output '{name}': {e}")))?;
+    Tensor::from_strings(dims, &strings)
+        .map_err(|e| PluginError::Infer(format!("output '{name}': {e}")))
+}
 
 pub(super) fn ort_type(elem: ElemType) -> Option<TensorElementType> {
     TYPES.iter().find(|(e, _)| *e == elem.0).map(|(_, t)| *t)
@@ -43,6 +87,9 @@ pub(super) fn elem_type(t: TensorElementType) -> Option<ElemType> {
 /// onnxruntime allocates (aligned as its kernels want; a tensor's bytes
 /// that came off the network may sit at any offset).
 pub(super) fn to_ort(t: &Tensor) -> Result<DynTensor, PluginError> {
+    if t.elem() == ElemType::STRING {
+        return strings_to_ort(t);
+    }
     let ty = ort_type(t.elem()).ok_or_else(|| {
         PluginError::BadInput(format!("element type {} is not supported", t.elem()))
     })?;
@@ -111,6 +158,9 @@ pub(super) fn from_ort(name: &str, value: DynValue) -> Result<Tensor, PluginErro
     let tensor: DynTensor = value
         .downcast::<DynTensorValueType>()
         .map_err(|e| PluginError::Infer(format!("output '{name}': {e}")))?;
+    if elem == ElemType::STRING {
+        return strings_from_ort(name, &tensor, dims);
+    }
     if !tensor.memory_info().is_cpu_accessible() {
         return Err(PluginError::Infer(format!(
             "output '{name}' is not in CPU memory"

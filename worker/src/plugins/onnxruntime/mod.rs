@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use tessera_common::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+use tessera_common::onnx::{decode_model, encode_model};
 use tessera_common::tensor::Tensor;
 
 pub use self::session::CompiledOrt;
@@ -174,12 +175,29 @@ impl DevicePlugin for OrtPlugin {
         config: &Config,
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
-        Ok(Arc::new(CompiledOrt::new(
-            &self.name,
-            self.runtime.clone(),
-            onnx,
-            config,
-        )?))
+        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let build =
+            |onnx: &[u8]| CompiledOrt::new(&self.name, self.runtime.clone(), onnx, config.clone());
+        // Nodes onnxruntime refuses are decomposed as QueryNetwork did:
+        // those it computes wrongly always, those it lacks when the model
+        // does not build as it is.
+        let decomposed =
+            |why: Option<PluginError>| -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+                match query::for_onnxruntime(&self.runtime, &model, &self.probes)? {
+                    Some(m) => Ok(Arc::new(build(&encode_model(&m))?)),
+                    None => match why {
+                        Some(e) => Err(e),
+                        None => Ok(Arc::new(build(onnx)?)),
+                    },
+                }
+            };
+        if query::has_known_wrong(&model) {
+            return decomposed(None);
+        }
+        match build(onnx) {
+            Ok(c) => Ok(Arc::new(c)),
+            Err(e) => decomposed(Some(e)),
+        }
     }
 
     fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {

@@ -12,9 +12,10 @@
 //! come from onnxruntime's own type inference: the model is built once with
 //! those tensors as extra outputs and the session's output metadata read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use prost::Message;
+use tessera_common::decompose::{decompose_where, Decomposed};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::attr;
 use tessera_common::onnx::proto::{ModelProto, NodeProto, ValueInfoProto};
@@ -88,11 +89,22 @@ const KNOWN_WRONG: &[(&str, Rule)] = &[
             .then_some("Resize downsampling with align_corners (linear, cubic)")
     }),
     ("Dropout", |s| {
-        // training_mode: on unless it is a constant false.
+        // training_mode: on unless it is a constant false; a constant ratio
+        // of 0 drops nothing (the output is the input, the mask all true).
         let training = s.has_input(2)
             && s.constant(2)
                 .is_none_or(|t| t.bytes().iter().any(|&b| b != 0));
-        training.then_some("Dropout in training mode is random")
+        let keeps_all = s
+            .constant(1)
+            .and_then(|t| t.float_values())
+            .is_some_and(|v| v.iter().all(|&r| r == 0.0));
+        (training && !keeps_all).then_some("Dropout in training mode is random")
+    }),
+    ("Cast", |s| {
+        // INT4 = 22, UINT4 = 21: onnxruntime wraps out-of-range values
+        // (-9 becomes 7), the specification saturates (-9 becomes -8).
+        matches!(s.int("to"), Some(21 | 22))
+            .then_some("Cast to a 4-bit integer type wraps out-of-range values")
     }),
 ];
 
@@ -114,6 +126,66 @@ fn builds(runtime: &Runtime, model: &ModelProto) -> Result<(), String> {
     build_session(runtime, &model.encode_to_vec(), &PROBE, false, None).map(|_| ())
 }
 
+/// A node's name and whether onnxruntime runs it (or why not).
+type Outcome = (String, Result<(), String>);
+
+/// Each op node of `graph` (in order) with whether onnxruntime runs it:
+/// refused where it computes the node differently from the specification,
+/// and, when it does not build the whole model, where it does not build
+/// the node alone. `written_by_us(name)`: the node is part of an
+/// expansion, written to avoid what the known-wrong rules refuse (a Cast
+/// to INT4 of values already clipped and rounded).
+fn node_outcomes(
+    runtime: &Runtime,
+    graph: &Graph,
+    cache: &ProbeCache,
+    written_by_us: impl Fn(&str) -> bool,
+) -> Result<Vec<Outcome>, PluginError> {
+    // The graph names unnamed nodes; probe against its (normalized) model.
+    let named = graph.model();
+    let whole = builds(runtime, named);
+    if let Err(why) = &whole {
+        tracing::debug!("onnxruntime does not build the whole model ({why}); probing node by node");
+    }
+    let source = named
+        .graph
+        .as_ref()
+        .ok_or_else(|| PluginError::InvalidModel("no graph".into()))?;
+    let mut outcomes = Vec::new();
+    for &id in graph.topo_ops() {
+        let name = graph.node(id).name.clone();
+        let wrong = graph
+            .node(id)
+            .onnx_index
+            .and_then(|i| source.node.get(i))
+            .filter(|_| !written_by_us(&name))
+            .and_then(|n| known_wrong(n, named));
+        let outcome = match (wrong, &whole) {
+            (Some(why), _) => Err(why),
+            (None, Ok(())) => Ok(()),
+            (None, Err(_)) => cache.probe(named, graph, id, |m| builds(runtime, m)),
+        };
+        outcomes.push((name, outcome));
+    }
+    Ok(outcomes)
+}
+
+/// The nodes onnxruntime refuses rewritten, where a rule exists, as
+/// standard ops (an ONNX function body, a wider type, transposes around
+/// a batch-first layer); `None` when nothing was rewritten.
+fn decomposed(graph: &Graph, outcomes: &[(String, Result<(), String>)]) -> Option<Decomposed> {
+    let refused: HashSet<&str> = outcomes
+        .iter()
+        .filter(|(_, o)| o.is_err())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if refused.is_empty() {
+        return None;
+    }
+    let d = decompose_where(graph, |n| refused.contains(n.name.as_deref().unwrap_or("")));
+    (!d.origin.is_empty()).then_some(d)
+}
+
 pub(super) fn query_network(
     runtime: &Runtime,
     model: &ModelProto,
@@ -121,35 +193,60 @@ pub(super) fn query_network(
 ) -> Result<QueryResult, PluginError> {
     let graph =
         Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-    // The graph names unnamed nodes; probe against its (normalized) model.
-    let named = graph.model();
-    let whole = builds(runtime, named);
-    if let Err(why) = &whole {
-        tracing::debug!("onnxruntime does not build the whole model ({why}); probing node by node");
-    }
+    let outcomes = node_outcomes(runtime, &graph, cache, |_| false)?;
     let mut result = QueryResult {
-        types: analysed_types(runtime, named, &graph),
+        types: analysed_types(runtime, graph.model(), &graph),
         ..Default::default()
     };
-    let source = named
-        .graph
-        .as_ref()
-        .ok_or_else(|| PluginError::InvalidModel("no graph".into()))?;
-    for &id in graph.topo_ops() {
-        let name = graph.node(id).name.clone();
-        let wrong = graph
-            .node(id)
-            .onnx_index
-            .and_then(|i| source.node.get(i))
-            .and_then(|n| known_wrong(n, named));
-        let outcome = match (wrong, &whole) {
-            (Some(why), _) => Err(why),
-            (None, Ok(())) => Ok(()),
-            (None, Err(_)) => cache.probe(named, &graph, id, |m| builds(runtime, m)),
-        };
+    let Some(d) = decomposed(&graph, &outcomes) else {
+        for (name, outcome) in outcomes {
+            result.record(name, outcome);
+        }
+        return Ok(result);
+    };
+    // An original node runs when every node of its expansion does.
+    let expanded = Graph::from_model(d.model.clone())
+        .map_err(|e| PluginError::InvalidModel(format!("after decomposition: {e}")))?;
+    let mut merged: BTreeMap<String, Result<(), String>> = BTreeMap::new();
+    for (node, outcome) in node_outcomes(runtime, &expanded, cache, |n| d.origin.contains_key(n))? {
+        let original = d.original(&node).to_string();
+        let outcome = outcome.map_err(|why| match d.declined.get(&original) {
+            Some(declined) => format!("{why} ({declined})"),
+            None if original != node => format!("{node} of its expansion: {why}"),
+            None => why,
+        });
+        let entry = merged.entry(original).or_insert(Ok(()));
+        if entry.is_ok() {
+            *entry = outcome;
+        }
+    }
+    for (name, outcome) in merged {
         result.record(name, outcome);
     }
     Ok(result)
+}
+
+/// What `compile` hands onnxruntime for `model`: the model with the nodes
+/// onnxruntime refuses decomposed, as QueryNetwork answered; `None` when
+/// it runs the model as it is.
+pub(super) fn for_onnxruntime(
+    runtime: &Runtime,
+    model: &ModelProto,
+    cache: &ProbeCache,
+) -> Result<Option<ModelProto>, PluginError> {
+    let graph =
+        Graph::from_model(model.clone()).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+    let outcomes = node_outcomes(runtime, &graph, cache, |_| false)?;
+    Ok(decomposed(&graph, &outcomes).map(|d| d.model))
+}
+
+/// Whether a node of `model` is one onnxruntime computes differently from
+/// the specification (so `compile` must decompose it first).
+pub(super) fn has_known_wrong(model: &ModelProto) -> bool {
+    model
+        .graph
+        .as_ref()
+        .is_some_and(|g| g.node.iter().any(|n| known_wrong(n, model).is_some()))
 }
 
 /// Types onnxruntime infers for the intermediates `graph` leaves untyped
