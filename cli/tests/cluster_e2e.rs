@@ -256,3 +256,83 @@ fn one_request_is_traced_across_the_coordinator_and_both_workers() {
     );
     println!("{request} traced on the coordinator, node-a and node-b");
 }
+
+/// A model whose string tensor crosses from one worker to the other and
+/// back to the client: `Cast(x → STRING)` on node-a; on node-b the strings
+/// parsed back (`Cast → FLOAT`) and joined to themselves (`StringConcat`).
+#[test]
+fn string_tensors_cross_workers_and_reach_the_client() {
+    use tessera_common::onnx::proto::{
+        attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, OperatorSetIdProto,
+    };
+    use tessera_common::onnx::{tensor_info, ElemType};
+    let to = |elem: ElemType| AttributeProto {
+        name: Some("to".into()),
+        i: Some(i64::from(elem.0)),
+        r#type: Some(AttributeType::Int as i32),
+        ..Default::default()
+    };
+    let mut as_text = synth::node("as_text", "Cast", &["x"], &["s"]);
+    as_text.attribute.push(to(ElemType::STRING));
+    let mut parse = synth::node("parse", "Cast", &["s"], &["y"]);
+    parse.attribute.push(to(ElemType::FLOAT));
+    let join = synth::node("join", "StringConcat", &["s", "s"], &["t"]);
+    let model = ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(20),
+        }],
+        graph: Some(GraphProto {
+            name: Some("strings".into()),
+            node: vec![as_text, parse, join],
+            input: vec![tensor_info("x", 1, &[2, 3])],
+            output: vec![tensor_info("y", 1, &[2, 3]), tensor_info("t", 8, &[2, 3])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let cluster = Cluster::start("strings", &["node-a", "node-b"], 1);
+    let x = [0.5f32, -1.25, 3.0e-5, 1234.5, -0.0, 7.0];
+    let rt = runtime();
+    rt.block_on(async {
+        let options = LoadOptions {
+            devices: "HETERO:node-a/CPU,node-b/CPU".into(),
+            affinity: vec![
+                ("as_text".into(), "node-a/CPU".into()),
+                ("parse".into(), "node-b/CPU".into()),
+                ("join".into(), "node-b/CPU".into()),
+            ],
+            ..Default::default()
+        };
+        let client = cluster.client().await;
+        let network = client
+            .load_network(encode_model(&model), options)
+            .await
+            .unwrap();
+        // node-a's subgraph, and node-b's (its two independent nodes may
+        // go as one subgraph or two).
+        assert!(network.plan().subgraphs.len() >= 2);
+        let input = Tensor::from_values(vec![2, 3], &x).unwrap();
+        let got = network.infer(vec![("x".into(), input)]).await.unwrap();
+        let output = |name: &str| {
+            got.tensors
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.clone())
+                .unwrap_or_else(|| panic!("no output {name}"))
+        };
+        // Eight significant digits round-trip a float32 exactly.
+        assert_eq!(output("y").to_vec::<f32>().unwrap(), x);
+        let t = output("t");
+        assert_eq!(t.elem(), ElemType::STRING);
+        assert_eq!(t.shape(), [2, 3]);
+        for (joined, want) in t.strings().unwrap().into_iter().zip(x) {
+            let text = std::str::from_utf8(joined).unwrap();
+            let (a, b) = text.split_at(text.len() / 2);
+            assert_eq!(a, b, "{text}");
+            assert_eq!(a.parse::<f32>().unwrap(), want, "{text}");
+        }
+        network.unload().await.unwrap();
+    });
+}

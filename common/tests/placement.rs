@@ -1,6 +1,7 @@
 //! Placement rules that keep a split whole: a node no device supports
-//! stays with its neighbours on devices of the fallback's kind, and a node
-//! computed from constants alone goes where it is read.
+//! stays with its neighbours on devices of the fallback's kind, a node
+//! computed from constants alone goes where it is read, and nodes joined
+//! by a sequence or an optional run on one device.
 
 mod util;
 
@@ -113,8 +114,8 @@ fn nodes_computed_from_constants_follow_their_consumers() {
     assert_eq!(p.subgraphs.len(), 1);
 }
 
-#[test]
-fn a_sequence_crossing_a_boundary_is_declared_as_a_sequence() {
+/// x → split (SplitToSequence) → at (SequenceAt) → relu → y.
+fn sequence_chain() -> Graph {
     let mut g = GraphProto {
         name: Some("seq".into()),
         ..Default::default()
@@ -131,32 +132,77 @@ fn a_sequence_crossing_a_boundary_is_declared_as_a_sequence() {
         .push(node("at", "SequenceAt", &["parts", "one"], &["part"]));
     g.node.push(node("relu", "Relu", &["part"], &["y"]));
     g.output.push(tensor_info("y", 1, &[1, 2]));
-    let g = Graph::from_model(opset17(g)).unwrap();
+    Graph::from_model(opset17(g)).unwrap()
+}
+
+#[test]
+fn nodes_joined_by_a_sequence_run_on_one_device() {
+    let g = sequence_chain();
+    // The GPU makes the sequence but cannot read it: both go to the CPU,
+    // the only device that runs them both.
     let a = util::assign_priority(
         &g,
         "HETERO:GPU,CPU",
         vec![
-            ("GPU", SupportSet::from_nodes(["split"])),
+            ("GPU", SupportSet::from_nodes(["split", "relu"])),
             ("CPU", SupportSet::all()),
         ],
     );
+    let on = |name: &str| a.device(g.op_by_name(name).unwrap()).unwrap();
+    assert_eq!(on("split").to_string(), "CPU");
+    assert_eq!(on("at").to_string(), "CPU");
+    assert_eq!(on("relu").to_string(), "GPU");
+    assert!(a
+        .explanations
+        .iter()
+        .any(|e| g.node(e.node).name == "split" && e.rule == Rule::WithCollection));
+    // Where the maker's device runs the readers, they join it.
+    let a = util::assign_priority(
+        &g,
+        "HETERO:GPU,CPU",
+        vec![
+            ("GPU", SupportSet::from_nodes(["split", "at"])),
+            ("CPU", SupportSet::from_nodes(["relu"])),
+        ],
+    );
+    let on = |name: &str| a.device(g.op_by_name(name).unwrap()).unwrap().to_string();
+    assert_eq!(
+        (on("split"), on("at"), on("relu")),
+        ("GPU".into(), "GPU".into(), "CPU".into())
+    );
     let p = partition(&g, &a, PartitionOptions::default()).unwrap();
     assert_eq!(p.subgraphs.len(), 2);
-    let models = tessera_common::export::export_all(&g, &p).unwrap();
-    let second = models[1].graph.as_ref().unwrap();
-    let parts = second
-        .input
-        .iter()
-        .find(|v| v.name.as_deref() == Some("parts"))
-        .unwrap();
-    use tessera_common::onnx::proto::type_proto::Value;
-    let Some(Value::SequenceType(seq)) = parts.r#type.as_ref().and_then(|t| t.value.as_ref())
-    else {
-        panic!("'parts' is not declared as a sequence: {parts:?}");
-    };
-    let element = seq.elem_type.as_ref().and_then(|t| t.value.as_ref());
+    // A manual affinity that cuts the sequence is refused, naming it.
+    let priority = DevicePriority::parse("HETERO:GPU,CPU").unwrap();
+    let supports: HashMap<DeviceId, SupportSet> = [
+        (DeviceId::parse("GPU").unwrap(), SupportSet::all()),
+        (DeviceId::parse("CPU").unwrap(), SupportSet::all()),
+    ]
+    .into();
+    let manual: BTreeMap<_, _> = [
+        (
+            g.op_by_name("split").unwrap(),
+            DeviceId::parse("GPU").unwrap(),
+        ),
+        (g.op_by_name("at").unwrap(), DeviceId::parse("CPU").unwrap()),
+    ]
+    .into();
+    let err = assign(
+        &g,
+        &AffinityRequest {
+            priority: &priority,
+            supports: &supports,
+            manual: &manual,
+            policy: Policy::Priority,
+            strict: false,
+            cost_model: &AnalyticCostModel::default(),
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
-        matches!(element, Some(Value::TensorType(t)) if t.elem_type == Some(1)),
-        "{element:?}"
+        err.contains("'parts' is a sequence or an optional"),
+        "{err}"
     );
+    assert!(err.contains("different devices"), "{err}");
 }

@@ -1,9 +1,10 @@
 //! The ONNX node tests through the onnxruntime CPU plugin: zero wrong
 //! answers among the tests its QueryNetwork accepts. Of onnx 1.17's 1,288,
 //! 29 carry sequences or optionals, which tensors here do not carry; 9
-//! train (ai.onnx.preview.training), 9 decode images, 6 draw random numbers
-//! and 6 more ops or type variants onnxruntime 1.32 has no kernel for;
-//! 1,203 pass today (with the en_US.UTF-8 locale StringNormalizer needs).
+//! train (ai.onnx.preview.training), 9 decode images, 10 draw random
+//! numbers and 3 are RoiAlign-22, which onnxruntime 1.32 has no kernel for;
+//! 10 are errata. 1,218 pass today (StringNormalizer's with the en_US.UTF-8
+//! locale that `scripts/test.sh` generates).
 
 mod util;
 
@@ -35,7 +36,7 @@ fn onnxruntime_plugin_passes_the_onnx_node_tests() {
         report.failed.len()
     );
     assert!(
-        report.passed.len() >= 1195,
+        report.passed.len() >= 1210,
         "only {} node tests passed",
         report.passed.len()
     );

@@ -15,6 +15,7 @@
 //!
 //! Every placed node gets an [`Explanation`].
 
+mod collections;
 mod cost;
 mod device;
 
@@ -165,6 +166,9 @@ pub enum Rule {
     /// Computed from constants alone: placed with the nodes that read it
     /// (a weight made by `ConstantOfShape` is not sent every request).
     WithConsumers,
+    /// Joined to other nodes by a sequence or an optional: placed on one
+    /// device with them (such values do not cross devices).
+    WithCollection,
 }
 
 /// Why a node runs where it runs.
@@ -208,6 +212,9 @@ impl Assignment {
             Rule::Priority { rank } => format!("priority (first supporting device, rank {rank})"),
             Rule::WithConsumers => {
                 "computed from constants alone: placed with the nodes that read it".to_string()
+            }
+            Rule::WithCollection => {
+                "joined to other nodes by a sequence or an optional: placed on one device with them".to_string()
             }
             Rule::Fallback => {
                 "fallback: no device supports it (placed with the nodes it reads from where they run on the fallback device's kind)".to_string()
@@ -257,6 +264,12 @@ pub enum AffinityError {
     NoDevices,
     #[error("affinity file: {0}")]
     BadFile(String),
+    #[error("'{value}' is a sequence or an optional, which does not cross devices: its makers and readers ({nodes}) must run on one device, but {why}")]
+    SplitCollection {
+        value: String,
+        nodes: String,
+        why: String,
+    },
 }
 
 /// Parses a manual affinity file: a JSON object `{"node": "DEVICE", ...}`, or
@@ -392,6 +405,7 @@ pub fn assign(graph: &Graph, req: &AffinityRequest<'_>) -> Result<Assignment, Af
         return Err(AffinityError::Unsupported { nodes: unsupported });
     }
     move_constant_nodes_to_consumers(graph, req, &supports, &mut device_of, &mut explanations);
+    collections::keep_whole(graph, req, &supports, &mut device_of, &mut explanations)?;
     Ok(Assignment {
         devices,
         device_of,

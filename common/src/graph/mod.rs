@@ -9,6 +9,7 @@
 //! partitioner sees every real dependency.
 
 mod build;
+mod collections;
 mod infer;
 
 pub use infer::has_type_rule;
