@@ -206,3 +206,53 @@ fn nodes_joined_by_a_sequence_run_on_one_device() {
     );
     assert!(err.contains("different devices"), "{err}");
 }
+
+#[test]
+fn a_node_between_two_readers_of_a_sequence_joins_them() {
+    // split → at → relu → insert(parts, relu's output) → concat: relu lies
+    // on a path between two nodes that share the sequence, so it runs with
+    // them though the GPU comes first for it.
+    let mut g = GraphProto {
+        name: Some("seq_path".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[4, 2]));
+    g.initializer.push(
+        Tensor::from_values(vec![], &[1i64])
+            .unwrap()
+            .to_proto("one"),
+    );
+    g.node
+        .push(node("split", "SplitToSequence", &["x"], &["parts"]));
+    g.node
+        .push(node("at", "SequenceAt", &["parts", "one"], &["part"]));
+    g.node.push(node("relu", "Relu", &["part"], &["r"]));
+    g.node
+        .push(node("insert", "SequenceInsert", &["parts", "r"], &["more"]));
+    let mut concat = node("concat", "ConcatFromSequence", &["more"], &["y"]);
+    concat
+        .attribute
+        .push(tessera_common::onnx::proto::AttributeProto {
+            name: Some("axis".into()),
+            i: Some(0),
+            r#type: Some(tessera_common::onnx::proto::attribute_proto::AttributeType::Int as i32),
+            ..Default::default()
+        });
+    g.node.push(concat);
+    g.output.push(tensor_info("y", 1, &[5, 2]));
+    let g = Graph::from_model(opset17(g)).unwrap();
+    let a = util::assign_priority(
+        &g,
+        "HETERO:GPU,CPU",
+        vec![
+            ("GPU", SupportSet::from_nodes(["relu"])),
+            ("CPU", SupportSet::all()),
+        ],
+    );
+    for name in ["split", "at", "relu", "insert", "concat"] {
+        let device = a.device(g.op_by_name(name).unwrap()).unwrap();
+        assert_eq!(device.to_string(), "CPU", "{name}");
+    }
+    let p = partition(&g, &a, PartitionOptions::default()).unwrap();
+    assert_eq!(p.subgraphs.len(), 1);
+}

@@ -2,9 +2,12 @@
 //! device boundary (see [`Graph::collections`]). The nodes joined by such
 //! values form a group that runs on one device: a device placed by hand
 //! if one is, else the device of the group's first maker, else the first
-//! device in priority order that runs the whole group.
+//! device in priority order that runs the whole group. The group includes
+//! every node on a path between two of its nodes: were one of those on
+//! another device, the subgraph selection would have to cut the group in
+//! two to stay acyclic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use super::{AffinityError, AffinityRequest, DeviceIdx, Explanation, Rule, SupportSet};
 use crate::graph::{Graph, NodeId, NodeKind};
@@ -27,8 +30,9 @@ impl Groups {
     }
 }
 
-/// Op nodes joined by sequences or optionals, each group in topological
-/// order, with one value that joins it (for messages).
+/// Op nodes joined by sequences or optionals, with the nodes on paths
+/// between them, each group in topological order, with one value that
+/// joins it (for messages). Groups whose paths meet are one group.
 fn groups(graph: &Graph) -> Vec<(Vec<NodeId>, String)> {
     let collections = graph.collections();
     let mut g = Groups((0..graph.dag.node_count()).collect());
@@ -42,21 +46,78 @@ fn groups(graph: &Graph) -> Vec<(Vec<NodeId>, String)> {
             }
         }
     }
-    let mut by_root: BTreeMap<usize, Vec<NodeId>> = BTreeMap::new();
-    for &id in graph.topo_ops() {
-        let root = g.root(id.index());
-        by_root.entry(root).or_default().push(id);
+    loop {
+        let mut by_root: BTreeMap<usize, Vec<NodeId>> = BTreeMap::new();
+        for &id in graph.topo_ops() {
+            let root = g.root(id.index());
+            by_root.entry(root).or_default().push(id);
+        }
+        let closed: Vec<Vec<NodeId>> = by_root
+            .into_values()
+            .filter(|members| members.len() > 1)
+            .map(|members| with_paths_between(graph, members))
+            .collect();
+        let mut grew = false;
+        for members in &closed {
+            for pair in members.windows(2) {
+                if g.root(pair[0].index()) != g.root(pair[1].index()) {
+                    g.join(pair[0].index(), pair[1].index());
+                    grew = true;
+                }
+            }
+        }
+        if !grew {
+            return closed
+                .into_iter()
+                .map(|members| {
+                    let name = members
+                        .iter()
+                        .find_map(|m| value.get(&m.index()).cloned())
+                        .unwrap_or_default();
+                    (members, name)
+                })
+                .collect();
+        }
     }
-    by_root
-        .into_values()
-        .filter(|members| members.len() > 1)
-        .map(|members| {
-            let name = members
+}
+
+/// The op nodes reached from `start` following edges forward (`forward`)
+/// or backward.
+fn reach(graph: &Graph, start: &[NodeId], forward: bool) -> HashSet<NodeId> {
+    let mut seen: HashSet<NodeId> = start.iter().copied().collect();
+    let mut queue: VecDeque<NodeId> = start.iter().copied().collect();
+    while let Some(id) = queue.pop_front() {
+        let node = graph.node(id);
+        let next: Vec<NodeId> = if forward {
+            node.outputs
                 .iter()
-                .find_map(|m| value.get(&m.index()).cloned())
-                .unwrap_or_default();
-            (members, name)
-        })
+                .flatten()
+                .flat_map(|&t| graph.tensor(t).consumers.iter().copied())
+                .collect()
+        } else {
+            node.all_inputs()
+                .map(|t| graph.tensor(t).producer)
+                .collect()
+        };
+        for n in next {
+            if graph.node(n).kind == NodeKind::Op && seen.insert(n) {
+                queue.push_back(n);
+            }
+        }
+    }
+    seen
+}
+
+/// `members` and every op node on a path between two of them (reached
+/// from one and reaching another), in topological order.
+fn with_paths_between(graph: &Graph, members: Vec<NodeId>) -> Vec<NodeId> {
+    let after = reach(graph, &members, true);
+    let before = reach(graph, &members, false);
+    graph
+        .topo_ops()
+        .iter()
+        .copied()
+        .filter(|id| after.contains(id) && before.contains(id))
         .collect()
 }
 
