@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::graph::{Dim, Graph, TensorId};
+use crate::graph::{Dim, Graph, TensorId, OPTIONAL_OP, SEQUENCE_OPS};
 use crate::onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
     type_proto, GraphProto, ModelProto, SparseTensorProto, StringStringEntryProto, TensorProto,
@@ -21,16 +21,6 @@ pub enum ExportError {
     #[error("the model has no graph")]
     NoGraph,
 }
-
-/// Ops whose outputs are sequences of tensors.
-const SEQUENCE_OPS: &[&str] = &[
-    "SequenceConstruct",
-    "SequenceEmpty",
-    "SequenceInsert",
-    "SequenceErase",
-    "SplitToSequence",
-    "SequenceMap",
-];
 
 /// Exports every subgraph of `p`, in id order.
 pub fn export_all(graph: &Graph, p: &Partition) -> Result<Vec<ModelProto>, ExportError> {
@@ -134,7 +124,7 @@ impl<'g> Context<'g> {
             type_proto::Value::SequenceType(Box::new(type_proto::Sequence {
                 elem_type: element(tensor_value),
             }))
-        } else if producer == "Optional" {
+        } else if producer == OPTIONAL_OP {
             type_proto::Value::OptionalType(Box::new(type_proto::Optional {
                 elem_type: element(tensor_value),
             }))

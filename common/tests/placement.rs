@@ -114,8 +114,9 @@ fn nodes_computed_from_constants_follow_their_consumers() {
     assert_eq!(p.subgraphs.len(), 1);
 }
 
-/// x → split (SplitToSequence) → at (SequenceAt) → relu → y.
-fn sequence_chain() -> Graph {
+/// x → split (SplitToSequence) → at (SequenceAt, index `one`) → relu
+/// (output `r`), then `more` nodes and the output `y` of shape `out`.
+fn sequence_graph(more: Vec<tessera_common::onnx::proto::NodeProto>, out: &[i64]) -> Graph {
     let mut g = GraphProto {
         name: Some("seq".into()),
         ..Default::default()
@@ -130,9 +131,15 @@ fn sequence_chain() -> Graph {
         .push(node("split", "SplitToSequence", &["x"], &["parts"]));
     g.node
         .push(node("at", "SequenceAt", &["parts", "one"], &["part"]));
-    g.node.push(node("relu", "Relu", &["part"], &["y"]));
-    g.output.push(tensor_info("y", 1, &[1, 2]));
+    g.node.push(node("relu", "Relu", &["part"], &["r"]));
+    g.node.extend(more);
+    g.output.push(tensor_info("y", 1, out));
     Graph::from_model(opset17(g)).unwrap()
+}
+
+/// x → split → at → relu → y.
+fn sequence_chain() -> Graph {
+    sequence_graph(vec![node("out", "Identity", &["r"], &["y"])], &[1, 2])
 }
 
 #[test]
@@ -212,23 +219,6 @@ fn a_node_between_two_readers_of_a_sequence_joins_them() {
     // split → at → relu → insert(parts, relu's output) → concat: relu lies
     // on a path between two nodes that share the sequence, so it runs with
     // them though the GPU comes first for it.
-    let mut g = GraphProto {
-        name: Some("seq_path".into()),
-        ..Default::default()
-    };
-    g.input.push(tensor_info("x", 1, &[4, 2]));
-    g.initializer.push(
-        Tensor::from_values(vec![], &[1i64])
-            .unwrap()
-            .to_proto("one"),
-    );
-    g.node
-        .push(node("split", "SplitToSequence", &["x"], &["parts"]));
-    g.node
-        .push(node("at", "SequenceAt", &["parts", "one"], &["part"]));
-    g.node.push(node("relu", "Relu", &["part"], &["r"]));
-    g.node
-        .push(node("insert", "SequenceInsert", &["parts", "r"], &["more"]));
     let mut concat = node("concat", "ConcatFromSequence", &["more"], &["y"]);
     concat
         .attribute
@@ -238,9 +228,13 @@ fn a_node_between_two_readers_of_a_sequence_joins_them() {
             r#type: Some(tessera_common::onnx::proto::attribute_proto::AttributeType::Int as i32),
             ..Default::default()
         });
-    g.node.push(concat);
-    g.output.push(tensor_info("y", 1, &[5, 2]));
-    let g = Graph::from_model(opset17(g)).unwrap();
+    let g = sequence_graph(
+        vec![
+            node("insert", "SequenceInsert", &["parts", "r"], &["more"]),
+            concat,
+        ],
+        &[5, 2],
+    );
     let a = util::assign_priority(
         &g,
         "HETERO:GPU,CPU",

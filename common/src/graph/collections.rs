@@ -8,16 +8,18 @@ use std::collections::HashSet;
 use super::{Graph, TensorId};
 use crate::onnx::proto::type_proto;
 
-/// Ops whose outputs are sequences or optionals.
-const COLLECTION_OPS: &[&str] = &[
+/// Ops whose outputs are sequences of tensors.
+pub const SEQUENCE_OPS: &[&str] = &[
     "SequenceConstruct",
     "SequenceEmpty",
     "SequenceInsert",
     "SequenceErase",
     "SplitToSequence",
     "SequenceMap",
-    "Optional",
 ];
+
+/// The op whose output is an optional.
+pub const OPTIONAL_OP: &str = "Optional";
 
 /// Ops whose outputs are what their first input is.
 const PASS_THROUGH: &[&str] = &["Identity"];
@@ -53,7 +55,8 @@ impl Graph {
                     .flatten()
                     .is_some_and(|t| out.contains(&t));
             for &t in node.outputs.iter().flatten() {
-                if COLLECTION_OPS.contains(&op)
+                if SEQUENCE_OPS.contains(&op)
+                    || op == OPTIONAL_OP
                     || passes
                     || declared.contains(self.tensor(t).name.as_str())
                 {

@@ -12,6 +12,8 @@ mod build;
 mod collections;
 mod infer;
 
+pub use collections::{OPTIONAL_OP, SEQUENCE_OPS};
+
 pub use infer::has_type_rule;
 
 use std::collections::HashMap;

@@ -176,25 +176,32 @@ impl DevicePlugin for OrtPlugin {
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
         let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-        let build =
-            |onnx: &[u8]| CompiledOrt::new(&self.name, self.runtime.clone(), onnx, config.clone());
+        let build = |model: &ModelProto, onnx: &[u8]| {
+            CompiledOrt::from_model(
+                &self.name,
+                self.runtime.clone(),
+                model,
+                onnx,
+                config.clone(),
+            )
+        };
         // Nodes onnxruntime refuses are decomposed as QueryNetwork did:
         // those it computes wrongly always, those it lacks when the model
         // does not build as it is.
         let decomposed =
             |why: Option<PluginError>| -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
                 match query::for_onnxruntime(&self.runtime, &model, &self.probes)? {
-                    Some(m) => Ok(Arc::new(build(&encode_model(&m))?)),
+                    Some(m) => Ok(Arc::new(build(&m, &encode_model(&m))?)),
                     None => match why {
                         Some(e) => Err(e),
-                        None => Ok(Arc::new(build(onnx)?)),
+                        None => Ok(Arc::new(build(&model, onnx)?)),
                     },
                 }
             };
         if query::has_known_wrong(&model) {
             return decomposed(None);
         }
-        match build(onnx) {
+        match build(&model, onnx) {
             Ok(c) => Ok(Arc::new(c)),
             Err(e) => decomposed(Some(e)),
         }

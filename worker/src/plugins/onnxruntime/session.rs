@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use tessera_common::onnx::decode_model;
+use tessera_common::onnx::proto::ModelProto;
 use tessera_common::tensor::Tensor;
 
 use super::library::Runtime;
@@ -114,6 +115,17 @@ impl CompiledOrt {
         config: Config,
     ) -> Result<CompiledOrt, PluginError> {
         let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        CompiledOrt::from_model(device, runtime, &model, onnx, config)
+    }
+
+    /// [`CompiledOrt::new`] for a model already decoded from `onnx`.
+    pub(super) fn from_model(
+        device: &str,
+        runtime: Arc<Runtime>,
+        model: &ModelProto,
+        onnx: &[u8],
+        config: Config,
+    ) -> Result<CompiledOrt, PluginError> {
         let graph = model
             .graph
             .as_ref()
