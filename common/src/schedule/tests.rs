@@ -25,19 +25,41 @@ fn all_of(devices: &[DeviceId]) -> HashMap<DeviceId, SupportSet> {
         .collect()
 }
 
+/// What a [`Cluster`] borrows: the small CNN, the default cost model, no
+/// memory reported unless a test sets it.
+struct Fixture {
+    graph: Graph,
+    supports: HashMap<DeviceId, SupportSet>,
+    cost: AnalyticCostModel,
+    memory: HashMap<DeviceId, u64>,
+}
+
+impl Fixture {
+    fn new(supports: HashMap<DeviceId, SupportSet>) -> Fixture {
+        Fixture {
+            graph: Graph::from_model(small_cnn(1)).unwrap(),
+            supports,
+            cost: AnalyticCostModel::default(),
+            memory: HashMap::new(),
+        }
+    }
+
+    fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            graph: &self.graph,
+            supports: &self.supports,
+            cost: &self.cost,
+            memory: &self.memory,
+        }
+    }
+}
+
 #[test]
 fn auto_runs_a_whole_copy_on_each_of_two_equal_workers() {
-    let graph = Graph::from_model(small_cnn(1)).unwrap();
     let devices = [device("a/CPU"), device("b/CPU")];
     let supports = all_of(&devices);
-    let cost = AnalyticCostModel::default();
-    let memory = HashMap::new();
-    let cluster = Cluster {
-        graph: &graph,
-        supports: &supports,
-        cost: &cost,
-        memory: &memory,
-    };
+    let fixture = Fixture::new(supports);
+    let cluster = fixture.cluster();
     let one = schedule(
         &cluster,
         &options(&devices, Policy::Cost),
@@ -56,17 +78,10 @@ fn auto_runs_a_whole_copy_on_each_of_two_equal_workers() {
 
 #[test]
 fn more_copies_than_hosts_share_them_and_predict_no_more() {
-    let graph = Graph::from_model(small_cnn(1)).unwrap();
     let devices = [device("a/CPU"), device("b/CPU")];
     let supports = all_of(&devices);
-    let cost = AnalyticCostModel::default();
-    let memory = HashMap::new();
-    let cluster = Cluster {
-        graph: &graph,
-        supports: &supports,
-        cost: &cost,
-        memory: &memory,
-    };
+    let fixture = Fixture::new(supports);
+    let cluster = fixture.cluster();
     let opts = options(&devices, Policy::Priority);
     let two = schedule(&cluster, &opts, Replicas::Count(2)).unwrap();
     let three = schedule(&cluster, &opts, Replicas::Count(3)).unwrap();
@@ -79,7 +94,6 @@ fn more_copies_than_hosts_share_them_and_predict_no_more() {
 /// mode no copy can run on `a` alone, so `auto` keeps one copy split over both.
 #[test]
 fn auto_splits_a_copy_when_no_host_can_run_it_alone() {
-    let graph = Graph::from_model(small_cnn(1)).unwrap();
     let devices = [device("a/GPU"), device("b/CPU")];
     let mut supports = all_of(&devices);
     let mut gpu = SupportSet::default();
@@ -94,14 +108,8 @@ fn auto_splits_a_copy_when_no_host_can_run_it_alone() {
         gpu.op_types.insert(t.into());
     }
     supports.insert(device("a/GPU"), gpu);
-    let cost = AnalyticCostModel::default();
-    let memory = HashMap::new();
-    let cluster = Cluster {
-        graph: &graph,
-        supports: &supports,
-        cost: &cost,
-        memory: &memory,
-    };
+    let fixture = Fixture::new(supports);
+    let cluster = fixture.cluster();
     let opts = PlanOptions {
         strict: true,
         ..options(&devices, Policy::Priority)
@@ -123,18 +131,12 @@ fn auto_splits_a_copy_when_no_host_can_run_it_alone() {
 
 #[test]
 fn replicas_that_do_not_fit_name_the_device_and_the_bytes() {
-    let graph = Graph::from_model(small_cnn(1)).unwrap();
     let devices = [device("a/CPU")];
     let supports = all_of(&devices);
-    let cost = AnalyticCostModel::default();
+    let mut fixture = Fixture::new(supports);
     // small_cnn's weights: about 57 KB a copy.
-    let memory = HashMap::from([(device("a/CPU"), 100_000u64)]);
-    let cluster = Cluster {
-        graph: &graph,
-        supports: &supports,
-        cost: &cost,
-        memory: &memory,
-    };
+    fixture.memory = HashMap::from([(device("a/CPU"), 100_000u64)]);
+    let cluster = fixture.cluster();
     let opts = options(&devices, Policy::Priority);
     assert!(schedule(&cluster, &opts, Replicas::Count(1)).is_ok());
     let err = schedule(&cluster, &opts, Replicas::Count(2)).unwrap_err();
