@@ -5,13 +5,16 @@
 //!
 //! Layout: this file holds [`Tensor`] and [`Element`]; `proto` converts from
 //! and to ONNX `TensorProto`; `npy` reads and writes NumPy `.npy` files;
-//! `strings` holds string tensors.
+//! `strings` holds string tensors; `value` the sequences and optionals
+//! ([`Value`]) that graphs may take and return.
 
 mod npy;
 mod proto;
 mod strings;
+mod value;
 
 pub use npy::{read_npy, write_npy};
+pub use value::Value;
 
 use bytes::Bytes;
 
