@@ -3,9 +3,12 @@
 //! wheel: `model.onnx` and `test_data_set_0/{input,output}_N.pb`) through
 //! QueryNetwork, compile and infer.
 //!
-//! Each test ends as *unsupported* (QueryNetwork refused a node, or the test
-//! data is of a kind tensors here do not carry: sequences and optionals), *passed* or *failed*; a failure is any case QueryNetwork
-//! accepted that then did not compile, did not run or gave a wrong answer.
+//! Each test ends as *unsupported* (QueryNetwork refused a node), *passed*
+//! or *failed*; a failure is any case QueryNetwork accepted that then did
+//! not compile, did not run or gave a wrong answer. Requests run through
+//! `infer_values`, so graphs that take or return sequences and optionals
+//! (test data in `SequenceProto`/`OptionalProto`) are tested like the rest
+//! on backends that carry them.
 //! Floats compare with rtol 1e-3 and atol 1e-4 × max(1, max |expected|)
 //! (NaN equals NaN; a DFT's zeros come out as ±1e-4 of its magnitudes),
 //! integers and booleans exactly. bfloat16 test data, which onnx stores as
@@ -23,9 +26,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use tessera_common::onnx::proto::{ModelProto, TensorProto};
+use tessera_common::onnx::proto::{
+    type_proto, ModelProto, OptionalProto, SequenceProto, TensorProto, TypeProto, ValueInfoProto,
+};
 use tessera_common::onnx::{decode_model, ElemType};
-use tessera_common::tensor::Tensor;
+use tessera_common::tensor::{Tensor, Value};
 
 use crate::plugin::{Config, DevicePlugin};
 
@@ -141,7 +146,55 @@ pub fn run(plugin: &dyn DevicePlugin, tests: &[PathBuf]) -> Report {
     report
 }
 
-fn read_tensors(dir: &Path, prefix: &str) -> Result<Vec<TensorProto>, String> {
+/// The element type of a tensor, or of the tensors a sequence or optional
+/// holds.
+fn declared_elem(ty: Option<&TypeProto>) -> ElemType {
+    match ty.and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(t)) => ElemType(t.elem_type.unwrap_or(0)),
+        Some(type_proto::Value::SequenceType(s)) => declared_elem(s.elem_type.as_deref()),
+        Some(type_proto::Value::OptionalType(o)) => declared_elem(o.elem_type.as_deref()),
+        _ => ElemType::UNDEFINED,
+    }
+}
+
+/// Decodes one test-data file as the value `declared` says it holds.
+fn decode_value(bytes: &[u8], declared: Option<&ValueInfoProto>) -> Result<Value, String> {
+    let ty = declared.and_then(|v| v.r#type.as_ref());
+    let elem = declared_elem(ty);
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    match ty.and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::SequenceType(_)) => {
+            let p = SequenceProto::decode(bytes).map_err(|e| text(&e))?;
+            Value::from_sequence_proto(&p, elem).map_err(|e| text(&e))
+        }
+        Some(type_proto::Value::OptionalType(_)) => {
+            let p = OptionalProto::decode(bytes).map_err(|e| text(&e))?;
+            Value::from_optional_proto(&p, elem).map_err(|e| text(&e))
+        }
+        _ => {
+            let p = TensorProto::decode(bytes).map_err(|e| text(&e))?;
+            Tensor::from_proto(&p)
+                .map(Value::Tensor)
+                .map_err(|e| text(&e))
+        }
+    }
+}
+
+/// The test-data files `<prefix>N.pb` of `dir`, decoded as `declared`
+/// (the graph's inputs or outputs, in order) says.
+fn read_values(
+    dir: &Path,
+    prefix: &str,
+    declared: &[&ValueInfoProto],
+) -> Result<Vec<Value>, String> {
+    read_files(dir, prefix)?
+        .iter()
+        .enumerate()
+        .map(|(k, bytes)| decode_value(bytes, declared.get(k).copied()))
+        .collect()
+}
+
+fn read_files(dir: &Path, prefix: &str) -> Result<Vec<Vec<u8>>, String> {
     let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -158,10 +211,7 @@ fn read_tensors(dir: &Path, prefix: &str) -> Result<Vec<TensorProto>, String> {
     files.sort();
     files
         .into_iter()
-        .map(|(_, p)| {
-            let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
-            TensorProto::decode(&bytes[..]).map_err(|e| e.to_string())
-        })
+        .map(|(_, p)| std::fs::read(&p).map_err(|e| e.to_string()))
         .collect()
 }
 
@@ -211,27 +261,10 @@ pub fn run_one(plugin: &dyn DevicePlugin, dir: &Path) -> Outcome {
         Ok(m) => m,
         Err(e) => return unsupported(format!("model: {e}")),
     };
-    let data = dir.join("test_data_set_0");
-    let (inputs, outputs) = match (
-        read_tensors(&data, "input_"),
-        read_tensors(&data, "output_"),
-    ) {
-        (Ok(i), Ok(o)) => (i, o),
-        (Err(e), _) | (_, Err(e)) => return unsupported(format!("test data: {e}")),
-    };
-    let decode = |ts: &[TensorProto]| {
-        ts.iter()
-            .map(Tensor::from_proto)
-            .collect::<Result<Vec<_>, _>>()
-    };
-    let (Ok(mut input_tensors), Ok(mut expected)) = (decode(&inputs), decode(&outputs)) else {
-        return unsupported("test data holds sequences or optionals".into());
-    };
     let Some(graph) = model.graph.as_mut() else {
         return Outcome::Failed("no graph".into());
     };
-    as_declared_bfloat16(&mut input_tensors, &graph.input, &graph.initializer);
-    as_declared_bfloat16(&mut expected, &graph.output, &[]);
+    let data = dir.join("test_data_set_0");
     let inits: Vec<String> = graph
         .initializer
         .iter()
@@ -240,74 +273,126 @@ pub fn run_one(plugin: &dyn DevicePlugin, dir: &Path) -> Outcome {
     let real_inputs: Vec<usize> = (0..graph.input.len())
         .filter(|&i| !inits.contains(&graph.input[i].name.clone().unwrap_or_default()))
         .collect();
-    if real_inputs.len() != input_tensors.len() {
+    let declared_inputs: Vec<&ValueInfoProto> =
+        real_inputs.iter().map(|&i| &graph.input[i]).collect();
+    let declared_outputs: Vec<&ValueInfoProto> = graph.output.iter().collect();
+    let (mut inputs, mut expected) = match (
+        read_values(&data, "input_", &declared_inputs),
+        read_values(&data, "output_", &declared_outputs),
+    ) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => return unsupported(format!("test data: {e}")),
+    };
+    as_declared_bfloat16(&mut inputs, &declared_inputs);
+    as_declared_bfloat16(&mut expected, &declared_outputs);
+    if real_inputs.len() != inputs.len() {
         return unsupported(format!(
             "{} graph inputs, {} test inputs",
             real_inputs.len(),
-            input_tensors.len()
+            inputs.len()
         ));
     }
-    // Freeze integer inputs and the parameter inputs of ops as initializers.
+    let feeds = freeze_parameters(graph, &real_inputs, inputs);
+    check(plugin, &model, &feeds, &expected)
+}
+
+/// Freezes integer inputs and the parameter inputs of ops (see the module
+/// doc) into initializers; the rest are the request's feeds.
+fn freeze_parameters(
+    graph: &mut tessera_common::onnx::proto::GraphProto,
+    real_inputs: &[usize],
+    inputs: Vec<Value>,
+) -> Vec<Value> {
     let parameters = parameter_inputs(graph);
     let mut feeds = Vec::new();
     let mut frozen = Vec::new();
-    for (k, &i) in real_inputs.iter().enumerate() {
+    for (&i, value) in real_inputs.iter().zip(inputs) {
         let name = graph.input[i].name.clone().unwrap_or_default();
-        let t = &input_tensors[k];
-        if matches!(t.elem(), ElemType::INT64 | ElemType::INT32) || parameters.contains(&name) {
-            graph.initializer.push(t.to_proto(&name));
-            frozen.push(i);
-        } else {
-            feeds.push(t.clone());
+        match value {
+            Value::Tensor(t)
+                if matches!(t.elem(), ElemType::INT64 | ElemType::INT32)
+                    || parameters.contains(&name) =>
+            {
+                graph.initializer.push(t.to_proto(&name));
+                frozen.push(i);
+            }
+            other => feeds.push(other),
         }
     }
     for &i in frozen.iter().rev() {
         graph.input.remove(i);
     }
-    let query = match plugin.query_network(&model) {
+    feeds
+}
+
+/// QueryNetwork, compile and one request on `plugin`, checked against
+/// `expected`.
+fn check(
+    plugin: &dyn DevicePlugin,
+    model: &ModelProto,
+    feeds: &[Value],
+    expected: &[Value],
+) -> Outcome {
+    let query = match plugin.query_network(model) {
         Ok(q) => q,
-        Err(e) => return unsupported(format!("query_network: {e}")),
+        Err(e) => return Outcome::Unsupported(format!("query_network: {e}")),
     };
     if let Some((node, why)) = query.unsupported.iter().next() {
-        return unsupported(format!("{node}: {why}"));
+        return Outcome::Unsupported(format!("{node}: {why}"));
     }
     let compiled = match plugin.compile(&model.encode_to_vec(), &Config::default()) {
         Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("accepted but did not compile: {e}")),
     };
-    let result = match compiled.infer(&feeds) {
+    let outputs = match compiled.infer_values(feeds) {
         Ok(r) => r,
         Err(e) => return Outcome::Failed(format!("accepted but did not run: {e}")),
     };
-    if result.outputs.len() != expected.len() {
+    if outputs.len() != expected.len() {
         return Outcome::Failed(format!(
             "{} outputs, expected {}",
-            result.outputs.len(),
+            outputs.len(),
             expected.len()
         ));
     }
-    for (k, (got, want)) in result.outputs.iter().zip(&expected).enumerate() {
-        if let Err(why) = compare(got, want) {
+    for (k, (got, want)) in outputs.iter().zip(expected).enumerate() {
+        if let Err(why) = compare_values(got, want) {
             return Outcome::Failed(format!("output {k}: {why}"));
         }
     }
     Outcome::Passed
 }
 
-/// uint16 test data for values the model declares bfloat16, as bfloat16.
-fn as_declared_bfloat16(
-    tensors: &mut [Tensor],
-    declared: &[tessera_common::onnx::proto::ValueInfoProto],
-    initializers: &[TensorProto],
-) {
-    let declared = declared.iter().filter(|v| {
-        !initializers
-            .iter()
-            .any(|t| t.name.is_some() && t.name == v.name)
-    });
-    for (t, v) in tensors.iter_mut().zip(declared) {
-        let bf16 = crate::plugin::TensorSpec::from_value_info(v)
+/// Compares values: tensors as [`compare`] does, sequences item by item,
+/// optionals by presence then contents.
+pub fn compare_values(got: &Value, want: &Value) -> Result<(), String> {
+    match (got, want) {
+        (Value::Tensor(g), Value::Tensor(w)) => compare(g, w),
+        (Value::Sequence { items: g, .. }, Value::Sequence { items: w, .. }) => {
+            if g.len() != w.len() {
+                return Err(format!(
+                    "a sequence of {} tensors, expected {}",
+                    g.len(),
+                    w.len()
+                ));
+            }
+            g.iter()
+                .zip(w)
+                .enumerate()
+                .try_for_each(|(k, (g, w))| compare(g, w).map_err(|e| format!("item {k}: {e}")))
+        }
+        (Value::Optional(None), Value::Optional(None)) => Ok(()),
+        (Value::Optional(Some(g)), Value::Optional(Some(w))) => compare_values(g, w),
+        (g, w) => Err(format!("{g} instead of {w}")),
+    }
+}
+
+/// uint16 test data for tensors the model declares bfloat16, as bfloat16.
+fn as_declared_bfloat16(values: &mut [Value], declared: &[&ValueInfoProto]) {
+    for (v, d) in values.iter_mut().zip(declared) {
+        let bf16 = crate::plugin::TensorSpec::from_value_info(d)
             .is_some_and(|s| s.elem == ElemType::BFLOAT16);
+        let Value::Tensor(t) = v else { continue };
         if bf16 && t.elem() == ElemType::UINT16 {
             if let Ok(retyped) =
                 Tensor::new(ElemType::BFLOAT16, t.shape().to_vec(), t.shared_bytes())

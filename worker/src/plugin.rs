@@ -11,7 +11,7 @@ use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
 };
 use tessera_common::onnx::ElemType;
-use tessera_common::tensor::Tensor;
+use tessera_common::tensor::{Tensor, Value};
 
 /// Errors of plugins and compiled subgraphs.
 #[derive(Debug, thiserror::Error)]
@@ -164,13 +164,39 @@ impl QueryResult {
     }
 }
 
+/// What a subgraph input or output holds: a tensor (nearly always), or a
+/// sequence or optional of the spec's tensors, which only
+/// [`CompiledSubgraph::infer_values`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ValueKind {
+    #[default]
+    Tensor,
+    Sequence,
+    OptionalTensor,
+    OptionalSequence,
+}
+
+impl std::fmt::Display for ValueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ValueKind::Tensor => "tensor",
+            ValueKind::Sequence => "sequence of tensors",
+            ValueKind::OptionalTensor => "optional tensor",
+            ValueKind::OptionalSequence => "optional sequence of tensors",
+        })
+    }
+}
+
 /// Name, element type and shape of a subgraph input or output: `shape`
 /// is `None` where the rank is unknown, a dim `None` where it is dynamic.
+/// For a sequence or an optional (`kind`), `elem` and `shape` describe its
+/// tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
     pub elem: ElemType,
     pub shape: Option<Vec<Option<usize>>>,
+    pub kind: ValueKind,
 }
 
 impl TensorSpec {
@@ -194,6 +220,7 @@ impl TensorSpec {
             name: v.name.clone().unwrap_or_default(),
             elem,
             shape,
+            kind: ValueKind::Tensor,
         })
     }
 
@@ -213,6 +240,43 @@ impl TensorSpec {
 
     /// Checks a request's tensor against the spec.
     pub fn check(&self, t: &Tensor) -> Result<(), PluginError> {
+        if self.kind != ValueKind::Tensor {
+            return Err(PluginError::BadInput(format!(
+                "input '{}' is a {} of {}, not a tensor (run it with infer_values)",
+                self.name, self.kind, self.elem
+            )));
+        }
+        self.check_tensor(t)
+    }
+
+    /// Checks a request's value against the spec: its kind, then each of
+    /// its tensors.
+    pub fn check_value(&self, v: &Value) -> Result<(), PluginError> {
+        let kind = |k: &str| {
+            PluginError::BadInput(format!(
+                "input '{}' must be a {} of {}, got {k}",
+                self.name, self.kind, self.elem
+            ))
+        };
+        match (self.kind, v) {
+            (ValueKind::Tensor | ValueKind::OptionalTensor, Value::Tensor(t)) => {
+                self.check_tensor(t)
+            }
+            (ValueKind::Sequence | ValueKind::OptionalSequence, Value::Sequence { items, .. }) => {
+                items.iter().try_for_each(|t| self.check_tensor(t))
+            }
+            (ValueKind::OptionalTensor | ValueKind::OptionalSequence, Value::Optional(inner)) => {
+                match inner.as_deref() {
+                    None => Ok(()),
+                    Some(Value::Optional(_)) => Err(kind("an optional of an optional")),
+                    Some(inner) => self.check_value(inner),
+                }
+            }
+            (_, other) => Err(kind(&other.to_string())),
+        }
+    }
+
+    fn check_tensor(&self, t: &Tensor) -> Result<(), PluginError> {
         let fits = self.shape.as_ref().is_none_or(|dims| {
             t.shape().len() == dims.len()
                 && t.shape()
@@ -256,6 +320,23 @@ pub fn check_inputs(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), Plugi
         .iter()
         .zip(specs)
         .try_for_each(|(t, spec)| spec.check(t))
+}
+
+/// [`check_inputs`] for graph values.
+pub fn check_values(specs: &[TensorSpec], inputs: &[Value]) -> Result<(), PluginError> {
+    if inputs.len() != specs.len() {
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        return Err(PluginError::BadInput(format!(
+            "expected {} inputs ({}), got {}",
+            names.len(),
+            names.join(", "),
+            inputs.len()
+        )));
+    }
+    inputs
+        .iter()
+        .zip(specs)
+        .try_for_each(|(v, spec)| spec.check_value(v))
 }
 
 /// What happened to an original node in a request.
@@ -306,6 +387,25 @@ pub trait CompiledSubgraph: Send + Sync {
     fn outputs(&self) -> &[TensorSpec];
     /// Runs one request; inputs in [`CompiledSubgraph::inputs`] order.
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError>;
+    /// Runs one request of graph values: what a subgraph whose inputs or
+    /// outputs are sequences or optionals takes and returns. A backend that
+    /// carries only tensors runs it through [`CompiledSubgraph::infer`].
+    fn infer_values(&self, inputs: &[Value]) -> Result<Vec<Value>, PluginError> {
+        let tensors = inputs
+            .iter()
+            .zip(self.inputs())
+            .map(|(v, spec)| {
+                v.as_tensor().cloned().ok_or_else(|| {
+                    PluginError::BadInput(format!(
+                        "input '{}' is a {v}; this backend carries tensors only",
+                        spec.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let result = self.infer(&tensors)?;
+        Ok(result.outputs.into_iter().map(Value::Tensor).collect())
+    }
     /// A blob that [`DevicePlugin::import`] turns back into this subgraph.
     fn export(&self) -> Result<Vec<u8>, PluginError>;
 }

@@ -217,6 +217,7 @@ fn analysed_types(
                         name: label.to_string(),
                         elem,
                         shape,
+                        kind: crate::plugin::ValueKind::Tensor,
                     },
                 );
             }

@@ -345,6 +345,7 @@ impl Program {
                 name: v.name().to_string(),
                 elem: ElemType::UNDEFINED,
                 shape: None,
+                kind: crate::plugin::ValueKind::Tensor,
             })
         };
         let inputs: Vec<TensorSpec> = graph

@@ -183,5 +183,6 @@ pub(super) fn spec(name: &str, ty: &ValueType) -> Option<TensorSpec> {
         name: name.to_string(),
         elem: elem_type(*ty)?,
         shape: Some(shape.iter().map(|&d| usize::try_from(d).ok()).collect()),
+        kind: crate::plugin::ValueKind::Tensor,
     })
 }

@@ -7,27 +7,36 @@
 //! busy (several requests at once through HETERO), builds another. An actor
 //! runs its subgraph one request at a time, so a cluster keeps one.
 //!
+//! Graphs that take or return sequences and optionals run through
+//! `infer_values` (see `values` for what is rewritten in the model).
+//!
 //! With PERF_COUNT=YES a request runs on a session built with onnxruntime's
 //! profiler on; the profile (per-node kernel times) is read after the run
 //! and the session dropped, since onnxruntime profiles a session only until
 //! its profile is ended.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
-use tessera_common::onnx::decode_model;
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::tensor::Tensor;
+use tessera_common::onnx::{decode_model, encode_model};
+use tessera_common::tensor::{Tensor, Value};
 
 use super::library::Runtime;
-use super::{convert, BACKEND};
+use super::values::{self, OptionalOutput};
+use super::BACKEND;
 use crate::plugin::{
     blob, CompiledSubgraph, Config, ExecStatus, InferResult, PerfCounter, PluginError, TensorSpec,
+    ValueKind,
 };
+
+/// Feeds of one run, by input name.
+type Feeds<'a> = Vec<(Cow<'a, str>, SessionInputValue<'a>)>;
 
 /// How sessions of one compiled subgraph are built.
 #[derive(Clone)]
@@ -87,7 +96,18 @@ pub struct CompiledOrt {
     device: String,
     version: String,
     runtime: Arc<Runtime>,
+    /// The subgraph as compiled (what `export` writes).
     onnx: Vec<u8>,
+    /// The model sessions are built from when it differs from `onnx`
+    /// (optional outputs unwrapped), decoded for variants.
+    rewritten: Option<(Vec<u8>, ModelProto)>,
+    /// Optional outputs, returned by sessions as contents and a flag.
+    optional_outputs: Vec<OptionalOutput>,
+    /// Session names of the outputs, in `outputs` order.
+    session_outputs: Vec<String>,
+    /// Idle sessions of the variants with empty sequence inputs made in
+    /// the model, by the positions of those inputs.
+    variants: Mutex<HashMap<Vec<usize>, Vec<Session>>>,
     config: Config,
     settings: SessionSettings,
     /// Whether onnxruntime's graph optimizations apply (see `new`).
@@ -141,12 +161,22 @@ impl CompiledOrt {
             })
             .collect();
         let settings = SessionSettings::from_config(&config)?;
-        let (session, optimize) = match build_session(&runtime, onnx, &settings, true, None) {
+        let mut unwrapped = model.clone();
+        let optional_outputs =
+            values::unwrap_optional_outputs(&mut unwrapped).map_err(PluginError::InvalidModel)?;
+        let rewritten = (!optional_outputs.is_empty())
+            .then(|| (encode_model(&unwrapped), unwrapped))
+            .or_else(|| has_sequence_input(graph).then(|| (onnx.to_vec(), model.clone())));
+        let session_onnx = rewritten
+            .as_ref()
+            .map_or(onnx, |(bytes, _)| bytes.as_slice());
+        let (session, optimize) = match build_session(&runtime, session_onnx, &settings, true, None)
+        {
             Ok(s) => (s, true),
             // onnxruntime's optimizers refuse some models its kernels run
             // (a Range fed 1-element tensors once an If is inlined): such a
             // subgraph runs unoptimized rather than not at all.
-            Err(optimized) => match build_session(&runtime, onnx, &settings, false, None) {
+            Err(optimized) => match build_session(&runtime, session_onnx, &settings, false, None) {
                 Ok(s) => {
                     tracing::warn!(device, "onnxruntime's graph optimizations fail on this subgraph ({optimized}); running it unoptimized");
                     (s, false)
@@ -155,7 +185,7 @@ impl CompiledOrt {
             },
         };
         let spec_of = |o: &ort::value::Outlet| {
-            convert::spec(o.name(), o.dtype()).ok_or_else(|| {
+            values::spec(o.name(), o.dtype()).ok_or_else(|| {
                 PluginError::InvalidModel(format!(
                     "'{}' is a {}, not a tensor of a type tensors here carry",
                     o.name(),
@@ -168,17 +198,31 @@ impl CompiledOrt {
             .iter()
             .map(spec_of)
             .collect::<Result<Vec<_>, _>>()?;
-        let outputs = session
+        let mut outputs = session
             .outputs()
             .iter()
+            .take(graph.output.len())
             .map(spec_of)
             .collect::<Result<Vec<_>, _>>()?;
+        let session_outputs = outputs.iter().map(|o| o.name.clone()).collect();
+        for o in &optional_outputs {
+            let spec = &mut outputs[o.index];
+            spec.name = graph.output[o.index].name.clone().unwrap_or_default();
+            spec.kind = match spec.kind {
+                ValueKind::Sequence => ValueKind::OptionalSequence,
+                _ => ValueKind::OptionalTensor,
+            };
+        }
         Ok(CompiledOrt {
             device: device.into(),
             version: runtime.version.clone(),
             perf: config.get("PERF_COUNT") == Some("YES"),
             runtime,
             onnx: onnx.to_vec(),
+            rewritten,
+            optional_outputs,
+            session_outputs,
+            variants: Mutex::new(HashMap::new()),
             config,
             settings,
             optimize,
@@ -197,7 +241,7 @@ impl CompiledOrt {
         tracing::debug!(device = %self.device, "every session busy: building another");
         build_session(
             &self.runtime,
-            &self.onnx,
+            self.session_onnx(),
             &self.settings,
             self.optimize,
             None,
@@ -205,26 +249,96 @@ impl CompiledOrt {
         .map_err(|e| PluginError::Infer(format!("cannot build another session: {e}")))
     }
 
-    /// Runs `inputs` on `session`; the outputs in declared order.
-    fn run_on(&self, session: &mut Session, inputs: &[Tensor]) -> Result<Vec<Tensor>, PluginError> {
-        let mut feeds: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(inputs.len());
-        for (t, spec) in inputs.iter().zip(&self.inputs) {
-            feeds.push((
-                Cow::Borrowed(spec.name.as_str()),
-                convert::to_ort(t)?.into(),
-            ));
+    /// The bytes sessions are built from.
+    fn session_onnx(&self) -> &[u8] {
+        self.rewritten
+            .as_ref()
+            .map_or(&self.onnx, |(bytes, _)| bytes)
+    }
+
+    /// An idle session of the variant with the inputs at `empty` made in
+    /// the model, or a new one.
+    fn take_variant(&self, empty: &[usize]) -> Result<Session, PluginError> {
+        let idle = self
+            .variants
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(empty).and_then(Vec::pop));
+        if let Some(s) = idle {
+            return Ok(s);
         }
+        let Some((_, model)) = &self.rewritten else {
+            return Err(PluginError::BadInput("no input here is a sequence".into()));
+        };
+        let variant = values::with_empty_sequences(model, &self.inputs, empty);
+        build_session(
+            &self.runtime,
+            &encode_model(&variant),
+            &self.settings,
+            self.optimize,
+            None,
+        )
+        .map_err(|e| PluginError::Infer(format!("cannot build a session for empty sequences: {e}")))
+    }
+
+    /// Feeds for `inputs`: every one a plain value, or left out (an empty
+    /// optional; an empty sequence, made in the model's variant).
+    fn feeds<'a>(&'a self, inputs: &[Value]) -> Result<Feeds<'a>, PluginError> {
+        let mut feeds = Vec::with_capacity(inputs.len());
+        for (v, spec) in inputs.iter().zip(&self.inputs) {
+            if let Some(value) = values::to_ort(v)? {
+                feeds.push((Cow::Borrowed(spec.name.as_str()), value));
+            }
+        }
+        Ok(feeds)
+    }
+
+    /// Runs `feeds` on `session`; the outputs in declared order.
+    fn run_on(&self, session: &mut Session, feeds: Feeds<'_>) -> Result<Vec<Value>, PluginError> {
         let mut outputs = session
             .run(feeds)
             .map_err(|e| PluginError::Infer(format!("onnxruntime: {e}")))?;
-        self.outputs
-            .iter()
-            .map(|spec| {
-                let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
-                    PluginError::Infer(format!("onnxruntime returned no '{}'", spec.name))
-                })?;
-                convert::from_ort(&spec.name, value)
+        let mut take = |name: &str| {
+            outputs
+                .remove(name)
+                .ok_or_else(|| PluginError::Infer(format!("onnxruntime returned no '{name}'")))
+        };
+        let mut values = Vec::with_capacity(self.outputs.len());
+        for (spec, name) in self.outputs.iter().zip(&self.session_outputs) {
+            values.push(values::from_ort(spec, take(name)?)?);
+        }
+        for o in &self.optional_outputs {
+            let flag = super::convert::from_ort(&o.has, take(&o.has)?)?;
+            let contents = std::mem::replace(&mut values[o.index], Value::Optional(None));
+            if values::holds_element(&flag) {
+                values[o.index] = Value::Optional(Some(Box::new(contents)));
+            }
+        }
+        Ok(values)
+    }
+
+    /// Runs tensors; the outputs must be tensors too.
+    fn run_tensors(
+        &self,
+        session: &mut Session,
+        inputs: &[Tensor],
+    ) -> Result<Vec<Tensor>, PluginError> {
+        let mut feeds: Feeds<'_> = Vec::with_capacity(inputs.len());
+        for (t, spec) in inputs.iter().zip(&self.inputs) {
+            feeds.push((
+                Cow::Borrowed(spec.name.as_str()),
+                super::convert::to_ort(t)?.into(),
+            ));
+        }
+        self.run_on(session, feeds)?
+            .into_iter()
+            .zip(&self.outputs)
+            .map(|(v, spec)| match v {
+                Value::Tensor(t) => Ok(t),
+                other => Err(PluginError::Infer(format!(
+                    "output '{}' is a {other}: run this subgraph with infer_values",
+                    spec.name
+                ))),
             })
             .collect()
     }
@@ -239,13 +353,13 @@ impl CompiledOrt {
         ));
         let mut session = build_session(
             &self.runtime,
-            &self.onnx,
+            self.session_onnx(),
             &self.settings,
             self.optimize,
             Some(&prefix),
         )
         .map_err(|e| PluginError::Infer(format!("cannot build a profiling session: {e}")))?;
-        let outputs = self.run_on(&mut session, inputs)?;
+        let outputs = self.run_tensors(&mut session, inputs)?;
         let file = session
             .end_profiling()
             .map_err(|e| PluginError::Infer(format!("onnxruntime profile: {e}")))?;
@@ -302,7 +416,7 @@ impl CompiledSubgraph for CompiledOrt {
             return self.run_profiled(inputs);
         }
         let mut session = self.take_session()?;
-        let result = self.run_on(&mut session, inputs);
+        let result = self.run_tensors(&mut session, inputs);
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(session);
         }
@@ -310,6 +424,27 @@ impl CompiledSubgraph for CompiledOrt {
             outputs: result?,
             counters: Vec::new(),
         })
+    }
+
+    /// Runs graph values (no performance counters on this path).
+    fn infer_values(&self, inputs: &[Value]) -> Result<Vec<Value>, PluginError> {
+        crate::plugin::check_values(&self.inputs, inputs)?;
+        let empty = values::empty_sequence_inputs(inputs);
+        let feeds = self.feeds(inputs)?;
+        if empty.is_empty() {
+            let mut session = self.take_session()?;
+            let result = self.run_on(&mut session, feeds);
+            if let Ok(mut idle) = self.idle.lock() {
+                idle.push(session);
+            }
+            return result;
+        }
+        let mut session = self.take_variant(&empty)?;
+        let result = self.run_on(&mut session, feeds);
+        if let Ok(mut variants) = self.variants.lock() {
+            variants.entry(empty).or_default().push(session);
+        }
+        result
     }
 
     fn export(&self) -> Result<Vec<u8>, PluginError> {
@@ -321,4 +456,21 @@ impl CompiledSubgraph for CompiledOrt {
             &self.onnx,
         ))
     }
+}
+
+/// Whether a graph input is a sequence (or an optional of one), which an
+/// empty request value makes a variant of the model for.
+fn has_sequence_input(graph: &tessera_common::onnx::proto::GraphProto) -> bool {
+    use tessera_common::onnx::proto::type_proto::Value as T;
+    graph
+        .input
+        .iter()
+        .any(|v| match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(T::SequenceType(_)) => true,
+            Some(T::OptionalType(o)) => matches!(
+                o.elem_type.as_deref().and_then(|t| t.value.as_ref()),
+                Some(T::SequenceType(_))
+            ),
+            _ => false,
+        })
 }
