@@ -2,10 +2,11 @@
 //! loaded at run time from the onnxruntime 1.32.0 wheel; see [`library`]).
 //!
 //! Layout: `library` finds and loads the shared library; `query` answers
-//! QueryNetwork (the whole model, else node by node); `session` is the
+//! QueryNetwork (the whole model, else node by node); `opset` runs models
+//! at opset 22 at 21 where onnxruntime lacks a kernel; `session` is the
 //! compiled subgraph (a pool of sessions, per-node profiling);
-//! `convert` moves tensors in and out; `profile` reads onnxruntime's
-//! profiler output.
+//! `convert` moves tensors in and out, `values` sequences and optionals;
+//! `profile` reads onnxruntime's profiler output.
 //!
 //! ```no_run
 //! use tessera_worker::plugin::DevicePlugin;
@@ -18,9 +19,11 @@
 pub mod library;
 
 mod convert;
+mod opset;
 mod profile;
 mod query;
 mod session;
+mod values;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -166,6 +169,8 @@ impl DevicePlugin for OrtPlugin {
     }
 
     fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError> {
+        let lowered = opset::lowered(model);
+        let model = lowered.as_ref().unwrap_or(model);
         query::query_network(&self.runtime, model, &self.probes)
     }
 
@@ -176,6 +181,14 @@ impl DevicePlugin for OrtPlugin {
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
         let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let (model, lowered_onnx) = match opset::lowered(&model) {
+            Some(m) => {
+                let bytes = encode_model(&m);
+                (m, Some(bytes))
+            }
+            None => (model, None),
+        };
+        let onnx = lowered_onnx.as_deref().unwrap_or(onnx);
         let build = |model: &ModelProto, onnx: &[u8]| {
             CompiledOrt::from_model(
                 &self.name,
