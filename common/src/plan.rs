@@ -29,6 +29,11 @@ pub enum PlanError {
     BadInput(String),
     #[error("{0}")]
     Simplify(#[from] crate::simplify::SimplifyError),
+    #[error(
+        "the model's {role} '{name}' is a sequence or an optional; requests carry tensors \
+         only (a plugin's infer_values runs such a graph whole)"
+    )]
+    CollectionAtGraphBoundary { role: &'static str, name: String },
 }
 
 /// How to plan.
@@ -166,6 +171,7 @@ pub fn plan(
     cost_model: &dyn CostModel,
     options: &PlanOptions,
 ) -> Result<Plan, PlanError> {
+    collections_at_boundary(graph)?;
     let mut manual = BTreeMap::new();
     let folded = |name: &str| {
         let s = &options.simplified;
@@ -225,6 +231,23 @@ pub fn plan(
         stages,
         simplified: options.simplified.clone(),
     })
+}
+
+/// Refuses a graph that takes or returns a sequence or an optional:
+/// requests (the wire, the SDK, HTTP) carry tensors.
+fn collections_at_boundary(graph: &Graph) -> Result<(), PlanError> {
+    let collections = graph.collections();
+    let found = |ts: &[TensorId]| ts.iter().find(|t| collections.contains(t)).copied();
+    let at = found(&graph.inputs)
+        .map(|t| ("input", t))
+        .or_else(|| found(&graph.outputs).map(|t| ("output", t)));
+    match at {
+        Some((role, t)) => Err(PlanError::CollectionAtGraphBoundary {
+            role,
+            name: graph.tensor(t).name.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The graph's input and output names, in model order.

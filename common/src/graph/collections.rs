@@ -1,7 +1,9 @@
 //! Values that are not dense tensors: sequences and optionals. The IR types
 //! them by their elements (a `SequenceConstruct` of float tensors is typed
-//! float), but they cannot leave the subgraph that makes them: the plugin
-//! API and the wire carry tensors only.
+//! float), but they cannot leave the subgraph that makes them: the wire
+//! carries tensors only (a plugin's `infer_values` takes and returns them,
+//! for a graph run whole), so the planner refuses them at the graph's
+//! inputs and outputs and keeps them inside one subgraph.
 
 use std::collections::HashSet;
 
