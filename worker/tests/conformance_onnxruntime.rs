@@ -1,10 +1,13 @@
 //! The ONNX node tests through the onnxruntime CPU plugin: zero wrong
-//! answers among the tests its QueryNetwork accepts. Of onnx 1.17's 1,288,
-//! 29 carry sequences or optionals, which tensors here do not carry; 9
-//! train (ai.onnx.preview.training), 9 decode images, 10 draw random
-//! numbers and 3 are RoiAlign-22, which onnxruntime 1.32 has no kernel for;
-//! 10 are errata. 1,218 pass today (StringNormalizer's with the en_US.UTF-8
-//! locale that `scripts/test.sh` generates).
+//! answers among the tests its QueryNetwork accepts, and at least 1,250 of
+//! onnx 1.17's 1,288 passed (1,250 today; the 29 that take or give
+//! sequences and optionals included, through `infer_values`). Not run: 9
+//! decode images and 7 train (ai.onnx.preview.training), which onnxruntime
+//! 1.32 has no kernels for; 10 draw random numbers (Bernoulli,
+//! training-mode Dropout); 2 downsample with align_corners, which
+//! onnxruntime computes differently from the specification; 10 are errata.
+//! StringNormalizer's 4 need the en_US.UTF-8 locale, which
+//! `scripts/test.sh` generates.
 
 mod util;
 
@@ -36,8 +39,9 @@ fn onnxruntime_plugin_passes_the_onnx_node_tests() {
         report.failed.len()
     );
     assert!(
-        report.passed.len() >= 1210,
-        "only {} node tests passed",
+        report.passed.len() >= 1250,
+        "only {} node tests passed (StringNormalizer's need the en_US.UTF-8 locale: \
+         scripts/test.sh generates it)",
         report.passed.len()
     );
 }
