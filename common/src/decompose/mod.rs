@@ -2,7 +2,8 @@
 //! it has (what an OpenVINO plugin's transformations do before QueryNetwork
 //! and compilation). The ONNX function ops (NegativeLogLikelihoodLoss,
 //! SoftmaxCrossEntropyLoss, CenterCropPad, AffineGrid) and LpPool are
-//! rewritten along the lines of their ONNX function bodies.
+//! rewritten along the lines of their ONNX function bodies, the training
+//! optimizers (Adagrad, Momentum, Adam) after their specifications.
 //!
 //! A plugin decomposes the model it is asked about and the subgraph it
 //! compiles the same way, and maps what it learns about the expansion back
@@ -55,6 +56,7 @@ mod misc;
 mod pool;
 mod quant;
 mod recurrent;
+mod training;
 mod types;
 
 use std::collections::HashMap;
@@ -189,6 +191,13 @@ const ML_RULES: &[(&str, Rule)] = &[
     ("ArrayFeatureExtractor", misc::array_feature_extractor),
 ];
 
+/// Rules for the optimizers of the `ai.onnx.preview.training` domain.
+const TRAINING_RULES: &[(&str, Rule)] = &[
+    ("Adagrad", training::adagrad),
+    ("Momentum", training::momentum),
+    ("Adam", training::adam),
+];
+
 /// The default-domain opset expansions are written at in a model that
 /// imports only other domains (e.g. `ai.onnx.ml`); the model then gains
 /// this import.
@@ -196,7 +205,11 @@ const EXPANSION_OPSET: i64 = 13;
 
 /// The op types [`decompose`] can rewrite.
 pub fn decomposable_ops() -> impl Iterator<Item = &'static str> {
-    RULES.iter().chain(ML_RULES).map(|(op, _)| *op)
+    RULES
+        .iter()
+        .chain(ML_RULES)
+        .chain(TRAINING_RULES)
+        .map(|(op, _)| *op)
 }
 
 /// Rewrites the nodes of `graph`'s (name-normalized) model whose op type has
@@ -238,6 +251,7 @@ pub fn decompose_where(graph: &Graph, wanted: impl Fn(&NodeProto) -> bool) -> De
         let rules = match node.domain.as_deref() {
             None | Some("") | Some("ai.onnx") => RULES,
             Some("ai.onnx.ml") => ML_RULES,
+            Some("ai.onnx.preview.training") => TRAINING_RULES,
             Some(_) => &[],
         };
         let rule = rules

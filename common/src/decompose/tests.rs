@@ -323,3 +323,85 @@ fn narrow_min_max_and_unsigned_exponents_are_widened() {
             .is_empty()
     );
 }
+
+fn training_node(op: &str, inputs: &[&str], outputs: &[&str], mode: Option<&str>) -> NodeProto {
+    let mut n = node("opt", op, inputs, outputs);
+    n.domain = Some("ai.onnx.preview.training".into());
+    for (name, v) in [("alpha", 0.9f32), ("beta", 0.5), ("norm_coefficient", 0.0)] {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            f: Some(v),
+            r#type: Some(AttributeType::Float as i32),
+            ..Default::default()
+        });
+    }
+    if let Some(mode) = mode {
+        n.attribute.push(AttributeProto {
+            name: Some("mode".into()),
+            s: Some(mode.as_bytes().to_vec()),
+            r#type: Some(AttributeType::String as i32),
+            ..Default::default()
+        });
+    }
+    n
+}
+
+fn training_inputs(names: &[&str]) -> Vec<crate::onnx::proto::ValueInfoProto> {
+    let mut inputs = vec![tensor_info("R", 1, &[]), tensor_info("T", 7, &[])];
+    inputs.extend(names.iter().map(|n| tensor_info(n, 1, &[2])));
+    inputs
+}
+
+#[test]
+fn training_optimizers_write_every_output_and_decline_what_they_cannot() {
+    // Adam over two tensors: each new X, V and H is written under its name.
+    let n = training_node(
+        "Adam",
+        &["R", "T", "X1", "X2", "G1", "G2", "V1", "V2", "H1", "H2"],
+        &["X1n", "X2n", "V1n", "V2n", "H1n", "H2n"],
+        None,
+    );
+    let g = model(
+        n,
+        training_inputs(&["X1", "X2", "G1", "G2", "V1", "V2", "H1", "H2"]),
+        17,
+    );
+    let d = decompose(&g, |op| op == "Adam");
+    let written: Vec<String> = d
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .flat_map(|n| n.output.clone())
+        .collect();
+    for name in ["X1n", "X2n", "V1n", "V2n", "H1n", "H2n"] {
+        assert!(written.contains(&name.to_string()), "{name} not written");
+    }
+    assert!(!ops(&d).contains(&"Adam".to_string()));
+
+    // Momentum with an unknown mode, and inputs that make no groups of 3,
+    // are left as they are, with the reason.
+    let n = training_node(
+        "Momentum",
+        &["R", "T", "X1", "G1", "V1"],
+        &["X1n", "V1n"],
+        Some("heavy"),
+    );
+    let g = model(n, training_inputs(&["X1", "G1", "V1"]), 17);
+    let d = decompose(&g, |op| op == "Momentum");
+    assert!(
+        d.declined["opt"].contains("mode 'heavy'"),
+        "{:?}",
+        d.declined
+    );
+    let n = training_node("Adagrad", &["R", "T", "X1", "G1"], &["X1n"], None);
+    let g = model(n, training_inputs(&["X1", "G1"]), 17);
+    let d = decompose(&g, |op| op == "Adagrad");
+    assert!(
+        d.declined["opt"].contains("groups of 3"),
+        "{:?}",
+        d.declined
+    );
+}
