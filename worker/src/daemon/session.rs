@@ -278,10 +278,13 @@ fn tensor_handler(
                     }
                     match header.into_tensor(payload) {
                         Ok(t) => {
-                            router.dispatch(network, request, name.clone(), t).await;
+                            // Reported before the tensor is handed on, so the
+                            // report reaches the coordinator ahead of the
+                            // outputs computed from it (one ordered link).
                             if !name.is_empty() {
                                 router.moved(request, &name, &from, bytes, took).await;
                             }
+                            router.dispatch(network, request, name.clone(), t).await;
                         }
                         Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
                     }
