@@ -58,6 +58,9 @@ pub fn worker_names(n: usize) -> Vec<String> {
         .collect()
 }
 
+/// How long an embedded cluster waits for its workers to register.
+const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
+
 /// Starts a coordinator and `workers` workers serving `devices`, each
 /// compiling with `plugin_config`; returns once all have registered.
 pub async fn start(
@@ -113,24 +116,38 @@ pub async fn start_configured(
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         stops.push((name.clone(), stop));
         // Only an explicit stop ends it (not the sender dropped).
-        let stopped = async move {
+        let stopped = futures_util::FutureExt::shared(Box::pin(async move {
             if stopped.await.is_err() {
                 std::future::pending::<()>().await
             }
-        };
+        }));
         actix::spawn(async move {
-            if let Err(e) = daemon::run_until(options, &id, |_| {}, stopped).await {
+            let started = Instant::now();
+            let registered = std::sync::atomic::AtomicBool::new(false);
+            loop {
+                let ready = |_: &str| registered.store(true, std::sync::atomic::Ordering::Relaxed);
+                let outcome = daemon::run_until(options.clone(), &id, ready, stopped.clone()).await;
+                let Err(e) = outcome else { break };
                 if coordinator.shared().shutting_down() {
                     tracing::debug!(worker = %name, "stopped with the cluster: {e}");
-                } else {
-                    tracing::warn!(worker = %name, "stopped: {e}");
+                    break;
                 }
+                // Many workers starting at once on a loaded machine can miss
+                // their first registration: dial again while the cluster
+                // still waits for them.
+                let registered = registered.load(std::sync::atomic::Ordering::Relaxed);
+                if registered || started.elapsed() > REGISTRATION_WAIT {
+                    tracing::warn!(worker = %name, "stopped: {e}");
+                    break;
+                }
+                tracing::warn!(worker = %name, "could not register ({e}); dialling again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
     }
     let started = Instant::now();
     while coordinator.workers().len() < workers {
-        if started.elapsed() > Duration::from_secs(30) {
+        if started.elapsed() > REGISTRATION_WAIT {
             bail!(
                 "embedded workers did not register within 30 s (registered: {:?})",
                 coordinator.workers()
