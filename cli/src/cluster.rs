@@ -148,9 +148,11 @@ pub async fn start_configured(
     let started = Instant::now();
     while coordinator.workers().len() < workers {
         if started.elapsed() > REGISTRATION_WAIT {
+            let registered = coordinator.workers();
+            let missing: Vec<&String> = names.iter().filter(|n| !registered.contains(n)).collect();
             bail!(
-                "embedded workers did not register within 30 s (registered: {:?})",
-                coordinator.workers()
+                "embedded workers did not register within 30 s: missing {missing:?} ({} of {workers} registered)",
+                registered.len()
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -213,6 +213,12 @@ fn sixty_four_workers_hold_a_deep_split_and_replicas_and_survive_losing_eight() 
     const WORKERS: usize = 64;
     const REQUESTS: usize = 10_000;
     const DEEP_EVERY: usize = 20;
+    // Warnings (a worker that cannot register, a lost request) shown with
+    // the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_test_writer()
+        .try_init();
     tessera_cli::cluster::run_system(async {
         let started = Instant::now();
         let config = [("NUM_THREADS".to_string(), "1".to_string())];

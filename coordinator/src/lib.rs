@@ -233,23 +233,24 @@ impl Coordinator {
         if let Some(listener) = listener {
             tokio::spawn(http::serve(self.shared.clone(), listener));
         }
-        while let Some(peer) = self.shared.node.accept(&[Role::Worker, Role::Client]).await {
-            let peer = match peer {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!("refused: {e}");
-                    continue;
-                }
-            };
+        // Each connection handshakes on its own task: one slow or silent
+        // peer holds up no other.
+        while let Some(incoming) = self.shared.node.incoming().await {
             let shared = self.shared.clone();
-            match peer.hello.role {
-                Role::Worker => {
-                    tokio::spawn(members::serve_worker(shared, peer));
+            tokio::spawn(async move {
+                let accepted = [Role::Worker, Role::Client];
+                let peer = match shared.node.handshake(incoming, &accepted).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!("refused: {e}");
+                        return;
+                    }
+                };
+                match peer.hello.role {
+                    Role::Worker => members::serve_worker(shared, peer).await,
+                    _ => clients::serve_client(shared, peer).await,
                 }
-                _ => {
-                    tokio::spawn(clients::serve_client(shared, peer));
-                }
-            }
+            });
         }
     }
 

@@ -17,6 +17,11 @@ use crate::{tls, NetError};
 /// Payload chunk size when writing.
 const CHUNK: usize = 1 << 20;
 
+/// How long an incoming peer has for TLS and its hello (a live peer that
+/// never says hello would otherwise hold its handshake forever: its
+/// keep-alives keep the connection open).
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A QUIC endpoint with this node's identity.
 pub struct Node {
     endpoint: quinn::Endpoint,
@@ -177,10 +182,37 @@ impl Node {
 
     /// Waits for the next connection and handshakes with it; `None` once the
     /// endpoint is closed. A peer that fails TLS or the handshake is an
-    /// error for that connection only: call again for the next.
+    /// error for that connection only: call again for the next. A server
+    /// that must not wait on one peer's handshake takes [`Node::incoming`]
+    /// and runs [`Node::handshake`] on a task of its own per connection.
     pub async fn accept(&self, accepted: &[Role]) -> Option<Result<Peer, NetError>> {
-        let incoming = self.endpoint.accept().await?;
-        Some(self.handshake_incoming(incoming, accepted).await)
+        let incoming = self.incoming().await?;
+        Some(self.handshake(incoming, accepted).await)
+    }
+
+    /// The next connection attempt, not handshaken yet; `None` once the
+    /// endpoint is closed.
+    pub async fn incoming(&self) -> Option<quinn::Incoming> {
+        self.endpoint.accept().await
+    }
+
+    /// TLS and the hello exchange with an incoming connection (see
+    /// [`Node::incoming`]); a peer that has not said hello within
+    /// [`HELLO_TIMEOUT`] is dropped.
+    pub async fn handshake(
+        &self,
+        incoming: quinn::Incoming,
+        accepted: &[Role],
+    ) -> Result<Peer, NetError> {
+        let addr = incoming.remote_address();
+        tokio::time::timeout(HELLO_TIMEOUT, self.handshake_incoming(incoming, accepted))
+            .await
+            .unwrap_or_else(|_| {
+                Err(NetError::Handshake {
+                    addr,
+                    reason: format!("no hello within {} s", HELLO_TIMEOUT.as_secs()),
+                })
+            })
     }
 
     async fn handshake_incoming(

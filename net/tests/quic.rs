@@ -349,3 +349,56 @@ fn certs_init_writes_and_reuses_the_cluster_ca() {
         assert_eq!(mode & 0o777, 0o600);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_says_hello_holds_up_no_other() {
+    let ca = ClusterCa::generate("lab").unwrap();
+    let server = coordinator(&ca);
+    // The accept loop the coordinator runs: each connection handshakes on
+    // its own task.
+    let (tx, mut accepted) = mpsc::unbounded_channel();
+    let node = server.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = node.incoming().await {
+            let (node, tx) = (node.clone(), tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(node.handshake(incoming, &[Role::Worker]).await);
+            });
+        }
+    });
+    let addr = server.local_addr().unwrap();
+
+    // A worker with a valid certificate that completes TLS and then says
+    // nothing (its keep-alives hold the connection open).
+    let silent_id = ca.issue("node-s", Role::Worker).unwrap();
+    let mut silent = quinn::Endpoint::client(any()).unwrap();
+    silent.set_default_client_config(tls::client_config(&silent_id, tls::Path::of(addr)).unwrap());
+    let quiet = silent
+        .connect(addr, certs::CLUSTER_SAN)
+        .unwrap()
+        .await
+        .unwrap();
+
+    // Another worker connects after it and is served at once.
+    let worker = bound(&ca, "node-a", Role::Worker, Role::Worker);
+    let started = std::time::Instant::now();
+    let peer = worker.dial(addr).await.unwrap();
+    assert_eq!(peer.hello.role, Role::Coordinator);
+    let theirs = accepted.recv().await.unwrap().unwrap();
+    assert_eq!(theirs.hello.node, "node-a");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+    // The silent one is dropped once its time for a hello is up.
+    let refused = tokio::time::timeout(
+        tessera_net::HELLO_TIMEOUT + std::time::Duration::from_secs(5),
+        accepted.recv(),
+    )
+    .await
+    .expect("the silent peer's handshake ends")
+    .unwrap();
+    let Err(err) = refused else {
+        panic!("the silent peer was accepted")
+    };
+    assert!(err.to_string().contains("no hello within"), "{err}");
+    drop(quiet);
+}

@@ -196,22 +196,28 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
 /// each in `incoming`.
 async fn accept_workers(state: Arc<State>, incoming: Arc<Mutex<Vec<quinn::Connection>>>) {
     let limits = *state.node.limits();
-    while let Some(peer) = state.node.accept(&[Role::Worker]).await {
-        match peer {
-            Ok(peer) => {
-                tracing::debug!(peer = %peer.hello.node, "worker connected");
-                if let Ok(mut all) = incoming.lock() {
-                    all.retain(|c| c.close_reason().is_none());
-                    all.push(peer.connection.clone());
+    // Each connection handshakes on its own task (one slow peer holds up
+    // no other).
+    while let Some(connecting) = state.node.incoming().await {
+        let (state, incoming) = (state.clone(), incoming.clone());
+        tokio::spawn(async move {
+            match state.node.handshake(connecting, &[Role::Worker]).await {
+                Ok(peer) => {
+                    tracing::debug!(peer = %peer.hello.node, "worker connected");
+                    if let Ok(mut all) = incoming.lock() {
+                        all.retain(|c| c.close_reason().is_none());
+                        all.push(peer.connection.clone());
+                    }
+                    serve_streams(
+                        peer.connection,
+                        limits,
+                        tensor_handler(state.router.clone(), peer.hello.node.clone()),
+                    )
+                    .await;
                 }
-                tokio::spawn(serve_streams(
-                    peer.connection,
-                    limits,
-                    tensor_handler(state.router.clone(), peer.hello.node.clone()),
-                ));
+                Err(e) => tracing::warn!("refused a peer: {e}"),
             }
-            Err(e) => tracing::warn!("refused a peer: {e}"),
-        }
+        });
     }
 }
 
