@@ -3,7 +3,9 @@
 //! and compilation). The ONNX function ops (NegativeLogLikelihoodLoss,
 //! SoftmaxCrossEntropyLoss, CenterCropPad, AffineGrid) and LpPool are
 //! rewritten along the lines of their ONNX function bodies, the training
-//! optimizers (Adagrad, Momentum, Adam) after their specifications.
+//! optimizers (Adagrad, Momentum, Adam) after their specifications, and a
+//! linear or cubic Resize with align_corners as constant interpolation
+//! matrices.
 //!
 //! A plugin decomposes the model it is asked about and the subgraph it
 //! compiles the same way, and maps what it learns about the expansion back
@@ -56,6 +58,7 @@ mod misc;
 mod pool;
 mod quant;
 mod recurrent;
+mod resize;
 mod training;
 mod types;
 
@@ -180,6 +183,7 @@ const RULES: &[(&str, Rule)] = &[
     ("Min", types::widen_16bit),
     ("Pow", types::signed_exponent),
     ("Cast", types::saturating_cast_4bit),
+    ("Resize", resize::align_corners_by_matrices),
     ("RNN", recurrent::batch_first),
     ("GRU", recurrent::batch_first),
     ("LSTM", recurrent::batch_first),

@@ -291,9 +291,11 @@ pub(super) fn query_network(
 
 /// Whether tract wants `op`'s decomposition rule: every rule but Pow's
 /// (tract takes unsigned exponents as they are; the rule's int64 exponent
-/// under a float base makes tract 0.23 panic at run time).
+/// under a float base makes tract 0.23 panic at run time) and Resize's
+/// (tract resizes with align_corners as the specification does, without
+/// the rule's interpolation matrices).
 fn tract_lacks(op: &str) -> bool {
-    op != "Pow"
+    !matches!(op, "Pow" | "Resize")
 }
 
 /// The model `compile` hands to tract: ops tract lacks decomposed.
