@@ -35,7 +35,6 @@ pub struct CpuPlugin {
     name: String,
     config: Mutex<Config>,
     probes: crate::plugins::probe::ProbeCache,
-    calibration: OnceLock<(f64, f64)>,
 }
 
 impl CpuPlugin {
@@ -57,14 +56,15 @@ impl CpuPlugin {
             name: name.to_string(),
             config: Mutex::new(Config::default()),
             probes: crate::plugins::probe::ProbeCache::default(),
-            calibration: OnceLock::new(),
         })
     }
 
     /// GFLOP/s of a 256³ f32 MatMul through tract, and memory bandwidth
-    /// (GB/s) of a 64 MiB copy; measured once.
+    /// (GB/s) of a 64 MiB copy; measured once per process (every instance
+    /// runs on the same machine: an embedded cluster's workers share it).
     fn calibrate(&self) -> (f64, f64) {
-        *self.calibration.get_or_init(|| {
+        static CALIBRATION: OnceLock<(f64, f64)> = OnceLock::new();
+        *CALIBRATION.get_or_init(|| {
             let n = 256usize;
             let gflops = (|| -> TractResult<f64> {
                 let mut model = TypedModel::default();

@@ -48,7 +48,6 @@ pub struct OrtPlugin {
     runtime: Arc<Runtime>,
     config: Mutex<Config>,
     probes: ProbeCache,
-    calibration: OnceLock<(f64, f64)>,
 }
 
 impl OrtPlugin {
@@ -64,7 +63,6 @@ impl OrtPlugin {
             runtime,
             config: Mutex::new(Config::default()),
             probes: ProbeCache::default(),
-            calibration: OnceLock::new(),
         })
     }
 
@@ -74,9 +72,12 @@ impl OrtPlugin {
     }
 
     /// GFLOP/s of a 256³ f32 MatMul through onnxruntime (one thread), and
-    /// memory bandwidth (GB/s) of a 64 MiB copy; measured once.
+    /// memory bandwidth (GB/s) of a 64 MiB copy; measured once per process
+    /// (every instance runs on the same machine: an embedded cluster's
+    /// workers share it).
     fn calibrate(&self) -> (f64, f64) {
-        *self.calibration.get_or_init(|| {
+        static CALIBRATION: OnceLock<(f64, f64)> = OnceLock::new();
+        *CALIBRATION.get_or_init(|| {
             let gflops = self.matmul_gflops(256).unwrap_or_else(|e| {
                 tracing::warn!("onnxruntime calibration failed: {e}");
                 0.0
