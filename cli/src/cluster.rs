@@ -122,8 +122,8 @@ pub async fn start_configured(
             }
         }));
         actix::spawn(async move {
-            let started = Instant::now();
             let registered = std::sync::atomic::AtomicBool::new(false);
+            let mut backoff = Duration::from_millis(200);
             loop {
                 let ready = |_: &str| registered.store(true, std::sync::atomic::Ordering::Relaxed);
                 let outcome = daemon::run_until(options.clone(), &id, ready, stopped.clone()).await;
@@ -132,16 +132,16 @@ pub async fn start_configured(
                     tracing::debug!(worker = %name, "stopped with the cluster: {e}");
                     break;
                 }
-                // Many workers starting at once on a loaded machine can miss
-                // their first registration: dial again while the cluster
-                // still waits for them.
-                let registered = registered.load(std::sync::atomic::Ordering::Relaxed);
-                if registered || started.elapsed() > REGISTRATION_WAIT {
-                    tracing::warn!(worker = %name, "stopped: {e}");
-                    break;
+                // As a real worker does: dial again (many workers starting
+                // at once on a loaded machine can miss their registration,
+                // or a heartbeat, and be dropped).
+                if registered.load(std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(worker = %name, "dropped ({e}); joining again");
+                } else {
+                    tracing::warn!(worker = %name, "could not register ({e}); dialling again");
                 }
-                tracing::warn!(worker = %name, "could not register ({e}); dialling again");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         });
     }
