@@ -307,32 +307,29 @@ impl TensorSpec {
 /// Checks a request's inputs against a compiled subgraph's specs: their
 /// count, then each one's element type and shape.
 pub fn check_inputs(specs: &[TensorSpec], inputs: &[Tensor]) -> Result<(), PluginError> {
-    if inputs.len() != specs.len() {
-        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-        return Err(PluginError::BadInput(format!(
-            "expected {} inputs ({}), got {}",
-            names.len(),
-            names.join(", "),
-            inputs.len()
-        )));
-    }
+    check_count(specs, inputs.len())?;
     inputs
         .iter()
         .zip(specs)
         .try_for_each(|(t, spec)| spec.check(t))
 }
 
+/// A request holds one input per spec.
+fn check_count(specs: &[TensorSpec], given: usize) -> Result<(), PluginError> {
+    if given == specs.len() {
+        return Ok(());
+    }
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    Err(PluginError::BadInput(format!(
+        "expected {} inputs ({}), got {given}",
+        names.len(),
+        names.join(", ")
+    )))
+}
+
 /// [`check_inputs`] for graph values.
 pub fn check_values(specs: &[TensorSpec], inputs: &[Value]) -> Result<(), PluginError> {
-    if inputs.len() != specs.len() {
-        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-        return Err(PluginError::BadInput(format!(
-            "expected {} inputs ({}), got {}",
-            names.len(),
-            names.join(", "),
-            inputs.len()
-        )));
-    }
+    check_count(specs, inputs.len())?;
     inputs
         .iter()
         .zip(specs)

@@ -98,9 +98,12 @@ pub struct CompiledOrt {
     runtime: Arc<Runtime>,
     /// The subgraph as compiled (what `export` writes).
     onnx: Vec<u8>,
-    /// The model sessions are built from when it differs from `onnx`
-    /// (optional outputs unwrapped), decoded for variants.
-    rewritten: Option<(Vec<u8>, ModelProto)>,
+    /// What sessions are built from when it differs from `onnx` (optional
+    /// outputs unwrapped).
+    rewritten: Option<Vec<u8>>,
+    /// The model the variants for empty sequence inputs are made from
+    /// (only where an input is a sequence).
+    variant_base: Option<ModelProto>,
     /// Optional outputs, returned by sessions as contents and a flag.
     optional_outputs: Vec<OptionalOutput>,
     /// Session names of the outputs, in `outputs` order.
@@ -161,15 +164,13 @@ impl CompiledOrt {
             })
             .collect();
         let settings = SessionSettings::from_config(&config)?;
-        let mut unwrapped = model.clone();
-        let optional_outputs =
-            values::unwrap_optional_outputs(&mut unwrapped).map_err(PluginError::InvalidModel)?;
-        let rewritten = (!optional_outputs.is_empty())
-            .then(|| (encode_model(&unwrapped), unwrapped))
-            .or_else(|| has_sequence_input(graph).then(|| (onnx.to_vec(), model.clone())));
-        let session_onnx = rewritten
-            .as_ref()
-            .map_or(onnx, |(bytes, _)| bytes.as_slice());
+        let unwrapped =
+            values::unwrap_optional_outputs(model).map_err(PluginError::InvalidModel)?;
+        let rewritten = unwrapped.as_ref().map(|(m, _)| encode_model(m));
+        let variant_base =
+            has_sequence_input(graph).then(|| unwrapped.as_ref().map_or(model, |(m, _)| m).clone());
+        let optional_outputs = unwrapped.map(|(_, o)| o).unwrap_or_default();
+        let session_onnx = rewritten.as_deref().unwrap_or(onnx);
         let (session, optimize) = match build_session(&runtime, session_onnx, &settings, true, None)
         {
             Ok(s) => (s, true),
@@ -220,6 +221,7 @@ impl CompiledOrt {
             runtime,
             onnx: onnx.to_vec(),
             rewritten,
+            variant_base,
             optional_outputs,
             session_outputs,
             variants: Mutex::new(HashMap::new()),
@@ -251,9 +253,7 @@ impl CompiledOrt {
 
     /// The bytes sessions are built from.
     fn session_onnx(&self) -> &[u8] {
-        self.rewritten
-            .as_ref()
-            .map_or(&self.onnx, |(bytes, _)| bytes)
+        self.rewritten.as_deref().unwrap_or(&self.onnx)
     }
 
     /// An idle session of the variant with the inputs at `empty` made in
@@ -267,7 +267,7 @@ impl CompiledOrt {
         if let Some(s) = idle {
             return Ok(s);
         }
-        let Some((_, model)) = &self.rewritten else {
+        let Some(model) = &self.variant_base else {
             return Err(PluginError::BadInput("no input here is a sequence".into()));
         };
         let variant = values::with_empty_sequences(model, &self.inputs, empty);

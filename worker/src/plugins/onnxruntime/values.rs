@@ -173,13 +173,23 @@ fn branch(name: &str, node: NodeProto, output: &str, ty: TypeProto) -> Attribute
     }
 }
 
-/// Rewrites every optional graph output as its contents plus a flag (see
-/// the module doc); the flags are appended after the graph's outputs.
+/// `model` with every optional graph output returned as its contents plus
+/// a flag (see the module doc; the flags after the graph's outputs), and
+/// those outputs; `None` when no output is an optional (nothing copied).
 pub(super) fn unwrap_optional_outputs(
-    model: &mut ModelProto,
-) -> Result<Vec<OptionalOutput>, String> {
+    model: &ModelProto,
+) -> Result<Option<(ModelProto, Vec<OptionalOutput>)>, String> {
+    let any = model
+        .graph
+        .iter()
+        .flat_map(|g| &g.output)
+        .any(|o| optional_contents(o).is_some());
+    if !any {
+        return Ok(None);
+    }
+    let mut model = model.clone();
     let Some(graph) = model.graph.as_mut() else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let mut rewritten = Vec::new();
     for index in 0..graph.output.len() {
@@ -212,7 +222,7 @@ pub(super) fn unwrap_optional_outputs(
         graph.output.push(info(&has, tensor_type(ElemType::BOOL.0)));
         rewritten.push(OptionalOutput { index, has });
     }
-    Ok(rewritten)
+    Ok(Some((model, rewritten)))
 }
 
 /// The model with the inputs at `empty` (empty sequences, or optionals
