@@ -253,7 +253,6 @@ fn a_node_between_two_readers_of_a_sequence_joins_them() {
 
 #[test]
 fn a_sequence_at_the_graph_boundary_is_refused_by_name() {
-    use tessera_common::onnx::proto::{type_proto, TypeProto, ValueInfoProto};
     use tessera_common::plan::{plan, PlanError, PlanOptions};
     // x → split → parts, returned as the graph's output.
     let mut g = GraphProto {
@@ -263,25 +262,8 @@ fn a_sequence_at_the_graph_boundary_is_refused_by_name() {
     g.input.push(tensor_info("x", 1, &[4, 2]));
     g.node
         .push(node("split", "SplitToSequence", &["x"], &["parts"]));
-    let float = TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-            elem_type: Some(1),
-            shape: None,
-        })),
-        ..Default::default()
-    };
-    g.output.push(ValueInfoProto {
-        name: Some("parts".into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::SequenceType(Box::new(
-                type_proto::Sequence {
-                    elem_type: Some(Box::new(float)),
-                },
-            ))),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    g.output
+        .push(tessera_common::onnx::sequence_info("parts", 1));
     let g = Graph::from_model(opset17(g)).unwrap();
     let supports: HashMap<DeviceId, SupportSet> =
         [(DeviceId::parse("CPU").unwrap(), SupportSet::all())].into();

@@ -8,49 +8,18 @@
 mod util;
 
 use tessera_common::onnx::encode_model;
-use tessera_common::onnx::proto::{type_proto, GraphProto, TypeProto, ValueInfoProto};
+use tessera_common::onnx::proto::GraphProto;
 use tessera_common::onnx::ElemType;
 use tessera_common::synth::{node, opset17, tensor_info};
 use tessera_common::tensor::{Tensor, Value};
 use tessera_worker::plugin::{Config, ValueKind};
 
-fn float_tensor() -> TypeProto {
-    TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-            elem_type: Some(ElemType::FLOAT.0),
-            shape: None,
-        })),
-        ..Default::default()
-    }
+fn sequence_of_floats(name: &str) -> tessera_common::onnx::proto::ValueInfoProto {
+    tessera_common::onnx::sequence_info(name, ElemType::FLOAT.0)
 }
 
-fn value_info(name: &str, value: type_proto::Value) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(value),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn sequence_of_floats(name: &str) -> ValueInfoProto {
-    value_info(
-        name,
-        type_proto::Value::SequenceType(Box::new(type_proto::Sequence {
-            elem_type: Some(Box::new(float_tensor())),
-        })),
-    )
-}
-
-fn optional_float(name: &str) -> ValueInfoProto {
-    value_info(
-        name,
-        type_proto::Value::OptionalType(Box::new(type_proto::Optional {
-            elem_type: Some(Box::new(float_tensor())),
-        })),
-    )
+fn optional_float(name: &str) -> tessera_common::onnx::proto::ValueInfoProto {
+    tessera_common::onnx::optional_info(name, ElemType::FLOAT.0)
 }
 
 /// `x → SplitToSequence → parts`, `s → SequenceLength → n`,

@@ -139,6 +139,47 @@ impl std::fmt::Display for ElemType {
     }
 }
 
+/// A `ValueInfoProto` for a sequence of tensors of element type
+/// `elem_type` (shapes unknown).
+pub fn sequence_info(name: &str, elem_type: i32) -> proto::ValueInfoProto {
+    use proto::type_proto::{Sequence, Value};
+    container_info(name, elem_type, |t| {
+        Value::SequenceType(Box::new(Sequence { elem_type: Some(t) }))
+    })
+}
+
+/// A `ValueInfoProto` for an optional tensor of element type `elem_type`
+/// (shape unknown).
+pub fn optional_info(name: &str, elem_type: i32) -> proto::ValueInfoProto {
+    use proto::type_proto::{Optional, Value};
+    container_info(name, elem_type, |t| {
+        Value::OptionalType(Box::new(Optional { elem_type: Some(t) }))
+    })
+}
+
+fn container_info(
+    name: &str,
+    elem_type: i32,
+    wrap: impl FnOnce(Box<proto::TypeProto>) -> proto::type_proto::Value,
+) -> proto::ValueInfoProto {
+    use proto::type_proto::{Tensor, Value};
+    let tensor = proto::TypeProto {
+        denotation: None,
+        value: Some(Value::TensorType(Tensor {
+            elem_type: Some(elem_type),
+            shape: None,
+        })),
+    };
+    proto::ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(proto::TypeProto {
+            denotation: None,
+            value: Some(wrap(Box::new(tensor))),
+        }),
+        ..Default::default()
+    }
+}
+
 /// A `ValueInfoProto` for a tensor of element type `elem_type` (the ONNX
 /// number) and static `dims`.
 pub fn tensor_info(name: &str, elem_type: i32, dims: &[i64]) -> proto::ValueInfoProto {
