@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use tessera_coordinator::config::CoordinatorConfig;
 use tessera_coordinator::Coordinator;
 use tessera_net::certs::{self, NodeIdentity};
+use tessera_worker::daemon::config::MemoryLimits;
 use tessera_worker::daemon::{self, WorkerOptions};
 
 pub const CLUSTER: &str = "local";
@@ -61,6 +62,25 @@ pub fn worker_names(n: usize) -> Vec<String> {
 /// How long an embedded cluster waits for its workers to register.
 const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 
+/// One embedded worker: what it serves, its plugin configuration, its
+/// devices' memory limits.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSpec {
+    pub devices: Vec<String>,
+    pub config: Vec<(String, String)>,
+    pub memory_limit: MemoryLimits,
+}
+
+impl WorkerSpec {
+    pub fn new(devices: &[String], config: &[(String, String)]) -> WorkerSpec {
+        WorkerSpec {
+            devices: devices.to_vec(),
+            config: config.to_vec(),
+            memory_limit: MemoryLimits::default(),
+        }
+    }
+}
+
 /// Starts a coordinator and `workers` workers serving `devices`, each
 /// compiling with `plugin_config`; returns once all have registered.
 pub async fn start(
@@ -79,6 +99,18 @@ pub async fn start_configured(
     plugin_config: &[(String, String)],
     configure: impl FnOnce(&mut CoordinatorConfig),
 ) -> Result<Embedded> {
+    let specs = vec![WorkerSpec::new(devices, plugin_config); workers];
+    start_workers(&specs, configure).await
+}
+
+/// A coordinator and one worker per spec (named node-a, node-b, ...),
+/// the coordinator's configuration changed by `configure` first; returns
+/// once all have registered.
+pub async fn start_workers(
+    specs: &[WorkerSpec],
+    configure: impl FnOnce(&mut CoordinatorConfig),
+) -> Result<Embedded> {
+    let workers = specs.len();
     if workers == 0 {
         bail!("an embedded cluster needs at least one worker");
     }
@@ -97,10 +129,10 @@ pub async fn start_configured(
     let serving = coordinator.clone();
     tokio::spawn(async move { serving.serve().await });
     let mut stops = Vec::new();
-    for (name, id) in names.iter().zip(&ids[2..]) {
+    for ((name, id), spec) in names.iter().zip(&ids[2..]).zip(specs) {
         let options = WorkerOptions {
             name: name.clone(),
-            devices: devices.to_vec(),
+            devices: spec.devices.clone(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise: None,
             coordinator: addr.to_string(),
@@ -108,7 +140,8 @@ pub async fn start_configured(
             cluster: CLUSTER.into(),
             mailbox: 64,
             cache_dir: None,
-            config: plugin_config.to_vec(),
+            config: spec.config.clone(),
+            memory_limit: spec.memory_limit.clone(),
         };
         let id = id.clone();
         let name = name.clone();

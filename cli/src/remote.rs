@@ -6,10 +6,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessera_cli::cluster::WorkerSpec;
 use tessera_client::{Client, LoadOptions, Replicas};
 use tessera_common::onnx;
+use tessera_worker::daemon::config::MemoryLimits;
 
 use crate::run::{read_inputs, write_outputs, RunArgs};
 
@@ -38,6 +40,11 @@ pub struct RemoteArgs {
     /// Threads per subgraph on each embedded worker (plugin NUM_THREADS).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The most memory each embedded worker's devices offer: a size
+    /// (64MiB, 2GiB) or KIND=SIZE pairs; once for every worker, or once
+    /// per worker in order (--worker-memory 96MiB --worker-memory 48MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub worker_memory: Vec<MemoryLimits>,
     /// Embedded workers count time per node (plugin PERF_COUNT).
     #[arg(skip)]
     pub perf_counts: bool,
@@ -98,8 +105,25 @@ pub async fn connect(
             if let Some(t) = args.threads {
                 config.push(("NUM_THREADS".to_string(), t.to_string()));
             }
-            let cluster =
-                tessera_cli::cluster::start(args.workers, &args.worker_devices, &config).await?;
+            let limits = &args.worker_memory;
+            if limits.len() > 1 && limits.len() != args.workers {
+                bail!(
+                    "--worker-memory given {} times for {} workers: give it once for all, or once per worker",
+                    limits.len(),
+                    args.workers
+                );
+            }
+            let specs: Vec<WorkerSpec> = (0..args.workers)
+                .map(|i| WorkerSpec {
+                    memory_limit: limits
+                        .get(i)
+                        .or(limits.first())
+                        .cloned()
+                        .unwrap_or_default(),
+                    ..WorkerSpec::new(&args.worker_devices, &config)
+                })
+                .collect();
+            let cluster = tessera_cli::cluster::start_workers(&specs, |_| {}).await?;
             eprintln!(
                 "embedded cluster: coordinator on {}, workers {}",
                 cluster.addr,

@@ -174,6 +174,10 @@ pub struct PlanReport {
     /// cost model predicts for it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub considered: Vec<crate::schedule::Considered>,
+    /// Each device's memory need and offer, and, when the policy's
+    /// placement did not fit, how the model was cut by memory and speed.
+    #[serde(default)]
+    pub memory: crate::plan::PlanMemory,
 }
 
 /// One copy of a network.
@@ -218,6 +222,9 @@ pub struct SubgraphReport {
     pub predicted_compute_us: f64,
     #[serde(default)]
     pub predicted_transfer_us: f64,
+    /// Its memory need (weights, activations, state).
+    #[serde(default)]
+    pub memory: crate::memory::MemoryNeed,
 }
 
 /// Why a node runs where it does.

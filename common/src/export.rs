@@ -31,6 +31,18 @@ pub fn export_all(graph: &Graph, p: &Partition) -> Result<Vec<ModelProto>, Expor
         .collect()
 }
 
+/// Checks that every tensor crossing a subgraph boundary of `p` can be
+/// declared (what [`export_subgraph`] would fail on), without exporting.
+pub fn check_boundaries(graph: &Graph, p: &Partition) -> Result<(), ExportError> {
+    let ctx = Context::new(graph)?;
+    for sg in &p.subgraphs {
+        for &t in sg.inputs.iter().chain(&sg.outputs) {
+            ctx.value_info(graph, t, sg.id)?;
+        }
+    }
+    Ok(())
+}
+
 /// Exports one subgraph.
 pub fn export_subgraph(
     graph: &Graph,

@@ -15,6 +15,9 @@
 //! - [`export`]: each subgraph as a standalone ONNX model.
 //! - [`decompose`]: ops a backend lacks rewritten as standard ONNX ops (a
 //!   plugin's transformations before QueryNetwork and compilation).
+//! - [`memory`]: sizes, what nodes need in memory on a device (weights,
+//!   activations, state), and the placement that cuts a model too big for
+//!   one device into pipelined stages that each fit.
 //! - [`plan`]: affinity, partition and export in one call (HETERO and the
 //!   coordinator), and the check of a request's inputs.
 //! - [`schedule`]: how many copies of a network run, on which hosts, and
@@ -66,6 +69,7 @@ pub mod decompose;
 pub mod dump;
 pub mod export;
 pub mod graph;
+pub mod memory;
 pub mod onnx;
 pub mod partition;
 pub mod plan;

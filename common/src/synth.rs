@@ -405,6 +405,62 @@ pub fn small_cnn(seed: u64) -> ModelProto {
     opset17(g)
 }
 
+/// A chain of `layers` fully connected layers, the simplest model whose
+/// weights outgrow a machine: `x` float[batch,dim] → (MatMul by a seeded
+/// `dim`×`dim` weight, Relu) × `layers` → `y` float[batch,dim], the batch
+/// dimension dynamic. Weights are uniform in ±sqrt(6/dim), so values keep
+/// their scale through the layers. Node names `mm1`, `relu1`, `mm2`, ...;
+/// weights `w1`, `w2`, ... (`dim`² × 4 bytes each: 2048 gives 16 MiB).
+pub fn matmul_chain(layers: usize, dim: usize, seed: u64) -> ModelProto {
+    use crate::tensor::Tensor;
+
+    let mut rng = Rng::new(seed);
+    let bound = (6.0 / dim as f64).sqrt();
+    let mut g = GraphProto {
+        name: Some("matmul_chain".into()),
+        ..Default::default()
+    };
+    let batch = crate::onnx::proto::tensor_shape_proto::Dimension {
+        denotation: None,
+        value: Some(
+            crate::onnx::proto::tensor_shape_proto::dimension::Value::DimParam("batch".into()),
+        ),
+    };
+    let with_batch = |name: &str| {
+        let mut v = tensor_info(name, 1, &[1, dim as i64]);
+        if let Some(crate::onnx::proto::type_proto::Value::TensorType(t)) =
+            v.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            if let Some(s) = t.shape.as_mut() {
+                s.dim[0] = batch.clone();
+            }
+        }
+        v
+    };
+    g.input.push(with_batch("x"));
+    let mut input = "x".to_string();
+    for k in 1..=layers {
+        let values: Vec<f32> = (0..dim * dim)
+            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
+            .map(|v| v as f32)
+            .collect();
+        let w = format!("w{k}");
+        let t = Tensor::from_values(vec![dim, dim], &values).expect("sizes match by construction");
+        g.initializer.push(t.to_proto(&w));
+        let (mm, relu) = (format!("mm{k}"), format!("relu{k}"));
+        g.node.push(node(&mm, "MatMul", &[&input, &w], &[&mm]));
+        let out = if k == layers {
+            "y".to_string()
+        } else {
+            relu.clone()
+        };
+        g.node.push(node(&relu, "Relu", &[&mm], &[&out]));
+        input = out;
+    }
+    g.output.push(with_batch("y"));
+    opset17(g)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ fn model() -> Graph {
             name: Some("w".into()),
             dims: vec![n, n],
             data_type: Some(1),
-            raw_data: Some(vec![0; (n * n * 4) as usize]),
+            raw_data: Some(vec![0u8; (n * n * 4) as usize].into()),
             ..Default::default()
         }],
         ..Default::default()

@@ -30,6 +30,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
         subgraph: 1,
         device: "CPU".into(),
         model_hash: "ab".repeat(32),
+        model_bytes: 1 << 20,
         inputs: vec!["x".into()],
         outputs: vec![Route {
             tensor: "y".into(),
@@ -130,6 +131,7 @@ fn garbled_and_truncated_frames_are_errors() {
         seq: 1,
         in_flight: 0,
         mailboxes: vec![],
+        rss_bytes: 0,
     }
     .encode(0, &limits)
     .unwrap();
@@ -300,6 +302,8 @@ fn every_control_message_round_trips() {
             devices: vec![device.clone()],
         },
         Control::Registered { heartbeat_ms: 1000 },
+        Control::NeedModel,
+        Control::Model,
         Control::Heartbeat {
             seq: 9,
             in_flight: 2,
@@ -308,6 +312,7 @@ fn every_control_message_round_trips() {
                 subgraph: 1,
                 depth: 4,
             }],
+            rss_bytes: 300 << 20,
         },
         Control::QueryNetwork {
             devices: vec!["CPU".into()],
@@ -401,6 +406,8 @@ fn every_control_message_round_trips() {
                 bandwidth_gbps: 1.5,
                 networks: vec![1],
                 running: 3,
+                memory_in_use: vec![("CPU".into(), 64 << 20)],
+                rss_bytes: 200 << 20,
             }],
             networks: 1,
             in_flight: 0,

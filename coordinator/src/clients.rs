@@ -188,6 +188,7 @@ async fn serve_infer(
 
 /// The cluster's workers as clients see them (`tessera cluster`).
 fn cluster_state(shared: &Shared) -> Control {
+    let in_use = crate::planning::memory_in_use(shared, None);
     let mut workers: Vec<WorkerState> = shared
         .workers
         .iter()
@@ -209,6 +210,15 @@ fn cluster_state(shared: &Shared) -> Control {
                 .filter(|n| n.deployments().iter().any(|d| d.hosts.contains(&w.name)))
                 .map(|n| n.id)
                 .collect(),
+            memory_in_use: w
+                .devices
+                .iter()
+                .map(|d| {
+                    let id = format!("{}/{}", w.name, d.device);
+                    (d.device.clone(), in_use.get(&id).copied().unwrap_or(0))
+                })
+                .collect(),
+            rss_bytes: w.rss_bytes.load(std::sync::atomic::Ordering::Relaxed),
         })
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));

@@ -1,7 +1,9 @@
 //! Deploying a planned network: every copy (replica), every subgraph of
-//! each exported and shipped to its worker in parallel (progress forwarded
-//! to the client), routes from each output to its readers; a failed
-//! deployment undeploys what was deployed. Also unloading.
+//! each exported now (its weights slices of the model the coordinator
+//! holds once) and streamed to its worker in parallel, with byte progress
+//! forwarded to the client, unless the worker's compile cache holds it;
+//! routes from each output to its readers; a failed deployment undeploys
+//! what was deployed. Also unloading.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,17 +12,20 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tessera_common::affinity::DeviceId;
 use tessera_common::graph::Graph;
-use tessera_common::onnx::encode_model;
+use tessera_common::onnx::parts::{encode_parts, parts_len};
 use tessera_common::plan::{io_names, Stage};
 use tessera_common::schedule::predict::CopyCost;
 use tessera_common::schedule::Replicas;
 use tessera_common::wire::control::{
     Batching, Control, DeploySpec, Destination, LoadRequest, Route,
 };
+use tessera_common::wire::Limits;
+use tessera_net::exchange;
 use tokio::sync::mpsc;
 
 use crate::network::{Deployed, Loaded, Placement, Replica};
 use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned};
+use crate::workers::WorkerEntry;
 use crate::{futures_join, CoordinatorError, Shared};
 
 /// Loads `model` as asked (its copies planned and deployed); returns the
@@ -48,8 +53,16 @@ async fn deploy_replicas(
     model: Bytes,
     progress: &mpsc::Sender<Control>,
 ) -> Result<Loaded, CoordinatorError> {
-    let scheduled =
-        plan_request(shared, &request, &model, progress, request.replicas, None).await?;
+    let scheduled = plan_request(
+        shared,
+        &request,
+        &model,
+        progress,
+        request.replicas,
+        None,
+        Some(network),
+    )
+    .await?;
     check_batching(&request, &scheduled.graph)?;
     let copies = &scheduled.schedule.copies;
     let deploys = copies.iter().enumerate().map(|(i, copy)| {
@@ -101,8 +114,16 @@ pub async fn deploy(
     only: Option<&[String]>,
     progress: mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
-    let scheduled =
-        plan_request(shared, request, model, &progress, Replicas::Count(1), only).await?;
+    let scheduled = plan_request(
+        shared,
+        request,
+        model,
+        &progress,
+        Replicas::Count(1),
+        only,
+        Some(network),
+    )
+    .await?;
     let cost = &scheduled.schedule.copies[0].cost;
     deploy_planned(shared, network, request, scheduled.copy(0), cost, &progress).await
 }
@@ -117,7 +138,7 @@ async fn deploy_planned(
     progress: &mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
-    let specs = deploy_specs(&planned, deployment, request.batching);
+    let specs = deploy_specs(&planned, deployment, request.batching)?;
     let hosts = hosts_of(planned.plan);
     if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {
         undeploy(shared, deployment, &hosts).await;
@@ -213,14 +234,22 @@ fn hosts_of_stages<'a>(stages: impl Iterator<Item = &'a Stage>) -> Vec<String> {
     hosts
 }
 
+/// One subgraph to deploy: its host, its spec and its model, as pieces
+/// (see [`encode_parts`]: the weights are the coordinator's own bytes).
+struct Shipment {
+    host: String,
+    spec: DeploySpec,
+    model: Vec<Bytes>,
+}
+
 /// Each subgraph's deployment: its host, its spec (with routes: each output
 /// to the workers whose subgraphs read it, and to the coordinator when it
-/// is a graph output) and its model's bytes.
+/// is a graph output) and its model, exported now.
 fn deploy_specs(
     planned: &Planned,
     deployment: u64,
     batching: Option<Batching>,
-) -> Vec<(String, DeploySpec, Bytes)> {
+) -> Result<Vec<Shipment>, CoordinatorError> {
     let stages = &planned.plan.stages;
     let (_, output_names) = io_names(planned.graph);
     let addr_of = |host: &str| {
@@ -252,18 +281,29 @@ fn deploy_specs(
         .iter()
         .enumerate()
         .map(|(i, stage)| {
-            let bytes = Bytes::from(encode_model(&stage.model));
+            let model = planned
+                .plan
+                .export_stage(planned.graph, i)
+                .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
+            let model = encode_parts(&model);
+            let mut hash = Sha256::new();
+            model.iter().for_each(|p| hash.update(p));
             let spec = DeploySpec {
                 network: deployment,
                 subgraph: i as u32,
                 device: stage.device.name.clone(),
-                model_hash: hex(&Sha256::digest(&bytes)),
+                model_hash: hex(&hash.finalize()),
+                model_bytes: parts_len(&model),
                 inputs: stage.inputs.clone(),
                 outputs: stage.outputs.iter().map(route).collect(),
                 // A subgraph of constants only runs once per trigger.
                 batching: batching.filter(|_| !stage.inputs.is_empty()),
             };
-            (host_of(&stage.device), spec, bytes)
+            Ok(Shipment {
+                host: host_of(&stage.device),
+                spec,
+                model,
+            })
         })
         .collect()
 }
@@ -272,24 +312,21 @@ fn deploy_specs(
 async fn ship(
     shared: &Arc<Shared>,
     by_host: &ByHost,
-    specs: &[(String, DeploySpec, Bytes)],
+    specs: &[Shipment],
     progress: &mpsc::Sender<Control>,
 ) -> Result<(), CoordinatorError> {
     let total = specs.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
     let limits = *shared.node.limits();
-    let deploys = specs.iter().map(|(host, spec, bytes)| {
+    let deploys = specs.iter().map(|shipment| {
         let done = &done;
+        let host = &shipment.host;
         async move {
             let worker = by_host
                 .get(host)
                 .map(|(w, _)| w.clone())
                 .ok_or_else(|| CoordinatorError::Worker(format!("worker {host} is gone")))?;
-            let msg = Control::Deploy(spec.clone());
-            match worker
-                .ask(&limits, &msg, Some(bytes), Some(progress))
-                .await?
-            {
+            match deploy_one(&worker, &limits, shipment, progress).await? {
                 Control::Deployed { .. } => {
                     let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                     let step = Control::Progress {
@@ -308,6 +345,58 @@ async fn ship(
         }
     });
     futures_join(deploys).await.map(|_| ())
+}
+
+/// Progress is reported at most every this many bytes of a model.
+const PROGRESS_EVERY: u64 = 8 << 20;
+
+/// One subgraph's Deploy exchange: the spec; the model, streamed from the
+/// pieces with byte progress, only if the worker asks for it (its compile
+/// cache lacks it); then the worker's answer.
+async fn deploy_one(
+    worker: &WorkerEntry,
+    limits: &Limits,
+    shipment: &Shipment,
+    progress: &mpsc::Sender<Control>,
+) -> Result<Control, CoordinatorError> {
+    let name = &worker.name;
+    let failed = |e: String| CoordinatorError::Worker(format!("worker {name}: {e}"));
+    let (mut send, mut recv) = exchange::open(&worker.connection)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let msg = Control::Deploy(shipment.spec.clone());
+    exchange::send_message(&mut send, &msg, None, limits)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    loop {
+        let answer = exchange::answer(&mut recv, limits, |p| {
+            let _ = progress.try_send(p);
+        })
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+        if answer != Control::NeedModel {
+            let _ = send.finish();
+            return Ok(answer);
+        }
+        let what = format!("sending subgraph {} to {name}", shipment.spec.subgraph);
+        let total = shipment.spec.model_bytes;
+        let mut reported = 0;
+        let report = |done: u64| {
+            if done == total || done >= reported + PROGRESS_EVERY {
+                reported = done;
+                let step = Control::Progress {
+                    what: what.clone(),
+                    done,
+                    total,
+                };
+                let _ = progress.try_send(step);
+            }
+        };
+        exchange::send_message_parts(&mut send, &Control::Model, &shipment.model, limits, report)
+            .await
+            .map_err(|e| failed(format!("sending the model: {e}")))?;
+        let _ = send.finish();
+    }
 }
 
 /// Stops a deployment's subgraphs on its workers that are still connected.

@@ -103,6 +103,7 @@ async fn register(
         last_seen: Mutex::new(Instant::now()),
         bandwidth: Mutex::new(None),
         running: Default::default(),
+        rss_bytes: Default::default(),
     });
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
@@ -183,11 +184,15 @@ async fn read_control(
             Control::Heartbeat {
                 in_flight,
                 mailboxes,
+                rss_bytes,
                 ..
             } => {
                 entry
                     .running
                     .store(in_flight, std::sync::atomic::Ordering::Relaxed);
+                entry
+                    .rss_bytes
+                    .store(rss_bytes, std::sync::atomic::Ordering::Relaxed);
                 mailbox_metrics(shared, &entry.name, mailboxes);
             }
             Control::Failed {

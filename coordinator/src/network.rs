@@ -32,7 +32,8 @@ pub struct Deployed {
     /// The network's id, as clients know it.
     pub network: u64,
     pub name: String,
-    pub graph: Graph,
+    /// The graph, shared with the loaded network (never a copy).
+    pub graph: Arc<Graph>,
     pub outputs: Vec<String>,
     /// Graph input → workers that read it.
     pub input_routes: Vec<(String, Vec<String>)>,
@@ -159,7 +160,7 @@ pub struct Loaded {
     /// The id clients use.
     pub id: u64,
     pub name: String,
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     /// What the client asked (planned again when healing).
     pub(crate) request: LoadRequest,
     pub(crate) model: Bytes,
@@ -186,7 +187,7 @@ impl Loaded {
     pub fn new(
         request: LoadRequest,
         model: Bytes,
-        graph: Graph,
+        graph: Arc<Graph>,
         replicas: Vec<Arc<Replica>>,
         considered: Vec<Considered>,
     ) -> Loaded {

@@ -13,7 +13,8 @@ use tessera_common::affinity::{
 };
 use tessera_common::dump::{plan_report, PlanReport, ReplicaReport};
 use tessera_common::graph::{Dim, Graph};
-use tessera_common::onnx::{decode_model, encode_model};
+use tessera_common::onnx::skeleton::skeleton;
+use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::plan::{complete_types, prepare, Plan, PlanOptions, ReportedType};
 use tessera_common::schedule::predict::stage_costs;
 use tessera_common::schedule::{schedule, Cluster, Replicas, Schedule, ScheduleError};
@@ -240,9 +241,10 @@ pub async fn query(
     model: Bytes,
     progress: mpsc::Sender<Control>,
 ) -> Result<Vec<DeviceAnswer>, CoordinatorError> {
-    decode_model(&model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let proto = decode_model_shared(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let bones = Bytes::from(encode_model(&skeleton(&proto)));
     let devices = devices(shared, spec, None)?;
-    let (_, answers) = query_all(shared, &devices, &model, &progress).await?;
+    let (_, answers) = query_all(shared, &devices, &bones, &progress).await?;
     Ok(answers
         .into_iter()
         .map(|(id, a)| DeviceAnswer {
@@ -260,19 +262,60 @@ struct Prepared {
     supports: HashMap<DeviceId, SupportSet>,
     cost: AnalyticCostModel,
     options: PlanOptions,
-    memory: HashMap<DeviceId, u64>,
+}
+
+/// What the networks deployed now need on each device (`host/DEVICE`),
+/// but network `except`'s (being planned again), bytes.
+pub(crate) fn memory_in_use(shared: &Shared, except: Option<u64>) -> HashMap<String, u64> {
+    let mut used: HashMap<String, u64> = HashMap::new();
+    for loaded in shared.networks.iter() {
+        if Some(loaded.id) == except {
+            continue;
+        }
+        for deployed in loaded.deployments() {
+            for d in &deployed.plan.memory.devices {
+                let entry = used.entry(d.device.clone()).or_default();
+                *entry = entry.saturating_add(d.need.total());
+            }
+        }
+    }
+    used
+}
+
+/// What each device may still take: what it offers (its worker's limit,
+/// else what it has) less what deployed networks other than `except`
+/// need there. Devices that report nothing are not limited.
+fn free_memory(
+    shared: &Shared,
+    devices: &[(DeviceId, Arc<WorkerEntry>)],
+    except: Option<u64>,
+) -> HashMap<DeviceId, u64> {
+    let used = memory_in_use(shared, except);
+    devices
+        .iter()
+        .filter_map(|(id, w)| {
+            let info = w.devices.iter().find(|d| d.device == id.name)?;
+            let taken = used.get(&id.to_string()).copied().unwrap_or(0);
+            (info.memory_bytes > 0).then(|| (id.clone(), info.memory_bytes.saturating_sub(taken)))
+        })
+        .collect()
 }
 
 /// Simplifies the model, asks QueryNetwork of the workers (`only`: of
-/// these workers' devices alone) and completes the graph's types.
+/// these workers' devices alone; about the model without its weights)
+/// and completes the graph's types. `network`: the network being planned
+/// (its own deployments' memory counts as free).
 async fn prepare_request(
     shared: &Arc<Shared>,
     request: &LoadRequest,
     model: &Bytes,
     progress: &mpsc::Sender<Control>,
     only: Option<&[String]>,
+    network: Option<u64>,
 ) -> Result<Prepared, CoordinatorError> {
-    let proto = decode_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    // The model's weights stay slices of `model`: held once.
+    let proto =
+        decode_model_shared(model.clone()).map_err(|e| CoordinatorError::Model(e.to_string()))?;
     let shapes: BTreeMap<String, Vec<usize>> = request
         .shapes
         .iter()
@@ -286,9 +329,11 @@ async fn prepare_request(
     if !simplified.is_empty() {
         tracing::info!("simplified: {}", simplified.summary());
     }
-    let simplified_bytes = Bytes::from(encode_model(graph.model()));
+    // QueryNetwork needs the graph and the weights' types and shapes, not
+    // their bytes: a worker is asked about a model bigger than its memory.
+    let bones = Bytes::from(encode_model(&skeleton(graph.model())));
     let devices = devices(shared, &request.devices, only)?;
-    let (by_host, answers) = query_all(shared, &devices, &simplified_bytes, progress).await?;
+    let (by_host, answers) = query_all(shared, &devices, &bones, progress).await?;
     let types: BTreeMap<String, ReportedType> = answers
         .iter()
         .flat_map(|(_, a)| a.types.iter())
@@ -321,13 +366,6 @@ async fn prepare_request(
         let d = DeviceId::parse(device).map_err(|e| CoordinatorError::Devices(e.to_string()))?;
         manual.insert(node.clone(), d);
     }
-    let memory = devices
-        .iter()
-        .filter_map(|(id, w)| {
-            let info = w.devices.iter().find(|d| d.device == id.name)?;
-            (info.memory_bytes > 0).then(|| (id.clone(), info.memory_bytes))
-        })
-        .collect();
     let options = PlanOptions {
         priority: DevicePriority {
             devices: devices.iter().map(|(d, _)| d.clone()).collect(),
@@ -336,6 +374,8 @@ async fn prepare_request(
         strict: request.strict,
         manual,
         simplified,
+        memory: free_memory(shared, &devices, network),
+        max_batch: request.batching.map_or(1, |b| u64::from(b.max_batch)),
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
@@ -345,13 +385,12 @@ async fn prepare_request(
         supports,
         cost,
         options,
-        memory,
     })
 }
 
 /// A load request's copies, each planned.
 pub(crate) struct Scheduled {
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     pub by_host: ByHost,
     pub cost: AnalyticCostModel,
     pub schedule: Schedule,
@@ -370,7 +409,8 @@ impl Scheduled {
 }
 
 /// Plans `replicas` copies of `model` as asked, over the workers connected
-/// now (`only`: over these workers alone).
+/// now (`only`: over these workers alone); `network`: the network being
+/// planned (again), whose deployments' memory counts as free.
 #[tracing::instrument(level = "debug", skip_all, fields(name = %request.name))]
 pub(crate) async fn plan_request(
     shared: &Arc<Shared>,
@@ -379,8 +419,9 @@ pub(crate) async fn plan_request(
     progress: &mpsc::Sender<Control>,
     replicas: Replicas,
     only: Option<&[String]>,
+    network: Option<u64>,
 ) -> Result<Scheduled, CoordinatorError> {
-    let prepared = prepare_request(shared, request, model, progress, only).await?;
+    let prepared = prepare_request(shared, request, model, progress, only, network).await?;
     // Affinity, partition and export of every copy walk the whole model:
     // off the async threads too.
     let (prepared, schedule) = tokio::task::spawn_blocking(move || {
@@ -388,7 +429,6 @@ pub(crate) async fn plan_request(
             graph: &prepared.graph,
             supports: &prepared.supports,
             cost: &prepared.cost,
-            memory: &prepared.memory,
         };
         let schedule = schedule(&cluster, &prepared.options, replicas);
         (prepared, schedule)
@@ -409,7 +449,7 @@ pub(crate) async fn plan_request(
         );
     }
     Ok(Scheduled {
-        graph: prepared.graph,
+        graph: Arc::new(prepared.graph),
         by_host: prepared.by_host,
         cost: prepared.cost,
         schedule,
@@ -418,7 +458,7 @@ pub(crate) async fn plan_request(
 
 /// One planned copy, as it is deployed.
 pub(crate) struct Planned<'a> {
-    pub graph: &'a Graph,
+    pub graph: &'a Arc<Graph>,
     pub by_host: &'a ByHost,
     pub plan: &'a Plan,
     pub cost: &'a AnalyticCostModel,
@@ -443,6 +483,10 @@ pub(crate) fn plan_report_of(p: &Planned, network: u64, hosts: &[String]) -> Pla
     report.network = network;
     report.hosts = hosts.to_vec();
     report.simplified = planned.simplified.clone();
+    for (out, need) in report.subgraphs.iter_mut().zip(&planned.memory.subgraphs) {
+        out.memory = *need;
+    }
+    report.memory = planned.memory.clone();
     report
 }
 
@@ -466,8 +510,16 @@ pub async fn dry_run(
     model: Bytes,
     progress: mpsc::Sender<Control>,
 ) -> Result<String, CoordinatorError> {
-    let scheduled =
-        plan_request(shared, &request, &model, &progress, request.replicas, None).await?;
+    let scheduled = plan_request(
+        shared,
+        &request,
+        &model,
+        &progress,
+        request.replicas,
+        None,
+        None,
+    )
+    .await?;
     let copies = &scheduled.schedule.copies;
     let first = scheduled.copy(0);
     let mut report = plan_report_of(&first, 0, &hosts_of(first.plan));

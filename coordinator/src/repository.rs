@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
-use tessera_common::onnx::decode_model;
+use tessera_common::onnx::decode_model_shared;
 use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelStatus};
 use tokio::sync::mpsc;
 
@@ -250,7 +250,7 @@ pub async fn graph(shared: &Shared, name: &str) -> Result<Arc<Graph>, Coordinato
         s.source.clone()
     };
     let bytes = read(&source).await?;
-    let graph = tokio::task::spawn_blocking(move || parse(&bytes))
+    let graph = tokio::task::spawn_blocking(move || parse(bytes))
         .await
         .map_err(|e| CoordinatorError::Model(e.to_string()))??;
     let graph = Arc::new(graph);
@@ -258,8 +258,9 @@ pub async fn graph(shared: &Shared, name: &str) -> Result<Arc<Graph>, Coordinato
     Ok(graph)
 }
 
-fn parse(bytes: &[u8]) -> Result<Graph, CoordinatorError> {
-    let model = decode_model(bytes).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+/// The graph of `bytes`, its weights slices of them (not copies).
+fn parse(bytes: Bytes) -> Result<Graph, CoordinatorError> {
+    let model = decode_model_shared(bytes).map_err(|e| CoordinatorError::Model(e.to_string()))?;
     Graph::from_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))
 }
 
@@ -367,7 +368,7 @@ async fn load_entry(
             Ok(loaded) => {
                 s.failure = None;
                 s.degraded = without_absent;
-                s.graph = Some(Arc::new(loaded.graph.clone()));
+                s.graph = Some(loaded.graph.clone());
                 s.network.replace(loaded.id)
             }
             Err(e) => {

@@ -28,6 +28,8 @@ pub struct WorkerEntry {
     pub(crate) bandwidth: Mutex<Option<f64>>,
     /// Subgraph runs under way, from its last heartbeat.
     pub running: std::sync::atomic::AtomicU32,
+    /// Its process's resident memory, from its last heartbeat (0: unknown).
+    pub rss_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// Tensors at least this large update a link's bandwidth estimate.

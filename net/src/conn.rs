@@ -325,6 +325,29 @@ pub async fn send_frame(
     Ok(())
 }
 
+/// Writes a frame whose payload is the concatenation of `parts` (each
+/// written as slices of itself, never copied), calling `progress` with the
+/// payload bytes written so far after every chunk.
+pub async fn send_frame_parts(
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    parts: &[Bytes],
+    mut progress: impl FnMut(u64),
+) -> Result<(), NetError> {
+    write_all(send, head).await?;
+    let mut written = 0u64;
+    for part in parts {
+        for chunk in chunks(part, CHUNK) {
+            written += chunk.len() as u64;
+            send.write_chunk(chunk)
+                .await
+                .map_err(|e| NetError::Stream(e.to_string()))?;
+            progress(written);
+        }
+    }
+    Ok(())
+}
+
 /// Reads the next frame; `None` when the peer finished the stream cleanly
 /// between frames. A frame that breaks the protocol or the limits is an
 /// error (the caller closes the stream).
@@ -360,11 +383,17 @@ pub async fn recv_frame_timed(
         max: usize::MAX as u64,
     })?;
     // Reserve at most 64 MiB up front: a peer announcing a large payload
-    // must send it before it is held in memory.
+    // must send it before it is held in memory. Past that, the whole rest
+    // at once: growing by doubling would hold up to twice a large model.
     let mut payload = BytesMut::with_capacity(len.min(64 << 20));
     while payload.len() < len {
         match recv.read_chunk(len - payload.len(), true).await {
-            Ok(Some(chunk)) => payload.extend_from_slice(&chunk.bytes),
+            Ok(Some(chunk)) => {
+                if payload.capacity() - payload.len() < chunk.bytes.len() {
+                    payload.reserve(len - payload.len());
+                }
+                payload.extend_from_slice(&chunk.bytes)
+            }
             Ok(None) => return Err(NetError::Wire(WireError::Truncated(payload.len()))),
             Err(e) => return Err(NetError::Stream(e.to_string())),
         }

@@ -103,6 +103,21 @@ pub async fn send_message(
     send_frame(send, &head, payload).await
 }
 
+/// Writes one control message whose payload is the concatenation of
+/// `parts` (a model streamed from the weights it shares), calling
+/// `progress` with the bytes written so far.
+pub async fn send_message_parts(
+    send: &mut quinn::SendStream,
+    msg: &Control,
+    parts: &[Bytes],
+    limits: &Limits,
+    progress: impl FnMut(u64),
+) -> Result<(), NetError> {
+    let len = parts.iter().map(|p| p.len() as u64).sum();
+    let head = msg.encode(len, limits)?;
+    crate::send_frame_parts(send, &head, parts, progress).await
+}
+
 /// The operation a peer opened a stream with: its message and payload;
 /// `None` when it finished the stream without one.
 pub async fn read_operation(

@@ -42,7 +42,9 @@ pub mod tls;
 use std::net::SocketAddr;
 
 pub use close::CloseCode;
-pub use conn::{recv_frame, recv_frame_timed, send_frame, Node, Peer, HELLO_TIMEOUT};
+pub use conn::{
+    recv_frame, recv_frame_timed, send_frame, send_frame_parts, Node, Peer, HELLO_TIMEOUT,
+};
 pub use exchange::ExchangeError;
 pub use link::{serve_streams, Link};
 

@@ -296,6 +296,7 @@ async fn a_garbled_stream_fails_alone() {
         seq: 1,
         in_flight: 0,
         mailboxes: vec![],
+        rss_bytes: 0,
     }
     .encode(0, &limits)
     .unwrap();
@@ -310,6 +311,7 @@ async fn a_garbled_stream_fails_alone() {
         seq: 7,
         in_flight: 0,
         mailboxes: vec![],
+        rss_bytes: 0,
     };
     send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)
         .await

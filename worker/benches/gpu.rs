@@ -99,7 +99,7 @@ fn gpu_time_by_op(
 ) -> Option<String> {
     let mut config = Config::default();
     config.set("PERF_COUNT", "YES").expect("a known key");
-    let (counters, walls) = match gpu.compile(&encode_model(model), &config) {
+    let (counters, walls) = match gpu.compile(&encode_model(model).into(), &config) {
         Ok(compiled) => {
             let warm = Instant::now();
             while warm.elapsed().as_secs_f64() < 0.5 {
@@ -195,7 +195,7 @@ fn on_gpu<'a>(
     inputs: &'a [Tensor],
 ) -> Result<(Runner<'a>, String), String> {
     let config = Config::default();
-    if let Ok(c) = gpu.compile(&encode_model(model), &config) {
+    if let Ok(c) = gpu.compile(&encode_model(model).into(), &config) {
         return Ok((plugin_runner(c, inputs), "GPU".into()));
     }
     let options = LoadOptions {
@@ -268,7 +268,7 @@ fn main() {
         ..Default::default()
     };
     let matmul = opset17(g);
-    let onnx = encode_model(&matmul);
+    let onnx = bytes::Bytes::from(encode_model(&matmul));
     let on_gpu_f32 = gpu.compile(&onnx, &config).expect("compiles");
     let on_cpu = cpu.compile(&onnx, &config).expect("compiles");
     let inputs = [random(&[1024, 1024], 1), random(&[1024, 1024], 2)];
@@ -286,7 +286,7 @@ fn main() {
     );
     if half {
         let on_gpu_f16 = gpu
-            .compile(&encode_model(&to_float16(&matmul)), &config)
+            .compile(&encode_model(&to_float16(&matmul)).into(), &config)
             .expect("compiles");
         let halves = [to_half(&inputs[0]), to_half(&inputs[1])];
         let (th, tf) = race(
@@ -326,7 +326,7 @@ fn main() {
             println!("{name}: missing (scripts/fetch-test-models.sh)");
             continue;
         };
-        let onnx = encode_model(&model);
+        let onnx = bytes::Bytes::from(encode_model(&model));
         let inputs = vec![random(&shape, 3)];
         let on_cpu = plugin_runner(cpu.compile(&onnx, &config).expect("compiles"), &inputs);
         let (on_gpu_f32, how) = match on_gpu(&gpu, &plugins, &model, &inputs) {

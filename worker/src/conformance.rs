@@ -346,7 +346,7 @@ fn check(
     if let Some((node, why)) = query.unsupported.iter().next() {
         return Outcome::Unsupported(format!("{node}: {why}"));
     }
-    let compiled = match plugin.compile(&model.encode_to_vec(), &Config::default()) {
+    let compiled = match plugin.compile(&model.encode_to_vec().into(), &Config::default()) {
         Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("accepted but did not compile: {e}")),
     };

@@ -166,14 +166,18 @@ impl Network {
                 strict: options.strict,
                 manual: options.manual.clone(),
                 simplified,
+                ..Default::default()
             },
         )
         .map_err(|e| HeteroError::Plan(e.to_string()))?;
         let mut stages = Vec::with_capacity(planned.stages.len());
-        for (i, stage) in planned.stages.into_iter().enumerate() {
+        for (i, stage) in planned.stages.iter().enumerate() {
             let started = Instant::now();
+            let model = planned
+                .export_stage(&graph, i)
+                .map_err(|e| HeteroError::Plan(e.to_string()))?;
             let compiled = plugin_of(&stage.device)?
-                .compile(&encode_model(&stage.model), &options.config)
+                .compile(&bytes::Bytes::from(encode_model(&model)), &options.config)
                 .map_err(|source| HeteroError::Plugin {
                     sg: i,
                     device: stage.device.to_string(),
@@ -183,9 +187,9 @@ impl Network {
             stages.push(Stage {
                 device: stage.device.to_string(),
                 compiled,
-                inputs: stage.inputs,
-                outputs: stage.outputs,
-                deps: stage.deps,
+                inputs: stage.inputs.clone(),
+                outputs: stage.outputs.clone(),
+                deps: stage.deps.clone(),
             });
         }
         let p = planned.partition;

@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use tessera_common::onnx::proto::{
     tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
 };
@@ -64,7 +66,7 @@ impl std::fmt::Display for MetricValue {
 }
 
 /// Metric names every plugin answers.
-pub const METRICS: [&str; 10] = [
+pub const METRICS: [&str; 11] = [
     "FULL_DEVICE_NAME",
     "AVAILABLE_DEVICES",
     "SUPPORTED_METRICS",
@@ -76,6 +78,8 @@ pub const METRICS: [&str; 10] = [
     // Ours, for the cost model (measured once, then cached).
     "GFLOPS",
     "MEMORY_BANDWIDTH_GBPS",
+    // The memory it offers for models, bytes (0: not known).
+    "MEMORY_BYTES",
 ];
 
 /// Configuration keys and what they accept.
@@ -403,8 +407,10 @@ pub trait CompiledSubgraph: Send + Sync {
         let result = self.infer(&tensors)?;
         Ok(result.outputs.into_iter().map(Value::Tensor).collect())
     }
-    /// A blob that [`DevicePlugin::import`] turns back into this subgraph.
-    fn export(&self) -> Result<Vec<u8>, PluginError>;
+    /// A blob that [`DevicePlugin::import`] turns back into this subgraph,
+    /// as pieces to write one after another (the model it holds is not
+    /// copied into one buffer).
+    fn export(&self) -> Result<Vec<Bytes>, PluginError>;
 }
 
 /// A device plugin: one compute backend.
@@ -424,49 +430,59 @@ pub trait DevicePlugin: Send + Sync {
     /// listed.
     fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError>;
     /// Compiles an exported subgraph (ONNX bytes); `config` overrides the
-    /// plugin-wide configuration for this subgraph.
+    /// plugin-wide configuration for this subgraph. A backend that keeps
+    /// the model keeps these bytes (a shared buffer), not a copy.
     fn compile(
         &self,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: &Config,
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
     /// Restores an exported compiled subgraph; a blob made by another
     /// device, backend version or configuration is an error.
-    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
+    fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
 }
 
 /// The header of an exported blob: `TSRBLOB1`, a length-prefixed text
 /// header `device|backend|version|k=v;k=v`, then the payload.
 pub mod blob {
+    use bytes::Bytes;
+
     use super::{Config, PluginError};
 
     const MAGIC: &[u8] = b"TSRBLOB1";
 
+    /// The blob as two pieces: its header, and `payload` itself (shared).
     pub fn write(
         device: &str,
         backend: &str,
         version: &str,
         config: &Config,
-        payload: &[u8],
-    ) -> Vec<u8> {
+        payload: &Bytes,
+    ) -> Vec<Bytes> {
         let cfg: Vec<String> = config.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let header = format!("{device}|{backend}|{version}|{}", cfg.join(";"));
-        let mut out = Vec::with_capacity(MAGIC.len() + 4 + header.len() + payload.len());
+        let mut out = Vec::with_capacity(MAGIC.len() + 4 + header.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(payload);
-        out
+        vec![Bytes::from(out), payload.clone()]
+    }
+
+    /// The blob the pieces of an export make, in one buffer.
+    pub fn join(pieces: &[Bytes]) -> Bytes {
+        let mut out = Vec::with_capacity(pieces.iter().map(Bytes::len).sum());
+        pieces.iter().for_each(|p| out.extend_from_slice(p));
+        Bytes::from(out)
     }
 
     /// Checks the header against what this plugin would write and returns
     /// the configuration and payload.
-    pub fn read<'a>(
-        blob: &'a [u8],
+    pub fn read(
+        blob: &Bytes,
         device: &str,
         backend: &str,
         version: &str,
-    ) -> Result<(Config, &'a [u8]), PluginError> {
+    ) -> Result<(Config, Bytes), PluginError> {
         let err = |m: String| PluginError::Import(m);
         if blob.len() < MAGIC.len() + 4 || &blob[..MAGIC.len()] != MAGIC {
             return Err(err("not a Tessera compiled-subgraph blob".into()));
@@ -492,6 +508,6 @@ pub mod blob {
                 .ok_or_else(|| err(format!("bad config entry '{kv}'")))?;
             config.set(k, v)?;
         }
-        Ok((config, &blob[12 + len..]))
+        Ok((config, blob.slice(12 + len..)))
     }
 }

@@ -77,7 +77,7 @@ fn runs_a_real_model_on(backend: &str) {
     let mut config = Config::default();
     config.set("PERF_COUNT", "YES").unwrap();
     let compiled = cpu
-        .compile(&std::fs::read(&path).unwrap(), &config)
+        .compile(&std::fs::read(&path).unwrap().into(), &config)
         .unwrap();
     let spec = &compiled.inputs()[0];
     let shape = vec![1, 3, 48, 192];
@@ -138,8 +138,9 @@ fn export_import_on(backend: &str) {
     let bytes = std::fs::read(util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
     let mut config = Config::default();
     config.set("NUM_THREADS", "1").unwrap();
+    let bytes = bytes::Bytes::from(bytes);
     let compiled = cpu.compile(&bytes, &config).unwrap();
-    let blob = compiled.export().unwrap();
+    let blob = tessera_worker::plugin::blob::join(&compiled.export().unwrap());
     let imported = cpu.import(&blob).unwrap();
     assert_eq!(imported.inputs(), compiled.inputs());
     let other = util::cpu_plugin(backend, "CPU_B");
@@ -155,7 +156,9 @@ fn export_import_on(backend: &str) {
         .err()
         .unwrap();
     assert!(err.to_string().contains("made by CPU on "), "{err}");
-    assert!(cpu.import(b"garbage").is_err());
-    assert!(cpu.import(&blob[..20]).is_err());
-    assert!(cpu.compile(b"not onnx", &Config::default()).is_err());
+    assert!(cpu.import(&bytes::Bytes::from_static(b"garbage")).is_err());
+    assert!(cpu.import(&blob.slice(..20)).is_err());
+    assert!(cpu
+        .compile(&bytes::Bytes::from_static(b"not onnx"), &Config::default())
+        .is_err());
 }

@@ -39,6 +39,7 @@ fn unknown_devices_list_what_this_machine_has() {
         mailbox: 4,
         cache_dir: None,
         config: Vec::new(),
+        memory_limit: Default::default(),
     };
     let err = rt
         .block_on(daemon::run(options, &ids[0], |_| {}))

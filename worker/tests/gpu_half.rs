@@ -125,7 +125,7 @@ fn cast_between_float32_and_float16_inside_one_subgraph() {
         ..Default::default()
     };
     let compiled = gpu
-        .compile(&encode_model(&opset17(g)), &Config::default())
+        .compile(&encode_model(&opset17(g)).into(), &Config::default())
         .expect("compiles");
     let x: Vec<f32> = (0..15).map(|i| (i as f32 - 7.0) * 0.3337).collect();
     let got = compiled

@@ -169,7 +169,7 @@ fn check_against_onnxruntime(gpu: &GpuPlugin, models: &[(String, Vec<u8>)]) {
         let inputs = random_inputs(&graph, 100 + i as u64).expect("float inputs");
         let want = util::onnxruntime(&path, &inputs, &tmp.join(name));
         let compiled = gpu
-            .compile(onnx, &Config::default())
+            .compile(&onnx.clone().into(), &Config::default())
             .unwrap_or_else(|e| panic!("{}: {e}", name));
         let tensors: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
         let got = compiled
@@ -263,7 +263,7 @@ fn gpu_refuses_a_subgraph_with_an_integer_input_by_name() {
         ..Default::default()
     };
     let err = gpu
-        .compile(&encode_model(&opset17(g)), &Config::default())
+        .compile(&encode_model(&opset17(g)).into(), &Config::default())
         .err()
         .expect("an int64 input is refused");
     assert!(err.to_string().contains("'x' is INT64"), "{err}");

@@ -46,7 +46,7 @@ fn query_network_answers_per_node_with_onnxruntimes_reasons() {
 
     // Compiling it anyway names the node onnxruntime refused.
     let err = cpu
-        .compile(&encode_model(&model), &Config::default())
+        .compile(&encode_model(&model).into(), &Config::default())
         .err()
         .unwrap();
     assert!(matches!(err, PluginError::Compile { .. }), "{err}");
@@ -82,7 +82,7 @@ fn real_models_are_accepted_whole() {
 fn requests_at_once_on_one_subgraph_agree() {
     let cpu = util::cpu_plugin("onnxruntime", "CPU");
     let bytes = std::fs::read(util::model_path("ch_ppocr_mobile_v2.0_cls_infer.onnx")).unwrap();
-    let compiled = cpu.compile(&bytes, &Config::default()).unwrap();
+    let compiled = cpu.compile(&bytes.into(), &Config::default()).unwrap();
     let mut rng = Rng::new(9);
     let values: Vec<f32> = (0..3 * 48 * 192)
         .map(|_| rng.below(1000) as f32 / 500.0 - 1.0)

@@ -54,7 +54,9 @@ fn floats(values: &[f32]) -> Tensor {
 #[test]
 fn sequences_and_optionals_in_and_out() {
     let cpu = util::cpu_plugin("onnxruntime", "CPU");
-    let compiled = cpu.compile(&sequence_model(), &Config::default()).unwrap();
+    let compiled = cpu
+        .compile(&sequence_model().into(), &Config::default())
+        .unwrap();
     let kinds: Vec<ValueKind> = compiled.inputs().iter().map(|s| s.kind).collect();
     assert_eq!(
         kinds,
@@ -132,7 +134,9 @@ fn sequences_and_optionals_in_and_out() {
 #[test]
 fn values_of_the_wrong_kind_are_clear_errors() {
     let cpu = util::cpu_plugin("onnxruntime", "CPU");
-    let compiled = cpu.compile(&sequence_model(), &Config::default()).unwrap();
+    let compiled = cpu
+        .compile(&sequence_model().into(), &Config::default())
+        .unwrap();
     let x = floats(&[1.0, 2.0, 3.0]);
     // The tensor path cannot carry a sequence input.
     let err = compiled

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use tessera_worker::daemon::config::WorkerConfig;
+use tessera_worker::daemon::config::{MemoryLimits, WorkerConfig};
 use tessera_worker::daemon::{self, WorkerOptions};
 use tessera_worker::plugins::{self, CpuBackend, PluginOptions};
 
@@ -46,6 +46,12 @@ struct Args {
     /// Compiled-subgraph cache directory.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The most memory each device offers for models: a size (64MiB,
+    /// 2GiB) for every device, or KIND=SIZE pairs (CPU=2GiB,GPU=8GiB).
+    /// Without it a CPU device offers the machine's available memory and a
+    /// GPU what its adapter reports.
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<MemoryLimits>,
     /// The CPU backend: auto (onnxruntime where its library loads, else
     /// tract), tract or onnxruntime.
     #[arg(long)]
@@ -110,6 +116,14 @@ fn run(args: Args) -> Result<()> {
     if let Some(t) = args.threads {
         config.push(("NUM_THREADS".into(), t.to_string()));
     }
+    let memory_limit = match (args.memory_limit, &file.memory_limit) {
+        (Some(l), _) => l,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("memory_limit in the worker's config")?,
+        (None, None) => MemoryLimits::default(),
+    };
     let options = WorkerOptions {
         name: name.clone(),
         devices,
@@ -124,6 +138,7 @@ fn run(args: Args) -> Result<()> {
         mailbox: file.mailbox.unwrap_or(64),
         cache_dir: args.cache_dir.or(file.cache_dir),
         config,
+        memory_limit,
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;

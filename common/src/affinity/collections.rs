@@ -81,6 +81,15 @@ fn groups(graph: &Graph) -> Vec<(Vec<NodeId>, String)> {
     }
 }
 
+/// The groups of op nodes that must run on one device, each in
+/// topological order (for placements that cut by position).
+pub(crate) fn one_device_groups(graph: &Graph) -> Vec<Vec<NodeId>> {
+    groups(graph)
+        .into_iter()
+        .map(|(members, _)| members)
+        .collect()
+}
+
 /// The op nodes reached from `start` following edges forward (`forward`)
 /// or backward.
 fn reach(graph: &Graph, start: &[NodeId], forward: bool) -> HashSet<NodeId> {

@@ -15,7 +15,7 @@
 //!
 //! Every placed node gets an [`Explanation`].
 
-mod collections;
+pub(crate) mod collections;
 mod cost;
 mod device;
 
@@ -169,6 +169,12 @@ pub enum Rule {
     /// Joined to other nodes by a sequence or an optional: placed on one
     /// device with them (such values do not cross devices).
     WithCollection,
+    /// The policy's placement did not fit the devices' memory: the model
+    /// was cut into pipelined stages that do; this node is in `stage`
+    /// (1-based).
+    Memory {
+        stage: usize,
+    },
 }
 
 /// Why a node runs where it runs.
@@ -216,6 +222,9 @@ impl Assignment {
             Rule::WithCollection => {
                 "joined to other nodes by a sequence or an optional: placed on one device with them".to_string()
             }
+            Rule::Memory { stage } => format!(
+                "memory (the policy's placement did not fit: pipelined stage {stage}, cut by memory and speed)"
+            ),
             Rule::Fallback => {
                 "fallback: no device supports it (placed with the nodes it reads from where they run on the fallback device's kind)".to_string()
             }

@@ -30,6 +30,15 @@ pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, OnnxError> {
     Ok(model)
 }
 
+/// Decodes a model from a shared buffer: its initializers' bytes are
+/// slices of `bytes`, not copies (a model of weights held once).
+pub fn decode_model_shared(bytes: bytes::Bytes) -> Result<ModelProto, OnnxError> {
+    let len = bytes.len();
+    let model = ModelProto::decode(bytes).map_err(|source| OnnxError::Decode { len, source })?;
+    check_is_model(&model)?;
+    Ok(model)
+}
+
 /// Encodes a model to protobuf bytes.
 pub fn encode_model(model: &ModelProto) -> Vec<u8> {
     model.encode_to_vec()
@@ -42,7 +51,7 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<ModelProto, OnnxError> {
         path: path.display().to_string(),
         source,
     })?;
-    let mut model = decode_model(&bytes)?;
+    let mut model = decode_model_shared(bytes.into())?;
     let base = path.parent().unwrap_or(Path::new("."));
     load_model_with_base_dir(&mut model, base, ExternalDataPolicy::Inline)?;
     Ok(model)
@@ -92,7 +101,8 @@ fn check_is_model(model: &ModelProto) -> Result<(), OnnxError> {
 }
 
 /// Contents of the external files read so far, so each is read once.
-type FileCache = HashMap<PathBuf, Vec<u8>>;
+/// (Each initializer's bytes are a slice of its file's: read once, shared.)
+type FileCache = HashMap<PathBuf, bytes::Bytes>;
 
 fn inline_graph(
     graph: &mut GraphProto,
@@ -179,7 +189,7 @@ fn inline_tensor(
     if !files.contains_key(&path) {
         let bytes = std::fs::read(&path)
             .map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
-        files.insert(path.clone(), bytes);
+        files.insert(path.clone(), bytes::Bytes::from(bytes));
     }
     let data = &files[&path];
     let start = usize::try_from(offset).map_err(|_| err("offset too large".into()))?;
@@ -195,7 +205,7 @@ fn inline_tensor(
             data.len()
         ))
     })?;
-    tensor.raw_data = Some(data[start..end].to_vec());
+    tensor.raw_data = Some(data.slice(start..end));
     tensor.external_data.clear();
     tensor.data_location = Some(DataLocation::Default as i32);
     Ok(())

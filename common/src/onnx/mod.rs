@@ -4,10 +4,12 @@
 
 pub mod attr;
 mod io;
+pub mod parts;
+pub mod skeleton;
 
 pub use io::{
-    decode_model, encode_model, load_model, load_model_with_base_dir, save_model,
-    ExternalDataPolicy,
+    decode_model, decode_model_shared, encode_model, load_model, load_model_with_base_dir,
+    save_model, ExternalDataPolicy,
 };
 
 /// Types generated from the upstream `onnx-ml.proto`.

@@ -29,7 +29,7 @@
 //!     devices.iter().map(|d| (d.clone(), SupportSet::all())).collect();
 //! let cost = AnalyticCostModel::default();
 //! let options = PlanOptions { priority: DevicePriority { devices }, ..Default::default() };
-//! let cluster = Cluster { graph: &graph, supports: &supports, cost: &cost, memory: &HashMap::new() };
+//! let cluster = Cluster { graph: &graph, supports: &supports, cost: &cost };
 //! let planned = schedule(&cluster, &options, Replicas::Auto)?;
 //! assert_eq!(planned.copies.len(), 2); // a whole copy on each worker
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -43,7 +43,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::affinity::{AnalyticCostModel, DeviceId, SupportSet};
 use crate::graph::Graph;
-use crate::onnx::ElemType;
 use crate::plan::{plan, Plan, PlanError, PlanOptions};
 use predict::{copy_cost, CopyCost};
 
@@ -109,8 +108,6 @@ pub struct Cluster<'a> {
     /// What each device can run (QueryNetwork's answers).
     pub supports: &'a HashMap<DeviceId, SupportSet>,
     pub cost: &'a AnalyticCostModel,
-    /// Memory of the devices that report it, bytes (others are not checked).
-    pub memory: &'a HashMap<DeviceId, u64>,
 }
 
 /// One copy of the network.
@@ -158,7 +155,9 @@ pub enum ScheduleError {
     },
     #[error(
         "{count} replicas do not fit: {device} would hold {copies} of them, \
-         {need} bytes of weights, but reports {have} bytes of memory"
+         needing {} in all, but offers {}",
+        crate::memory::format_size(*.need),
+        crate::memory::format_size(*.have)
     )]
     Memory {
         count: usize,
@@ -189,7 +188,7 @@ pub fn schedule(
             let planned = plan_groups(cluster, options, &groups)?;
             let predicted_rps = planned.iter().map(|c| c.cost.throughput_rps()).sum();
             let copies: Vec<Copy> = (0..n).map(|i| planned[i % planned.len()].clone()).collect();
-            check_memory(cluster, &copies)?;
+            check_memory(options, &copies)?;
             Ok(Schedule {
                 copies,
                 predicted_rps,
@@ -212,7 +211,7 @@ fn auto(
     for k in groups::candidate_counts(hosts.len()) {
         let groups = groups::deal(hosts, k);
         let planned = plan_groups(cluster, options, &groups).and_then(|copies| {
-            check_memory(cluster, &copies)?;
+            check_memory(options, &copies)?;
             Ok(copies)
         });
         match planned {
@@ -311,38 +310,25 @@ fn within(options: &PlanOptions, hosts: &[String]) -> PlanOptions {
     out
 }
 
-/// Bytes of the weights (initializers) of a stage's model.
-fn weight_bytes(stage: &crate::plan::Stage) -> u64 {
-    let Some(g) = stage.model.graph.as_ref() else {
-        return 0;
-    };
-    g.initializer
-        .iter()
-        .map(|t| {
-            let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
-            numel * ElemType(t.data_type()).size_bytes().unwrap_or(4)
-        })
-        .sum()
-}
-
-/// Every device that reports its memory holds the weights of all the
-/// copies' stages placed on it.
-fn check_memory(cluster: &Cluster, copies: &[Copy]) -> Result<(), ScheduleError> {
-    let mut need: BTreeMap<&DeviceId, (u64, usize)> = BTreeMap::new();
+/// Every device with a limit holds what all the copies placed on it need
+/// (copies sharing a host each hold their own weights).
+fn check_memory(options: &PlanOptions, copies: &[Copy]) -> Result<(), ScheduleError> {
+    let mut need: BTreeMap<&str, (u64, usize)> = BTreeMap::new();
     for copy in copies {
-        let mut on: BTreeMap<&DeviceId, u64> = BTreeMap::new();
-        for stage in &copy.plan.stages {
-            *on.entry(&stage.device).or_default() += weight_bytes(stage);
-        }
-        for (device, bytes) in on {
-            let entry = need.entry(device).or_default();
-            entry.0 += bytes;
+        for d in &copy.plan.memory.devices {
+            let entry = need.entry(d.device.as_str()).or_default();
+            entry.0 = entry.0.saturating_add(d.need.total());
             entry.1 += 1;
         }
     }
+    let limits: HashMap<String, u64> = options
+        .memory
+        .iter()
+        .map(|(d, &b)| (d.to_string(), b))
+        .collect();
     for (device, (bytes, copies_on)) in need {
-        if let Some(&have) = cluster.memory.get(device) {
-            if have > 0 && bytes > have {
+        if let Some(&have) = limits.get(device) {
+            if bytes > have {
                 return Err(ScheduleError::Memory {
                     count: copies.len(),
                     device: device.to_string(),

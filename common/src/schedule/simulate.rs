@@ -146,12 +146,10 @@ pub fn simulate(
         policy: Policy::Cost,
         ..Default::default()
     };
-    let memory = HashMap::new();
     let on = Cluster {
         graph,
         supports: &sim.supports,
         cost: &sim.cost,
-        memory: &memory,
     };
     let started = Instant::now();
     let planned = schedule(&on, &options, replicas)?;

@@ -25,13 +25,11 @@ fn all_of(devices: &[DeviceId]) -> HashMap<DeviceId, SupportSet> {
         .collect()
 }
 
-/// What a [`Cluster`] borrows: the small CNN, the default cost model, no
-/// memory reported unless a test sets it.
+/// What a [`Cluster`] borrows: the small CNN, the default cost model.
 struct Fixture {
     graph: Graph,
     supports: HashMap<DeviceId, SupportSet>,
     cost: AnalyticCostModel,
-    memory: HashMap<DeviceId, u64>,
 }
 
 impl Fixture {
@@ -40,7 +38,6 @@ impl Fixture {
             graph: Graph::from_model(small_cnn(1)).unwrap(),
             supports,
             cost: AnalyticCostModel::default(),
-            memory: HashMap::new(),
         }
     }
 
@@ -49,7 +46,6 @@ impl Fixture {
             graph: &self.graph,
             supports: &self.supports,
             cost: &self.cost,
-            memory: &self.memory,
         }
     }
 }
@@ -133,11 +129,11 @@ fn auto_splits_a_copy_when_no_host_can_run_it_alone() {
 fn replicas_that_do_not_fit_name_the_device_and_the_bytes() {
     let devices = [device("a/CPU")];
     let supports = all_of(&devices);
-    let mut fixture = Fixture::new(supports);
-    // small_cnn's weights: about 57 KB a copy.
-    fixture.memory = HashMap::from([(device("a/CPU"), 100_000u64)]);
+    let fixture = Fixture::new(supports);
+    // small_cnn: about 57 KB of weights and 0.5 MB of activations a copy.
     let cluster = fixture.cluster();
-    let opts = options(&devices, Policy::Priority);
+    let mut opts = options(&devices, Policy::Priority);
+    opts.memory = HashMap::from([(device("a/CPU"), 1_000_000u64)]);
     assert!(schedule(&cluster, &opts, Replicas::Count(1)).is_ok());
     let err = schedule(&cluster, &opts, Replicas::Count(2)).unwrap_err();
     match &err {
@@ -146,7 +142,7 @@ fn replicas_that_do_not_fit_name_the_device_and_the_bytes() {
             copies,
             have,
             ..
-        } => assert_eq!((device.as_str(), *copies, *have), ("a/CPU", 2, 100_000)),
+        } => assert_eq!((device.as_str(), *copies, *have), ("a/CPU", 2, 1_000_000)),
         other => panic!("expected a memory error, got {other}"),
     }
 }

@@ -97,7 +97,7 @@ impl Tensor {
             name: Some(name.to_string()),
             dims: self.shape.iter().map(|&d| d as i64).collect(),
             data_type: Some(self.elem.0),
-            raw_data: Some(self.data.to_vec()),
+            raw_data: Some(self.data.clone()),
             ..Default::default()
         }
     }

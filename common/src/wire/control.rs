@@ -19,7 +19,8 @@ pub struct DeviceInfo {
     pub full_name: String,
     pub gflops: f64,
     pub bandwidth_gbps: f64,
-    /// Memory available for weights, bytes (0: not reported).
+    /// Memory it offers for models, bytes: the worker's limit, else what
+    /// the device has available (0: not reported, not limited).
     pub memory_bytes: u64,
     /// Other metrics by name, printable.
     pub metrics: Vec<(String, String)>,
@@ -41,7 +42,9 @@ pub struct Route {
     pub to: Vec<Destination>,
 }
 
-/// A subgraph to compile and serve (its model is the frame's payload).
+/// A subgraph to compile and serve. Its model follows on the same stream
+/// only if the worker asks for it ([`Control::NeedModel`]): a worker whose
+/// compile cache holds the hash compiles nothing and receives nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeploySpec {
     pub network: u64,
@@ -49,6 +52,8 @@ pub struct DeploySpec {
     pub device: String,
     /// SHA-256 of the model, hex: the worker's compile-cache key.
     pub model_hash: String,
+    /// The model's size in bytes.
+    pub model_bytes: u64,
     pub inputs: Vec<String>,
     pub outputs: Vec<Route>,
     /// Requests waiting in its mailbox run as one batch (absent: one at a
@@ -117,6 +122,12 @@ pub struct WorkerState {
     pub networks: Vec<u64>,
     /// Subgraph runs under way at its last heartbeat.
     pub running: u32,
+    /// What the networks deployed on it need, per device kind, bytes (as
+    /// the planner counts it against each device's offer).
+    pub memory_in_use: Vec<(String, u64)>,
+    /// The worker process's resident memory at its last heartbeat, bytes
+    /// (0: not reported).
+    pub rss_bytes: u64,
 }
 
 /// One node's time in one request.
@@ -236,6 +247,8 @@ pub enum Control {
         in_flight: u32,
         /// Requests waiting in or handed on by each subgraph actor's mailbox.
         mailboxes: Vec<MailboxDepth>,
+        /// The process's resident memory, bytes (0: not known).
+        rss_bytes: u64,
     },
 
     // QueryNetwork and deployment.
@@ -249,6 +262,12 @@ pub enum Control {
         answers: Vec<DeviceAnswer>,
     },
     Deploy(DeploySpec),
+    /// Worker → coordinator, on a `Deploy` stream: its compile cache lacks
+    /// the subgraph; send the model.
+    NeedModel,
+    /// Coordinator → worker, after `NeedModel`: the subgraph's model is the
+    /// payload.
+    Model,
     /// Long work under way (compiling, shipping a model).
     Progress {
         what: String,
@@ -364,6 +383,8 @@ impl Control {
             Control::QueryNetwork { .. } => "QueryNetwork",
             Control::QueryResult { .. } => "QueryResult",
             Control::Deploy(_) => "Deploy",
+            Control::NeedModel => "NeedModel",
+            Control::Model => "Model",
             Control::Progress { .. } => "Progress",
             Control::Deployed { .. } => "Deployed",
             Control::Undeploy { .. } => "Undeploy",

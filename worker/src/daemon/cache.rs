@@ -25,11 +25,12 @@ impl CompileCache {
         ok.then(|| self.dir.join(format!("{key}.blob")))
     }
 
-    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.path(key)?).ok()
+    pub fn get(&self, key: &str) -> Option<bytes::Bytes> {
+        std::fs::read(self.path(key)?).ok().map(bytes::Bytes::from)
     }
 
-    pub fn put(&self, key: &str, blob: &[u8]) {
+    /// Writes the blob made of `pieces`, one after another.
+    pub fn put(&self, key: &str, pieces: &[bytes::Bytes]) {
         let Some(path) = self.path(key) else {
             tracing::warn!("not caching under the key '{key}'");
             return;
@@ -37,11 +38,20 @@ impl CompileCache {
         // Write then rename: a reader never sees half a blob.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let written = std::fs::create_dir_all(&self.dir)
-            .and_then(|()| std::fs::write(&tmp, blob))
+            .and_then(|()| write_pieces(&tmp, pieces))
             .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             tracing::warn!("cannot cache {}: {e}", path.display());
             let _ = std::fs::remove_file(&tmp);
         }
     }
+}
+
+fn write_pieces(path: &std::path::Path, pieces: &[bytes::Bytes]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for piece in pieces {
+        file.write_all(piece)?;
+    }
+    file.flush()
 }

@@ -26,6 +26,10 @@ pub struct WorkerConfig {
     pub mailbox: Option<usize>,
     /// Compiled-subgraph cache directory.
     pub cache_dir: Option<PathBuf>,
+    /// The most memory each device may use for models: one size for every
+    /// device (`"2GiB"`) or sizes by kind (`"CPU=2GiB,GPU=8GiB"`); without
+    /// it a device offers what it has available.
+    pub memory_limit: Option<String>,
     /// onnxruntime's shared library (default: `ORT_DYLIB_PATH`, then the
     /// installed Python package, then next to the executable).
     pub onnxruntime_library: Option<PathBuf>,
@@ -46,5 +50,65 @@ impl WorkerConfig {
             .build()
             .and_then(|c| c.try_deserialize())
             .map_err(|e| format!("{origin}: {e}"))
+    }
+}
+
+/// Memory limits of a worker's devices: one size for every device
+/// (`2GiB`), or sizes by device kind (`CPU=2GiB,GPU=8GiB`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryLimits {
+    all: Option<u64>,
+    by_kind: BTreeMap<String, u64>,
+}
+
+impl MemoryLimits {
+    /// The limit of a device of `kind`, if any.
+    pub fn of(&self, kind: &str) -> Option<u64> {
+        self.by_kind.get(kind).copied().or(self.all)
+    }
+}
+
+impl std::str::FromStr for MemoryLimits {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        use tessera_common::memory::parse_limit;
+        let bad = |e: tessera_common::memory::SizeError| format!("memory limit: {e}");
+        let mut limits = MemoryLimits::default();
+        if !text.contains('=') {
+            limits.all = Some(parse_limit(text).map_err(bad)?);
+            return Ok(limits);
+        }
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (kind, size) = entry.split_once('=').ok_or_else(|| {
+                format!("memory limit: '{entry}' is neither SIZE nor KIND=SIZE (e.g. CPU=2GiB,GPU=8GiB)")
+            })?;
+            let kind = kind.trim().to_ascii_uppercase();
+            if kind.is_empty() {
+                return Err(format!("memory limit: '{entry}' names no device kind"));
+            }
+            limits.by_kind.insert(kind, parse_limit(size).map_err(bad)?);
+        }
+        Ok(limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limits_parse_for_all_devices_or_by_kind() {
+        let all: MemoryLimits = "64MiB".parse().unwrap();
+        assert_eq!(
+            (all.of("CPU"), all.of("GPU")),
+            (Some(64 << 20), Some(64 << 20))
+        );
+        let by: MemoryLimits = "CPU=2GiB, gpu=8GiB".parse().unwrap();
+        assert_eq!((by.of("CPU"), by.of("GPU")), (Some(2 << 30), Some(8 << 30)));
+        assert_eq!(by.of("NPU"), None);
+        for bad in ["0", "lots", "CPU=0", "=2GiB", "CPU=2GiB,GPU"] {
+            let e = bad.parse::<MemoryLimits>().unwrap_err();
+            assert!(e.starts_with("memory limit"), "{bad}: {e}");
+        }
     }
 }

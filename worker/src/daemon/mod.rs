@@ -64,6 +64,8 @@ pub struct WorkerOptions {
     pub cache_dir: Option<PathBuf>,
     /// Plugin configuration (e.g. `NUM_THREADS`) for every compile.
     pub config: Vec<(String, String)>,
+    /// The most memory each device offers for models (none: what it has).
+    pub memory_limit: config::MemoryLimits,
 }
 
 /// Why a worker stopped or could not start.
@@ -146,7 +148,7 @@ fn open_devices(kinds: &[String], config: &[(String, String)]) -> Result<Vec<Dev
     Ok(devices)
 }
 
-fn device_info(d: &Device) -> DeviceInfo {
+fn device_info(d: &Device, limits: &config::MemoryLimits) -> DeviceInfo {
     let number = |name: &str| match d.plugin.metric(name) {
         Ok(MetricValue::Number(x)) => x,
         _ => 0.0,
@@ -160,26 +162,44 @@ fn device_info(d: &Device) -> DeviceInfo {
             .unwrap_or_default(),
         gflops: number("GFLOPS"),
         bandwidth_gbps: number("MEMORY_BANDWIDTH_GBPS"),
-        memory_bytes: memory_bytes(d),
+        memory_bytes: memory_bytes(d, limits),
         metrics: Vec::new(),
     }
 }
 
-/// Memory a device holds weights in, as the coordinator checks replicas
-/// against it: a CPU device has the machine's available memory (Linux's
-/// `MemAvailable`); other devices do not report it (0).
-fn memory_bytes(d: &Device) -> u64 {
-    if d.kind != "CPU" {
-        return 0;
+/// The memory a device offers for models, as the coordinator plans
+/// against it: the worker's limit for its kind where one is set, else
+/// what the device reports (see the `MEMORY_BYTES` metric: a CPU device
+/// the machine's available memory, a GPU its adapter's); 0 when neither
+/// is known (not limited).
+fn memory_bytes(d: &Device, limits: &config::MemoryLimits) -> u64 {
+    if let Some(limit) = limits.of(&d.kind) {
+        return limit;
     }
-    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
-        return 0;
-    };
-    meminfo
+    match d.plugin.metric("MEMORY_BYTES") {
+        Ok(MetricValue::Number(n)) if n > 0.0 => n as u64,
+        _ => 0,
+    }
+}
+
+/// Linux's `/proc` figure `key` (in kB) from `file`, in bytes.
+fn proc_kb(file: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(file)
+        .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+        .map(|kb| kb * 1024)
+}
+
+/// The machine's available memory (Linux's `MemAvailable`), bytes.
+pub fn available_memory() -> Option<u64> {
+    proc_kb("/proc/meminfo", "MemAvailable:")
+}
+
+/// This process's resident memory (`VmRSS`), bytes; 0 where unknown.
+pub fn resident_bytes() -> u64 {
+    proc_kb("/proc/self/status", "VmRSS:").unwrap_or(0)
 }
 
 struct State {
@@ -225,9 +245,10 @@ pub async fn run_until(
     // and heartbeats of this process (an embedded cluster runs several
     // workers on one runtime) keep flowing.
     let (kinds, config) = (options.devices.clone(), options.config.clone());
+    let limits = options.memory_limit.clone();
     let (devices, infos) = tokio::task::spawn_blocking(move || {
         let devices = open_devices(&kinds, &config)?;
-        let infos: Vec<DeviceInfo> = devices.iter().map(device_info).collect();
+        let infos: Vec<DeviceInfo> = devices.iter().map(|d| device_info(d, &limits)).collect();
         Ok::<_, WorkerError>((devices, infos))
     })
     .await

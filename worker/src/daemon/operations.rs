@@ -22,7 +22,7 @@ pub(super) async fn serve_operation(
 ) {
     let limits = *state.node.limits();
     let reply = match exchange::read_operation(&mut recv, &limits).await {
-        Ok(Some((msg, payload))) => operation(&state, msg, payload, &mut send).await,
+        Ok(Some((msg, payload))) => operation(&state, msg, payload, &mut send, &mut recv).await,
         Ok(None) => return,
         Err(e) => Err(e.to_string()),
     };
@@ -44,6 +44,7 @@ async fn operation(
     msg: Control,
     payload: Bytes,
     send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
 ) -> Result<Control, String> {
     match msg {
         Control::QueryNetwork { devices } => {
@@ -78,7 +79,7 @@ async fn operation(
             .await
             .map_err(|e| e.to_string())?
         }
-        Control::Deploy(spec) => deploy(state, spec, payload, send).await,
+        Control::Deploy(spec) => deploy(state, spec, send, recv).await,
         Control::Undeploy { network } => {
             for actor in state.router.remove(network) {
                 actor.do_send(Stop);
@@ -93,53 +94,100 @@ async fn operation(
     }
 }
 
+/// The subgraph from the compile cache, if it holds a usable one.
+async fn from_cache(
+    state: &Arc<State>,
+    plugin: &Arc<dyn crate::plugin::DevicePlugin>,
+    key: &str,
+) -> Option<Arc<dyn crate::plugin::CompiledSubgraph>> {
+    let cache = state.cache.clone()?;
+    let (plugin, key) = (plugin.clone(), key.to_string());
+    tokio::task::spawn_blocking(move || {
+        let blob = cache.get(&key)?;
+        plugin
+            .import(&blob)
+            .map_err(|e| tracing::warn!("cached subgraph {key} unusable, recompiling: {e}"))
+            .ok()
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Asks the coordinator for the subgraph's model on this stream and reads it.
+async fn receive_model(
+    state: &Arc<State>,
+    spec: &DeploySpec,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+) -> Result<Bytes, String> {
+    let limits = *state.node.limits();
+    exchange::send_message(send, &Control::NeedModel, None, &limits)
+        .await
+        .map_err(|e| format!("asking for the model: {e}"))?;
+    match exchange::read_operation(recv, &limits).await {
+        Ok(Some((Control::Model, model))) if model.len() as u64 == spec.model_bytes => Ok(model),
+        Ok(Some((Control::Model, model))) => Err(format!(
+            "the model of subgraph {} came with {} bytes, {} were announced",
+            spec.subgraph,
+            model.len(),
+            spec.model_bytes
+        )),
+        Ok(Some((other, _))) => Err(format!("expected the model, got {}", other.name())),
+        Ok(None) => Err("the coordinator sent no model".into()),
+        Err(e) => Err(format!("receiving the model: {e}")),
+    }
+}
+
 /// Compiles (or loads from the cache) one subgraph and starts its actor.
+/// The model crosses the network only when the cache does not hold it.
 #[tracing::instrument(skip_all, fields(network = spec.network, subgraph = spec.subgraph, device = %spec.device))]
 async fn deploy(
     state: &Arc<State>,
     spec: DeploySpec,
-    model: Bytes,
     send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
 ) -> Result<Control, String> {
     let limits = *state.node.limits();
     let what = format!(
         "compiling subgraph {} on {}/{}",
         spec.subgraph, state.name, spec.device
     );
-    let progress = Control::Progress {
-        what: what.clone(),
-        done: 0,
-        total: 1,
-    };
-    if let Err(e) = exchange::send_message(send, &progress, None, &limits).await {
-        tracing::debug!("reporting progress: {e}");
-    }
     let plugin = state.device(&spec.device)?.plugin.clone();
-    let cache = state.cache.clone();
-    let config = state.config.clone();
     let key = format!("{}-{}", spec.device, spec.model_hash);
     let started = Instant::now();
-    let (compiled, cached) = tokio::task::spawn_blocking(move || {
-        if let Some(cache) = &cache {
-            if let Some(blob) = cache.get(&key) {
-                match plugin.import(&blob) {
-                    Ok(c) => return Ok((c, true)),
-                    Err(e) => tracing::warn!("cached subgraph {key} unusable, recompiling: {e}"),
+    let (compiled, cached) = match from_cache(state, &plugin, &key).await {
+        Some(c) => (c, true),
+        None => {
+            let model = receive_model(state, &spec, send, recv).await?;
+            let progress = Control::Progress {
+                what: what.clone(),
+                done: 0,
+                total: 1,
+            };
+            if let Err(e) = exchange::send_message(send, &progress, None, &limits).await {
+                tracing::debug!("reporting progress: {e}");
+            }
+            let (cache, config) = (state.cache.clone(), state.config.clone());
+            let compiled = tokio::task::spawn_blocking(move || {
+                let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
+                // The model's bytes go with this closure: the worker keeps
+                // what the compiled subgraph holds, nothing more.
+                drop(model);
+                if let Some(cache) = &cache {
+                    match compiled.export() {
+                        Ok(blob) => cache.put(&key, &blob),
+                        Err(e) => tracing::debug!("not caching {key}: {e}"),
+                    }
                 }
-            }
+                Ok::<_, String>(compiled)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{what}: {e}"))?;
+            (compiled, false)
         }
-        let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
-        if let Some(cache) = &cache {
-            match compiled.export() {
-                Ok(blob) => cache.put(&key, &blob),
-                Err(e) => tracing::debug!("not caching {key}: {e}"),
-            }
-        }
-        Ok::<_, String>((compiled, false))
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("{what}: {e}"))?;
+    };
     let compile_ms = started.elapsed().as_millis() as u64;
     tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
     let inputs: Vec<Arc<str>> = spec.inputs.iter().map(|n| n.as_str().into()).collect();

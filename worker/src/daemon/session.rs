@@ -184,6 +184,7 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
                 seq,
                 in_flight: router.in_flight(),
                 mailboxes: router.mailbox_depths(),
+                rss_bytes: super::resident_bytes(),
             };
             if control.send_control(&beat).await.is_err() {
                 break;

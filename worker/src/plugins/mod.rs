@@ -219,6 +219,9 @@ pub(crate) fn cpu_metric(
         "DEVICE_ARCHITECTURE" => MetricValue::Text(std::env::consts::ARCH.into()),
         "GFLOPS" => MetricValue::Number(calibrate().0),
         "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(calibrate().1),
+        "MEMORY_BYTES" => {
+            MetricValue::Number(crate::daemon::available_memory().map_or(0.0, |b| b as f64))
+        }
         other => {
             return Err(PluginError::UnknownMetric {
                 name: other.into(),
@@ -226,6 +229,20 @@ pub(crate) fn cpu_metric(
             });
         }
     })
+}
+
+/// The threads a CPU device computes a subgraph with (NUM_THREADS, 1 by
+/// default, at most the machine's cores): its GFLOPS is the one-thread
+/// figure measured once per process times this, so that a worker given
+/// twice the threads is planned as twice as fast.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn configured_threads(config: &crate::plugin::Config) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    config
+        .get("NUM_THREADS")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, cores) as f64
 }
 
 /// Memory bandwidth (GB/s) of a 64 MiB copy, read and written.

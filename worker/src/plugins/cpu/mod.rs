@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use tessera_common::onnx::decode_model;
+use bytes::Bytes;
+use tessera_common::onnx::decode_model_shared;
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::tensor::Tensor;
 use tract_onnx::prelude::*;
@@ -106,7 +107,11 @@ impl DevicePlugin for CpuPlugin {
 
     fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
         let backend = format!("tract-onnx {BACKEND_VERSION}");
-        crate::plugins::cpu_metric(&self.name, &backend, name, || self.calibrate())
+        let threads = crate::plugins::configured_threads(&self.config());
+        crate::plugins::cpu_metric(&self.name, &backend, name, || {
+            let (gflops, gbps) = self.calibrate();
+            (gflops * threads, gbps)
+        })
     }
 
     fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {
@@ -127,17 +132,17 @@ impl DevicePlugin for CpuPlugin {
 
     fn compile(
         &self,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: &Config,
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
         Ok(Arc::new(CompiledCpu::new(&self.name, onnx, config)?))
     }
 
-    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+    fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let (config, payload) = blob::read(blob, &self.name, BACKEND, BACKEND_VERSION)?;
         // tract has no serialized plan: importing re-optimizes the embedded model.
-        Ok(Arc::new(CompiledCpu::new(&self.name, payload, config)?))
+        Ok(Arc::new(CompiledCpu::new(&self.name, &payload, config)?))
     }
 }
 
@@ -153,9 +158,9 @@ type PlanKey = Vec<(Vec<usize>, Vec<u8>)>;
 pub struct CompiledCpu {
     device: String,
     /// The subgraph as compiled (exported as it is).
-    onnx: Vec<u8>,
+    onnx: Bytes,
     /// What tract builds: `onnx` with the ops tract lacks decomposed.
-    tract_onnx: Vec<u8>,
+    tract_onnx: Bytes,
     config: Config,
     /// Plans by concrete input shapes (and values of small integer inputs).
     by_shape: Mutex<HashMap<PlanKey, Plan>>,
@@ -195,8 +200,9 @@ fn specs(
 }
 
 impl CompiledCpu {
-    fn new(device: &str, onnx: &[u8], config: Config) -> Result<CompiledCpu, PluginError> {
-        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+    fn new(device: &str, onnx: &Bytes, config: Config) -> Result<CompiledCpu, PluginError> {
+        let model = decode_model_shared(onnx.clone())
+            .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
         let graph = model
             .graph
             .as_ref()
@@ -219,12 +225,12 @@ impl CompiledCpu {
             })
             .collect();
         let tract_onnx = match query::for_tract(&model)? {
-            Some(decomposed) => tessera_common::onnx::encode_model(&decomposed),
-            None => onnx.to_vec(),
+            Some(decomposed) => Bytes::from(tessera_common::onnx::encode_model(&decomposed)),
+            None => onnx.clone(),
         };
         let mut compiled = CompiledCpu {
             device: device.into(),
-            onnx: onnx.to_vec(),
+            onnx: onnx.clone(),
             tract_onnx,
             config,
             by_shape: Mutex::new(HashMap::new()),
@@ -444,7 +450,7 @@ impl CompiledSubgraph for CompiledCpu {
         self.run(&self.specialized(inputs)?, inputs)
     }
 
-    fn export(&self) -> Result<Vec<u8>, PluginError> {
+    fn export(&self) -> Result<Vec<Bytes>, PluginError> {
         Ok(blob::write(
             &self.device,
             BACKEND,

@@ -61,6 +61,8 @@ pub struct Gpu {
     /// in the performance counters).
     pub timestamps: bool,
     pub max_binding: u64,
+    /// The memory the adapter reports, bytes (0: none reported).
+    pub memory_bytes: u64,
     /// Compiled pipelines by kernel and variant (f16 storage or not).
     pipelines: Mutex<HashMap<(&'static str, bool), Arc<wgpu::ComputePipeline>>>,
 }
@@ -103,6 +105,30 @@ pub fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
     pollster::block_on(instance.enumerate_adapters(backends))
 }
 
+/// The memory an adapter offers: a software adapter (lavapipe) computes
+/// in the machine's memory, so its available memory; a Vulkan GPU the sum
+/// of its device-local heaps (wgpu itself reports no memory size).
+fn adapter_memory(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Option<u64> {
+    if info.device_type == wgpu::DeviceType::Cpu {
+        return crate::daemon::available_memory();
+    }
+    // SAFETY: the physical device and instance handles are only read here,
+    // while `adapter` (which owns them) is alive; nothing is destroyed.
+    let heaps = unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance().raw_instance();
+        instance.get_physical_device_memory_properties(hal.raw_physical_device())
+    };
+    // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT is 0x1.
+    let local: u64 = heaps.memory_heaps
+        [..(heaps.memory_heap_count as usize).min(heaps.memory_heaps.len())]
+        .iter()
+        .filter(|h| h.flags.as_raw() & 1 != 0)
+        .map(|h| h.size)
+        .sum();
+    (local > 0).then_some(local)
+}
+
 impl Gpu {
     /// Opens adapter `index` of `backends`.
     pub fn open(backends: wgpu::Backends, index: usize) -> Result<Gpu, PluginError> {
@@ -143,10 +169,12 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             tracing::error!("GPU: {e}");
         }));
+        let memory_bytes = adapter_memory(&adapter, &info).unwrap_or(0);
         let gpu = Gpu {
             device,
             queue,
             max_binding: limits.max_storage_buffer_binding_size,
+            memory_bytes,
             info,
             shader_f16,
             timestamps,

@@ -23,9 +23,10 @@ pub mod program;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
 use tessera_common::graph::{Graph, NodeKind};
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::onnx::{decode_model, ElemType};
+use tessera_common::onnx::{decode_model_shared, ElemType};
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{
@@ -117,7 +118,7 @@ impl CompiledSubgraph for CompiledGpu {
     fn infer(&self, inputs: &[Tensor]) -> Result<InferResult, PluginError> {
         self.program.infer(inputs)
     }
-    fn export(&self) -> Result<Vec<u8>, PluginError> {
+    fn export(&self) -> Result<Vec<Bytes>, PluginError> {
         // Pipelines and plans are rebuilt from the subgraph on import.
         Ok(blob::write(
             &self.device,
@@ -174,6 +175,7 @@ impl DevicePlugin for GpuPlugin {
             )),
             "GFLOPS" => MetricValue::Number(self.calibrate().0),
             "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(self.calibrate().1),
+            "MEMORY_BYTES" => MetricValue::Number(gpu.memory_bytes as f64),
             other => {
                 return Err(PluginError::UnknownMetric {
                     name: other.into(),
@@ -310,22 +312,23 @@ impl DevicePlugin for GpuPlugin {
 
     fn compile(
         &self,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: &Config,
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
-        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let model = decode_model_shared(onnx.clone())
+            .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
         let gpu = self.device_of(&config)?;
         let perf = config.get("PERF_COUNT") == Some("YES");
         Ok(Arc::new(CompiledGpu {
-            program: Program::new(gpu, &model, onnx.to_vec(), perf)?,
+            program: Program::new(gpu, &model, onnx.clone(), perf)?,
             device: self.name().into(),
             config,
         }))
     }
 
-    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+    fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let (config, payload) = blob::read(blob, "GPU", BACKEND, BACKEND_VERSION)?;
-        self.compile(payload, &config)
+        self.compile(&payload, &config)
     }
 }

@@ -289,7 +289,7 @@ pub struct Program {
     perf: bool,
     plans: Mutex<Vec<(InputShapes, Arc<Mutex<Plan>>)>>,
     /// The ONNX subgraph it was compiled from (what `export` keeps).
-    pub onnx: Vec<u8>,
+    pub onnx: bytes::Bytes,
 }
 
 fn bad(m: String) -> PluginError {
@@ -300,7 +300,7 @@ impl Program {
     pub fn new(
         gpu: Arc<Gpu>,
         model: &ModelProto,
-        onnx: Vec<u8>,
+        onnx: bytes::Bytes,
         perf: bool,
     ) -> Result<Program, PluginError> {
         let graph = model

@@ -29,8 +29,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use bytes::Bytes;
 use tessera_common::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
-use tessera_common::onnx::{decode_model, encode_model};
+use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::tensor::Tensor;
 
 pub use self::session::CompiledOrt;
@@ -124,7 +125,7 @@ impl OrtPlugin {
             ..Default::default()
         };
         let compiled = self.compile(
-            &tessera_common::onnx::encode_model(&model),
+            &Bytes::from(tessera_common::onnx::encode_model(&model)),
             &Config::default(),
         )?;
         let a = Tensor::new(
@@ -154,7 +155,11 @@ impl DevicePlugin for OrtPlugin {
 
     fn metric(&self, name: &str) -> Result<MetricValue, PluginError> {
         let backend = format!("onnxruntime {}", self.runtime.version);
-        crate::plugins::cpu_metric(&self.name, &backend, name, || self.calibrate())
+        let threads = crate::plugins::configured_threads(&self.config());
+        crate::plugins::cpu_metric(&self.name, &backend, name, || {
+            let (gflops, gbps) = self.calibrate();
+            (gflops * threads, gbps)
+        })
     }
 
     fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError> {
@@ -177,20 +182,21 @@ impl DevicePlugin for OrtPlugin {
 
     fn compile(
         &self,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: &Config,
     ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let config = self.config().merged(config);
-        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-        let (model, lowered_onnx) = match opset::lowered(&model) {
+        let model = decode_model_shared(onnx.clone())
+            .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let (model, onnx) = match opset::lowered(&model) {
             Some(m) => {
-                let bytes = encode_model(&m);
-                (m, Some(bytes))
+                let bytes = Bytes::from(encode_model(&m));
+                (m, bytes)
             }
-            None => (model, None),
+            None => (model, onnx.clone()),
         };
-        let onnx = lowered_onnx.as_deref().unwrap_or(onnx);
-        let build = |model: &ModelProto, onnx: &[u8]| {
+        let onnx = &onnx;
+        let build = |model: &ModelProto, onnx: &Bytes| {
             CompiledOrt::from_model(
                 &self.name,
                 self.runtime.clone(),
@@ -205,7 +211,7 @@ impl DevicePlugin for OrtPlugin {
         let decomposed =
             |why: Option<PluginError>| -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
                 match query::for_onnxruntime(&self.runtime, &model, &self.probes)? {
-                    Some(m) => Ok(Arc::new(build(&m, &encode_model(&m))?)),
+                    Some(m) => Ok(Arc::new(build(&m, &Bytes::from(encode_model(&m)))?)),
                     None => match why {
                         Some(e) => Err(e),
                         None => Ok(Arc::new(build(&model, onnx)?)),
@@ -221,13 +227,13 @@ impl DevicePlugin for OrtPlugin {
         }
     }
 
-    fn import(&self, blob: &[u8]) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+    fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let (config, payload) = blob::read(blob, &self.name, BACKEND, &self.runtime.version)?;
         // The blob carries the subgraph; onnxruntime optimizes it again.
         Ok(Arc::new(CompiledOrt::new(
             &self.name,
             self.runtime.clone(),
-            payload,
+            &payload,
             config,
         )?))
     }

@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::onnx::{decode_model, encode_model};
+use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::tensor::{Tensor, Value};
 
 use super::library::Runtime;
@@ -96,8 +97,9 @@ pub struct CompiledOrt {
     device: String,
     version: String,
     runtime: Arc<Runtime>,
-    /// The subgraph as compiled (what `export` writes).
-    onnx: Vec<u8>,
+    /// The subgraph as compiled (what `export` writes and further sessions
+    /// are built from): the deployed bytes themselves, not a copy.
+    onnx: Bytes,
     /// What sessions are built from when it differs from `onnx` (optional
     /// outputs unwrapped).
     rewritten: Option<Vec<u8>>,
@@ -134,10 +136,11 @@ impl CompiledOrt {
     pub(super) fn new(
         device: &str,
         runtime: Arc<Runtime>,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: Config,
     ) -> Result<CompiledOrt, PluginError> {
-        let model = decode_model(onnx).map_err(|e| PluginError::InvalidModel(e.to_string()))?;
+        let model = decode_model_shared(onnx.clone())
+            .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
         CompiledOrt::from_model(device, runtime, &model, onnx, config)
     }
 
@@ -146,7 +149,7 @@ impl CompiledOrt {
         device: &str,
         runtime: Arc<Runtime>,
         model: &ModelProto,
-        onnx: &[u8],
+        onnx: &Bytes,
         config: Config,
     ) -> Result<CompiledOrt, PluginError> {
         let graph = model
@@ -170,7 +173,7 @@ impl CompiledOrt {
         let variant_base =
             has_sequence_input(graph).then(|| unwrapped.as_ref().map_or(model, |(m, _)| m).clone());
         let optional_outputs = unwrapped.map(|(_, o)| o).unwrap_or_default();
-        let session_onnx = rewritten.as_deref().unwrap_or(onnx);
+        let session_onnx = rewritten.as_deref().unwrap_or(&onnx[..]);
         let (session, optimize) = match build_session(&runtime, session_onnx, &settings, true, None)
         {
             Ok(s) => (s, true),
@@ -219,7 +222,7 @@ impl CompiledOrt {
             version: runtime.version.clone(),
             perf: config.get("PERF_COUNT") == Some("YES"),
             runtime,
-            onnx: onnx.to_vec(),
+            onnx: onnx.clone(),
             rewritten,
             variant_base,
             optional_outputs,
@@ -447,7 +450,7 @@ impl CompiledSubgraph for CompiledOrt {
         result
     }
 
-    fn export(&self) -> Result<Vec<u8>, PluginError> {
+    fn export(&self) -> Result<Vec<Bytes>, PluginError> {
         Ok(blob::write(
             &self.device,
             BACKEND,

@@ -1,7 +1,13 @@
 //! Planning a network, from the devices' QueryNetwork answers to exported
-//! subgraphs: affinity assignment, subgraph selection and export, plus the
-//! check of a request's inputs against the graph. HETERO in one process and
-//! the distributed coordinator both plan through here.
+//! subgraphs: affinity assignment, subgraph selection, the fit into the
+//! devices' memory ([`fit`]: pipelined stages when the policy's placement
+//! does not fit) and export, plus the check of a request's inputs against
+//! the graph. HETERO in one process and the distributed coordinator both
+//! plan through here.
+
+mod fit;
+
+pub use fit::{DeviceMemory, Pipelined, PlanMemory};
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,6 +15,7 @@ use crate::affinity::{
     assign, AffinityRequest, Assignment, CostModel, DeviceId, DevicePriority, Policy, SupportSet,
 };
 use crate::graph::{Graph, TensorId};
+use crate::memory::pipeline::FitError;
 use crate::onnx::proto::ModelProto;
 use crate::partition::{partition, Algorithm, Partition, PartitionOptions};
 use crate::simplify::{simplify, SimplifyOptions, SimplifyReport};
@@ -29,6 +36,12 @@ pub enum PlanError {
     BadInput(String),
     #[error("{0}")]
     Simplify(#[from] crate::simplify::SimplifyError),
+    #[error("{0}")]
+    Memory(#[from] FitError),
+    #[error("{0}; drop the manual affinity to let the planner cut the model by memory")]
+    ManualDoesNotFit(String),
+    #[error("{0}")]
+    PipelineShort(String),
     #[error(
         "the model's {role} '{name}' is a sequence or an optional; requests carry tensors \
          only (a plugin's infer_values runs such a graph whole)"
@@ -48,13 +61,21 @@ pub struct PlanOptions {
     pub manual: BTreeMap<String, DeviceId>,
     /// What [`prepare`] did to the model (shown with the plan).
     pub simplified: SimplifyReport,
+    /// Bytes each device may use (free memory); a device not listed is not
+    /// limited. When the policy's placement does not fit, the model is cut
+    /// into pipelined stages that do.
+    pub memory: HashMap<DeviceId, u64>,
+    /// The largest batch a request may carry (activations are counted at
+    /// it); 0 or 1 without dynamic batching.
+    pub max_batch: u64,
+    /// Per-sequence state nodes keep between requests: node name → bytes.
+    pub state: BTreeMap<String, u64>,
 }
 
-/// One subgraph, ready to compile.
+/// One subgraph to compile ([`Plan::export_stage`] makes its model).
 #[derive(Debug, Clone)]
 pub struct Stage {
     pub device: DeviceId,
-    pub model: ModelProto,
     /// Input and output tensor names, in the exported model's order.
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
@@ -71,6 +92,22 @@ pub struct Plan {
     pub stages: Vec<Stage>,
     /// What simplification did before planning.
     pub simplified: SimplifyReport,
+    /// Each device's memory need, and the pipelining if there was any.
+    pub memory: PlanMemory,
+}
+
+impl Plan {
+    /// Stage `i` as a standalone model (its weights shared with `graph`'s,
+    /// not copied): made when it is deployed, not when it is planned.
+    pub fn export_stage(&self, graph: &Graph, i: usize) -> Result<ModelProto, PlanError> {
+        let sg = self
+            .partition
+            .subgraphs
+            .get(i)
+            .ok_or_else(|| PlanError::Export(format!("no stage {i}")))?;
+        crate::export::export_subgraph(graph, &self.partition, sg)
+            .map_err(|e| PlanError::Export(e.to_string()))
+    }
 }
 
 /// The model as it is planned: simplified (concrete input `shapes` where
@@ -207,7 +244,16 @@ pub fn plan(
         },
     )
     .map_err(|e| PlanError::Partition(e.to_string()))?;
-    let models = crate::export::export_all(graph, &partition)
+    let fitted = fit::fit(
+        graph,
+        supports,
+        cost_model,
+        options,
+        &manual,
+        (assignment, partition),
+    )?;
+    let (assignment, partition) = (fitted.assignment, fitted.partition);
+    crate::export::check_boundaries(graph, &partition)
         .map_err(|e| PlanError::Export(e.to_string()))?;
     let names = |ts: &[TensorId]| -> Vec<String> {
         ts.iter().map(|&t| graph.tensor(t).name.clone()).collect()
@@ -215,10 +261,8 @@ pub fn plan(
     let stages = partition
         .subgraphs
         .iter()
-        .zip(models)
-        .map(|(sg, model)| Stage {
+        .map(|sg| Stage {
             device: partition.device_of(sg).clone(),
-            model,
             inputs: names(&sg.inputs),
             outputs: names(&sg.outputs),
             deps: partition.dependencies(graph, sg),
@@ -230,6 +274,7 @@ pub fn plan(
         partition,
         stages,
         simplified: options.simplified.clone(),
+        memory: fitted.memory,
     })
 }
 
