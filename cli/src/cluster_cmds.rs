@@ -12,6 +12,7 @@ use tessera_client::LoadOptions;
 use tessera_common::affinity::Policy;
 
 use tessera_common::graph::Graph;
+use tessera_common::memory::format_size;
 use tessera_common::onnx;
 use tessera_common::tensor::Tensor;
 
@@ -171,6 +172,10 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             "predicted total: {compute:.0} µs compute, {transfer:.0} µs transfers (sequential)"
         );
         if args.explain {
+            for d in &plan.memory.devices {
+                let offered = d.offered.map_or("no limit".to_string(), format_size);
+                let _ = writeln!(out, "{} needs {} of {offered}", d.device, d.need);
+            }
             for (node, why) in &plan.explanations {
                 let device = plan.affinity.get(node).map_or("?", String::as_str);
                 let why = serde_json::to_string(why)?;
@@ -372,15 +377,28 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
             state.in_flight
         );
         for w in &state.workers {
+            let rss = match w.rss_bytes {
+                0 => String::new(),
+                b => format!(", resident {}", format_size(b)),
+            };
             let _ = writeln!(
                 out,
-                "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}",
+                "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}{rss}",
                 w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.running, w.networks
             );
             for d in &w.devices {
+                let used = w
+                    .memory_in_use
+                    .iter()
+                    .find(|(kind, _)| *kind == d.device)
+                    .map_or(0, |(_, b)| *b);
+                let memory = match d.memory_bytes {
+                    0 => format!("memory not reported, {} in use", format_size(used)),
+                    m => format!("memory {}, {} in use", format_size(m), format_size(used)),
+                };
                 let _ = writeln!(
                     out,
-                    "  {}/{}: {} ({:.1} GFLOPS, {:.1} GB/s)",
+                    "  {}/{}: {} ({:.1} GFLOPS, {:.1} GB/s, {memory})",
                     w.name, d.device, d.full_name, d.gflops, d.bandwidth_gbps
                 );
             }

@@ -80,13 +80,21 @@ enum Command {
     /// Cluster certificates (mutual TLS between all nodes).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
-    /// Write the bundled example model (a small seeded CNN) to a file.
+    /// Write the bundled example model (a small seeded CNN) to a file, or
+    /// with --chain a model bigger than a machine: LAYERS fully connected
+    /// layers of --dim×--dim f32 weights (2048: 16 MiB a layer).
     ExampleModel {
         /// Where to write it.
         #[arg(long, default_value = "examples/models/small_cnn.onnx")]
         out: std::path::PathBuf,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// A chain of this many MatMul+Relu layers instead of the CNN.
+        #[arg(long, value_name = "LAYERS")]
+        chain: Option<usize>,
+        /// The chain's width.
+        #[arg(long, default_value_t = 2048)]
+        dim: usize,
     },
 }
 
@@ -124,9 +132,21 @@ fn main() -> std::process::ExitCode {
         Command::Unload(args) => models_cmds::unload(args),
         Command::Soak(args) => soak::soak(args),
         Command::Certs(command) => certs::run(command),
-        Command::ExampleModel { out, seed } => {
-            tessera_common::onnx::save_model(&tessera_common::synth::small_cnn(seed), &out)
-                .map_err(anyhow::Error::from)
+        Command::ExampleModel {
+            out,
+            seed,
+            chain,
+            dim,
+        } => {
+            let model = match chain {
+                Some(0) => Err(anyhow::anyhow!("--chain needs at least one layer")),
+                Some(_) if dim == 0 => Err(anyhow::anyhow!("--dim must be at least 1")),
+                Some(layers) => Ok(tessera_common::synth::matmul_chain(layers, dim, seed)),
+                None => Ok(tessera_common::synth::small_cnn(seed)),
+            };
+            model.and_then(|m| {
+                tessera_common::onnx::save_model(&m, &out).map_err(anyhow::Error::from)
+            })
         }
     };
     tessera_cli::exit(result)

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_cli::cluster::WorkerSpec;
 use tessera_client::{Client, LoadOptions, Replicas};
+use tessera_common::memory::format_size;
 use tessera_common::onnx;
 use tessera_worker::daemon::config::MemoryLimits;
 
@@ -248,13 +249,31 @@ pub fn plan_lines(plan: &tessera_client::Plan) -> String {
     for sg in &plan.subgraphs {
         let _ = writeln!(
             out,
-            "subgraph{} on {}: {} nodes, inputs {}, outputs {}",
+            "subgraph{} on {}: {} nodes, inputs {}, outputs {}, needs {}",
             sg.id,
             sg.device,
             sg.nodes.len(),
             sg.inputs.join(","),
-            sg.outputs.join(",")
+            sg.outputs.join(","),
+            format_size(sg.memory.total())
         );
+    }
+    if let Some(p) = &plan.memory.pipelined {
+        let _ = writeln!(out, "memory: {}", p.reason);
+        for (i, s) in p.stages.iter().enumerate() {
+            let offered = s.budget.map_or("no limit".to_string(), format_size);
+            let _ = writeln!(
+                out,
+                "  stage {} on {}: {}..{} ({} nodes), needs {} of {offered}, predicted {:.0} µs a request",
+                i + 1,
+                s.device,
+                s.first,
+                s.last,
+                s.nodes,
+                s.need,
+                s.time_us
+            );
+        }
     }
     for c in &plan.considered {
         let _ = match c.predicted_rps {

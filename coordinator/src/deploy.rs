@@ -24,7 +24,7 @@ use tessera_net::exchange;
 use tokio::sync::mpsc;
 
 use crate::network::{Deployed, Loaded, Placement, Replica};
-use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned};
+use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned, Scope};
 use crate::workers::WorkerEntry;
 use crate::{futures_join, CoordinatorError, Shared};
 
@@ -43,8 +43,10 @@ pub async fn load_network(
     Ok(loaded)
 }
 
-/// Plans the request's copies and deploys every one at once; when one
-/// fails, the others are undeployed.
+/// Plans the request's copies and deploys them; a worker that cannot take
+/// its subgraph (its compile fails, say because it offered memory it does
+/// not have, or it is lost) is left out and the copies planned again over
+/// the others, until they deploy or cannot be planned.
 #[tracing::instrument(name = "deploy", skip_all, fields(network = network, name = %request.name))]
 async fn deploy_replicas(
     shared: &Arc<Shared>,
@@ -53,23 +55,65 @@ async fn deploy_replicas(
     model: Bytes,
     progress: &mpsc::Sender<Control>,
 ) -> Result<Loaded, CoordinatorError> {
-    let scheduled = plan_request(
-        shared,
-        &request,
-        &model,
-        progress,
-        request.replicas,
-        None,
-        Some(network),
-    )
-    .await?;
-    check_batching(&request, &scheduled.graph)?;
+    let mut left_out: Vec<(String, String)> = Vec::new();
+    loop {
+        let only: Option<Vec<String>> = (!left_out.is_empty()).then(|| {
+            shared
+                .workers
+                .iter()
+                .map(|w| w.name.clone())
+                .filter(|w| left_out.iter().all(|(h, _)| h != w))
+                .collect()
+        });
+        let outcome =
+            deploy_copies(shared, network, &request, &model, progress, only.as_deref()).await;
+        let why = |e: &CoordinatorError| {
+            let failed: Vec<String> = left_out
+                .iter()
+                .map(|(h, e)| format!("{h} could not take its subgraph ({e})"))
+                .collect();
+            format!("{e}; planned again without {}", failed.join(", "))
+        };
+        match outcome {
+            Err(CoordinatorError::Deploy { host, error }) => {
+                tracing::warn!(
+                    "worker {host} could not take its subgraph ({error}); planning again without it"
+                );
+                left_out.push((host, error));
+            }
+            Err(e @ CoordinatorError::Plan(_)) if !left_out.is_empty() => {
+                return Err(CoordinatorError::Plan(why(&e)))
+            }
+            Err(e) if !left_out.is_empty() => return Err(CoordinatorError::Worker(why(&e))),
+            other => return other,
+        }
+    }
+}
+
+/// Plans the request's copies (over `only`'s workers, if given) and
+/// deploys every one at once; when one fails, the others are undeployed.
+async fn deploy_copies(
+    shared: &Arc<Shared>,
+    network: u64,
+    request: &LoadRequest,
+    model: &Bytes,
+    progress: &mpsc::Sender<Control>,
+    only: Option<&[String]>,
+) -> Result<Loaded, CoordinatorError> {
+    let scope = Scope {
+        only,
+        network: Some(network),
+        ..Default::default()
+    };
+    let scheduled =
+        plan_request(shared, request, model, progress, request.replicas, &scope).await?;
+    check_batching(request, &scheduled.graph)?;
     let copies = &scheduled.schedule.copies;
     let deploys = copies.iter().enumerate().map(|(i, copy)| {
         deploy_planned(
             shared,
             network,
-            &request,
+            request,
             scheduled.copy(i),
             &copy.cost,
             progress,
@@ -94,36 +138,28 @@ async fn deploy_replicas(
         .collect();
     let considered = scheduled.schedule.considered;
     Ok(Loaded::new(
-        request,
-        model,
+        request.clone(),
+        model.clone(),
         scheduled.graph,
         replicas,
         considered,
     ))
 }
 
-/// Plans one copy of `model` as asked over the workers connected now
-/// (`only`: these workers alone) and deploys it as a new deployment of
-/// network `network`.
-#[tracing::instrument(skip_all, fields(network = network, name = %request.name))]
-pub async fn deploy(
+/// Plans one copy of `model` as asked over the workers connected now,
+/// within `scope` (its `network` is the network this deployment serves)
+/// and deploys it as a new deployment of that network.
+#[tracing::instrument(skip_all, fields(network = scope.network, name = %request.name))]
+pub(crate) async fn deploy(
     shared: &Arc<Shared>,
-    network: u64,
     request: &LoadRequest,
     model: &Bytes,
-    only: Option<&[String]>,
+    scope: &Scope<'_>,
     progress: mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
-    let scheduled = plan_request(
-        shared,
-        request,
-        model,
-        &progress,
-        Replicas::Count(1),
-        only,
-        Some(network),
-    )
-    .await?;
+    let network = scope.network.unwrap_or_default();
+    let scheduled =
+        plan_request(shared, request, model, &progress, Replicas::Count(1), scope).await?;
     let cost = &scheduled.schedule.copies[0].cost;
     deploy_planned(shared, network, request, scheduled.copy(0), cost, &progress).await
 }
@@ -322,10 +358,12 @@ async fn ship(
         let done = &done;
         let host = &shipment.host;
         async move {
-            let worker = by_host
-                .get(host)
-                .map(|(w, _)| w.clone())
-                .ok_or_else(|| CoordinatorError::Worker(format!("worker {host} is gone")))?;
+            let worker = by_host.get(host).map(|(w, _)| w.clone()).ok_or_else(|| {
+                CoordinatorError::Deploy {
+                    host: host.clone(),
+                    error: "it is gone".into(),
+                }
+            })?;
             match deploy_one(&worker, &limits, shipment, progress).await? {
                 Control::Deployed { .. } => {
                     let n = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -359,8 +397,11 @@ async fn deploy_one(
     shipment: &Shipment,
     progress: &mpsc::Sender<Control>,
 ) -> Result<Control, CoordinatorError> {
+    let failed = |error: String| CoordinatorError::Deploy {
+        host: worker.name.clone(),
+        error,
+    };
     let name = &worker.name;
-    let failed = |e: String| CoordinatorError::Worker(format!("worker {name}: {e}"));
     let (mut send, mut recv) = exchange::open(&worker.connection)
         .await
         .map_err(|e| failed(e.to_string()))?;

@@ -104,8 +104,12 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
             Ok(request) => {
                 // Nobody watches a re-plan's progress but the logs.
                 let (progress, _) = tokio::sync::mpsc::channel(1);
-                let only = replica.hosts.as_deref();
-                deploy::deploy(&shared, loaded.id, &request, &loaded.model, only, progress).await
+                let scope = crate::planning::Scope {
+                    only: replica.hosts.as_deref(),
+                    network: Some(loaded.id),
+                    previous: replica.placement(),
+                };
+                deploy::deploy(&shared, &request, &loaded.model, &scope, progress).await
             }
             Err(e) => Err(e),
         };
@@ -124,6 +128,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
                     took_ms = started.elapsed().as_millis() as u64,
                     "network re-planned ({why})"
                 );
+                replica.placed(&deployed);
                 replica.current.send_replace(Current::Ready(deployed));
                 shared.metrics.replanned(&loaded.name);
                 return;

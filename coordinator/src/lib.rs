@@ -82,6 +82,10 @@ pub enum CoordinatorError {
     Plan(String),
     #[error("{0}")]
     Worker(String),
+    /// A worker could not take the subgraph it was sent (its compile
+    /// failed, say out of memory, or it was lost meanwhile).
+    #[error("worker {host}: {error}")]
+    Deploy { host: String, error: String },
     /// A worker the request needed was lost and retries did not help.
     #[error("{0}")]
     WorkerLost(String),
@@ -114,7 +118,7 @@ impl CoordinatorError {
             | CoordinatorError::Devices(_)
             | CoordinatorError::BadInput(_) => ErrorKind::BadInput,
             CoordinatorError::Plan(_) => ErrorKind::Refused,
-            CoordinatorError::Worker(_) => ErrorKind::Worker,
+            CoordinatorError::Worker(_) | CoordinatorError::Deploy { .. } => ErrorKind::Worker,
             CoordinatorError::WorkerLost(_) => ErrorKind::WorkerLost,
             CoordinatorError::UnknownNetwork(_) | CoordinatorError::UnknownModel(_) => {
                 ErrorKind::NotFound

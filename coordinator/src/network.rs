@@ -90,16 +90,21 @@ pub struct Replica {
     pub(crate) healing: tokio::sync::Mutex<()>,
     /// Requests on it now.
     outstanding: AtomicU32,
+    /// Where its nodes ran last (node → `host/DEVICE`), kept through a
+    /// loss: a re-plan keeps a pipelined placement that still fits.
+    placement: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl Replica {
     pub fn new(index: usize, hosts: Option<Vec<String>>, deployed: Arc<Deployed>) -> Replica {
+        let placement = deployed.plan.affinity.clone();
         Replica {
             index,
             hosts,
             current: watch::Sender::new(Current::Ready(deployed)),
             healing: tokio::sync::Mutex::new(()),
             outstanding: AtomicU32::new(0),
+            placement: std::sync::Mutex::new(placement),
         }
     }
 
@@ -112,6 +117,18 @@ impl Replica {
         match &*self.current.borrow() {
             Current::Ready(d) | Current::Healing(Some(d)) => Some(d.clone()),
             _ => None,
+        }
+    }
+
+    /// Where its nodes ran last (node → `host/DEVICE`).
+    pub fn placement(&self) -> std::collections::BTreeMap<String, String> {
+        self.placement.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Remembers where `deployed` runs its nodes.
+    pub fn placed(&self, deployed: &Deployed) {
+        if let Ok(mut p) = self.placement.lock() {
+            p.clone_from(&deployed.plan.affinity);
         }
     }
 

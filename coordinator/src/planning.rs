@@ -301,18 +301,31 @@ fn free_memory(
         .collect()
 }
 
-/// Simplifies the model, asks QueryNetwork of the workers (`only`: of
-/// these workers' devices alone; about the model without its weights)
-/// and completes the graph's types. `network`: the network being planned
-/// (its own deployments' memory counts as free).
+/// Where and for what a load is planned.
+#[derive(Default)]
+pub(crate) struct Scope<'a> {
+    /// Only these workers' devices (a copy's own workers, or those left
+    /// after some failed).
+    pub only: Option<&'a [String]>,
+    /// The network being planned: its own deployments' memory counts as
+    /// free.
+    pub network: Option<u64>,
+    /// The placement it had (node → `host/DEVICE`), kept when it still
+    /// fits and predicts nearly as well.
+    pub previous: BTreeMap<String, String>,
+}
+
+/// Simplifies the model, asks QueryNetwork of the workers (of the scope's
+/// devices; about the model without its weights) and completes the
+/// graph's types.
 async fn prepare_request(
     shared: &Arc<Shared>,
     request: &LoadRequest,
     model: &Bytes,
     progress: &mpsc::Sender<Control>,
-    only: Option<&[String]>,
-    network: Option<u64>,
+    scope: &Scope<'_>,
 ) -> Result<Prepared, CoordinatorError> {
+    let (only, network) = (scope.only, scope.network);
     // The model's weights stay slices of `model`: held once.
     let proto =
         decode_model_shared(model.clone()).map_err(|e| CoordinatorError::Model(e.to_string()))?;
@@ -376,6 +389,11 @@ async fn prepare_request(
         simplified,
         memory: free_memory(shared, &devices, network),
         max_batch: request.batching.map_or(1, |b| u64::from(b.max_batch)),
+        previous: scope
+            .previous
+            .iter()
+            .filter_map(|(n, d)| Some((n.clone(), DeviceId::parse(d).ok()?)))
+            .collect(),
         ..Default::default()
     };
     let cost = cost_model(shared, &devices);
@@ -409,8 +427,7 @@ impl Scheduled {
 }
 
 /// Plans `replicas` copies of `model` as asked, over the workers connected
-/// now (`only`: over these workers alone); `network`: the network being
-/// planned (again), whose deployments' memory counts as free.
+/// now, within `scope`.
 #[tracing::instrument(level = "debug", skip_all, fields(name = %request.name))]
 pub(crate) async fn plan_request(
     shared: &Arc<Shared>,
@@ -418,10 +435,9 @@ pub(crate) async fn plan_request(
     model: &Bytes,
     progress: &mpsc::Sender<Control>,
     replicas: Replicas,
-    only: Option<&[String]>,
-    network: Option<u64>,
+    scope: &Scope<'_>,
 ) -> Result<Scheduled, CoordinatorError> {
-    let prepared = prepare_request(shared, request, model, progress, only, network).await?;
+    let prepared = prepare_request(shared, request, model, progress, scope).await?;
     // Affinity, partition and export of every copy walk the whole model:
     // off the async threads too.
     let (prepared, schedule) = tokio::task::spawn_blocking(move || {
@@ -516,8 +532,7 @@ pub async fn dry_run(
         &model,
         &progress,
         request.replicas,
-        None,
-        None,
+        &Scope::default(),
     )
     .await?;
     let copies = &scheduled.schedule.copies;

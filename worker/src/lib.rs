@@ -13,7 +13,7 @@
 //! ```no_run
 //! use tessera_worker::plugins;
 //! let cpu = plugins::create("CPU")?;
-//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?, &Default::default())?;
+//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?.into(), &Default::default())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|replicas|batching|scale|simulate]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|replicas|batching|scale|simulate|memory|rss]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -37,7 +37,13 @@
 //! - batching: PP-OCR cls 48×192, 32 in flight, max_batch 8 vs off;
 //! - scale: 64 workers in this process: registration, plan + deploy of a
 //!   64-stage split and of 64 replicas, throughput and CPU per request;
-//! - simulate: the scheduler over 64, 256 and 1,000 simulated workers.
+//! - simulate: the scheduler over 64, 256 and 1,000 simulated workers, and
+//!   over 1,000 with a model that needs about 20 hosts' memory;
+//! - memory: a 128 MiB chain of layers pipelined over two workers that
+//!   each offer 80 MiB vs one worker holding it all, 8 in flight, against
+//!   the no-network ceiling;
+//! - rss: peak resident memory of real coordinator and worker processes
+//!   while a 128 MiB and a 512 MiB model load split over two workers.
 //!
 //! The CPU device is the default backend (onnxruntime where it loads) in
 //! every figure but `backends`, in the cluster and in-process alike.
@@ -75,6 +81,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use anyhow::{Context, Result};
 
 mod http;
+mod memory;
 mod scale;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -149,6 +156,12 @@ fn main() -> Result<()> {
         }
         if run("simulate") {
             scale::simulated()?;
+        }
+        if run("memory") {
+            memory::pipeline().await?;
+        }
+        if run("rss") {
+            memory::rss().await?;
         }
         Ok(())
     })

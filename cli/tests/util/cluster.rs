@@ -64,6 +64,11 @@ impl Proc {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -161,12 +166,34 @@ impl Cluster {
         extra: &str,
         log: &str,
     ) -> Cluster {
+        let workers: Vec<(&str, &str, &[&str])> =
+            workers.iter().map(|&(w, d)| (w, d, &[][..])).collect();
+        Cluster::start_full(test, &workers, threads, extra, log)
+    }
+
+    /// As [`Cluster::start`], each worker (name, devices, extra arguments
+    /// such as `--memory-limit 64MiB`).
+    pub fn start_with_args(
+        test: &str,
+        workers: &[(&str, &str, &[&str])],
+        threads: usize,
+    ) -> Cluster {
+        Cluster::start_full(test, workers, threads, "", "info")
+    }
+
+    fn start_full(
+        test: &str,
+        workers: &[(&str, &str, &[&str])],
+        threads: usize,
+        extra: &str,
+        log: &str,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let certs = dir.join("certs");
         let mut nodes = vec!["coordinator", "client"];
-        nodes.extend(workers.iter().map(|(w, _)| *w));
+        nodes.extend(workers.iter().map(|(w, _, _)| *w));
         certs_init(&certs, CLUSTER, &nodes);
         let config = dir.join("cluster.toml");
         std::fs::write(
@@ -195,9 +222,10 @@ impl Cluster {
             workers: Vec::new(),
             log: log.to_string(),
         };
-        for (name, devices) in workers {
+        for (name, devices, more) in workers {
             let mut args = cluster.worker_args(name, &cluster.certs.clone(), threads);
             args[1] = devices.to_string();
+            args.extend(more.iter().map(|a| a.to_string()));
             let (w, _) = Proc::start(
                 name,
                 env!("CARGO_BIN_EXE_worker"),

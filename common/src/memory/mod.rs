@@ -24,4 +24,5 @@ pub mod pipeline;
 mod size;
 
 pub use need::{MemoryNeed, NeedModel};
+pub use pipeline::{keep, pipeline, FitError, FitRequest, Pipeline, PipelineStage};
 pub use size::{format_size, parse_limit, parse_size, SizeError};

@@ -127,6 +127,39 @@ pub fn pipeline(req: &FitRequest) -> Result<Pipeline, FitError> {
     Ok(line.pipeline(&stages))
 }
 
+/// `placement` (every node the stages cover → its device) as a pipeline,
+/// if it still is one: contiguous stages, one device each, that fit their
+/// devices' memory and that their devices run. A re-plan keeps such a
+/// placement when it predicts nearly as well as a new one: moving a stage
+/// means shipping its weights again.
+pub fn keep(req: &FitRequest, placement: &BTreeMap<NodeId, DeviceId>) -> Option<Pipeline> {
+    let line = Line::new(req);
+    let index: HashMap<&DeviceId, usize> = req
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(k, d)| (d, k))
+        .collect();
+    let mut spans: Vec<Span> = Vec::new();
+    for (i, id) in line.order.iter().enumerate() {
+        let k = *index.get(placement.get(id)?)?;
+        match spans.last_mut() {
+            Some(last) if last.0 == k => last.2 = i + 1,
+            _ => {
+                if spans.iter().any(|s| s.0 == k) || (i > 0 && !line.cut_ok[i]) {
+                    return None;
+                }
+                spans.push((k, i, i + 1));
+            }
+        }
+    }
+    let fits = spans.iter().all(|&(k, start, end)| {
+        let mut acc = Acc::default();
+        (start..end).all(|i| line.runs[k][i] && acc.add(&line, i, k))
+    });
+    (fits && !spans.is_empty()).then(|| line.pipeline(&spans))
+}
+
 /// A stage while planning: device index, and positions `start..end`.
 type Span = (usize, usize, usize);
 
@@ -396,9 +429,10 @@ impl<'a> Line<'a> {
             };
             let earliest = suffix[j + 1].max(pos + 1);
             let crossing = |e: usize| if e == self.len() { 0 } else { self.crossing[e] };
+            // The fewest bytes; among equals the latest (the even split).
             let end = (earliest..=latest)
                 .filter(|&e| e == self.len() || self.cut_ok[e])
-                .min_by_key(|&e| crossing(e))
+                .min_by_key(|&e| (crossing(e), std::cmp::Reverse(e)))
                 .unwrap_or(latest);
             stages.push((k, pos, end));
             pos = end;

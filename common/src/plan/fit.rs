@@ -10,9 +10,13 @@ use serde::{Deserialize, Serialize};
 use super::{PlanError, PlanOptions};
 use crate::affinity::{assign, AffinityRequest, Assignment, CostModel, DeviceId, Rule, SupportSet};
 use crate::graph::{Graph, NodeId};
-use crate::memory::pipeline::{pipeline, FitRequest, PipelineStage};
+use crate::memory::pipeline::{keep, pipeline, FitRequest, PipelineStage};
 use crate::memory::{format_size, MemoryNeed, NeedModel};
 use crate::partition::{partition, Partition, PartitionOptions};
+
+/// A re-plan keeps the pipelined placement a network had while it predicts
+/// within this share of the best new one.
+const KEEP_WITHIN: f64 = 0.10;
 
 /// One device's memory under a plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,14 +137,24 @@ pub(super) fn fit(
     if !manual.is_empty() {
         return Err(PlanError::ManualDoesNotFit(reason));
     }
-    let cut = pipeline(&FitRequest {
+    let request = FitRequest {
         need: &need,
         devices: &options.priority.devices,
         supports,
         budgets: &options.memory,
         cost,
-    })
-    .map_err(PlanError::Memory)?;
+    };
+    let best = pipeline(&request).map_err(|e| PlanError::Memory(Box::new(e)))?;
+    let previous: BTreeMap<NodeId, DeviceId> = options
+        .previous
+        .iter()
+        .filter_map(|(name, d)| Some((graph.op_by_name(name)?, d.clone())))
+        .collect();
+    let kept = (!previous.is_empty())
+        .then(|| keep(&request, &previous))
+        .flatten()
+        .filter(|p| p.bottleneck_us <= best.bottleneck_us * (1.0 + KEEP_WITHIN));
+    let cut = kept.unwrap_or(best);
     let stage_of: HashMap<String, usize> = cut
         .stages
         .iter()

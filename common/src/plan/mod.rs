@@ -37,7 +37,7 @@ pub enum PlanError {
     #[error("{0}")]
     Simplify(#[from] crate::simplify::SimplifyError),
     #[error("{0}")]
-    Memory(#[from] FitError),
+    Memory(Box<FitError>),
     #[error("{0}; drop the manual affinity to let the planner cut the model by memory")]
     ManualDoesNotFit(String),
     #[error("{0}")]
@@ -70,6 +70,11 @@ pub struct PlanOptions {
     pub max_batch: u64,
     /// Per-sequence state nodes keep between requests: node name → bytes.
     pub state: BTreeMap<String, u64>,
+    /// The placement this network had (node name → device), when it is
+    /// planned again: a pipelined placement that still fits and predicts
+    /// within 10% of a new one is kept (its stages' workers have them
+    /// compiled, and their weights need not travel again).
+    pub previous: BTreeMap<String, DeviceId>,
 }
 
 /// One subgraph to compile ([`Plan::export_stage`] makes its model).

@@ -16,6 +16,7 @@ use crate::affinity::{
     SupportSet,
 };
 use crate::graph::Graph;
+use crate::memory::NeedModel;
 use crate::plan::PlanOptions;
 use crate::synth::Rng;
 
@@ -113,6 +114,8 @@ pub struct SimulationReport {
     pub copies: usize,
     /// Copies split over more than one device.
     pub split_copies: usize,
+    /// The most devices one copy is split over.
+    pub most_stages: usize,
     pub predicted_rps: f64,
     /// Every device running whole copies at its own speed.
     pub upper_bound_rps: f64,
@@ -139,11 +142,52 @@ pub fn simulate(
     replicas: Replicas,
 ) -> Result<SimulationReport, ScheduleError> {
     let sim = cluster(graph, workers, seed);
+    schedule_on(graph, &sim, replicas, HashMap::new())
+}
+
+/// As [`simulate`], every device's memory limited so that one copy of the
+/// model needs about `hosts` hosts' memory: each device offers the model's
+/// need / `hosts`, times 0.7–1.4 (log-uniform, seeded). Copies are then cut
+/// into pipelined stages by memory and speed.
+pub fn simulate_with_memory(
+    graph: &Graph,
+    workers: usize,
+    seed: u64,
+    replicas: Replicas,
+    hosts: f64,
+) -> Result<SimulationReport, ScheduleError> {
+    let sim = cluster(graph, workers, seed);
+    let need = NeedModel::new(graph, 1, &Default::default())
+        .subgraph_need(graph.topo_ops(), &graph.outputs)
+        .total() as f64;
+    let mut rng = Rng::new(seed ^ 0x6d65_6d6f_7279);
+    let memory = sim
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.clone(),
+                (need / hosts * log_uniform(&mut rng, 0.7, 1.4)) as u64,
+            )
+        })
+        .collect();
+    schedule_on(graph, &sim, replicas, memory)
+}
+
+/// Schedules `graph` on a generated cluster whose devices offer `memory`.
+fn schedule_on(
+    graph: &Graph,
+    sim: &SimulatedCluster,
+    replicas: Replicas,
+    memory: HashMap<DeviceId, u64>,
+) -> Result<SimulationReport, ScheduleError> {
+    let workers = sim.cost.host_links.len();
     let options = PlanOptions {
         priority: DevicePriority {
             devices: sim.devices.clone(),
         },
         policy: Policy::Cost,
+        memory,
         ..Default::default()
     };
     let on = Cluster {
@@ -180,6 +224,12 @@ pub fn simulate(
             .iter()
             .filter(|c| c.cost.device_us.len() > 1)
             .count(),
+        most_stages: planned
+            .copies
+            .iter()
+            .map(|c| c.cost.device_us.len())
+            .max()
+            .unwrap_or(0),
         predicted_rps: planned.predicted_rps,
         upper_bound_rps,
         considered: planned.considered,

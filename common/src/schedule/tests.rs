@@ -215,3 +215,39 @@ fn a_thousand_simulated_workers_are_scheduled_within_the_bound() {
     let again = simulate::simulate(&graph, 1_000, 7, Replicas::Auto).unwrap();
     assert_eq!(again.predicted_rps, report.predicted_rps);
 }
+
+/// A model that needs about 20 hosts' memory on 1,000 simulated workers:
+/// every copy is cut into pipelined stages that fit, and `auto` weighs
+/// how many such copies the cluster holds. Prints planning time and
+/// predicted throughput against the (memory-blind) upper bound.
+#[test]
+fn a_model_needing_twenty_hosts_is_scheduled_on_a_thousand_simulated_workers() {
+    // 64 layers of 256×256 f32: 16 MiB of weights.
+    let graph = Graph::from_model(crate::synth::matmul_chain(64, 256, 3)).unwrap();
+    let report = simulate::simulate_with_memory(&graph, 1_000, 7, Replicas::Auto, 20.0).unwrap();
+    println!(
+        "simulation with memory (a model needing ~20 hosts): {} workers, {} devices, planned in \
+         {:.0} ms: {} copies of up to {} stages, predicted {:.0} req/s, memory-blind bound \
+         {:.0} req/s, {:.2} of it",
+        report.workers,
+        report.devices,
+        report.planning_ms,
+        report.copies,
+        report.most_stages,
+        report.predicted_rps,
+        report.upper_bound_rps,
+        report.efficiency()
+    );
+    assert!(report.copies > 1, "{report:?}");
+    assert_eq!(
+        report.split_copies, report.copies,
+        "no device holds a copy alone"
+    );
+    assert!(report.most_stages >= 10, "{report:?}");
+    assert!(report.efficiency() <= 1.0 + 1e-9);
+    // Counts whose groups cannot hold a copy were weighed and refused.
+    assert!(report
+        .considered
+        .iter()
+        .any(|c| c.predicted_rps.is_none() && c.note.contains("memory")));
+}

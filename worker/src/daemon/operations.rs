@@ -126,7 +126,14 @@ async fn receive_model(
         .await
         .map_err(|e| format!("asking for the model: {e}"))?;
     match exchange::read_operation(recv, &limits).await {
-        Ok(Some((Control::Model, model))) if model.len() as u64 == spec.model_bytes => Ok(model),
+        Ok(Some((Control::Model, model))) if model.len() as u64 == spec.model_bytes => {
+            tracing::info!(
+                subgraph = spec.subgraph,
+                bytes = model.len(),
+                "received the subgraph's model"
+            );
+            Ok(model)
+        }
         Ok(Some((Control::Model, model))) => Err(format!(
             "the model of subgraph {} came with {} bytes, {} were announced",
             spec.subgraph,

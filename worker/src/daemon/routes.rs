@@ -36,8 +36,10 @@ pub struct Router {
     consumers: DashMap<(u64, Arc<str>), Vec<Addr<SubgraphActor>>>,
     /// Destinations of each subgraph output: (network, tensor) → where.
     routes: DashMap<(u64, Arc<str>), Vec<Destination>>,
-    /// Links to other workers, by name.
-    peers: tokio::sync::Mutex<HashMap<String, Link>>,
+    /// Links to other workers, by name, with the address each was dialled
+    /// at: a worker that restarted elsewhere is dialled again, not reached
+    /// through a connection to its old process that nothing closed yet.
+    peers: tokio::sync::Mutex<HashMap<String, (String, Link)>>,
     /// Subgraph runs under way (reported in heartbeats).
     running: std::sync::atomic::AtomicU32,
     /// Requests each subgraph actor holds: (network, subgraph) → depth
@@ -184,10 +186,11 @@ impl Router {
         self.peers.lock().await.clear();
     }
 
-    /// The link to worker `name`, dialled on first use.
+    /// The link to worker `name` at `addr`, dialled on first use (and again
+    /// when the worker's address changed or its link closed).
     pub async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
         let mut peers = self.peers.lock().await;
-        if let Some(link) = peers.get(name).filter(|l| l.is_open()) {
+        if let Some((_, link)) = peers.get(name).filter(|(at, l)| at == addr && l.is_open()) {
             return Ok(link.clone());
         }
         let socket = tessera_net::resolve(addr)
@@ -209,7 +212,7 @@ impl Router {
             ));
         }
         let link = Link::open(peer.connection, name, self.limits, LINK_DEPTH);
-        peers.insert(name.to_string(), link.clone());
+        peers.insert(name.to_string(), (addr.to_string(), link.clone()));
         Ok(link)
     }
 

@@ -12,7 +12,7 @@
 //! use tessera_worker::plugin::DevicePlugin;
 //! use tessera_worker::plugins::onnxruntime::OrtPlugin;
 //! let cpu = OrtPlugin::named("CPU", None)?; // ORT_DYLIB_PATH or the Python package
-//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?, &Default::default())?;
+//! let compiled = cpu.compile(&std::fs::read("subgraph_0.onnx")?.into(), &Default::default())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
