@@ -27,17 +27,24 @@ pub fn init_tracing() {
 /// soon as 128 KB there are free, and the next allocation faults the same
 /// pages in again, zeroed: a quarter of a QUIC link's CPU went to page
 /// faults. With heaps trimmed only past 64 MiB free and allocations up to
-/// 32 MiB served from them (larger ones stay mapped on their own), a link
-/// moved 1 MB tensors at 2.9–3.2 GB/s instead of 1.7–2.7 (measured:
-/// `cargo bench -p tessera-cli --bench cluster -- quic`). Call first thing
-/// in `main`, before threads start.
+/// 4 MiB served from them, a link moved 1 MB tensors at 2.9–3.2 GB/s
+/// instead of 1.7–2.7 (measured: `cargo bench -p tessera-cli --bench
+/// cluster -- quic`).
+///
+/// Larger allocations stay mapped on their own and go back to the kernel
+/// when freed: weights. Building an onnxruntime session copies each weight
+/// and frees the copy; served from the heaps (as they were with a 32 MiB
+/// bound), those copies stayed in the process, and a session of a 256 MiB
+/// model grew it by 515 MiB instead of 256 (the onnxruntime plugin, one
+/// thread; 272 MiB at the peak). Call first thing in `main`, before
+/// threads start.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: mallopt only sets allocator parameters; called before
         // other threads allocate.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
             libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
         }
     }

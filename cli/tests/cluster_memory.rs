@@ -306,3 +306,64 @@ fn bad_memory_limits_are_clear_errors() {
     let (ok, _, err) = util::tessera(&["plan", "x.onnx", "--worker-memory", "0MiB"]);
     assert!(!ok && err.contains("a memory limit of 0"), "{err}");
 }
+
+/// Linux's `/proc/PID/status` figure `key`, bytes.
+fn status_bytes(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap()
+}
+
+#[test]
+fn a_worker_that_offers_memory_it_does_not_have_is_left_out() {
+    let limit: &[&str] = &["--memory-limit", "1GiB"];
+    let mut cluster = Cluster::start_with_args(
+        "memory-lie",
+        &[("node-a", "CPU", limit), ("node-b", "CPU", limit)],
+        1,
+    );
+    // node-a says 1 GiB, but may map only 32 MiB more than it has now.
+    let pid = cluster.workers[0].pid();
+    let room = status_bytes(pid, "VmSize:") + 32 * MIB;
+    let cap = libc::rlimit {
+        rlim_cur: room,
+        rlim_max: room,
+    };
+    // SAFETY: prlimit(2) on our own child process with a valid struct.
+    let set = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_AS,
+            &cap,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let (path, bytes) = chain(&cluster.dir, 8);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        // Priority puts the whole model on node-a, which cannot take it:
+        // the load is planned again without it.
+        let options = LoadOptions::devices("HETERO:node-a/CPU,node-b/CPU");
+        let network = client.load_network(bytes, options).await.unwrap();
+        assert_eq!(network.plan().hosts, ["node-b"]);
+        check(&network, &path, &cluster.dir.join("ort"), 1).await;
+        let state = client.cluster().await.unwrap();
+        assert!(
+            state.workers.iter().any(|w| w.name == "node-a"),
+            "node-a is still up"
+        );
+    });
+    assert!(cluster.workers[0].running(), "node-a failed cleanly");
+    let log = cluster.coordinator.log_text();
+    assert!(
+        log.contains("worker node-a could not take its subgraph"),
+        "{log}"
+    );
+    assert!(log.contains("out of memory"), "{log}");
+}

@@ -412,10 +412,26 @@ pub fn small_cnn(seed: u64) -> ModelProto {
 /// their scale through the layers. Node names `mm1`, `relu1`, `mm2`, ...;
 /// weights `w1`, `w2`, ... (`dim`² × 4 bytes each: 2048 gives 16 MiB).
 pub fn matmul_chain(layers: usize, dim: usize, seed: u64) -> ModelProto {
-    use crate::tensor::Tensor;
-
     let mut rng = Rng::new(seed);
     let bound = (6.0 / dim as f64).sqrt();
+    chain_of(layers, dim, |n| {
+        let values: Vec<f32> = (0..n)
+            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
+            .map(|v| v as f32)
+            .collect();
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    })
+}
+
+/// [`matmul_chain`] with zero weights, made without touching their memory
+/// (zeroed pages are not resident until read): a model of any size for
+/// planning at scale, which reads weights' types and shapes only.
+pub fn matmul_chain_zeros(layers: usize, dim: usize) -> ModelProto {
+    chain_of(layers, dim, |n| vec![0u8; n * 4])
+}
+
+/// The chain with each `dim`×`dim` f32 weight's bytes from `weight(numel)`.
+fn chain_of(layers: usize, dim: usize, mut weight: impl FnMut(usize) -> Vec<u8>) -> ModelProto {
     let mut g = GraphProto {
         name: Some("matmul_chain".into()),
         ..Default::default()
@@ -440,13 +456,14 @@ pub fn matmul_chain(layers: usize, dim: usize, seed: u64) -> ModelProto {
     g.input.push(with_batch("x"));
     let mut input = "x".to_string();
     for k in 1..=layers {
-        let values: Vec<f32> = (0..dim * dim)
-            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
-            .map(|v| v as f32)
-            .collect();
         let w = format!("w{k}");
-        let t = Tensor::from_values(vec![dim, dim], &values).expect("sizes match by construction");
-        g.initializer.push(t.to_proto(&w));
+        g.initializer.push(crate::onnx::proto::TensorProto {
+            name: Some(w.clone()),
+            dims: vec![dim as i64, dim as i64],
+            data_type: Some(1),
+            raw_data: Some(weight(dim * dim).into()),
+            ..Default::default()
+        });
         let (mm, relu) = (format!("mm{k}"), format!("relu{k}"));
         g.node.push(node(&mm, "MatMul", &[&input, &w], &[&mm]));
         let out = if k == layers {

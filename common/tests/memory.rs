@@ -281,3 +281,123 @@ fn manual_affinity_that_does_not_fit_is_refused_not_moved() {
     );
     assert_eq!(parse_size("40MiB").unwrap(), 40 * MIB);
 }
+
+#[test]
+fn a_replan_keeps_the_stages_it_had_while_they_fit_and_predict_nearly_as_well() {
+    let graph = chain(8, 1);
+    let devices = [
+        ("a/CPU", Some(64 * MIB), 50.0),
+        ("b/CPU", Some(64 * MIB), 50.0),
+        ("c/CPU", Some(64 * MIB), 50.0),
+    ];
+    let fresh = plan_over(&graph, &devices).unwrap();
+    assert_eq!(
+        layers_per_stage(&fresh, &graph)
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>(),
+        [3, 3, 2]
+    );
+    // The placement it had: 2, 3, 3 layers. The same bottleneck (3
+    // layers): kept.
+    let previous: BTreeMap<String, DeviceId> = graph
+        .topo_ops()
+        .iter()
+        .map(|&n| {
+            let name = graph.node(n).name.clone();
+            let layer: usize = name
+                .trim_start_matches(|c: char| c.is_alphabetic())
+                .parse()
+                .unwrap();
+            let d = match layer {
+                1..=2 => "a/CPU",
+                3..=5 => "b/CPU",
+                _ => "c/CPU",
+            };
+            (name, device(d))
+        })
+        .collect();
+    let again = plan_with_previous(&graph, &devices, previous.clone());
+    assert_eq!(
+        layers_per_stage(&again, &graph)
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>(),
+        [2, 3, 3]
+    );
+    // c offers less now: the old stages no longer fit, a new cut is made.
+    let shrunk = [devices[0], devices[1], ("c/CPU", Some(40 * MIB), 50.0)];
+    let moved = plan_with_previous(&graph, &shrunk, previous);
+    let split: Vec<usize> = layers_per_stage(&moved, &graph)
+        .iter()
+        .map(|(_, n)| *n)
+        .collect();
+    assert_eq!(split.iter().sum::<usize>(), 8);
+    assert!(split[2] <= 2, "{split:?}");
+}
+
+fn plan_with_previous(
+    graph: &Graph,
+    devices: &[(&str, Option<u64>, f64)],
+    previous: BTreeMap<String, DeviceId>,
+) -> Plan {
+    let ids: Vec<DeviceId> = devices.iter().map(|(d, _, _)| device(d)).collect();
+    let supports: HashMap<DeviceId, SupportSet> =
+        ids.iter().map(|d| (d.clone(), SupportSet::all())).collect();
+    let options = PlanOptions {
+        priority: DevicePriority { devices: ids },
+        memory: devices
+            .iter()
+            .filter_map(|(d, m, _)| Some((device(d), (*m)?)))
+            .collect(),
+        previous,
+        ..Default::default()
+    };
+    plan(graph, &supports, &AnalyticCostModel::default(), &options).unwrap()
+}
+
+#[test]
+fn replicas_of_a_model_bigger_than_a_host_each_span_several_hosts() {
+    use tessera_common::schedule::{schedule, Cluster, Replicas};
+    let graph = chain(8, 1);
+    let ids: Vec<DeviceId> = ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .map(|h| device(&format!("{h}/CPU")))
+        .collect();
+    let supports: HashMap<DeviceId, SupportSet> =
+        ids.iter().map(|d| (d.clone(), SupportSet::all())).collect();
+    let cost = AnalyticCostModel::default();
+    let options = PlanOptions {
+        priority: DevicePriority {
+            devices: ids.clone(),
+        },
+        memory: ids.iter().map(|d| (d.clone(), 64 * MIB)).collect(),
+        ..Default::default()
+    };
+    let cluster = Cluster {
+        graph: &graph,
+        supports: &supports,
+        cost: &cost,
+    };
+    // Two copies of three hosts each.
+    let two = schedule(&cluster, &options, Replicas::Count(2)).unwrap();
+    assert_eq!(two.copies.len(), 2);
+    for copy in &two.copies {
+        assert_eq!(copy.plan.stages.len(), 3, "{:?}", copy.hosts);
+        assert!(copy
+            .plan
+            .memory
+            .devices
+            .iter()
+            .all(|d| d.need.total() <= 64 * MIB));
+    }
+    // Three copies would need 2 hosts' 128 MiB each: refused, naming memory.
+    let err = schedule(&cluster, &options, Replicas::Count(3))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not fit the devices' memory"), "{err}");
+    // auto weighs the counts and keeps a count whose groups hold a copy.
+    let auto = schedule(&cluster, &options, Replicas::Auto).unwrap();
+    assert!(auto.copies.len() <= 2, "{}", auto.copies.len());
+    assert!(auto.considered.iter().any(|c| c.predicted_rps.is_none()));
+}

@@ -433,9 +433,26 @@ async fn deploy_one(
                 let _ = progress.try_send(step);
             }
         };
-        exchange::send_message_parts(&mut send, &Control::Model, &shipment.model, limits, report)
-            .await
-            .map_err(|e| failed(format!("sending the model: {e}")))?;
+        let sent = exchange::send_message_parts(
+            &mut send,
+            &Control::Model,
+            &shipment.model,
+            limits,
+            report,
+        )
+        .await;
+        if let Err(e) = sent {
+            // The worker stopped reading: its answer says why, if it gave one.
+            let why = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                exchange::answer(&mut recv, limits, |_| {}),
+            )
+            .await;
+            return Err(failed(match why {
+                Ok(Err(reason @ exchange::ExchangeError::Failed { .. })) => reason.to_string(),
+                _ => format!("sending the model: {e}"),
+            }));
+        }
         let _ = send.finish();
     }
 }

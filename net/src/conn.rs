@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tessera_common::wire::frame::decode_body;
 use tessera_common::wire::handshake::{self, Handshake, Hello, Role};
 use tessera_common::wire::{chunks, Frame, Limits, Prefix, WireError};
@@ -385,12 +385,15 @@ pub async fn recv_frame_timed(
     // Reserve at most 64 MiB up front: a peer announcing a large payload
     // must send it before it is held in memory. Past that, the whole rest
     // at once: growing by doubling would hold up to twice a large model.
-    let mut payload = BytesMut::with_capacity(len.min(64 << 20));
+    // A payload this process cannot hold is an error, not an abort.
+    let mut payload: Vec<u8> = Vec::new();
+    reserve(&mut payload, len.min(64 << 20), len)?;
     while payload.len() < len {
         match recv.read_chunk(len - payload.len(), true).await {
             Ok(Some(chunk)) => {
                 if payload.capacity() - payload.len() < chunk.bytes.len() {
-                    payload.reserve(len - payload.len());
+                    let rest = len - payload.len();
+                    reserve(&mut payload, rest, len)?;
                 }
                 payload.extend_from_slice(&chunk.bytes)
             }
@@ -399,8 +402,18 @@ pub async fn recv_frame_timed(
         }
     }
     let elapsed = started.elapsed();
-    let frame = decode_body(prefix.kind, &header, payload.freeze(), limits)?;
+    let frame = decode_body(prefix.kind, &header, Bytes::from(payload), limits)?;
     Ok(Some((frame, elapsed)))
+}
+
+/// Room for `more` bytes in `buf` (of a `total`-byte payload), or an error
+/// when this process cannot have the memory.
+fn reserve(buf: &mut Vec<u8>, more: usize, total: usize) -> Result<(), NetError> {
+    buf.try_reserve_exact(more).map_err(|_| {
+        NetError::Stream(format!(
+            "out of memory: cannot hold a payload of {total} bytes"
+        ))
+    })
 }
 
 async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), NetError> {

@@ -187,71 +187,107 @@ struct Line<'a> {
     budgets: Vec<u64>,
 }
 
+/// The op nodes in topological order but those computed from constants
+/// alone, which are attached to their earliest reader's position; every
+/// op node's position.
+struct Layout {
+    order: Vec<NodeId>,
+    position: HashMap<NodeId, usize>,
+    attached: Vec<Vec<NodeId>>,
+    constant_fed: Vec<bool>,
+}
+
+fn layout(graph: &Graph) -> Layout {
+    let constant_fed = constant_fed(graph);
+    let order: Vec<NodeId> = graph
+        .topo_ops()
+        .iter()
+        .copied()
+        .filter(|&id| !constant_fed[id.index()])
+        .collect();
+    let n = order.len();
+    let mut position: HashMap<NodeId, usize> =
+        order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    // Readers first: reverse topological order.
+    let mut attached = vec![Vec::new(); n];
+    for &id in graph.topo_ops().iter().rev() {
+        if !constant_fed[id.index()] {
+            continue;
+        }
+        let target = readers(graph, id)
+            .filter_map(|r| position.get(&r).copied())
+            .min()
+            .unwrap_or(0)
+            .min(n.saturating_sub(1));
+        position.insert(id, target);
+        if n > 0 {
+            attached[target].push(id);
+        }
+    }
+    Layout {
+        order,
+        position,
+        attached,
+        constant_fed,
+    }
+}
+
+/// Per position: the weights read there (with what attached nodes make),
+/// and the declared state.
+fn weights_and_state(need: &NeedModel, layout: &Layout) -> (Vec<Vec<(NodeId, u64)>>, Vec<u64>) {
+    let graph = need.graph();
+    let n = layout.order.len();
+    let mut weights = vec![Vec::new(); n];
+    let mut state = vec![0u64; n];
+    for (i, &id) in layout.order.iter().enumerate() {
+        weights[i].extend(need.weights_read(id));
+        state[i] += need.state_of(id);
+        for &a in &layout.attached[i] {
+            weights[i].extend(need.weights_read(a));
+            let made: u64 = graph
+                .node(a)
+                .outputs
+                .iter()
+                .flatten()
+                .map(|&t| need.tensor_bytes(t))
+                .sum();
+            weights[i].push((a, made));
+            state[i] += need.state_of(a);
+        }
+    }
+    (weights, state)
+}
+
+/// `cut_ok[c]`: no group of nodes that must share a device spans cut `c`.
+fn allowed_cuts(graph: &Graph, layout: &Layout) -> Vec<bool> {
+    let mut cut_ok = vec![true; layout.order.len() + 1];
+    for group in one_device_groups(graph) {
+        let at: Vec<usize> = group
+            .iter()
+            .filter_map(|g| layout.position.get(g).copied())
+            .collect();
+        if let (Some(&lo), Some(&hi)) = (at.iter().min(), at.iter().max()) {
+            cut_ok[lo + 1..=hi].iter_mut().for_each(|c| *c = false);
+        }
+    }
+    cut_ok
+}
+
 impl<'a> Line<'a> {
     fn new(req: &'a FitRequest<'a>) -> Line<'a> {
         let graph = req.need.graph();
-        let constant_fed = constant_fed(graph);
-        let order: Vec<NodeId> = graph
-            .topo_ops()
-            .iter()
-            .copied()
-            .filter(|&id| !constant_fed[id.index()])
-            .collect();
-        let n = order.len();
-        let mut position: HashMap<NodeId, usize> =
-            order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-        // Attached nodes take their earliest reader's position (readers
-        // first: reverse topological order).
-        let mut attached = vec![Vec::new(); n];
-        for &id in graph.topo_ops().iter().rev() {
-            if !constant_fed[id.index()] {
-                continue;
-            }
-            let target = readers(graph, id)
-                .filter_map(|r| position.get(&r).copied())
-                .min()
-                .unwrap_or(0)
-                .min(n.saturating_sub(1));
-            position.insert(id, target);
-            if n > 0 {
-                attached[target].push(id);
-            }
-        }
-        let need = req.need;
-        let mut weights = vec![Vec::new(); n];
-        let mut state = vec![0u64; n];
-        for (i, &id) in order.iter().enumerate() {
-            weights[i].extend(need.weights_read(id));
-            state[i] += need.state_of(id);
-            for &a in &attached[i] {
-                weights[i].extend(need.weights_read(a));
-                let made: u64 = graph
-                    .node(a)
-                    .outputs
-                    .iter()
-                    .flatten()
-                    .map(|&t| need.tensor_bytes(t))
-                    .sum();
-                weights[i].push((a, made));
-                state[i] += need.state_of(a);
-            }
-        }
-        let (live, crossing) = liveness(need, &order, &position, &constant_fed);
-        let mut cut_ok = vec![true; n + 1];
-        for group in one_device_groups(graph) {
-            let at: Vec<usize> = group
-                .iter()
-                .filter_map(|g| position.get(g).copied())
-                .collect();
-            if let (Some(&lo), Some(&hi)) = (at.iter().min(), at.iter().max()) {
-                cut_ok[lo + 1..=hi].iter_mut().for_each(|c| *c = false);
-            }
-        }
+        let layout = layout(graph);
+        let (weights, state) = weights_and_state(req.need, &layout);
+        let (live, crossing) = liveness(req.need, &layout);
+        let cut_ok = allowed_cuts(graph, &layout);
+        let Layout {
+            order, attached, ..
+        } = layout;
         let compute = req
             .devices
             .iter()
             .map(|d| {
-                (0..n)
+                (0..order.len())
                     .map(|i| {
                         std::iter::once(order[i])
                             .chain(attached[i].iter().copied())
@@ -612,14 +648,10 @@ fn readers(graph: &Graph, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
 /// Activation bytes alive at each position, and the bytes crossing each
 /// cut. A tensor lives from its maker's position (0 for a graph input) to
 /// its last reader's; weights and what attached nodes make are weights.
-fn liveness(
-    need: &NeedModel,
-    order: &[NodeId],
-    position: &HashMap<NodeId, usize>,
-    constant_fed: &[bool],
-) -> (Vec<u64>, Vec<u64>) {
+fn liveness(need: &NeedModel, layout: &Layout) -> (Vec<u64>, Vec<u64>) {
     let graph = need.graph();
-    let n = order.len();
+    let (position, constant_fed) = (&layout.position, &layout.constant_fed);
+    let n = layout.order.len();
     let mut live_delta = vec![0i128; n + 1];
     let mut cross_delta = vec![0i128; n + 2];
     for (t, tensor) in graph.tensors.iter().enumerate() {

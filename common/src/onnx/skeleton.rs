@@ -1,17 +1,21 @@
 //! A model without its weights, for QueryNetwork: which nodes a device
 //! runs, and the types and shapes of its tensors, depend on the graph and
-//! on the initializers' types and shapes, not on their bytes. Every
-//! initializer larger than [`ELIDE_ABOVE`] becomes a graph input of the
-//! same type and shape (what a backend builds and types alike), and the
-//! model's metadata lists them under [`ELIDED_KEY`]; small ones (shapes,
-//! axes, scales that kernels and rules read) stay. A worker asked about a
-//! model far bigger than its memory receives a few kilobytes per node.
+//! on the weights' types and shapes, not on their bytes. Every
+//! initializer, and every `Constant` node's value, larger than
+//! [`ELIDE_ABOVE`] becomes a graph input of the same type and shape (what a
+//! backend builds and types alike), and the model's metadata lists them
+//! under [`ELIDED_KEY`]; small ones stay: shapes, axes and scales that
+//! kernels and rules read, and per-channel parameters that a backend folds
+//! into its kernels (tract takes a BatchNormalization's scale, bias, mean
+//! and variance only as constants: 16,384 channels of f32 is 64 KiB). A
+//! worker asked about a model far bigger than its memory receives a few
+//! kilobytes per node.
 
 use super::proto::{ModelProto, StringStringEntryProto, TensorProto};
 use super::tensor_info;
 
-/// Initializers larger than this many bytes are left out of a skeleton.
-pub const ELIDE_ABOVE: usize = 4096;
+/// Weights larger than this many bytes are left out of a skeleton.
+pub const ELIDE_ABOVE: usize = 64 << 10;
 
 /// Metadata key listing the initializers a skeleton left out, one name
 /// per line.
@@ -27,19 +31,21 @@ fn data_len(t: &TensorProto) -> usize {
         + t.string_data.iter().map(Vec::len).sum::<usize>()
 }
 
-/// `model` with its large initializers turned into typed graph inputs
-/// (see the module doc). A model with none is returned as it is.
+/// `model` with its large weights turned into typed graph inputs (see the
+/// module doc). A model with none is returned as it is.
 pub fn skeleton(model: &ModelProto) -> ModelProto {
     let mut out = model.clone();
     let Some(g) = out.graph.as_mut() else {
         return out;
     };
-    let (large, kept): (Vec<TensorProto>, Vec<TensorProto>) = std::mem::take(&mut g.initializer)
-        .into_iter()
-        .partition(|t| {
-            data_len(t) > ELIDE_ABOVE && t.name.as_deref().is_some_and(|n| !n.is_empty())
-        });
+    let (mut large, kept): (Vec<TensorProto>, Vec<TensorProto>) =
+        std::mem::take(&mut g.initializer)
+            .into_iter()
+            .partition(|t| {
+                data_len(t) > ELIDE_ABOVE && t.name.as_deref().is_some_and(|n| !n.is_empty())
+            });
     g.initializer = kept;
+    large.extend(large_constant_nodes(g));
     if large.is_empty() {
         return out;
     }
@@ -65,7 +71,38 @@ pub fn skeleton(model: &ModelProto) -> ModelProto {
     out
 }
 
-/// The initializers a skeleton left out (empty for a whole model).
+/// Removes the `Constant` nodes whose value is larger than [`ELIDE_ABOVE`]
+/// (and is not a graph output) and returns their values, named after
+/// their outputs, without their bytes.
+fn large_constant_nodes(g: &mut super::proto::GraphProto) -> Vec<TensorProto> {
+    let outputs: std::collections::HashSet<String> =
+        g.output.iter().filter_map(|v| v.name.clone()).collect();
+    let mut taken = Vec::new();
+    g.node.retain(|n| {
+        let value = (n.op_type.as_deref() == Some("Constant") && n.input.is_empty())
+            .then(|| super::attr::attr(n, "value").and_then(|a| a.t.as_ref()))
+            .flatten();
+        let name = n
+            .output
+            .first()
+            .filter(|o| !o.is_empty() && !outputs.contains(*o));
+        match (value, name) {
+            (Some(t), Some(name)) if data_len(t) > ELIDE_ABOVE => {
+                taken.push(TensorProto {
+                    name: Some(name.clone()),
+                    dims: t.dims.clone(),
+                    data_type: t.data_type,
+                    ..Default::default()
+                });
+                false
+            }
+            _ => true,
+        }
+    });
+    taken
+}
+
+/// The weights a skeleton left out (empty for a whole model).
 pub fn elided(model: &ModelProto) -> Vec<String> {
     model
         .metadata_props
@@ -83,8 +120,8 @@ mod tests {
 
     #[test]
     fn a_skeleton_keeps_the_graph_types_and_small_constants() {
-        // 3 layers of 64×64 f32 weights: 16 KiB each, over the threshold.
-        let model = crate::synth::matmul_chain(3, 64, 1);
+        // 3 layers of 256×256 f32 weights: 256 KiB each, over the threshold.
+        let model = crate::synth::matmul_chain(3, 256, 1);
         let whole = crate::onnx::encode_model(&model).len();
         let bones = skeleton(&model);
         let encoded = crate::onnx::encode_model(&bones).len();

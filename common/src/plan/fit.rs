@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{PlanError, PlanOptions};
 use crate::affinity::{assign, AffinityRequest, Assignment, CostModel, DeviceId, Rule, SupportSet};
 use crate::graph::{Graph, NodeId};
-use crate::memory::pipeline::{keep, pipeline, FitRequest, PipelineStage};
+use crate::memory::pipeline::{keep, pipeline, FitRequest, Pipeline, PipelineStage};
 use crate::memory::{format_size, MemoryNeed, NeedModel};
 use crate::partition::{partition, Partition, PartitionOptions};
 
@@ -103,6 +103,25 @@ pub(super) struct Fitted {
     pub memory: PlanMemory,
 }
 
+/// The pipelined stages: the previous placement while it still fits and
+/// predicts within [`KEEP_WITHIN`] of the best new cut, else that cut.
+fn stages(
+    request: &FitRequest,
+    previous: &BTreeMap<String, DeviceId>,
+) -> Result<Pipeline, PlanError> {
+    let best = pipeline(request).map_err(|e| PlanError::Memory(Box::new(e)))?;
+    let graph = request.need.graph();
+    let previous: BTreeMap<NodeId, DeviceId> = previous
+        .iter()
+        .filter_map(|(name, d)| Some((graph.op_by_name(name)?, d.clone())))
+        .collect();
+    let kept = (!previous.is_empty())
+        .then(|| keep(request, &previous))
+        .flatten()
+        .filter(|p| p.bottleneck_us <= best.bottleneck_us * (1.0 + KEEP_WITHIN));
+    Ok(kept.unwrap_or(best))
+}
+
 /// `assignment`/`partition` as the policy made them if every device holds
 /// its share; otherwise the model cut into pipelined stages that fit.
 pub(super) fn fit(
@@ -144,17 +163,7 @@ pub(super) fn fit(
         budgets: &options.memory,
         cost,
     };
-    let best = pipeline(&request).map_err(|e| PlanError::Memory(Box::new(e)))?;
-    let previous: BTreeMap<NodeId, DeviceId> = options
-        .previous
-        .iter()
-        .filter_map(|(name, d)| Some((graph.op_by_name(name)?, d.clone())))
-        .collect();
-    let kept = (!previous.is_empty())
-        .then(|| keep(&request, &previous))
-        .flatten()
-        .filter(|p| p.bottleneck_us <= best.bottleneck_us * (1.0 + KEEP_WITHIN));
-    let cut = kept.unwrap_or(best);
+    let cut = stages(&request, &options.previous)?;
     let stage_of: HashMap<String, usize> = cut
         .stages
         .iter()

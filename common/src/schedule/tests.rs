@@ -222,8 +222,9 @@ fn a_thousand_simulated_workers_are_scheduled_within_the_bound() {
 /// predicted throughput against the (memory-blind) upper bound.
 #[test]
 fn a_model_needing_twenty_hosts_is_scheduled_on_a_thousand_simulated_workers() {
-    // 64 layers of 256×256 f32: 16 MiB of weights.
-    let graph = Graph::from_model(crate::synth::matmul_chain(64, 256, 3)).unwrap();
+    // 64 layers of 1024×1024 f32: 256 MiB of weights (zero pages, never
+    // touched: planning reads types and shapes).
+    let graph = Graph::from_model(crate::synth::matmul_chain_zeros(64, 1024)).unwrap();
     let report = simulate::simulate_with_memory(&graph, 1_000, 7, Replicas::Auto, 20.0).unwrap();
     println!(
         "simulation with memory (a model needing ~20 hosts): {} workers, {} devices, planned in \
