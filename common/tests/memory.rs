@@ -11,7 +11,7 @@ use tessera_common::affinity::{
 use tessera_common::graph::Graph;
 use tessera_common::memory::{parse_size, NeedModel};
 use tessera_common::plan::{plan, prepare, Plan, PlanError, PlanOptions};
-use tessera_common::synth::matmul_chain;
+use tessera_common::synth::matmul_chain_zeros;
 
 const MIB: u64 = 1 << 20;
 
@@ -22,7 +22,9 @@ fn device(s: &str) -> DeviceId {
 /// The chain with its batch fixed (so activations are exact).
 fn chain(layers: usize, batch: usize) -> Graph {
     let shapes = BTreeMap::from([("x".to_string(), vec![batch, 2048])]);
-    prepare(&matmul_chain(layers, 2048, 7), &shapes).unwrap().0
+    prepare(&matmul_chain_zeros(layers, 2048), &shapes)
+        .unwrap()
+        .0
 }
 
 /// Plans `graph` over `devices` (name, memory, GFLOP/s) with the cost
@@ -79,7 +81,7 @@ fn the_need_model_counts_weights_once_and_activations_at_their_peak() {
     // At most two [1,2048] f32 tensors alive at once: 16 KiB.
     assert_eq!(all.activations, 16 << 10);
     // At batch 64 (a dynamic batch counted at the largest batch).
-    let dynamic = Graph::from_model(matmul_chain(2, 2048, 7)).unwrap();
+    let dynamic = Graph::from_model(matmul_chain_zeros(2, 2048)).unwrap();
     let at_64 = NeedModel::new(&dynamic, 64, &BTreeMap::new());
     let n = at_64.subgraph_need(dynamic.topo_ops(), &dynamic.outputs);
     assert_eq!(n.activations, 2 * 64 * 2048 * 4);
@@ -104,7 +106,7 @@ fn the_need_model_counts_weights_once_and_activations_at_their_peak() {
 
 /// Two MatMuls reading one 16 MiB weight.
 fn tied_weights() -> Graph {
-    let mut model = matmul_chain(2, 2048, 1);
+    let mut model = matmul_chain_zeros(2, 2048);
     let g = model.graph.as_mut().unwrap();
     g.node[2].input[1] = "w1".into();
     g.initializer.truncate(1);

@@ -67,24 +67,28 @@ async fn deploy_replicas(
         });
         let outcome =
             deploy_copies(shared, network, &request, &model, progress, only.as_deref()).await;
-        let why = |e: &CoordinatorError| {
+        let note = || {
             let failed: Vec<String> = left_out
                 .iter()
                 .map(|(h, e)| format!("{h} could not take its subgraph ({e})"))
                 .collect();
-            format!("{e}; planned again without {}", failed.join(", "))
+            format!("planned again without them: {}", failed.join("; "))
         };
         match outcome {
-            Err(CoordinatorError::Deploy { host, error }) => {
+            Err(CoordinatorError::Deploy { host, error })
+                if left_out.iter().all(|(h, _)| *h != host) =>
+            {
                 tracing::warn!(
                     "worker {host} could not take its subgraph ({error}); planning again without it"
                 );
                 left_out.push((host, error));
             }
-            Err(e @ CoordinatorError::Plan(_)) if !left_out.is_empty() => {
-                return Err(CoordinatorError::Plan(why(&e)))
+            Err(CoordinatorError::Plan(why)) if !left_out.is_empty() => {
+                return Err(CoordinatorError::Plan(format!("{why}; {}", note())))
             }
-            Err(e) if !left_out.is_empty() => return Err(CoordinatorError::Worker(why(&e))),
+            Err(e) if !left_out.is_empty() => {
+                return Err(CoordinatorError::Worker(format!("{e}; {}", note())))
+            }
             other => return other,
         }
     }

@@ -226,9 +226,12 @@ async fn attempt_on(
             return Ok(HashMap::new());
         }
         send_inputs(shared, net, id, inputs).await?;
-        rx.await
+        let produced = rx
+            .await
             .map_err(|_| Failure::Error("the request was dropped".into()))
-            .and_then(|r| r)
+            .and_then(|r| r)?;
+        reports(shared, id, net.placements.len()).await;
+        Ok(produced)
     };
     let result = tokio::time::timeout_at(tokio::time::Instant::from_std(until), run).await;
     let pending = shared.pending.remove(&id).map(|(_, p)| p);
@@ -319,6 +322,23 @@ async fn cancel(shared: &Arc<Shared>, request: u64, hosts: &[String]) {
                 }
             }
         });
+    }
+}
+
+/// Waits briefly for every subgraph's `Ran` report of request `id`: each
+/// worker sends its report to the coordinator on its own connection, and
+/// a stage early in a pipeline can be heard after the last stage's
+/// outputs (seen on a loaded machine). They nearly always have arrived.
+async fn reports(shared: &Shared, id: u64, subgraphs: usize) {
+    const GRACE: Duration = Duration::from_millis(25);
+    let started = Instant::now();
+    while shared
+        .pending
+        .get(&id)
+        .is_some_and(|p| p.counters.subgraphs.len() < subgraphs)
+        && started.elapsed() < GRACE
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

@@ -195,6 +195,7 @@ async fn rss_of(layers: usize, dir: &Path) -> Result<()> {
     );
     for (((name, pid), start), i) in pids.iter().zip(&before).zip(0..) {
         let peak = status_bytes(*pid, "VmHWM:")?;
+        let now = status_bytes(*pid, "VmRSS:")?;
         let grew = peak.saturating_sub(*start);
         let against = if i == 0 {
             format!(
@@ -209,10 +210,12 @@ async fn rss_of(layers: usize, dir: &Path) -> Result<()> {
             )
         };
         println!(
-            "  {name}: resident {} before, peak {} (+{}): {against}",
+            "  {name}: resident {} before, peak {} (+{}), {} once loaded (+{}): {against}",
             format_size(*start),
             format_size(peak),
-            format_size(grew)
+            format_size(grew),
+            format_size(now),
+            format_size(now.saturating_sub(*start))
         );
     }
     network.unload().await?;

@@ -4,7 +4,8 @@
 //! Layout: `library` finds and loads the shared library; `query` answers
 //! QueryNetwork (the whole model, else node by node); `opset` runs models
 //! at opset 22 at 21 where onnxruntime lacks a kernel; `session` is the
-//! compiled subgraph (a pool of sessions, per-node profiling);
+//! compiled subgraph (a pool of sessions, per-node profiling); `source`
+//! keeps its model between sessions (a large one in a temporary file);
 //! `convert` moves tensors in and out, `values` sequences and optionals;
 //! `profile` reads onnxruntime's profiler output.
 //!
@@ -23,6 +24,7 @@ mod opset;
 mod profile;
 mod query;
 mod session;
+mod source;
 mod values;
 
 use std::path::Path;

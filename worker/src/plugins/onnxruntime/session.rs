@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use ort::session::builder::GraphOptimizationLevel;
+
+use super::source::ModelSource;
 use ort::session::{Session, SessionInputValue};
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::onnx::{decode_model_shared, encode_model};
@@ -74,6 +76,18 @@ pub(super) fn build_session(
     optimize: bool,
     profile: Option<&Path>,
 ) -> Result<Session, String> {
+    configured(runtime, settings, optimize, profile)?
+        .commit_from_memory(onnx)
+        .map_err(|e| e.to_string())
+}
+
+/// A session builder with these settings.
+fn configured(
+    runtime: &Runtime,
+    settings: &SessionSettings,
+    optimize: bool,
+    profile: Option<&Path>,
+) -> Result<ort::session::builder::SessionBuilder, String> {
     let level = if optimize {
         GraphOptimizationLevel::All
     } else {
@@ -89,7 +103,7 @@ pub(super) fn build_session(
     if let Some(prefix) = profile {
         builder = builder.with_profiling(prefix).map_err(|e| e.to_string())?;
     }
-    builder.commit_from_memory(onnx).map_err(|e| e.to_string())
+    Ok(builder)
 }
 
 /// A subgraph compiled by onnxruntime.
@@ -98,8 +112,9 @@ pub struct CompiledOrt {
     version: String,
     runtime: Arc<Runtime>,
     /// The subgraph as compiled (what `export` writes and further sessions
-    /// are built from): the deployed bytes themselves, not a copy.
-    onnx: Bytes,
+    /// are built from): a large one in a file, once its first session is
+    /// built, else the deployed bytes themselves (not a copy).
+    source: ModelSource,
     /// What sessions are built from when it differs from `onnx` (optional
     /// outputs unwrapped).
     rewritten: Option<Vec<u8>>,
@@ -222,7 +237,7 @@ impl CompiledOrt {
             version: runtime.version.clone(),
             perf: config.get("PERF_COUNT") == Some("YES"),
             runtime,
-            onnx: onnx.clone(),
+            source: ModelSource::keep(onnx),
             rewritten,
             variant_base,
             optional_outputs,
@@ -244,19 +259,20 @@ impl CompiledOrt {
             return Ok(s);
         }
         tracing::debug!(device = %self.device, "every session busy: building another");
-        build_session(
-            &self.runtime,
-            self.session_onnx(),
-            &self.settings,
-            self.optimize,
-            None,
-        )
-        .map_err(|e| PluginError::Infer(format!("cannot build another session: {e}")))
+        self.new_session(None)
+            .map_err(|e| PluginError::Infer(format!("cannot build another session: {e}")))
     }
 
-    /// The bytes sessions are built from.
-    fn session_onnx(&self) -> &[u8] {
-        self.rewritten.as_deref().unwrap_or(&self.onnx)
+    /// Another session of this subgraph (`profile`: the profiler's file
+    /// prefix), from the model as rewritten or as kept.
+    fn new_session(&self, profile: Option<&Path>) -> Result<Session, String> {
+        let builder = || configured(&self.runtime, &self.settings, self.optimize, profile);
+        let built = match (&self.rewritten, &self.source) {
+            (Some(rewritten), _) => builder()?.commit_from_memory(rewritten),
+            (None, ModelSource::Memory(onnx)) => builder()?.commit_from_memory(onnx),
+            (None, ModelSource::File(path)) => builder()?.commit_from_file(path),
+        };
+        built.map_err(|e| e.to_string())
     }
 
     /// An idle session of the variant with the inputs at `empty` made in
@@ -354,14 +370,9 @@ impl CompiledOrt {
             std::process::id(),
             PROFILES.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut session = build_session(
-            &self.runtime,
-            self.session_onnx(),
-            &self.settings,
-            self.optimize,
-            Some(&prefix),
-        )
-        .map_err(|e| PluginError::Infer(format!("cannot build a profiling session: {e}")))?;
+        let mut session = self
+            .new_session(Some(&prefix))
+            .map_err(|e| PluginError::Infer(format!("cannot build a profiling session: {e}")))?;
         let outputs = self.run_tensors(&mut session, inputs)?;
         let file = session
             .end_profiling()
@@ -451,12 +462,13 @@ impl CompiledSubgraph for CompiledOrt {
     }
 
     fn export(&self) -> Result<Vec<Bytes>, PluginError> {
+        let onnx = self.source.bytes().map_err(PluginError::Infer)?;
         Ok(blob::write(
             &self.device,
             BACKEND,
             &self.version,
             &self.config,
-            &self.onnx,
+            &onnx,
         ))
     }
 }
