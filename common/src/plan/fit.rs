@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::{PlanError, PlanOptions};
-use crate::affinity::{assign, AffinityRequest, Assignment, CostModel, DeviceId, Rule, SupportSet};
+use crate::affinity::{Assignment, CostModel, DeviceId, Rule, SupportSet};
 use crate::graph::{Graph, NodeId};
 use crate::memory::pipeline::{keep, pipeline, FitRequest, Pipeline, PipelineStage};
 use crate::memory::{format_size, MemoryNeed, NeedModel};
-use crate::partition::{partition, Partition, PartitionOptions};
+use crate::partition::Partition;
 
 /// A re-plan keeps the pipelined placement a network had while it predicts
 /// within this share of the best new one.
@@ -170,18 +170,8 @@ pub(super) fn fit(
         .enumerate()
         .map(|(i, s)| (s.device.clone(), i))
         .collect();
-    let mut assignment = assign(
-        graph,
-        &AffinityRequest {
-            priority: &options.priority,
-            supports,
-            manual: &cut.placement,
-            policy: options.policy,
-            strict: options.strict,
-            cost_model: cost,
-        },
-    )
-    .map_err(|e| PlanError::Affinity(e.to_string()))?;
+    // (The subgraphs do not depend on the rules the explanations name.)
+    let (mut assignment, partition) = super::place(graph, supports, cost, options, &cut.placement)?;
     for e in &mut assignment.explanations {
         if let Some(device) = cut.placement.get(&e.node) {
             e.rule = Rule::Memory {
@@ -189,15 +179,6 @@ pub(super) fn fit(
             };
         }
     }
-    let partition = partition(
-        graph,
-        &assignment,
-        PartitionOptions {
-            algorithm: options.algorithm,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| PlanError::Partition(e.to_string()))?;
     let (devices, still_short) = needs(&need, &partition, &options.memory);
     if let Some(s) = still_short {
         return Err(PlanError::PipelineShort(format!(

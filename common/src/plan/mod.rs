@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::affinity::{
     assign, AffinityRequest, Assignment, CostModel, DeviceId, DevicePriority, Policy, SupportSet,
 };
-use crate::graph::{Graph, TensorId};
+use crate::graph::{Graph, NodeId, TensorId};
 use crate::memory::pipeline::FitError;
 use crate::onnx::proto::ModelProto;
 use crate::partition::{partition, Algorithm, Partition, PartitionOptions};
@@ -228,35 +228,8 @@ pub fn plan(
             .ok_or_else(|| PlanError::UnknownNode(name.clone()))?;
         manual.insert(node, device.clone());
     }
-    let assignment = assign(
-        graph,
-        &AffinityRequest {
-            priority: &options.priority,
-            supports,
-            manual: &manual,
-            policy: options.policy,
-            strict: options.strict,
-            cost_model,
-        },
-    )
-    .map_err(|e| PlanError::Affinity(e.to_string()))?;
-    let partition = partition(
-        graph,
-        &assignment,
-        PartitionOptions {
-            algorithm: options.algorithm,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| PlanError::Partition(e.to_string()))?;
-    let fitted = fit::fit(
-        graph,
-        supports,
-        cost_model,
-        options,
-        &manual,
-        (assignment, partition),
-    )?;
+    let placed = place(graph, supports, cost_model, options, &manual)?;
+    let fitted = fit::fit(graph, supports, cost_model, options, &manual, placed)?;
     let (assignment, partition) = (fitted.assignment, fitted.partition);
     crate::export::check_boundaries(graph, &partition)
         .map_err(|e| PlanError::Export(e.to_string()))?;
@@ -281,6 +254,38 @@ pub fn plan(
         simplified: options.simplified.clone(),
         memory: fitted.memory,
     })
+}
+
+/// Affinity (the policy, `manual` winning) and the subgraphs it makes.
+fn place(
+    graph: &Graph,
+    supports: &HashMap<DeviceId, SupportSet>,
+    cost_model: &dyn CostModel,
+    options: &PlanOptions,
+    manual: &BTreeMap<NodeId, DeviceId>,
+) -> Result<(Assignment, Partition), PlanError> {
+    let assignment = assign(
+        graph,
+        &AffinityRequest {
+            priority: &options.priority,
+            supports,
+            manual,
+            policy: options.policy,
+            strict: options.strict,
+            cost_model,
+        },
+    )
+    .map_err(|e| PlanError::Affinity(e.to_string()))?;
+    let partition = partition(
+        graph,
+        &assignment,
+        PartitionOptions {
+            algorithm: options.algorithm,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| PlanError::Partition(e.to_string()))?;
+    Ok((assignment, partition))
 }
 
 /// Refuses a graph that takes or returns a sequence or an optional:
