@@ -307,17 +307,6 @@ fn bad_memory_limits_are_clear_errors() {
     assert!(!ok && err.contains("a memory limit of 0"), "{err}");
 }
 
-/// Linux's `/proc/PID/status` figure `key`, bytes.
-fn status_bytes(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap()
-}
-
 #[test]
 fn a_worker_that_offers_memory_it_does_not_have_is_left_out() {
     let limit: &[&str] = &["--memory-limit", "1GiB"];
@@ -328,7 +317,7 @@ fn a_worker_that_offers_memory_it_does_not_have_is_left_out() {
     );
     // node-a says 1 GiB, but may map only 32 MiB more than it has now.
     let pid = cluster.workers[0].pid();
-    let room = status_bytes(pid, "VmSize:") + 32 * MIB;
+    let room = util::status_bytes(pid, "VmSize:").unwrap() + 32 * MIB;
     let cap = libc::rlimit {
         rlim_cur: room,
         rlim_max: room,

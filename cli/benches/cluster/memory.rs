@@ -109,12 +109,7 @@ pub async fn pipeline() -> Result<()> {
 
 /// A `/proc/PID/status` figure in bytes.
 fn status_bytes(pid: u32, key: &str) -> Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .with_context(|| format!("no {key} for process {pid}"))
+    util::status_bytes(pid, key).with_context(|| format!("no {key} for process {pid}"))
 }
 
 /// The increase of peak RSS over resident memory before, of onnxruntime

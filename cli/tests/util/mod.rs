@@ -36,3 +36,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// A figure of process `pid`'s `/proc/PID/status` (`VmRSS:`, `VmHWM:`,
+/// `VmSize:`), in bytes.
+pub fn status_bytes(pid: u32, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
