@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Convert a llama-architecture GGUF file into an ONNX decoder folder.
+
+The folder follows the Hugging Face Optimum / onnxruntime-genai layout:
+model.onnx (+ model.onnx.data), config.json, genai_config.json,
+tokenizer.json, tokenizer_config.json and special_tokens_map.json. Weights
+are dequantized to float32; check the result with check_model.py.
+
+    convert_gguf.py MODEL.gguf OUT_DIR          # the GGUF's own weights
+    convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
+                                                # with the GGUF's tokenizer
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import onnx
+
+from hf_files import Vocabulary, vocabulary_from_gguf, write_support_files
+from llama_config import LlamaConfig, config_from_gguf, tiny_config
+from llama_weights import random_weights, weights_from_gguf
+from onnx_graph import build_model
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "gguf", type=Path, help="llama GGUF file (weights, hyperparameters, tokenizer)"
+    )
+    parser.add_argument("out_dir", type=Path, help="output folder, created if missing")
+    parser.add_argument(
+        "--tiny", action="store_true", help="2-layer model with seeded random weights"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="random seed of --tiny (default 7)")
+    return parser.parse_args()
+
+
+def check_merges(vocab: Vocabulary) -> None:
+    """tokenizer.json stores merges as "left right"; neither side may hold a space."""
+    bad = [merge for merge in vocab.merges if merge.count(" ") != 1]
+    if bad:
+        raise ValueError(f"{len(bad)} merges are not 'left right' pairs, e.g. {bad[0]!r}")
+
+
+def save_model(model: onnx.ModelProto, out_dir: Path, external_data: bool) -> None:
+    """Write model.onnx, its weights in model.onnx.data when `external_data`."""
+    path = out_dir / MODEL_FILE
+    (out_dir / DATA_FILE).unlink(missing_ok=True)
+    if external_data:
+        onnx.save_model(
+            model,
+            path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=DATA_FILE,
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, path)
+    onnx.checker.check_model(str(path))
+
+
+def convert(gguf_path: Path, out_dir: Path, tiny: bool, seed: int) -> LlamaConfig:
+    reader = gguf.GGUFReader(gguf_path)
+    config = config_from_gguf(reader)
+    vocab = vocabulary_from_gguf(reader)
+    check_merges(vocab)
+    if tiny:
+        config = tiny_config(config)
+        weights = random_weights(config, seed)
+    else:
+        weights = weights_from_gguf(reader, config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # genai_config.json, written last, marks a finished folder (fetch-llm.sh).
+    (out_dir / "genai_config.json").unlink(missing_ok=True)
+    save_model(build_model(config, weights), out_dir, external_data=not tiny)
+    write_support_files(out_dir, config, vocab)
+    return config
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.perf_counter()
+    config = convert(args.gguf, args.out_dir, args.tiny, args.seed)
+    elapsed = time.perf_counter() - started
+    size = sum(f.stat().st_size for f in args.out_dir.iterdir() if f.is_file())
+    print(
+        f"{args.out_dir}: {config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{size / 1e6:.1f} MB in {elapsed:.1f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

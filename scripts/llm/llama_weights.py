@@ -1,0 +1,112 @@
+"""Llama weights as float32 numpy arrays under Hugging Face names.
+
+Arrays keep the PyTorch layout: a linear layer's weight is [out, in]. They
+come either from a GGUF file (dequantized, with llama.cpp's Q/K row
+permutation undone) or from a seeded random generator (the tiny test model).
+"""
+
+import gguf
+import numpy as np
+
+from llama_config import LlamaConfig
+
+# GGUF tensor name inside block N -> Hugging Face name inside model.layers.N.
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
+
+
+def hf_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    base, suffix = gguf_name.rsplit(".", 1)
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{suffix}"
+    _, layer, kind = base.split(".", 2)
+    if kind not in _BLOCK_TENSORS:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name}")
+    return f"model.layers.{layer}.{_BLOCK_TENSORS[kind]}.{suffix}"
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's interleaved-RoPE row order of a Q or K projection.
+
+    llama.cpp's converter did reshape(heads, 2, half, in).swapaxes(1, 2);
+    this restores the Hugging Face order, where rotate_half pairs dimension
+    i with i + head_dim / 2.
+    """
+    out_dim, in_dim = weight.shape
+    half = out_dim // num_heads // 2
+    return weight.reshape(num_heads, half, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
+
+
+def weights_from_gguf(reader: gguf.GGUFReader, config: LlamaConfig) -> dict[str, np.ndarray]:
+    """Every tensor of the GGUF file, dequantized to float32."""
+    weights = {}
+    for tensor in reader.tensors:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(
+            np.float32, copy=False
+        )
+        expected = tuple(int(d) for d in reversed(tensor.shape))
+        if array.shape != expected:
+            raise ValueError(f"{tensor.name}: dequantized shape {array.shape}, want {expected}")
+        name = hf_name(tensor.name)
+        if name.endswith("q_proj.weight"):
+            array = unpermute_rope_rows(array, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            array = unpermute_rope_rows(array, config.num_kv_heads)
+        weights[name] = np.ascontiguousarray(array)
+    check_complete(weights, config)
+    return weights
+
+
+def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Name and PyTorch-layout shape of every weight, in model order."""
+    hidden, q_dim = config.hidden_size, config.num_heads * config.head_dim
+    kv_dim = config.num_kv_heads * config.head_dim
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}"
+        shapes[f"{prefix}.input_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.self_attn.q_proj.weight"] = (q_dim, hidden)
+        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv_dim, hidden)
+        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv_dim, hidden)
+        shapes[f"{prefix}.self_attn.o_proj.weight"] = (hidden, q_dim)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (hidden,)
+        shapes[f"{prefix}.mlp.gate_proj.weight"] = (config.ffn_size, hidden)
+        shapes[f"{prefix}.mlp.up_proj.weight"] = (config.ffn_size, hidden)
+        shapes[f"{prefix}.mlp.down_proj.weight"] = (hidden, config.ffn_size)
+    shapes["model.norm.weight"] = (hidden,)
+    return shapes
+
+
+def check_complete(weights: dict[str, np.ndarray], config: LlamaConfig) -> None:
+    """Raise unless `weights` holds exactly the expected names and shapes."""
+    shapes = weight_shapes(config)
+    missing = sorted(set(shapes) - set(weights))
+    extra = sorted(set(weights) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"weights: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, shape in shapes.items():
+        if weights[name].shape != shape:
+            raise ValueError(f"{name}: shape {weights[name].shape}, want {shape}")
+
+
+def random_weights(config: LlamaConfig, seed: int = 7) -> dict[str, np.ndarray]:
+    """Normal(0, 0.02) matrices and all-ones norm weights, reproducible by seed."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in weight_shapes(config).items():
+        if len(shape) == 1:
+            weights[name] = np.ones(shape, dtype=np.float32)
+        else:
+            weights[name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    return weights

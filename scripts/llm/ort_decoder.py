@@ -1,0 +1,69 @@
+"""Run an exported decoder folder with onnxruntime: one step with an explicit
+KV cache, and a greedy generation loop that feeds present.N.* back as
+past_key_values.N.*."""
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from llama_config import LlamaConfig
+
+
+class OrtDecoder:
+    def __init__(self, model_path: Path, config: LlamaConfig, threads: int = 0):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        if threads:
+            options.inter_op_num_threads = threads
+        self.session = ort.InferenceSession(
+            str(model_path), options, providers=["CPUExecutionProvider"]
+        )
+        self.config = config
+        self.past_names = [
+            i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")
+        ]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def empty_past(self, batch: int) -> dict[str, np.ndarray]:
+        shape = (batch, self.config.num_kv_heads, 0, self.config.head_dim)
+        return {name: np.zeros(shape, dtype=np.float32) for name in self.past_names}
+
+    def step(
+        self, input_ids, attention_mask, position_ids, past
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits of the new tokens and the cache to pass to the next step."""
+        feeds = {
+            "input_ids": np.asarray(input_ids, dtype=np.int64),
+            "attention_mask": np.asarray(attention_mask, dtype=np.int64),
+            "position_ids": np.asarray(position_ids, dtype=np.int64),
+            **past,
+        }
+        results = dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        present = {
+            name: results[name.replace("past_key_values.", "present.")] for name in self.past_names
+        }
+        return results["logits"], present
+
+    def full(self, input_ids: list[int]) -> np.ndarray:
+        """Logits [S, V] of one sequence in a single call with an empty cache."""
+        count = len(input_ids)
+        logits, _ = self.step(
+            [input_ids], np.ones((1, count)), [np.arange(count)], self.empty_past(1)
+        )
+        return logits[0]
+
+    def greedy(self, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+        """Argmax continuation of `prompt`; ends after the EOS token unless told not to."""
+        past = self.empty_past(1)
+        input_ids, total, generated = list(prompt), 0, []
+        for _ in range(max_new_tokens):
+            positions = np.arange(total, total + len(input_ids))
+            total += len(input_ids)
+            logits, past = self.step([input_ids], np.ones((1, total)), [positions], past)
+            token = int(logits[0, -1].argmax())
+            generated.append(token)
+            if stop_at_eos and token == self.config.eos_token_id:
+                break
+            input_ids = [token]
+        return generated
