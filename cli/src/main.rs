@@ -7,7 +7,8 @@
 //! `run` on a cluster; `query`, `plan`, `bench`, `cluster`, `soak` (a
 //! checked steady load for fault drills) against a cluster
 //! (`--coordinator ADDR`) or an embedded local one; `load`, `models`,
-//! `unload`, the named models of a running cluster; `certs init`,
+//! `unload`, the named models of a running cluster; `generate`, text from
+//! a language model folder; `certs init`,
 //! the cluster CA and node certificates; `example-model`.
 //!
 //! ```text
@@ -16,12 +17,14 @@
 //! tessera run model.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU --random
 //! tessera plan model.onnx --devices CPU --policy cost --dump-dir dumps --explain
 //! tessera bench model.onnx --requests 64 --concurrency 16 --shape x=1,3,48,320
+//! tessera generate .cache/models/smollm2-135m-instruct --prompt "The capital of France is" --max-tokens 16
 //! tessera load rec rec.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU
 //! tessera certs init --dir certs --cluster lab --nodes coordinator,node-a,node-b,client
 //! ```
 
 mod certs;
 mod cluster_cmds;
+mod generate_cmd;
 mod models_cmds;
 mod partition;
 mod remote;
@@ -64,6 +67,10 @@ enum Command {
     Plan(cluster_cmds::PlanArgs),
     /// Throughput and latency with N requests in flight.
     Bench(cluster_cmds::BenchArgs),
+    /// Generate text with a generative model folder (a language model in
+    /// the onnxruntime-genai layout), its layers spread over the cluster;
+    /// the text goes to stdout as it comes.
+    Generate(generate_cmd::GenerateArgs),
     /// A cluster's workers, devices, metrics and health.
     Cluster(cluster_cmds::ClusterArgs),
     /// Load a model under a name on a running cluster (its model
@@ -127,6 +134,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => cluster_cmds::plan(args),
         Command::Bench(args) => cluster_cmds::bench(args),
         Command::Cluster(args) => cluster_cmds::cluster(args),
+        Command::Generate(args) => generate_cmd::generate(args),
         Command::Load(args) => models_cmds::load(args),
         Command::Models(args) => models_cmds::models(args),
         Command::Unload(args) => models_cmds::unload(args),

@@ -15,6 +15,7 @@ pub enum Operation {
     UnloadModel,
     ListModels,
     ClusterInfo,
+    Generate,
 }
 
 impl std::fmt::Display for Operation {
@@ -29,6 +30,7 @@ impl std::fmt::Display for Operation {
             Operation::UnloadModel => "unloading the model",
             Operation::ListModels => "listing the models",
             Operation::ClusterInfo => "reading the cluster's state",
+            Operation::Generate => "generation",
         })
     }
 }
@@ -48,6 +50,9 @@ pub enum ClientError {
     },
     #[error("bad tensor: {0}")]
     Tensor(String),
+    /// A model (folder) that cannot be read or used.
+    #[error("model {0}")]
+    Model(String),
     #[error("connection to the coordinator: {0}")]
     Connection(String),
     #[error("protocol: {0}")]
@@ -62,7 +67,7 @@ impl ClientError {
         match self {
             ClientError::Failed { kind, .. } => *kind,
             ClientError::Connect(_) | ClientError::Connection(_) => ErrorKind::Unavailable,
-            ClientError::Tensor(_) => ErrorKind::BadInput,
+            ClientError::Tensor(_) | ClientError::Model(_) => ErrorKind::BadInput,
             ClientError::Protocol(_) => ErrorKind::Internal,
         }
     }

@@ -9,8 +9,9 @@
 //! Tensors convert from and to `ndarray` ([`tensor`]). Errors are a
 //! [`ClientError`].
 //!
-//! Layout: this file (client, networks, requests), [`plan`] (the plan a
-//! load returns), [`tensor`] (ndarray conversions).
+//! Layout: this file (client, networks, requests), [`generate`] (model
+//! folders and text generation), [`plan`] (the plan a load returns),
+//! [`tensor`] (ndarray conversions).
 //!
 //! A runnable example against an embedded local cluster:
 //! `cargo run --example sdk -p tessera-cli` (`cli/examples/sdk.rs`).
@@ -36,6 +37,7 @@
 //! ```
 
 mod error;
+pub mod generate;
 pub mod plan;
 pub mod tensor;
 
@@ -86,6 +88,9 @@ pub struct LoadOptions {
     /// Dynamic batching (off by default): requests waiting for a subgraph
     /// run as one batch along the first dimension, which must be dynamic.
     pub batching: Option<Batching>,
+    /// A generative network's tokenizer and limits
+    /// ([`generate::ModelFolder`]); it then answers [`Network::generate`].
+    pub generation: Option<generate::GenerationSpec>,
 }
 
 impl LoadOptions {
@@ -210,9 +215,9 @@ impl Client {
         options: LoadOptions,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let request = Control::LoadNetwork(load_request(options, false));
+        let (request, model) = load_message(options, model.into(), false);
         let answer = self
-            .operation(Operation::Load, &request, Some(model.into()), progress)
+            .operation(Operation::Load, &request, Some(model), progress)
             .await?;
         self.loaded(Operation::Load, answer)
     }
@@ -241,8 +246,11 @@ impl Client {
         options: LoadOptions,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let request = Some(load_request(options, false));
-        self.model_operation(name, request, Some(model.into()), progress)
+        let (request, model) = match load_message(options, model.into(), false) {
+            (Control::LoadNetwork(request), model) => (Some(request), model),
+            (_, model) => (None, model),
+        };
+        self.model_operation(name, request, Some(model), progress)
             .await
     }
 
@@ -299,9 +307,9 @@ impl Client {
         options: LoadOptions,
     ) -> Result<Plan, ClientError> {
         let op = Operation::Plan;
-        let request = Control::LoadNetwork(load_request(options, true));
+        let (request, model) = load_message(options, model.into(), true);
         match self
-            .operation(op, &request, Some(model.into()), |_, _, _| {})
+            .operation(op, &request, Some(model), |_, _, _| {})
             .await?
         {
             Control::NetworkLoaded { plan, .. } => {
@@ -378,6 +386,17 @@ impl Client {
     }
 }
 
+/// A load's message and payload: the model, and a generative network's
+/// tokenizer after it.
+fn load_message(options: LoadOptions, model: Bytes, dry_run: bool) -> (Control, Bytes) {
+    let mut request = load_request(options, dry_run);
+    let payload = match request.generation.as_mut() {
+        Some(generation) => generation.join_payload(&model),
+        None => model,
+    };
+    (Control::LoadNetwork(request), payload)
+}
+
 fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
     LoadRequest {
         name: options.name,
@@ -393,6 +412,7 @@ fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
             .collect(),
         replicas: options.replicas,
         batching: options.batching,
+        generation: options.generation,
     }
 }
 

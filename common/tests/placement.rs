@@ -207,10 +207,7 @@ fn nodes_joined_by_a_sequence_run_on_one_device() {
     )
     .unwrap_err()
     .to_string();
-    assert!(
-        err.contains("'parts' is a sequence or an optional"),
-        "{err}"
-    );
+    assert!(err.contains("'parts' is a sequence, an optional"), "{err}");
     assert!(err.contains("different devices"), "{err}");
 }
 

@@ -46,12 +46,26 @@ fn frames_round_trip_whatever_the_read_sizes() {
             max_batch: 8,
             max_queue_delay_us: 500,
         }),
+        state: vec![tessera_common::graph::StatePair {
+            present: "present.0.key".into(),
+            past: "past_key_values.0.key".into(),
+        }],
+        max_sequences: 4,
     });
     let model = Bytes::from(vec![7u8; 1000]);
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
     let mut stream = hello.encode(&limits).unwrap();
     stream.extend(deploy.encode_with(&model, &limits).unwrap());
-    stream.extend(TensorHeader::new(3, 9, "y", &t).encode(&limits).unwrap());
+    let step = tessera_common::wire::generate::SequenceStep {
+        id: 5,
+        fresh: false,
+    };
+    stream.extend(
+        TensorHeader::new(3, 9, "y", &t)
+            .in_sequence(Some(step))
+            .encode(&limits)
+            .unwrap(),
+    );
     for c in chunks(&t.shared_bytes(), 4096) {
         stream.extend_from_slice(&c);
     }
@@ -72,6 +86,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
             panic!("a tensor frame")
         };
         assert_eq!((h.network, h.request, h.name.as_str()), (3, 9, "y"));
+        assert_eq!(h.sequence, Some(step));
         assert_eq!(h.into_tensor(payload).unwrap(), t);
     }
 }
@@ -347,7 +362,21 @@ fn every_control_message_round_trips() {
             shapes: vec![("x".into(), vec![1, 3, 64, 64])],
             replicas: tessera_common::wire::control::Replicas::Auto,
             batching: None,
+            generation: None,
         }),
+        Control::Generate {
+            network: 1,
+            prompt: tessera_common::wire::generate::Prompt::Text("hi".into()),
+            params: tessera_common::wire::generate::GenerateParams::default(),
+        },
+        Control::Tokens {
+            ids: vec![1, 2],
+            text: "hé".into(),
+        },
+        Control::EndSequence {
+            network: 1,
+            sequence: 9,
+        },
         Control::NetworkLoaded {
             network: 1,
             plan: "{}".into(),

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_common::wire::control::{Control, WorkerState};
+use tessera_common::wire::generate::{GenerateParams, Prompt};
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::{exchange, recv_frame, send_frame, NetError, Peer};
 use tokio::sync::mpsc;
 
-use crate::{deploy, planning, requests, CoordinatorError, Shared};
+use crate::{deploy, generate, planning, requests, CoordinatorError, Shared};
 
 /// Serves one client until it disconnects.
 pub async fn serve_client(shared: Arc<Shared>, peer: Peer) {
@@ -60,6 +61,37 @@ async fn operation(
     recv: &mut quinn::RecvStream,
 ) -> Result<(), CoordinatorError> {
     let limits = *shared.node.limits();
+    // A generative network's tokenizer follows its model in the payload.
+    let (msg, payload) = match msg {
+        Control::LoadNetwork(mut request) => {
+            let payload = match request.generation.as_mut() {
+                Some(g) => g
+                    .split_payload(payload)
+                    .map_err(CoordinatorError::BadInput)?,
+                None => payload,
+            };
+            (Control::LoadNetwork(request), payload)
+        }
+        Control::LoadModel {
+            name,
+            request: Some(mut request),
+        } => {
+            let payload = match request.generation.as_mut() {
+                Some(g) => g
+                    .split_payload(payload)
+                    .map_err(CoordinatorError::BadInput)?,
+                None => payload,
+            };
+            (
+                Control::LoadModel {
+                    name,
+                    request: Some(request),
+                },
+                payload,
+            )
+        }
+        other => (other, payload),
+    };
     match msg {
         Control::LoadNetwork(request) if request.dry_run => {
             let (tx, rx) = mpsc::channel::<Control>(64);
@@ -125,6 +157,11 @@ async fn operation(
             let deadline = (deadline_ms > 0).then(|| Duration::from_millis(deadline_ms));
             serve_infer(shared, network, request, inputs, deadline, send, recv).await
         }
+        Control::Generate {
+            network,
+            prompt,
+            params,
+        } => serve_generate(shared, network, prompt, params, send).await,
         Control::Unload { network } => {
             deploy::unload(shared, network).await?;
             write(send, &Control::Unloaded { network }, &limits).await
@@ -184,6 +221,40 @@ async fn serve_infer(
         send_frame(send, &head, Some(&t.shared_bytes())).await?;
     }
     Ok(())
+}
+
+/// A generation: `Tokens` as they come, then `Generated`. A client that
+/// goes away ends it (its stages free the sequence).
+async fn serve_generate(
+    shared: &Arc<Shared>,
+    network: u64,
+    prompt: Prompt,
+    params: GenerateParams,
+    send: &mut quinn::SendStream,
+) -> Result<(), CoordinatorError> {
+    let limits = *shared.node.limits();
+    let (tx, mut rx) = mpsc::channel::<generate::Chunk>(64);
+    let work = generate::generate(shared, network, &prompt, &params, tx);
+    tokio::pin!(work);
+    let mut work_done = None;
+    loop {
+        tokio::select! {
+            result = &mut work, if work_done.is_none() => work_done = Some(result),
+            chunk = rx.recv() => match chunk {
+                Some(c) => {
+                    let msg = Control::Tokens { ids: c.ids, text: c.text };
+                    // A client gone: dropping the work ends the sequence.
+                    write(send, &msg, &limits).await?;
+                }
+                None => break,
+            },
+        }
+    }
+    let stats = match work_done {
+        Some(result) => result?,
+        None => work.await?,
+    };
+    write(send, &Control::Generated(stats), &limits).await
 }
 
 /// The cluster's workers as clients see them (`tessera cluster`).

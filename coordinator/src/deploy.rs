@@ -17,12 +17,13 @@ use tessera_common::plan::{io_names, Stage};
 use tessera_common::schedule::predict::CopyCost;
 use tessera_common::schedule::Replicas;
 use tessera_common::wire::control::{
-    Batching, Control, DeploySpec, Destination, LoadRequest, Route,
+    Control, DeploySpec, Destination, LoadRequest, Route, StatePair,
 };
 use tessera_common::wire::Limits;
 use tessera_net::exchange;
 use tokio::sync::mpsc;
 
+use crate::generate::GenerativeModel;
 use crate::network::{Deployed, Loaded, Placement, Replica};
 use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned, Scope};
 use crate::workers::WorkerEntry;
@@ -112,6 +113,10 @@ async fn deploy_copies(
     let scheduled =
         plan_request(shared, request, model, progress, request.replicas, &scope).await?;
     check_batching(request, &scheduled.graph)?;
+    let generator = match &request.generation {
+        Some(spec) => Some(Arc::new(GenerativeModel::new(spec, &scheduled.graph)?)),
+        None => None,
+    };
     let copies = &scheduled.schedule.copies;
     let deploys = copies.iter().enumerate().map(|(i, copy)| {
         deploy_planned(
@@ -147,6 +152,7 @@ async fn deploy_copies(
         scheduled.graph,
         replicas,
         considered,
+        generator,
     ))
 }
 
@@ -178,7 +184,7 @@ async fn deploy_planned(
     progress: &mpsc::Sender<Control>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
-    let specs = deploy_specs(&planned, deployment, request.batching)?;
+    let specs = deploy_specs(&planned, deployment, request)?;
     let hosts = hosts_of(planned.plan);
     if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {
         undeploy(shared, deployment, &hosts).await;
@@ -205,6 +211,13 @@ async fn deploy_planned(
         })
         .collect();
     let plan = plan_report_of(&planned, network, &hosts);
+    let state_outputs = planned
+        .graph
+        .state_pairs()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.present)
+        .collect();
     tracing::info!(
         network,
         deployment,
@@ -217,6 +230,7 @@ async fn deploy_planned(
         name: request.name.clone(),
         graph: planned.graph.clone(),
         outputs: output_names,
+        state_outputs,
         input_routes,
         trigger_hosts,
         hosts,
@@ -288,9 +302,15 @@ struct Shipment {
 fn deploy_specs(
     planned: &Planned,
     deployment: u64,
-    batching: Option<Batching>,
+    request: &LoadRequest,
 ) -> Result<Vec<Shipment>, CoordinatorError> {
+    let batching = request.batching;
     let stages = &planned.plan.stages;
+    let pairs = planned.graph.state_pairs().unwrap_or_default();
+    if request.generation.is_some() {
+        check_state_kept(stages, &pairs)?;
+    }
+    let max_sequences = request.generation.as_ref().map_or(0, |g| g.max_sequences);
     let (_, output_names) = io_names(planned.graph);
     let addr_of = |host: &str| {
         planned
@@ -338,6 +358,14 @@ fn deploy_specs(
                 outputs: stage.outputs.iter().map(route).collect(),
                 // A subgraph of constants only runs once per trigger.
                 batching: batching.filter(|_| !stage.inputs.is_empty()),
+                state: pairs
+                    .iter()
+                    .filter(|p| {
+                        stage.inputs.contains(&p.past) && stage.outputs.contains(&p.present)
+                    })
+                    .cloned()
+                    .collect(),
+                max_sequences,
             };
             Ok(Shipment {
                 host: host_of(&stage.device),
@@ -346,6 +374,26 @@ fn deploy_specs(
             })
         })
         .collect()
+}
+
+/// Each state pair's state must stay on one stage: the stage that makes its
+/// present output is the only one that reads its past input.
+fn check_state_kept(stages: &[Stage], pairs: &[StatePair]) -> Result<(), CoordinatorError> {
+    for pair in pairs {
+        let readers: Vec<usize> = (0..stages.len())
+            .filter(|&i| stages[i].inputs.contains(&pair.past))
+            .collect();
+        let maker = stages
+            .iter()
+            .position(|s| s.outputs.contains(&pair.present));
+        if readers.len() > 1 || maker.is_none() || readers.first() != maker.as_ref() {
+            return Err(CoordinatorError::Plan(format!(
+                "the state {} → {} would be split over subgraphs {readers:?} (read) and {maker:?}                  (made); a sequence's state must stay on one stage",
+                pair.present, pair.past
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Deploys every subgraph at once, reporting each as it is deployed.

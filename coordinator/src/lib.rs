@@ -47,6 +47,7 @@
 pub mod clients;
 pub mod config;
 pub mod deploy;
+pub mod generate;
 pub mod heal;
 pub mod http;
 pub mod members;
@@ -143,6 +144,8 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     next_network: AtomicU64,
     next_request: AtomicU64,
+    /// Ids of generated sequences.
+    next_sequence: AtomicU64,
     closing: std::sync::atomic::AtomicBool,
     /// When the coordinator started.
     pub started: std::time::Instant,
@@ -194,6 +197,7 @@ impl Coordinator {
                 pending: DashMap::new(),
                 next_network: AtomicU64::new(1),
                 next_request: AtomicU64::new(1),
+                next_sequence: AtomicU64::new(1),
                 closing: Default::default(),
                 started: std::time::Instant::now(),
             }),

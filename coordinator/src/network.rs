@@ -35,6 +35,9 @@ pub struct Deployed {
     /// The graph, shared with the loaded network (never a copy).
     pub graph: Arc<Graph>,
     pub outputs: Vec<String>,
+    /// Outputs that are state (a step of a sequence keeps them on its
+    /// stage; they never come back).
+    pub state_outputs: Vec<String>,
     /// Graph input → workers that read it.
     pub input_routes: Vec<(String, Vec<String>)>,
     /// Workers with subgraphs that have no inputs (sent a trigger per
@@ -184,6 +187,8 @@ pub struct Loaded {
     pub replicas: Vec<Arc<Replica>>,
     /// `replicas = auto`: what the scheduler weighed.
     pub considered: Vec<Considered>,
+    /// A generative network's tokenizer, feed and limits.
+    pub generator: Option<Arc<crate::generate::GenerativeModel>>,
 }
 
 /// What waiting for a deployment gave.
@@ -207,6 +212,7 @@ impl Loaded {
         graph: Arc<Graph>,
         replicas: Vec<Arc<Replica>>,
         considered: Vec<Considered>,
+        generator: Option<Arc<crate::generate::GenerativeModel>>,
     ) -> Loaded {
         let id = replicas
             .first()
@@ -220,6 +226,7 @@ impl Loaded {
             model,
             replicas,
             considered,
+            generator,
         }
     }
 

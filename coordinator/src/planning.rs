@@ -389,6 +389,7 @@ async fn prepare_request(
         simplified,
         memory: free_memory(shared, &devices, network),
         max_batch: request.batching.map_or(1, |b| u64::from(b.max_batch)),
+        state: state_need(&graph, request),
         previous: scope
             .previous
             .iter()
@@ -404,6 +405,17 @@ async fn prepare_request(
         cost,
         options,
     })
+}
+
+/// What a generative network keeps per stage: each state pair's maker
+/// holds its state for the most sequences at their full context.
+fn state_need(graph: &Graph, request: &LoadRequest) -> BTreeMap<String, u64> {
+    let Some(generation) = &request.generation else {
+        return BTreeMap::new();
+    };
+    let positions =
+        u64::from(generation.max_sequences.max(1)) * u64::from(generation.context_length);
+    graph.state_need(&graph.state_pairs().unwrap_or_default(), positions)
 }
 
 /// A load request's copies, each planned.

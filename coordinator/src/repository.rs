@@ -163,6 +163,7 @@ pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
             max_batch: model.max_batch,
             max_queue_delay_us: model.max_queue_delay_us,
         }),
+        generation: None,
     };
     (Source::File(model.path.clone()), request)
 }

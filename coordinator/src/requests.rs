@@ -16,6 +16,11 @@
 //! the same deadline.
 //! Outputs of an abandoned try are dropped, so a result is never
 //! duplicated.
+//!
+//! A step of a sequence ([`infer_step`]) sends only the inputs that are
+//! not state (unless it is fresh) and waits only for the outputs that are
+//! not: each stage keeps its own. It is not retried here: its state was on
+//! the lost worker, so the generator replays the sequence instead.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -26,6 +31,7 @@ use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
+use tessera_common::wire::generate::SequenceStep;
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tokio::sync::oneshot;
 
@@ -82,6 +88,27 @@ pub async fn infer(
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
 ) -> Result<Done, CoordinatorError> {
+    infer_in(shared, network, inputs, deadline, None).await
+}
+
+/// Runs one step of a sequence (see the module's notes).
+pub async fn infer_step(
+    shared: &Arc<Shared>,
+    network: u64,
+    inputs: HashMap<String, Tensor>,
+    step: SequenceStep,
+    deadline: Option<Duration>,
+) -> Result<Done, CoordinatorError> {
+    infer_in(shared, network, inputs, deadline, Some(step)).await
+}
+
+async fn infer_in(
+    shared: &Arc<Shared>,
+    network: u64,
+    inputs: HashMap<String, Tensor>,
+    deadline: Option<Duration>,
+    sequence: Option<SequenceStep>,
+) -> Result<Done, CoordinatorError> {
     let Some(loaded) = shared.networks.get(&network).map(|n| n.clone()) else {
         let e = CoordinatorError::UnknownNetwork(network);
         shared
@@ -91,7 +118,7 @@ pub async fn infer(
     };
     let started = Instant::now();
     let _in_flight = shared.metrics.started(&loaded.name);
-    let result = infer_on(shared, &loaded, inputs, deadline).await;
+    let result = infer_on(shared, &loaded, inputs, deadline, sequence).await;
     match &result {
         Ok(done) => shared
             .metrics
@@ -108,12 +135,16 @@ async fn infer_on(
     loaded: &crate::network::Loaded,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
+    sequence: Option<SequenceStep>,
 ) -> Result<Done, CoordinatorError> {
     let network = loaded.id;
-    check_inputs(&loaded.graph, &inputs).map_err(|e| match e {
-        PlanError::BadInput(m) => CoordinatorError::BadInput(m),
-        e => CoordinatorError::Plan(e.to_string()),
-    })?;
+    // A later step lacks its state inputs by design.
+    if sequence.is_none_or(|s| s.fresh) {
+        check_inputs(&loaded.graph, &inputs).map_err(|e| match e {
+            PlanError::BadInput(m) => CoordinatorError::BadInput(m),
+            e => CoordinatorError::Plan(e.to_string()),
+        })?;
+    }
     let deadline =
         deadline.unwrap_or_else(|| Duration::from_millis(shared.config.request_deadline_ms));
     let until = Instant::now() + deadline;
@@ -140,7 +171,7 @@ async fn infer_on(
         };
         let _working = replica.start_work();
         let id = shared.next_request.fetch_add(1, Ordering::Relaxed);
-        match attempt_on(shared, &deployed, id, &inputs, until).await {
+        match attempt_on(shared, &deployed, id, &inputs, sequence, until).await {
             Ok((outputs, counters)) => {
                 return Ok(Done {
                     outputs,
@@ -176,6 +207,10 @@ async fn infer_on(
                 }
             }
         }
+        if sequence.is_some() {
+            // Its state went with the worker: the generator replays it.
+            return Err(CoordinatorError::WorkerLost(last));
+        }
         tried.push(deployed.id);
     }
     Err(CoordinatorError::WorkerLost(format!(
@@ -197,14 +232,20 @@ async fn attempt_on(
     net: &Deployed,
     id: u64,
     inputs: &HashMap<String, Tensor>,
+    sequence: Option<SequenceStep>,
     until: Instant,
 ) -> Result<(Vec<(String, Tensor)>, Counters), Tried> {
     let (tx, rx) = oneshot::channel();
-    let computed: Vec<String> = net
+    // A step of a sequence leaves its state outputs on their stages.
+    let wanted: Vec<&String> = net
         .outputs
         .iter()
-        .filter(|o| !inputs.contains_key(*o))
-        .cloned()
+        .filter(|o| sequence.is_none() || !net.state_outputs.contains(o))
+        .collect();
+    let computed: Vec<String> = wanted
+        .iter()
+        .filter(|o| !inputs.contains_key(**o))
+        .map(|o| (*o).clone())
         .collect();
     // Registered before the workers are checked: a loss from here on
     // fails it (and it is retried).
@@ -225,7 +266,7 @@ async fn attempt_on(
         if computed.is_empty() {
             return Ok(HashMap::new());
         }
-        send_inputs(shared, net, id, inputs).await?;
+        send_inputs(shared, net, id, inputs, sequence).await?;
         let produced = rx
             .await
             .map_err(|_| Failure::Error("the request was dropped".into()))
@@ -237,10 +278,9 @@ async fn attempt_on(
     let pending = shared.pending.remove(&id).map(|(_, p)| p);
     let outcome = match result {
         Ok(Ok(mut produced)) => {
-            let outputs = net
-                .outputs
+            let outputs = wanted
                 .iter()
-                .map(|name| {
+                .map(|&name| {
                     produced
                         .remove(name)
                         .or_else(|| inputs.get(name).cloned())
@@ -277,6 +317,7 @@ async fn send_inputs(
     net: &Deployed,
     id: u64,
     inputs: &HashMap<String, Tensor>,
+    sequence: Option<SequenceStep>,
 ) -> Result<(), Failure> {
     let network = net.id;
     let link_to = |host: &str| {
@@ -288,7 +329,7 @@ async fn send_inputs(
         .map_err(|e| Failure::Error(e.to_string()))?;
     for host in &net.trigger_hosts {
         link_to(host)?
-            .send_tensor(network, id, TRIGGER, &trigger)
+            .send_step_tensor(network, id, sequence, TRIGGER, &trigger)
             .await
             .map_err(|e| unreachable(format!("triggering {host}: {e}")))?;
     }
@@ -298,7 +339,7 @@ async fn send_inputs(
         };
         for host in hosts {
             link_to(host)?
-                .send_tensor(network, id, name, tensor)
+                .send_step_tensor(network, id, sequence, name, tensor)
                 .await
                 .map_err(|e| unreachable(format!("sending input '{name}' to {host}: {e}")))?;
             tracing::debug!(input = %name, to = %host, "sent");
@@ -322,6 +363,34 @@ async fn cancel(shared: &Arc<Shared>, request: u64, hosts: &[String]) {
                 }
             }
         });
+    }
+}
+
+/// Tells the hosts of every deployment of `network` that `sequence` ended,
+/// so that its stages free its state.
+pub async fn end_sequence(shared: &Arc<Shared>, network: u64, sequence: u64) {
+    let Some(loaded) = shared.networks.get(&network).map(|n| n.clone()) else {
+        return;
+    };
+    let limits = *shared.node.limits();
+    for deployed in loaded.deployments() {
+        for host in &deployed.hosts {
+            let Some(conn) = shared.workers.get(host).map(|w| w.connection.clone()) else {
+                continue;
+            };
+            let msg = Control::EndSequence {
+                network: deployed.id,
+                sequence,
+            };
+            tokio::spawn(async move {
+                if let Ok((mut send, _recv)) = conn.open_bi().await {
+                    if let Ok(head) = msg.encode(0, &limits) {
+                        let _ = tessera_net::send_frame(&mut send, &head, None).await;
+                        let _ = send.finish();
+                    }
+                }
+            });
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
+use tessera_common::wire::generate::SequenceStep;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tokio::sync::mpsc;
@@ -146,7 +147,22 @@ impl Link {
         name: &str,
         tensor: &Tensor,
     ) -> Result<(), NetError> {
-        let head = TensorHeader::new(network, request, name, tensor).encode(&self.limits)?;
+        self.send_step_tensor(network, request, None, name, tensor)
+            .await
+    }
+
+    /// Queues `tensor` as `name` of `request`, a step of `sequence`.
+    pub async fn send_step_tensor(
+        &self,
+        network: u64,
+        request: u64,
+        sequence: Option<SequenceStep>,
+        name: &str,
+        tensor: &Tensor,
+    ) -> Result<(), NetError> {
+        let head = TensorHeader::new(network, request, name, tensor)
+            .in_sequence(sequence)
+            .encode(&self.limits)?;
         self.send(head, Some(tensor.shared_bytes())).await
     }
 }

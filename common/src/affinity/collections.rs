@@ -1,5 +1,7 @@
 //! Sequences and optionals stay inside one subgraph: they cannot cross a
-//! device boundary (see [`Graph::collections`]). The nodes joined by such
+//! device boundary (see [`Graph::collections`]). So does a state pair's
+//! state: the nodes that read its past input and the one that makes its
+//! present output run where the state is kept. The nodes joined by such
 //! values form a group that runs on one device: a device placed by hand
 //! if one is, else the device of the group's first maker, else the first
 //! device in priority order that runs the whole group. The group includes
@@ -30,7 +32,7 @@ impl Groups {
     }
 }
 
-/// Op nodes joined by sequences or optionals, with the nodes on paths
+/// Op nodes joined by sequences, optionals or state pairs, with the nodes on paths
 /// between them, each group in topological order, with one value that
 /// joins it (for messages). Groups whose paths meet are one group.
 fn groups(graph: &Graph) -> Vec<(Vec<NodeId>, String)> {
@@ -43,6 +45,24 @@ fn groups(graph: &Graph) -> Vec<(Vec<NodeId>, String)> {
             if graph.node(reader).kind == NodeKind::Op {
                 g.join(tensor.producer.index(), reader.index());
                 value.insert(tensor.producer.index(), tensor.name.clone());
+            }
+        }
+    }
+    for pair in graph.state_pairs().unwrap_or_default() {
+        let (Some(past), Some(present)) = (
+            graph.tensor_by_name(&pair.past),
+            graph.tensor_by_name(&pair.present),
+        ) else {
+            continue;
+        };
+        let producer = graph.tensor(present).producer;
+        if graph.node(producer).kind != NodeKind::Op {
+            continue;
+        }
+        for &reader in &graph.tensor(past).consumers {
+            if graph.node(reader).kind == NodeKind::Op {
+                g.join(producer.index(), reader.index());
+                value.insert(producer.index(), pair.present.clone());
             }
         }
     }

@@ -273,7 +273,7 @@ pub enum AffinityError {
     NoDevices,
     #[error("affinity file: {0}")]
     BadFile(String),
-    #[error("'{value}' is a sequence or an optional, which does not cross devices: its makers and readers ({nodes}) must run on one device, but {why}")]
+    #[error("'{value}' is a sequence, an optional or a sequence's kept state, which does not cross devices: its makers and readers ({nodes}) must run on one device, but {why}")]
     SplitCollection {
         value: String,
         nodes: String,

@@ -7,8 +7,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::frame::{FrameKind, Limits};
+use super::generate::{GenerateParams, GenerateStats, GenerationSpec, Prompt};
 use super::{codec, WireError};
 use crate::affinity::Policy;
+pub use crate::graph::StatePair;
 pub use crate::schedule::Replicas;
 
 /// One device of a worker, with the figures the cost policy uses.
@@ -59,6 +61,11 @@ pub struct DeploySpec {
     /// Requests waiting in its mailbox run as one batch (absent: one at a
     /// time).
     pub batching: Option<Batching>,
+    /// State pairs whose state this subgraph keeps per sequence (its input
+    /// and output both).
+    pub state: Vec<StatePair>,
+    /// Sequences it keeps state for at once (0: no limit).
+    pub max_sequences: u32,
 }
 
 /// Dynamic batching: requests waiting for a subgraph are concatenated
@@ -104,6 +111,9 @@ pub struct LoadRequest {
     /// Dynamic batching (absent: off); the model's batch dimension must be
     /// dynamic.
     pub batching: Option<Batching>,
+    /// A generative network: its tokenizer and limits (absent: requests
+    /// only).
+    pub generation: Option<GenerationSpec>,
 }
 
 /// One worker as the coordinator sees it.
@@ -357,6 +367,25 @@ pub enum Control {
         networks: u32,
         in_flight: u32,
     },
+    // Text generation.
+    /// Client → coordinator: generate text on a generative network;
+    /// answered by `Tokens` as they come, then `Generated`.
+    Generate {
+        network: u64,
+        prompt: Prompt,
+        params: GenerateParams,
+    },
+    /// New tokens of a generation and their text.
+    Tokens {
+        ids: Vec<u32>,
+        text: String,
+    },
+    Generated(GenerateStats),
+    /// Coordinator → workers: a sequence ended; free its state.
+    EndSequence {
+        network: u64,
+        sequence: u64,
+    },
     /// Worker → coordinator: a tensor of `request` could not be streamed to
     /// its consumer (a peer unreachable); the coordinator retries the
     /// request if the peer turns out to be lost.
@@ -404,6 +433,10 @@ impl Control {
             Control::Models { .. } => "Models",
             Control::ClusterInfo => "ClusterInfo",
             Control::ClusterState { .. } => "ClusterState",
+            Control::Generate { .. } => "Generate",
+            Control::Tokens { .. } => "Tokens",
+            Control::Generated(_) => "Generated",
+            Control::EndSequence { .. } => "EndSequence",
             Control::Unreachable { .. } => "Unreachable",
             Control::Failed { .. } => "Failed",
         }

@@ -14,7 +14,7 @@
 //! Layout: [`frame`] (prefix, limits, the incremental [`FrameDecoder`]),
 //! [`codec`] (the one bincode module), [`handshake`] (versioned hello),
 //! [`control`] (membership, QueryNetwork, deployment, requests),
-//! [`tensor`] (tensor frames). See `docs/protocol.md`.
+//! [`tensor`] (tensor frames), [`generate`] (text generation). See `docs/protocol.md`.
 //!
 //! # Example
 //!
@@ -43,13 +43,14 @@
 pub mod codec;
 pub mod control;
 pub mod frame;
+pub mod generate;
 pub mod handshake;
 pub mod tensor;
 
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};
 
 /// The protocol version this build speaks. Peers must match exactly.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::frame::{FrameKind, Limits};
+use super::generate::SequenceStep;
 use super::{codec, WireError};
 use crate::onnx::ElemType;
 use crate::tensor::Tensor;
@@ -29,6 +30,8 @@ pub struct TensorHeader {
     /// The payload's length in bytes: what the type and shape make for
     /// fixed-size and packed types, the encoded strings' for `STRING`.
     pub bytes: u64,
+    /// The sequence step the request is (absent: a stateless request).
+    pub sequence: Option<SequenceStep>,
 }
 
 impl TensorHeader {
@@ -41,7 +44,14 @@ impl TensorHeader {
             elem: tensor.elem().0,
             shape: tensor.shape().iter().map(|&d| d as u64).collect(),
             bytes: tensor.bytes().len() as u64,
+            sequence: None,
         }
+    }
+
+    /// The same header, for a request that is a step of `sequence`.
+    pub fn in_sequence(mut self, sequence: Option<SequenceStep>) -> TensorHeader {
+        self.sequence = sequence;
+        self
     }
 
     fn error(&self, reason: impl Into<String>) -> WireError {

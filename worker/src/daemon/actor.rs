@@ -10,6 +10,10 @@
 //! per-thread state (scratch buffers, caches) stays warm from one request
 //! to the next, which a shared blocking pool does not guarantee.
 //!
+//! A subgraph that owns state pairs keeps each sequence's state on its
+//! compute thread ([`super::sequences`]): a step of a sequence brings only
+//! its other inputs, and its state outputs stay here.
+//!
 //! With dynamic batching on, the requests ready meanwhile (up to
 //! `max_batch`, of matching shapes) go to the thread as one job,
 //! concatenated along the first dimension and split back after the run
@@ -25,9 +29,11 @@ use actix::prelude::*;
 use actix::WeakAddr;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Batching, NodeTime};
+use tessera_common::wire::generate::SequenceStep;
 
 use super::batch::{self, Ready};
 use super::routes::Router;
+use super::sequences::{SequenceStore, StateSlots};
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
 /// Requests handed to the compute thread at once: the one it runs and the
@@ -39,8 +45,16 @@ const HANDED: usize = 2;
 #[rtype(result = "()")]
 pub struct Arrived {
     pub request: u64,
+    pub sequence: Option<SequenceStep>,
     pub name: Arc<str>,
     pub tensor: Tensor,
+}
+
+/// A sequence ended: free its state.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EndSequence {
+    pub sequence: u64,
 }
 
 /// Forget a request (it failed elsewhere or timed out).
@@ -65,7 +79,16 @@ struct Finished {
 /// Requests for the compute thread: one, or a batch.
 struct Job {
     requests: Vec<u64>,
+    /// The sequence step of each request (a batch has none).
+    sequences: Vec<Option<SequenceStep>>,
     inputs: Vec<Vec<Tensor>>,
+}
+
+/// A request still waiting for inputs.
+struct Pending {
+    inputs: Vec<Option<Tensor>>,
+    since: Instant,
+    sequence: Option<SequenceStep>,
 }
 
 pub struct SubgraphActor {
@@ -83,7 +106,16 @@ pub struct SubgraphActor {
     pub stale_after: Duration,
     /// Dynamic batching (`None`: one request at a time).
     pub batching: Option<Batching>,
-    pending: HashMap<u64, (Vec<Option<Tensor>>, Instant)>,
+    /// The state pairs it owns (none: stateless).
+    pub state: StateSlots,
+    /// Sequences it keeps state for at once (0: no limit).
+    pub max_sequences: u32,
+    /// A sequence's state idle this long is dropped.
+    pub sequence_idle: Duration,
+    /// Kept state, shared with the compute thread (which alone reads and
+    /// writes it for steps, in their order).
+    store: Arc<Mutex<SequenceStore>>,
+    pending: HashMap<u64, Pending>,
     ready: VecDeque<Ready>,
     /// Jobs handed to the compute thread, not finished yet.
     handed: VecDeque<Vec<u64>>,
@@ -119,6 +151,10 @@ impl SubgraphActor {
             mailbox,
             stale_after: Duration::from_secs(300),
             batching: None,
+            state: StateSlots::default(),
+            max_sequences: 0,
+            sequence_idle: Duration::from_secs(600),
+            store: Arc::new(Mutex::new(SequenceStore::new(StateSlots::default(), 0))),
             pending: HashMap::new(),
             ready: VecDeque::new(),
             handed: VecDeque::new(),
@@ -158,9 +194,11 @@ impl SubgraphActor {
             };
             let taken: Vec<Ready> = self.ready.drain(..take).collect();
             let requests: Vec<u64> = taken.iter().map(|r| r.request).collect();
+            let sequences = taken.iter().map(|r| r.sequence).collect();
             let inputs = taken.into_iter().map(|r| r.inputs).collect();
             let job = Job {
                 requests: requests.clone(),
+                sequences,
                 inputs,
             };
             let handed = self
@@ -207,9 +245,16 @@ impl SubgraphActor {
     }
 
     /// A request whose inputs have all arrived.
-    fn make_ready(&mut self, request: u64, inputs: Vec<Tensor>, ctx: &mut Context<Self>) {
+    fn make_ready(
+        &mut self,
+        request: u64,
+        sequence: Option<SequenceStep>,
+        inputs: Vec<Tensor>,
+        ctx: &mut Context<Self>,
+    ) {
         self.ready.push_back(Ready {
             request,
+            sequence,
             inputs,
             since: Instant::now(),
         });
@@ -234,6 +279,7 @@ impl SubgraphActor {
             actor,
             constants: None,
             takes_inputs: !self.inputs.is_empty(),
+            store: self.store.clone(),
         };
         std::thread::Builder::new()
             .name(format!("sg-{}-{}", self.network, self.subgraph))
@@ -241,6 +287,9 @@ impl SubgraphActor {
         Ok(tx)
     }
 }
+
+/// A request and the sequence step it is, if any.
+type Tagged = (u64, Option<SequenceStep>);
 
 /// What the compute thread owns.
 struct ComputeThread {
@@ -257,31 +306,48 @@ struct ComputeThread {
     /// its first trigger and reused.
     constants: Option<Vec<Tensor>>,
     takes_inputs: bool,
+    store: Arc<Mutex<SequenceStore>>,
 }
 
 impl ComputeThread {
     /// Runs jobs until the actor drops its end of the queue.
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(Job { requests, inputs }) = jobs.recv() {
+        while let Ok(Job {
+            requests,
+            sequences,
+            inputs,
+        }) = jobs.recv()
+        {
             if self.actor.upgrade().is_none() {
                 return; // stopped
             }
             // A request forgotten while it waited here is skipped (one
             // forgotten while it runs: its outputs are dropped where they
             // land, and the actor clears its mark when it finishes).
-            let (live, inputs): (Vec<u64>, Vec<Vec<Tensor>>) = {
+            let (live, inputs): (Vec<Tagged>, Vec<Vec<Tensor>>) = {
                 let mut cancelled = self.cancelled.lock().unwrap_or_else(|p| p.into_inner());
                 requests
                     .iter()
                     .copied()
+                    .zip(sequences)
                     .zip(inputs)
-                    .filter(|(r, _)| !cancelled.remove(r))
+                    .filter(|((r, _), _)| !cancelled.remove(r))
                     .unzip()
             };
             match live.len() {
                 0 => {}
-                1 => self.compute(live[0], &inputs[0]),
-                _ => self.compute_batch(&live, inputs),
+                1 => {
+                    let (request, sequence) = live[0];
+                    let inputs = inputs.into_iter().next().unwrap_or_default();
+                    match sequence {
+                        Some(step) => self.compute_step(request, step, inputs),
+                        None => self.compute(request, &inputs),
+                    }
+                }
+                _ => {
+                    let live: Vec<u64> = live.iter().map(|(r, _)| *r).collect();
+                    self.compute_batch(&live, inputs)
+                }
             }
             match self.actor.upgrade() {
                 Some(actor) => actor.do_send(Finished { requests }),
@@ -340,9 +406,57 @@ impl ComputeThread {
                         micros: c.real_us,
                     })
                     .collect();
-                self.deliver(request, result.outputs, elapsed, nodes);
+                self.deliver(request, None, result.outputs, elapsed, nodes);
             }
             Err(e) => self.fail(request, e),
+        }
+    }
+
+    /// Runs a step of a sequence: its state inputs from the store, its
+    /// state outputs back into it (not sent anywhere).
+    fn compute_step(&mut self, request: u64, step: SequenceStep, given: Vec<Tensor>) {
+        let span = tracing::debug_span!(
+            "sequence_step",
+            request,
+            sequence = step.id,
+            fresh = step.fresh,
+            subgraph = self.subgraph,
+            device = %self.device
+        );
+        let _entered = span.enter();
+        let store = self.store.clone();
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        let inputs = match store.inputs(step, given) {
+            Ok(inputs) => inputs,
+            Err(e) => return self.fail(request, e),
+        };
+        let (result, elapsed) = self.infer(&inputs);
+        match result {
+            Ok(result) => {
+                store.keep(step.id, &result.outputs);
+                tracing::debug!(
+                    sequences = store.len(),
+                    state_bytes = store.bytes(),
+                    "state kept"
+                );
+                let slots = store.slots();
+                let (outputs, names) = result
+                    .outputs
+                    .into_iter()
+                    .zip(self.outputs.iter().cloned())
+                    .enumerate()
+                    .filter(|(i, _)| !slots.is_state_output(*i))
+                    .map(|(_, o)| o)
+                    .unzip::<_, _, Vec<Tensor>, Vec<Arc<str>>>();
+                drop(store);
+                self.deliver_named(request, Some(step), names, outputs, elapsed, Vec::new());
+            }
+            Err(e) => {
+                // A failed step leaves no usable state behind.
+                store.end(step.id);
+                drop(store);
+                self.fail(request, e)
+            }
         }
     }
 
@@ -373,7 +487,7 @@ impl ComputeThread {
         match result.map(|r| batch::split(r.outputs, &rows)) {
             Ok(Ok(per_request)) => {
                 for (&r, outputs) in requests.iter().zip(per_request) {
-                    self.deliver(r, outputs, elapsed, Vec::new());
+                    self.deliver(r, None, outputs, elapsed, Vec::new());
                 }
             }
             Ok(Err(e)) => {
@@ -392,14 +506,44 @@ impl ComputeThread {
     }
 
     /// Streams a request's outputs to their consumers.
-    fn deliver(&self, request: u64, outputs: Vec<Tensor>, took: Duration, nodes: Vec<NodeTime>) {
-        let outputs: Vec<(Arc<str>, Tensor)> = self.outputs.iter().cloned().zip(outputs).collect();
+    fn deliver(
+        &self,
+        request: u64,
+        sequence: Option<SequenceStep>,
+        outputs: Vec<Tensor>,
+        took: Duration,
+        nodes: Vec<NodeTime>,
+    ) {
+        self.deliver_named(
+            request,
+            sequence,
+            self.outputs.clone(),
+            outputs,
+            took,
+            nodes,
+        )
+    }
+
+    /// Streams outputs `names` of a request to their consumers.
+    fn deliver_named(
+        &self,
+        request: u64,
+        sequence: Option<SequenceStep>,
+        names: Vec<Arc<str>>,
+        outputs: Vec<Tensor>,
+        took: Duration,
+        nodes: Vec<NodeTime>,
+    ) {
+        let outputs: Vec<(Arc<str>, Tensor)> = names.into_iter().zip(outputs).collect();
         let (router, network, subgraph) = (self.router.clone(), self.network, self.subgraph);
-        self.runtime.spawn(async move {
-            router
-                .deliver(network, subgraph, request, outputs, took, nodes)
-                .await
-        });
+        let ran = super::routes::Ran {
+            network,
+            subgraph,
+            request,
+            sequence,
+        };
+        self.runtime
+            .spawn(async move { router.deliver(ran, outputs, took, nodes).await });
     }
 
     fn fail(&self, request: u64, error: String) {
@@ -415,6 +559,10 @@ impl Actor for SubgraphActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox);
+        self.store = Arc::new(Mutex::new(SequenceStore::new(
+            self.state.clone(),
+            self.max_sequences,
+        )));
         match self.spawn_thread(ctx.address().downgrade()) {
             Ok(jobs) => self.jobs = Some(jobs),
             Err(e) => tracing::error!(
@@ -425,13 +573,21 @@ impl Actor for SubgraphActor {
         let every = (self.stale_after / 4).max(Duration::from_secs(1));
         ctx.run_interval(every, |actor, _| {
             let stale = actor.stale_after;
-            actor.pending.retain(|request, (_, since)| {
-                let keep = since.elapsed() < stale;
+            actor.pending.retain(|request, p| {
+                let keep = p.since.elapsed() < stale;
                 if !keep {
                     tracing::warn!(request, "dropping a request whose inputs never all arrived");
                 }
                 keep
             });
+            if !actor.state.is_empty() {
+                let idle = actor.sequence_idle;
+                let mut store = actor.store.lock().unwrap_or_else(|p| p.into_inner());
+                let dropped = store.sweep(idle);
+                if dropped > 0 {
+                    tracing::info!(dropped, "dropped the state of idle sequences");
+                }
+            }
         });
     }
 }
@@ -442,22 +598,35 @@ impl Handler<Arrived> for SubgraphActor {
     fn handle(&mut self, msg: Arrived, ctx: &mut Self::Context) {
         if self.inputs.is_empty() {
             // A subgraph of constants only: its trigger arrived.
-            self.make_ready(msg.request, Vec::new(), ctx);
+            self.make_ready(msg.request, None, Vec::new(), ctx);
             self.publish_depth();
             return;
         }
         let Some(slot) = self.inputs.iter().position(|n| *n == msg.name) else {
             return;
         };
+        // A later step of a sequence takes its state from the store.
+        let from_store = |s: Option<SequenceStep>| s.is_some_and(|s| !s.fresh);
+        if from_store(msg.sequence) && self.state.is_state_input(slot) {
+            return;
+        }
         let n = self.inputs.len();
-        let (got, _) = self
-            .pending
-            .entry(msg.request)
-            .or_insert_with(|| (vec![None; n], Instant::now()));
-        got[slot] = Some(msg.tensor);
-        if got.iter().all(Option::is_some) {
-            if let Some((got, _)) = self.pending.remove(&msg.request) {
-                self.make_ready(msg.request, got.into_iter().flatten().collect(), ctx);
+        let p = self.pending.entry(msg.request).or_insert_with(|| Pending {
+            inputs: vec![None; n],
+            since: Instant::now(),
+            sequence: msg.sequence,
+        });
+        p.inputs[slot] = Some(msg.tensor);
+        let stored = from_store(p.sequence);
+        let complete = p
+            .inputs
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t.is_some() || (stored && self.state.is_state_input(i)));
+        if complete {
+            if let Some(p) = self.pending.remove(&msg.request) {
+                let inputs = p.inputs.into_iter().flatten().collect();
+                self.make_ready(msg.request, p.sequence, inputs, ctx);
             }
         }
         self.publish_depth();
@@ -493,6 +662,20 @@ impl Handler<Forget> for SubgraphActor {
             }
         }
         self.publish_depth();
+    }
+}
+
+impl Handler<EndSequence> for SubgraphActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EndSequence, _: &mut Self::Context) {
+        if self.state.is_empty() {
+            return;
+        }
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        if store.end(msg.sequence) {
+            tracing::debug!(sequence = msg.sequence, "sequence ended");
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use tessera_common::tensor::Tensor;
 /// A request whose inputs have all arrived.
 pub struct Ready {
     pub request: u64,
+    /// A step of a sequence (never batched: each has its own state).
+    pub sequence: Option<tessera_common::wire::generate::SequenceStep>,
     pub inputs: Vec<Tensor>,
     pub since: Instant,
 }
@@ -43,14 +45,18 @@ pub fn batchable(ready: &VecDeque<Ready>, max: usize) -> usize {
     let Some(first) = ready.front() else {
         return 0;
     };
-    if rows(&first.inputs).is_none() {
+    if first.sequence.is_some() || rows(&first.inputs).is_none() {
         return 1;
     }
     1 + ready
         .iter()
         .skip(1)
         .take(max.saturating_sub(1))
-        .take_while(|r| rows(&r.inputs).is_some() && compatible(&first.inputs, &r.inputs))
+        .take_while(|r| {
+            r.sequence.is_none()
+                && rows(&r.inputs).is_some()
+                && compatible(&first.inputs, &r.inputs)
+        })
         .count()
 }
 
@@ -121,6 +127,7 @@ mod tests {
     fn ready(inputs: Vec<Tensor>) -> Ready {
         Ready {
             request: 0,
+            sequence: None,
             inputs,
             since: Instant::now(),
         }

@@ -23,6 +23,7 @@ pub mod cache;
 pub mod config;
 mod operations;
 pub mod routes;
+mod sequences;
 mod session;
 
 use std::net::SocketAddr;

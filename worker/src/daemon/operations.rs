@@ -12,6 +12,7 @@ use tessera_common::wire::control::{Control, DeploySpec, Destination, DeviceAnsw
 use tessera_net::exchange;
 
 use super::actor::{Stop, SubgraphActor};
+use super::sequences::StateSlots;
 use super::State;
 
 /// One operation stream from the coordinator.
@@ -89,6 +90,10 @@ async fn operation(
         Control::Cancel { request } => {
             state.router.forget(request);
             Ok(Control::Cancel { request })
+        }
+        Control::EndSequence { network, sequence } => {
+            state.router.end_sequence(network, sequence);
+            Ok(Control::EndSequence { network, sequence })
         }
         other => Err(format!("a worker does not take {}", other.name())),
     }
@@ -208,6 +213,7 @@ async fn deploy(
         .iter()
         .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
         .collect();
+    let state_slots = StateSlots::new(&inputs, &outputs, &spec.state)?;
     let mut actor = SubgraphActor::new(
         spec.network,
         spec.subgraph,
@@ -219,6 +225,8 @@ async fn deploy(
         state.mailbox,
     );
     actor.batching = spec.batching.filter(|b| b.max_batch > 1);
+    actor.state = state_slots;
+    actor.max_sequences = spec.max_sequences;
     let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
     state.router.add(spec.network, &actor, &inputs, routes);
     // Dial the workers this subgraph streams to now, not on the first

@@ -14,14 +14,25 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{
     Control, Destination, ErrorKind, MailboxDepth, NodeTime, Transfer,
 };
+use tessera_common::wire::generate::SequenceStep;
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
 
-use super::actor::{Arrived, Forget, SubgraphActor};
+use super::actor::{Arrived, EndSequence, Forget, SubgraphActor};
 
 /// Frames that may wait in one link's queue.
 const LINK_DEPTH: usize = 64;
+
+/// Which run of which subgraph produced outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct Ran {
+    pub network: u64,
+    pub subgraph: u32,
+    pub request: u64,
+    /// The sequence step the request is (its tensors carry it on).
+    pub sequence: Option<SequenceStep>,
+}
 
 pub struct Router {
     /// This worker's name.
@@ -147,7 +158,14 @@ impl Router {
 
     /// Hands an arrived tensor to the local actors that read it (waiting
     /// while a mailbox is full: back-pressure on the sender's stream).
-    pub async fn dispatch(&self, network: u64, request: u64, name: Arc<str>, tensor: Tensor) {
+    pub async fn dispatch(
+        &self,
+        network: u64,
+        request: u64,
+        sequence: Option<SequenceStep>,
+        name: Arc<str>,
+        tensor: Tensor,
+    ) {
         tracing::debug!(network, request, tensor = %name, "tensor arrived");
         let actors = match self.consumers.get(&(network, name.clone())) {
             Some(a) => a.clone(),
@@ -159,11 +177,25 @@ impl Router {
         for actor in actors {
             let msg = Arrived {
                 request,
+                sequence,
                 name: name.clone(),
                 tensor: tensor.clone(),
             };
             if actor.send(msg).await.is_err() {
                 tracing::warn!(network, request, "a subgraph actor has stopped");
+            }
+        }
+    }
+
+    /// Frees a sequence's state in every subgraph of `network` here.
+    pub fn end_sequence(&self, network: u64, sequence: u64) {
+        let mut told: Vec<Addr<SubgraphActor>> = Vec::new();
+        for entry in self.consumers.iter().filter(|e| e.key().0 == network) {
+            for actor in entry.value() {
+                if !told.contains(actor) {
+                    actor.do_send(EndSequence { sequence });
+                    told.push(actor.clone());
+                }
             }
         }
     }
@@ -221,13 +253,17 @@ impl Router {
     #[tracing::instrument(level = "debug", skip(self, outputs, elapsed, nodes), fields(worker = %self.name))]
     pub async fn deliver(
         &self,
-        network: u64,
-        subgraph: u32,
-        request: u64,
+        ran: Ran,
         outputs: Vec<(Arc<str>, Tensor)>,
         elapsed: Duration,
         nodes: Vec<NodeTime>,
     ) {
+        let Ran {
+            network,
+            subgraph,
+            request,
+            sequence,
+        } = ran;
         let ran = Control::Ran {
             request,
             subgraph,
@@ -246,20 +282,20 @@ impl Router {
             for dest in to {
                 let sent = match &dest {
                     Destination::Worker { name: w, .. } if *w == self.name => {
-                        self.dispatch(network, request, name.clone(), tensor.clone())
+                        self.dispatch(network, request, sequence, name.clone(), tensor.clone())
                             .await;
                         Ok(())
                     }
                     Destination::Worker { name: w, addr } => match self.peer(w, addr).await {
                         Ok(link) => link
-                            .send_tensor(network, request, &name, &tensor)
+                            .send_step_tensor(network, request, sequence, &name, &tensor)
                             .await
                             .map_err(|e| e.to_string()),
                         Err(e) => Err(e),
                     },
                     Destination::Coordinator => self
                         .coordinator
-                        .send_tensor(network, request, &name, &tensor)
+                        .send_step_tensor(network, request, sequence, &name, &tensor)
                         .await
                         .map_err(|e| e.to_string()),
                 };

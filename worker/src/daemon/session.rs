@@ -276,6 +276,7 @@ fn tensor_handler(
             match frame {
                 Frame::Tensor(header, payload) => {
                     let (network, request) = (header.network, header.request);
+                    let sequence = header.sequence;
                     let name: Arc<str> = header.name.as_str().into();
                     let bytes = payload.len() as u64;
                     if network == 0 {
@@ -291,7 +292,9 @@ fn tensor_handler(
                             if !name.is_empty() {
                                 router.moved(request, &name, &from, bytes, took).await;
                             }
-                            router.dispatch(network, request, name.clone(), t).await;
+                            router
+                                .dispatch(network, request, sequence, name.clone(), t)
+                                .await;
                         }
                         Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
                     }

@@ -1,0 +1,156 @@
+//! Text generation: a model folder (the Hugging Face / onnxruntime-genai
+//! layout: `model.onnx` with its external data, `tokenizer.json`,
+//! `tokenizer_config.json`, `genai_config.json`) read and loaded as a
+//! generative network, and [`Network::generate`] streaming its text.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use tessera_common::wire::control::Control;
+use tessera_common::wire::generate::FolderFiles;
+pub use tessera_common::wire::generate::{
+    ChatMessage, FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt,
+};
+use tessera_common::wire::{Frame, Limits};
+use tessera_net::{exchange, recv_frame};
+
+use crate::{ClientError, Network, Operation};
+
+/// A generative model read from its folder.
+pub struct ModelFolder {
+    /// `model.onnx`, external data inlined.
+    pub model: Bytes,
+    pub generation: GenerationSpec,
+}
+
+impl ModelFolder {
+    /// Reads `dir`; each stage will keep state for up to `max_sequences`
+    /// sequences at once.
+    pub fn read(dir: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
+        let bad = |what: String| ClientError::Model(format!("{}: {what}", dir.display()));
+        let text = |name: &str| -> Result<Option<String>, ClientError> {
+            match std::fs::read_to_string(dir.join(name)) {
+                Ok(t) => Ok(Some(t)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(bad(format!("cannot read {name}: {e}"))),
+            }
+        };
+        let tokenizer_json = text("tokenizer.json")?.ok_or_else(|| {
+            bad("no tokenizer.json: a generative model needs its tokenizer".into())
+        })?;
+        let tokenizer_config = text("tokenizer_config.json")?;
+        let genai_config = text("genai_config.json")?;
+        let files = FolderFiles {
+            tokenizer_json: &tokenizer_json,
+            tokenizer_config: tokenizer_config.as_deref(),
+            genai_config: genai_config.as_deref(),
+        };
+        let generation = GenerationSpec::from_files(&files, max_sequences).map_err(bad)?;
+        let model = tessera_common::onnx::load_model(dir.join("model.onnx"))
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(ModelFolder {
+            model: tessera_common::onnx::encode_model(&model).into(),
+            generation,
+        })
+    }
+}
+
+/// What a generation sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New tokens and their text (the text may lag a token, or hold back
+    /// what could begin a stop string).
+    Tokens { ids: Vec<u32>, text: String },
+    /// The generation ended.
+    Done(GenerateStats),
+}
+
+/// A generation under way: its events in order ([`Generation::next`]).
+/// Dropping it ends the generation (the stages free its state).
+pub struct Generation {
+    recv: quinn::RecvStream,
+    _send: quinn::SendStream,
+    limits: Limits,
+    done: bool,
+}
+
+impl Generation {
+    /// The next event; `None` after [`Event::Done`].
+    pub async fn next(&mut self) -> Result<Option<Event>, ClientError> {
+        if self.done {
+            return Ok(None);
+        }
+        let op = Operation::Generate;
+        let frame = recv_frame(&mut self.recv, &self.limits)
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        match frame {
+            Some(Frame::Control(Control::Tokens { ids, text }, _)) => {
+                Ok(Some(Event::Tokens { ids, text }))
+            }
+            Some(Frame::Control(Control::Generated(stats), _)) => {
+                self.done = true;
+                Ok(Some(Event::Done(stats)))
+            }
+            Some(Frame::Control(Control::Failed { kind, error, .. }, _)) => {
+                self.done = true;
+                Err(ClientError::Failed {
+                    op,
+                    kind,
+                    message: error,
+                })
+            }
+            Some(Frame::Control(other, _)) => Err(ClientError::unexpected(op, &other)),
+            Some(other) => Err(ClientError::Protocol(format!(
+                "unexpected {} frame",
+                other.kind().name()
+            ))),
+            None => Err(ClientError::Connection(
+                "the coordinator closed the generation".into(),
+            )),
+        }
+    }
+
+    /// Every event until the end: the whole text and the figures.
+    pub async fn collect(mut self) -> Result<(String, Vec<u32>, GenerateStats), ClientError> {
+        let (mut text, mut ids) = (String::new(), Vec::new());
+        while let Some(event) = self.next().await? {
+            match event {
+                Event::Tokens { ids: i, text: t } => {
+                    ids.extend(i);
+                    text.push_str(&t);
+                }
+                Event::Done(stats) => return Ok((text, ids, stats)),
+            }
+        }
+        Err(ClientError::Protocol(
+            "the generation ended without figures".into(),
+        ))
+    }
+}
+
+impl Network {
+    /// Starts generating on this (generative) network.
+    pub async fn generate(
+        &self,
+        prompt: Prompt,
+        params: GenerateParams,
+    ) -> Result<Generation, ClientError> {
+        let limits = self.client.inner.limits;
+        let (mut send, recv) = self.client.open().await?;
+        let msg = Control::Generate {
+            network: self.id,
+            prompt,
+            params,
+        };
+        exchange::send_message(&mut send, &msg, None, &limits)
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        Ok(Generation {
+            recv,
+            _send: send,
+            limits,
+            done: false,
+        })
+    }
+}

@@ -1,0 +1,237 @@
+//! Text generation on a generative network, run by the coordinator: the
+//! prompt tokenized (chat messages through the model's template), a fresh
+//! step over the whole prompt (prefill), then one step per new token
+//! (decode). Each step is a request of the sequence ([`requests::infer_step`]):
+//! only token ids, mask and positions travel; each stage keeps its part
+//! of the KV cache. Tokens stream to the caller as they are picked.
+//!
+//! When a worker is lost mid-generation the network is re-planned (as for
+//! any request) and the sequence's state rebuilt by a fresh step over
+//! every token so far; the generation then goes on where it was. With
+//! greedy decoding the text is the uninterrupted run's.
+//!
+//! However it ends (done, failed, the caller gone), every stage is told
+//! to free the sequence's state.
+
+mod feed;
+mod sample;
+mod text;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_common::graph::Graph;
+use tessera_common::wire::generate::{
+    FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt, SequenceStep,
+};
+use tokio::sync::mpsc;
+
+use crate::{requests, CoordinatorError, Shared};
+
+/// Rebuilds of a sequence's state (each after a worker loss) before the
+/// generation fails.
+const MAX_REPLAYS: u32 = 3;
+
+/// What a generative network needs to generate: its text side, its feed
+/// and its limits.
+pub struct GenerativeModel {
+    text: text::Text,
+    feed: feed::Feed,
+    spec: GenerationSpec,
+}
+
+impl GenerativeModel {
+    pub fn new(spec: &GenerationSpec, graph: &Graph) -> Result<GenerativeModel, CoordinatorError> {
+        let bad = |e: String| CoordinatorError::Model(format!("not generative: {e}"));
+        let pairs = graph.state_pairs().map_err(|e| bad(e.to_string()))?;
+        Ok(GenerativeModel {
+            text: text::Text::new(spec).map_err(bad)?,
+            feed: feed::Feed::new(graph, &pairs).map_err(bad)?,
+            spec: spec.clone(),
+        })
+    }
+}
+
+/// New text of a generation, as it comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub ids: Vec<u32>,
+    pub text: String,
+}
+
+/// Generates on `network`, sending chunks to `out` as they come; ends
+/// early (as finished) when `out` is closed.
+pub async fn generate(
+    shared: &Arc<Shared>,
+    network: u64,
+    prompt: &Prompt,
+    params: &GenerateParams,
+    out: mpsc::Sender<Chunk>,
+) -> Result<GenerateStats, CoordinatorError> {
+    let loaded = shared
+        .networks
+        .get(&network)
+        .map(|n| n.clone())
+        .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    let model = loaded.generator.clone().ok_or_else(|| {
+        CoordinatorError::BadInput(format!(
+            "network {network} is not generative (load it from a model folder with a tokenizer)"
+        ))
+    })?;
+    let context = model.spec.context_length;
+    params.check(context).map_err(CoordinatorError::BadInput)?;
+    let prompt_ids = model
+        .text
+        .prompt_ids(prompt)
+        .map_err(CoordinatorError::BadInput)?;
+    if prompt_ids.len() as u64 + u64::from(params.max_tokens) > u64::from(context) {
+        return Err(CoordinatorError::BadInput(format!(
+            "a prompt of {} tokens and {} new tokens exceed the model's context of {context} positions",
+            prompt_ids.len(),
+            params.max_tokens
+        )));
+    }
+    let sequence = shared.next_sequence.fetch_add(1, Ordering::Relaxed);
+    let _ends = EndOnDrop {
+        shared: shared.clone(),
+        network,
+        sequence,
+    };
+    let mut run = Run {
+        shared,
+        network,
+        model: &model,
+        params,
+        sequence,
+        tokens: prompt_ids,
+        started: Instant::now(),
+        deadline: (params.deadline_ms > 0).then(|| Duration::from_millis(params.deadline_ms)),
+    };
+    run.go(out).await
+}
+
+/// One generation under way.
+struct Run<'a> {
+    shared: &'a Arc<Shared>,
+    network: u64,
+    model: &'a GenerativeModel,
+    params: &'a GenerateParams,
+    sequence: u64,
+    /// The prompt's tokens, then the generated ones.
+    tokens: Vec<u32>,
+    started: Instant,
+    deadline: Option<Duration>,
+}
+
+impl Run<'_> {
+    async fn go(&mut self, out: mpsc::Sender<Chunk>) -> Result<GenerateStats, CoordinatorError> {
+        let prompt_tokens = self.tokens.len();
+        let mut sampler = sample::Sampler::new(self.params);
+        let mut fresh = true;
+        let mut replays = 0;
+        let mut first_token_us = 0;
+        let mut sent = 0;
+        let finish = loop {
+            let logits = match self.step(fresh).await {
+                Ok(logits) => logits,
+                Err(CoordinatorError::WorkerLost(e)) if replays < MAX_REPLAYS => {
+                    replays += 1;
+                    tracing::info!(sequence = self.sequence, "replaying the sequence: {e}");
+                    fresh = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            fresh = false;
+            let next = sampler
+                .pick(&logits)
+                .ok_or_else(|| CoordinatorError::Worker("the step gave empty logits".into()))?;
+            if first_token_us == 0 {
+                first_token_us = self.started.elapsed().as_micros().max(1) as u64;
+            }
+            if self.model.spec.eos_token_ids.contains(&next) {
+                break FinishReason::Stop;
+            }
+            self.tokens.push(next);
+            let generated = &self.tokens[prompt_tokens..];
+            let text = self
+                .model
+                .text
+                .decode(generated)
+                .map_err(CoordinatorError::Worker)?;
+            let (new, stopped) = text::releasable(&text, sent, &self.params.stop);
+            sent += new.len();
+            let chunk = Chunk {
+                ids: vec![next],
+                text: new.to_string(),
+            };
+            if out.send(chunk).await.is_err() {
+                tracing::debug!(sequence = self.sequence, "the caller left");
+                break FinishReason::Stop;
+            }
+            if stopped {
+                break FinishReason::Stop;
+            }
+            let full = self.tokens.len() >= self.model.spec.context_length as usize;
+            if generated.len() >= self.params.max_tokens as usize || full {
+                let rest = text.get(sent..).unwrap_or("").to_string();
+                if !rest.is_empty() {
+                    let _ = out
+                        .send(Chunk {
+                            ids: Vec::new(),
+                            text: rest,
+                        })
+                        .await;
+                }
+                break FinishReason::Length;
+            }
+        };
+        Ok(GenerateStats {
+            prompt_tokens: prompt_tokens as u32,
+            generated_tokens: (self.tokens.len() - prompt_tokens) as u32,
+            finish,
+            first_token_us,
+            total_us: self.started.elapsed().as_micros() as u64,
+            replays,
+        })
+    }
+
+    /// One step: a fresh one over every token so far, else the last token.
+    async fn step(&self, fresh: bool) -> Result<Vec<f32>, CoordinatorError> {
+        let inputs = self
+            .model
+            .feed
+            .step(&self.tokens, fresh)
+            .map_err(CoordinatorError::BadInput)?;
+        let step = SequenceStep {
+            id: self.sequence,
+            fresh,
+        };
+        let deadline = self.deadline.map(|d| {
+            d.saturating_sub(self.started.elapsed())
+                .max(Duration::from_millis(1))
+        });
+        let done = requests::infer_step(self.shared, self.network, inputs, step, deadline).await?;
+        self.model
+            .feed
+            .last_logits(&done.outputs)
+            .map_err(CoordinatorError::Worker)
+    }
+}
+
+/// Tells every stage to free a sequence's state when dropped.
+struct EndOnDrop {
+    shared: Arc<Shared>,
+    network: u64,
+    sequence: u64,
+}
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        let (shared, network, sequence) = (self.shared.clone(), self.network, self.sequence);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { requests::end_sequence(&shared, network, sequence).await });
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! A generative network's text side: prompts to token ids (plain text, or
+//! chat messages through the model's Jinja chat template) with the
+//! `tokenizers` crate, and ids back to text as they come.
+
+use minijinja::Environment;
+use tessera_common::wire::generate::{GenerationSpec, Prompt};
+use tokenizers::Tokenizer;
+
+pub struct Text {
+    tokenizer: Tokenizer,
+    template: Option<Environment<'static>>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl Text {
+    pub fn new(spec: &GenerationSpec) -> Result<Text, String> {
+        let tokenizer = Tokenizer::from_bytes(spec.tokenizer_json.as_bytes())
+            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        let template = match &spec.chat_template {
+            Some(source) => {
+                let mut env = Environment::new();
+                env.add_function("raise_exception", |msg: String| -> Result<String, _> {
+                    Err(minijinja::Error::new(
+                        minijinja::ErrorKind::InvalidOperation,
+                        msg,
+                    ))
+                });
+                env.add_template_owned("chat", source.clone())
+                    .map_err(|e| format!("the chat template does not parse: {e}"))?;
+                Some(env)
+            }
+            None => None,
+        };
+        Ok(Text {
+            tokenizer,
+            template,
+            bos_token: spec.bos_token.clone().unwrap_or_default(),
+            eos_token: spec.eos_token.clone().unwrap_or_default(),
+        })
+    }
+
+    /// The prompt's token ids (an empty prompt is an error).
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, String> {
+        let (text, special) = match prompt {
+            Prompt::Text(text) => (text.clone(), true),
+            Prompt::Chat(messages) => (self.render_chat(messages)?, false),
+        };
+        if text.is_empty() {
+            return Err("the prompt is empty".into());
+        }
+        let encoding = self
+            .tokenizer
+            .encode(text.as_str(), special)
+            .map_err(|e| format!("cannot tokenize the prompt: {e}"))?;
+        let ids = encoding.get_ids().to_vec();
+        if ids.is_empty() {
+            return Err("the prompt has no tokens".into());
+        }
+        Ok(ids)
+    }
+
+    /// Chat messages through the template, the assistant's turn opened.
+    fn render_chat(
+        &self,
+        messages: &[tessera_common::wire::generate::ChatMessage],
+    ) -> Result<String, String> {
+        if messages.is_empty() {
+            return Err("the chat has no messages".into());
+        }
+        let env = self
+            .template
+            .as_ref()
+            .ok_or("the model has no chat template (tokenizer_config.json chat_template)")?;
+        let template = env.get_template("chat").map_err(|e| e.to_string())?;
+        let messages: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| {
+                minijinja::context! { role => m.role.clone(), content => m.content.clone() }
+            })
+            .collect();
+        template
+            .render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos_token.clone(),
+                eos_token => self.eos_token.clone(),
+            })
+            .map_err(|e| format!("the chat template failed: {e}"))
+    }
+
+    /// The text of `ids` (special tokens left out).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| format!("cannot decode tokens: {e}"))
+    }
+}
+
+/// Text that can go out now: what is new since `sent` bytes, holding back
+/// an unfinished character (the replacement character a partial byte
+/// sequence decodes to) and any tail that may begin a stop string. With a
+/// stop string found, the text before it and `true`.
+pub fn releasable<'a>(text: &'a str, sent: usize, stop: &[String]) -> (&'a str, bool) {
+    let earliest = stop.iter().filter_map(|s| text.find(s.as_str())).min();
+    if let Some(at) = earliest {
+        return (text.get(sent.min(at)..at).unwrap_or(""), true);
+    }
+    let whole = &text[..text.trim_end_matches('\u{FFFD}').len()];
+    let mut end = whole.len();
+    for s in stop {
+        // The longest proper prefix of `s` that the text ends with.
+        let held = (1..s.len())
+            .rev()
+            .filter(|&n| s.is_char_boundary(n))
+            .find(|&n| whole.ends_with(&s[..n]))
+            .unwrap_or(0);
+        end = end.min(whole.len() - held);
+    }
+    (text.get(sent.min(end)..end).unwrap_or(""), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::releasable;
+
+    #[test]
+    fn text_is_released_up_to_a_possible_stop_string() {
+        let stop = vec!["\nUser:".to_string()];
+        assert_eq!(releasable("Hello", 0, &stop), ("Hello", false));
+        assert_eq!(releasable("Hello\nUs", 0, &stop), ("Hello", false));
+        assert_eq!(releasable("Hello\nUser: hi", 5, &stop), ("", true));
+        assert_eq!(releasable("Hello there\nUser:", 5, &stop), (" there", true));
+        assert_eq!(releasable("caf\u{FFFD}", 0, &[]), ("caf", false));
+    }
+}
