@@ -18,7 +18,14 @@ if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then
   { apt-get install -y -q curl || { apt-get update -q && apt-get install -y -q curl; }; } >/dev/null 2>&1 ||
     echo "warning: could not install curl; the KServe v2 test needs it"
 fi
+# Text generation's oracle: onnxruntime-genai (its greedy text), and the
+# converter's GGUF reader.
+if ! python3 -c "import onnxruntime_genai, gguf" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check \
+    "onnxruntime-genai==0.18.0" "gguf==0.19.0"
+fi
 ./scripts/fetch-test-models.sh >/dev/null
+./scripts/fetch-llm.sh >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);
 # Debian images carry only C and C.UTF-8.
 if ! locale -a 2>/dev/null | grep -qi '^en_US.utf-\?8$' && command -v apt-get >/dev/null; then

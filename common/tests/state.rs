@@ -20,19 +20,27 @@ fn decoder_like(past: &str, present: &str, past_rank: usize) -> GraphProto {
             node("concat", "Concat", &[past, "h"], &[present]),
             node("relu", "Relu", &["h"], &["y"]),
         ],
-        input: vec![tensor_info("x", F32, &[1, 4]), tensor_info(past, F32, &past_dims)],
-        output: vec![tensor_info("y", F32, &[1, 4]), tensor_info(present, F32, &[1, 4])],
+        input: vec![
+            tensor_info("x", F32, &[1, 4]),
+            tensor_info(past, F32, &past_dims),
+        ],
+        output: vec![
+            tensor_info("y", F32, &[1, 4]),
+            tensor_info(present, F32, &[1, 4]),
+        ],
         ..Default::default()
     }
 }
 
 fn with_axis(mut g: GraphProto) -> GraphProto {
-    g.node[1].attribute.push(tessera_common::onnx::proto::AttributeProto {
-        name: Some("axis".into()),
-        r#type: Some(tessera_common::onnx::proto::attribute_proto::AttributeType::Int as i32),
-        i: Some(0),
-        ..Default::default()
-    });
+    g.node[1]
+        .attribute
+        .push(tessera_common::onnx::proto::AttributeProto {
+            name: Some("axis".into()),
+            r#type: Some(tessera_common::onnx::proto::attribute_proto::AttributeType::Int as i32),
+            i: Some(0),
+            ..Default::default()
+        });
     g
 }
 
@@ -68,7 +76,10 @@ fn pairs_come_from_metadata_and_are_checked() {
     assert_eq!(graph.state_pairs().expect("declared").len(), 1);
     model.metadata_props[0].value = Some(r#"[["y", "x"]]"#.into());
     let graph = Graph::from_model(model.clone()).expect("graph");
-    assert!(graph.state_pairs().is_ok(), "y and x agree in type and rank");
+    assert!(
+        graph.state_pairs().is_ok(),
+        "y and x agree in type and rank"
+    );
     model.metadata_props[0].value = Some(r#"[["nope", "x"]]"#.into());
     let graph = Graph::from_model(model.clone()).expect("graph");
     let err = graph.state_pairs().unwrap_err();

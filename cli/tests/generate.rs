@@ -1,0 +1,324 @@
+//! Text generation across machines, on real worker processes: SmolLM2-135M
+//! (`scripts/fetch-llm.sh`) split over two workers by memory gives
+//! onnxruntime-genai's greedy text token for token, also when the worker
+//! holding a stage is killed mid-generation (the sequence's state is
+//! rebuilt by replaying its tokens); bad requests get clear errors; a full
+//! stage refuses a new sequence until a client that left frees its state.
+
+mod util;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tessera_client::generate::{
+    ChatMessage, Event, GenerateParams, GenerateStats, ModelFolder, Prompt,
+};
+use tessera_client::{Client, LoadOptions, Network};
+use util::cluster::Cluster;
+use util::runtime;
+
+/// onnxruntime-genai's greedy answer for one prompt.
+#[derive(Debug)]
+struct Oracle {
+    ids: Vec<u32>,
+    text: String,
+}
+
+fn folder(name: &str) -> PathBuf {
+    util::model(name)
+}
+
+/// onnxruntime-genai's greedy generations of `prompts` (as chat user
+/// messages with `chat`).
+fn genai(folder: &std::path::Path, prompts: &[&str], max_new: u32, chat: bool) -> Vec<Oracle> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/llm/genai_generate.py"
+    );
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script)
+        .arg(folder)
+        .args(["--max-new", &max_new.to_string()])
+        .args(prompts);
+    if chat {
+        cmd.arg("--chat");
+    }
+    let out = cmd.output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "onnxruntime-genai: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("oracle JSON");
+            let ids = v["ids"].as_array().expect("ids").iter();
+            Oracle {
+                ids: ids.map(|i| i.as_u64().expect("an id") as u32).collect(),
+                text: v["text"].as_str().expect("text").to_string(),
+            }
+        })
+        .collect()
+}
+
+fn greedy(max_tokens: u32) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        ..GenerateParams::default()
+    }
+}
+
+fn user(text: &str) -> Prompt {
+    Prompt::Chat(vec![ChatMessage {
+        role: "user".into(),
+        content: text.into(),
+    }])
+}
+
+async fn load(
+    client: &Client,
+    folder: &std::path::Path,
+    max_sequences: u32,
+    context: u32,
+) -> Network {
+    let mut model = ModelFolder::read(folder, max_sequences).expect("model folder");
+    model.generation.context_length = context;
+    let options = LoadOptions {
+        devices: "CPU".into(),
+        generation: Some(model.generation),
+        ..Default::default()
+    };
+    client
+        .load_network(model.model, options)
+        .await
+        .expect("loaded")
+}
+
+async fn run(
+    network: &Network,
+    prompt: Prompt,
+    params: GenerateParams,
+) -> (String, Vec<u32>, GenerateStats) {
+    let generation = network.generate(prompt, params).await.expect("started");
+    generation.collect().await.expect("generated")
+}
+
+#[test]
+fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_worker_is_killed() {
+    let model = folder("smollm2-135m-instruct");
+    // 513 MiB of weights (the tied embedding counted on the first and the
+    // last stage) and 1 sequence × 512 positions of KV cache: two of these
+    // workers hold it, one does not.
+    let limit: &[&str] = &["--memory-limit", "380MiB"];
+    let names = ["node-a", "node-b", "node-c"];
+    let workers: Vec<(&str, &str, &[&str])> = names.iter().map(|n| (*n, "CPU", limit)).collect();
+    let mut cluster = Cluster::start_with_args("generate", &workers, 1);
+    let prompts = ["The capital of France is", "def fibonacci(n):"];
+    let plain = genai(&model, &prompts, 24, false);
+    let chat = genai(&model, &["What is the capital of France?"], 24, true);
+    let long = genai(&model, &["Once upon a time"], 40, false);
+    let rt = runtime();
+    let killed = rt.block_on(async {
+        let client = cluster.client().await;
+        let network = load(&client, &model, 1, 512).await;
+        let hosts = &network.plan().hosts;
+        assert!(hosts.len() >= 2, "the model spans workers: {hosts:?}");
+        for (prompt, want) in prompts.iter().zip(&plain) {
+            let (text, ids, stats) =
+                run(&network, Prompt::Text(prompt.to_string()), greedy(24)).await;
+            eprintln!("{prompt:?} → {text:?} ({stats:?})");
+            assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
+            assert_eq!(text, want.text);
+        }
+        let (text, ids, _) =
+            run(&network, user("What is the capital of France?"), greedy(24)).await;
+        assert_eq!(ids, chat[0].ids, "chat: {text:?} vs {:?}", chat[0].text);
+        assert!(text.contains("Paris"), "{text}");
+        // Kill the worker of the last stage after a few tokens.
+        let last = network
+            .plan()
+            .subgraphs
+            .last()
+            .expect("a stage")
+            .device
+            .clone();
+        let host = last.split('/').next().unwrap_or_default().to_string();
+        let mut generation = network
+            .generate(Prompt::Text("Once upon a time".into()), greedy(40))
+            .await
+            .expect("started");
+        let (mut ids, mut text, mut stats) = (Vec::new(), String::new(), None);
+        let mut killed = false;
+        while let Some(event) = generation.next().await.expect("generation goes on") {
+            match event {
+                Event::Tokens { ids: i, text: t } => {
+                    ids.extend(i);
+                    text.push_str(&t);
+                    if ids.len() >= 6 && !killed {
+                        let at = names.iter().position(|n| *n == host).expect("a worker");
+                        cluster.workers[at].kill();
+                        killed = true;
+                    }
+                }
+                Event::Done(s) => stats = Some(s),
+            }
+        }
+        let stats = stats.expect("figures");
+        eprintln!("after killing {host}: {text:?} ({stats:?})");
+        assert!(stats.replays >= 1, "{stats:?}");
+        assert_eq!(ids, long[0].ids, "{text:?} vs {:?}", long[0].text);
+        assert_eq!(text, long[0].text);
+        host
+    });
+    eprintln!("killed {killed}");
+}
+
+#[test]
+fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
+    let model = folder("smollm2-tiny");
+    let cluster = Cluster::start("generate-bad", &["node-a"], 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let network = load(&client, &model, 1, 64).await;
+        let refused = |params: GenerateParams, prompt: Prompt| {
+            let network = network.clone();
+            async move {
+                let result = match network.generate(prompt, params).await {
+                    Ok(g) => g.collect().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                result.expect_err("refused").to_string()
+            }
+        };
+        let text = |t: &str| Prompt::Text(t.into());
+        let cases: Vec<(GenerateParams, Prompt, &str)> = vec![
+            (greedy(8), text(""), "the prompt is empty"),
+            (greedy(0), text("hi"), "max tokens must be at least 1"),
+            (greedy(64), text("hi"), "beyond the model's context of 64"),
+            (
+                GenerateParams {
+                    temperature: -1.0,
+                    ..greedy(8)
+                },
+                text("hi"),
+                "temperature must be",
+            ),
+            (
+                GenerateParams {
+                    top_p: 0.0,
+                    ..greedy(8)
+                },
+                text("hi"),
+                "top_p must be",
+            ),
+            (
+                greedy(8),
+                text(&"word ".repeat(80)),
+                "exceed the model's context of 64",
+            ),
+            (
+                greedy(8),
+                Prompt::Chat(Vec::new()),
+                "the chat has no messages",
+            ),
+        ];
+        for (params, prompt, want) in cases {
+            let err = refused(params, prompt).await;
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        // The same seed samples the same text; a stop string ends it.
+        let hot = GenerateParams {
+            temperature: 1.0,
+            top_k: 50,
+            seed: 3,
+            ..greedy(12)
+        };
+        let (a, _, _) = run(&network, text("Hello"), hot.clone()).await;
+        let (b, _, _) = run(&network, text("Hello"), hot).await;
+        assert_eq!(a, b);
+        let (plain, _, _) = run(&network, text("Hello"), greedy(6)).await;
+        let stop = plain.get(3..6).unwrap_or(&plain).to_string();
+        let stopped = GenerateParams {
+            stop: vec![stop.clone()],
+            ..greedy(6)
+        };
+        let (cut, _, stats) = run(&network, text("Hello"), stopped).await;
+        assert!(
+            !cut.contains(&stop) && plain.starts_with(&cut),
+            "{cut:?} {plain:?}"
+        );
+        assert_eq!(stats.finish, tessera_client::generate::FinishReason::Stop);
+        // One sequence at a time: a second waits for the first to leave.
+        let mut first = network
+            .generate(text("Hello"), greedy(60))
+            .await
+            .expect("first");
+        assert!(matches!(first.next().await, Ok(Some(Event::Tokens { .. }))));
+        let err = refused(greedy(4), text("Hi")).await;
+        assert!(err.contains("keeps state for 1 sequences already"), "{err}");
+        drop(first);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match network
+                .generate(text("Hi"), greedy(4))
+                .await
+                .expect("sent")
+                .collect()
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if Instant::now() < until => {
+                    eprintln!("waiting for the first sequence's state to go: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("the stage never freed the sequence: {e}"),
+            }
+        }
+        // A network loaded without a tokenizer does not generate.
+        let bytes = std::fs::read(model.join("model.onnx")).expect("model");
+        let plain = client
+            .load_network(bytes, LoadOptions::devices("CPU"))
+            .await
+            .expect("loaded");
+        let err = match plain.generate(text("Hi"), greedy(4)).await {
+            Ok(g) => g.collect().await.err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        assert!(err.unwrap_or_default().contains("is not generative"));
+    });
+    // A folder without a tokenizer is refused before anything is sent.
+    let empty = cluster.dir.join("no-tokenizer");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::copy(model.join("model.onnx"), empty.join("model.onnx")).unwrap();
+    let err = ModelFolder::read(&empty, 1)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("no tokenizer.json"), "{err}");
+}
+
+#[test]
+fn the_cli_prints_only_the_generated_text() {
+    let model = folder("smollm2-tiny");
+    let want = genai(&model, &["The capital of France is"], 10, false);
+    let dir = model.to_str().unwrap();
+    let (ok, out, err) = util::tessera(&[
+        "generate",
+        dir,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "10",
+        "--workers",
+        "1",
+        "--context",
+        "128",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("{}\n", want[0].text));
+    assert!(err.contains("generated 10 (length)"), "{err}");
+    let (ok, _, err) = util::tessera(&["generate", dir, "--prompt", "x", "--context", "999999"]);
+    assert!(!ok && err.contains("beyond the model's context"), "{err}");
+}
