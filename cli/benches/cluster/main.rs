@@ -80,6 +80,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use anyhow::{Context, Result};
 
+mod generate;
 mod http;
 mod memory;
 mod scale;
@@ -162,6 +163,9 @@ fn main() -> Result<()> {
         }
         if run("rss") {
             memory::rss().await?;
+        }
+        if run("generate") {
+            generate::generation().await?;
         }
         Ok(())
     })
