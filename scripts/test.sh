@@ -24,6 +24,10 @@ if ! python3 -c "import onnxruntime_genai, gguf" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
     "onnxruntime-genai==0.18.0" "gguf==0.19.0"
 fi
+# The OpenAI-compatible endpoints' real client.
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0"
+fi
 ./scripts/fetch-test-models.sh >/dev/null
 ./scripts/fetch-llm.sh >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);

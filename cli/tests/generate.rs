@@ -3,7 +3,9 @@
 //! onnxruntime-genai's greedy text token for token, also when the worker
 //! holding a stage is killed mid-generation (the sequence's state is
 //! rebuilt by replaying its tokens); bad requests get clear errors; a full
-//! stage refuses a new sequence until a client that left frees its state.
+//! stage refuses a new sequence until a client that left frees its state;
+//! the real `openai` Python client gets the same text over HTTP, whole and
+//! streamed.
 
 mod util;
 
@@ -321,4 +323,54 @@ fn the_cli_prints_only_the_generated_text() {
     assert!(err.contains("generated 10 (length)"), "{err}");
     let (ok, _, err) = util::tessera(&["generate", dir, "--prompt", "x", "--context", "999999"]);
     assert!(!ok && err.contains("beyond the model's context"), "{err}");
+}
+
+#[test]
+fn the_openai_client_streams_completions_and_chats() {
+    let model = folder("smollm2-135m-instruct");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config = format!("http_listen = \"127.0.0.1:{port}\"\n");
+    let cluster = Cluster::start_configured("generate-openai", &[("node-a", "CPU")], 1, &config);
+    let plain = genai(&model, &["The capital of France is"], 12, false);
+    let chat = genai(&model, &["What is the capital of France?"], 12, true);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let mut folder = ModelFolder::read(&model, 2).expect("model folder");
+        folder.generation.context_length = 256;
+        let options = LoadOptions {
+            devices: "CPU".into(),
+            generation: Some(folder.generation),
+            ..Default::default()
+        };
+        client
+            .load_model("smollm2", folder.model, options, |_, _, _| {})
+            .await
+            .expect("named model");
+    });
+    let expected = serde_json::json!({
+        "plain": { "prompt": "The capital of France is", "text": plain[0].text, "max_tokens": 12 },
+        "chat": { "prompt": "What is the capital of France?", "text": chat[0].text, "max_tokens": 12 },
+    });
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/python/openai_test.py"
+    );
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{port}/v1"))
+        .arg("smollm2")
+        .arg(expected.to_string())
+        .output()
+        .expect("python3 with openai (scripts/test.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai_test.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -14,6 +14,7 @@
 //! | `POST /v2/repository/index` | every named model and its state |
 //! | `POST /v2/repository/models/{name}/load` / `unload` | the repository extension |
 //! | `GET /metrics` | Prometheus text format |
+//! | `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` | OpenAI-compatible generation ([`openai`]) |
 //!
 //! Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown
 //! model or version), 413 (body over `http_max_body_bytes`), 503 (not
@@ -21,9 +22,10 @@
 //!
 //! Layout: this file (routes, health, metadata, repository, metrics);
 //! `infer` (the infer endpoint); `tensors` (datatypes, JSON and binary
-//! tensor codecs).
+//! tensor codecs); `openai` (OpenAI-compatible generation).
 
 mod infer;
+pub mod openai;
 pub mod tensors;
 
 use std::net::SocketAddr;
@@ -98,6 +100,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/repository/models/{name}/load", post(load))
         .route("/v2/repository/models/{name}/unload", post(unload))
         .route("/metrics", get(metrics))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
         .fallback(|| async { HttpError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(shared)
 }
