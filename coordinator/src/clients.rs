@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use tessera_common::wire::control::{Control, WorkerState};
 use tessera_common::wire::generate::{GenerateParams, Prompt};
 use tessera_common::wire::tensor::TensorHeader;
@@ -61,37 +63,7 @@ async fn operation(
     recv: &mut quinn::RecvStream,
 ) -> Result<(), CoordinatorError> {
     let limits = *shared.node.limits();
-    // A generative network's tokenizer follows its model in the payload.
-    let (msg, payload) = match msg {
-        Control::LoadNetwork(mut request) => {
-            let payload = match request.generation.as_mut() {
-                Some(g) => g
-                    .split_payload(payload)
-                    .map_err(CoordinatorError::BadInput)?,
-                None => payload,
-            };
-            (Control::LoadNetwork(request), payload)
-        }
-        Control::LoadModel {
-            name,
-            request: Some(mut request),
-        } => {
-            let payload = match request.generation.as_mut() {
-                Some(g) => g
-                    .split_payload(payload)
-                    .map_err(CoordinatorError::BadInput)?,
-                None => payload,
-            };
-            (
-                Control::LoadModel {
-                    name,
-                    request: Some(request),
-                },
-                payload,
-            )
-        }
-        other => (other, payload),
-    };
+    let (msg, payload) = take_tokenizer(msg, payload)?;
     match msg {
         Control::LoadNetwork(request) if request.dry_run => {
             let (tx, rx) = mpsc::channel::<Control>(64);
@@ -171,6 +143,34 @@ async fn operation(
             other.name()
         ))),
     }
+}
+
+/// A generative network's tokenizer follows its model in a load's payload:
+/// taken into the load's generation spec, the model left.
+fn take_tokenizer(msg: Control, payload: Bytes) -> Result<(Control, Bytes), CoordinatorError> {
+    let split =
+        |request: &mut tessera_common::wire::control::LoadRequest, payload: Bytes| match request
+            .generation
+            .as_mut()
+        {
+            Some(g) => g.split_payload(payload).map_err(CoordinatorError::BadInput),
+            None => Ok(payload),
+        };
+    Ok(match msg {
+        Control::LoadNetwork(mut request) => {
+            let payload = split(&mut request, payload)?;
+            (Control::LoadNetwork(request), payload)
+        }
+        Control::LoadModel {
+            name,
+            request: Some(mut request),
+        } => {
+            let payload = split(&mut request, payload)?;
+            let request = Some(request);
+            (Control::LoadModel { name, request }, payload)
+        }
+        other => (other, payload),
+    })
 }
 
 /// One request: its input tensors (on the same stream), then the answer

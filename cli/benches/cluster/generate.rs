@@ -14,12 +14,12 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use tessera_cli::cluster::{start_workers, Embedded, WorkerSpec};
+use tessera_cli::cluster::{start_workers, Embedded};
 use tessera_client::generate::{GenerateParams, GenerateStats, ModelFolder, Prompt};
 use tessera_client::{Client, LoadOptions, Network};
 use tessera_common::memory::format_size;
-use tessera_worker::daemon::config::MemoryLimits;
 
+use super::memory::spec;
 use super::model_path;
 
 const NEW_TOKENS: u32 = 32;
@@ -64,19 +64,6 @@ fn genai(processes: usize) -> Result<Vec<(f64, f64)>> {
             ))
         })
         .collect()
-}
-
-fn spec(limit: Option<&str>) -> Result<WorkerSpec> {
-    Ok(WorkerSpec {
-        memory_limit: match limit {
-            Some(l) => l.parse::<MemoryLimits>().map_err(anyhow::Error::msg)?,
-            None => MemoryLimits::default(),
-        },
-        ..WorkerSpec::new(
-            &["CPU".to_string()],
-            &[("NUM_THREADS".to_string(), "1".to_string())],
-        )
-    })
 }
 
 async fn load(cluster: &Embedded) -> Result<(Client, Network)> {

@@ -38,7 +38,8 @@ fn chain_input(batch: usize) -> Result<Vec<(String, Tensor)>> {
     )])
 }
 
-fn spec(limit: Option<&str>) -> Result<WorkerSpec> {
+/// A single-threaded CPU worker offering `limit` (else what it has).
+pub(super) fn spec(limit: Option<&str>) -> Result<WorkerSpec> {
     Ok(WorkerSpec {
         memory_limit: match limit {
             Some(l) => l.parse::<MemoryLimits>().map_err(anyhow::Error::msg)?,

@@ -250,7 +250,17 @@ impl Router {
 
     /// Tells the coordinator how long a subgraph ran and streams its outputs
     /// of a request to their consumers.
-    #[tracing::instrument(level = "debug", skip(self, outputs, elapsed, nodes), fields(worker = %self.name))]
+    #[tracing::instrument(
+        level = "debug",
+        skip_all,
+        fields(
+            worker = %self.name,
+            network = ran.network,
+            subgraph = ran.subgraph,
+            request = ran.request,
+            sequence = ran.sequence.map(|s| s.id),
+        )
+    )]
     pub async fn deliver(
         &self,
         ran: Ran,
