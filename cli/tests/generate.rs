@@ -374,3 +374,51 @@ fn the_openai_client_streams_completions_and_chats() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
+    if let Err(e) = tessera_worker::plugins::gpu::GpuPlugin::new() {
+        if std::env::var("TESSERA_GPU_TESTS").as_deref() == Ok("required") {
+            panic!("{e}");
+        }
+        println!("SKIPPED: {e}");
+        return;
+    }
+    // The 2-layer model interleaved over a GPU and a CPU worker (lavapipe
+    // runs the 30-layer one at a token every few seconds): a state input
+    // read on one worker by two subgraphs (the mask reads the cache's
+    // length), a state output streamed to the other worker's attention,
+    // and steps that bring a subgraph only its state.
+    let model = folder("smollm2-tiny");
+    let want = genai(&model, &["The capital of France is", "Hello"], 12, false);
+    let cluster = Cluster::start_with("generate-gpu", &[("node-a", "GPU"), ("node-b", "CPU")], 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let mut folder = ModelFolder::read(&model, 1).expect("model folder");
+        folder.generation.context_length = 64;
+        let options = LoadOptions {
+            devices: "HETERO:node-a/GPU,node-b/CPU".into(),
+            generation: Some(folder.generation),
+            ..Default::default()
+        };
+        let network = client
+            .load_network(folder.model, options)
+            .await
+            .expect("loaded");
+        let devices: Vec<&str> = network
+            .plan()
+            .subgraphs
+            .iter()
+            .map(|s| s.device.as_str())
+            .collect();
+        assert!(
+            devices.contains(&"node-a/GPU") && devices.contains(&"node-b/CPU"),
+            "{devices:?}"
+        );
+        for (prompt, want) in ["The capital of France is", "Hello"].iter().zip(&want) {
+            let (text, ids, _) = run(&network, Prompt::Text(prompt.to_string()), greedy(12)).await;
+            assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
+        }
+    });
+}

@@ -58,6 +58,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
     stream.extend(deploy.encode_with(&model, &limits).unwrap());
     let step = tessera_common::wire::generate::SequenceStep {
         id: 5,
+        step: 3,
         fresh: false,
     };
     stream.extend(

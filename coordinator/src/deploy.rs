@@ -202,6 +202,18 @@ async fn deploy_planned(
     // Subgraphs without inputs (constants only) run on a per-request
     // trigger sent to their hosts.
     let trigger_hosts = hosts_of_stages(stages.iter().filter(|s| s.inputs.is_empty()));
+    let pasts: Vec<String> = planned
+        .graph
+        .state_pairs()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.past)
+        .collect();
+    let state_trigger_hosts = hosts_of_stages(
+        stages
+            .iter()
+            .filter(|s| !s.inputs.is_empty() && s.inputs.iter().all(|i| pasts.contains(i))),
+    );
     let placements: Vec<Placement> = stages
         .iter()
         .map(|s| Placement {
@@ -233,6 +245,7 @@ async fn deploy_planned(
         state_outputs,
         input_routes,
         trigger_hosts,
+        state_trigger_hosts,
         hosts,
         placements,
         plan,
@@ -361,7 +374,7 @@ fn deploy_specs(
                 state: pairs
                     .iter()
                     .filter(|p| {
-                        stage.inputs.contains(&p.past) && stage.outputs.contains(&p.present)
+                        stage.inputs.contains(&p.past) || stage.outputs.contains(&p.present)
                     })
                     .cloned()
                     .collect(),
@@ -376,20 +389,23 @@ fn deploy_specs(
         .collect()
 }
 
-/// Each state pair's state must stay on one stage: the stage that makes its
-/// present output is the only one that reads its past input.
+/// Each state pair's state must stay on one worker: the stages that read
+/// its input and the one that makes its output run on the same host.
 fn check_state_kept(stages: &[Stage], pairs: &[StatePair]) -> Result<(), CoordinatorError> {
     for pair in pairs {
-        let readers: Vec<usize> = (0..stages.len())
-            .filter(|&i| stages[i].inputs.contains(&pair.past))
-            .collect();
-        let maker = stages
+        let mut hosts: Vec<String> = stages
             .iter()
-            .position(|s| s.outputs.contains(&pair.present));
-        if readers.len() > 1 || maker.is_none() || readers.first() != maker.as_ref() {
+            .filter(|s| s.inputs.contains(&pair.past) || s.outputs.contains(&pair.present))
+            .map(|s| host_of(&s.device))
+            .collect();
+        hosts.dedup();
+        if hosts.len() > 1 {
             return Err(CoordinatorError::Plan(format!(
-                "the state {} → {} would be split over subgraphs {readers:?} (read) and {maker:?}                  (made); a sequence's state must stay on one stage",
-                pair.present, pair.past
+                "the state {} → {} would be split over workers {}; a sequence's state must \
+                 stay on one worker",
+                pair.present,
+                pair.past,
+                hosts.join(", ")
             )));
         }
     }

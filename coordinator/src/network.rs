@@ -43,6 +43,9 @@ pub struct Deployed {
     /// Workers with subgraphs that have no inputs (sent a trigger per
     /// request).
     pub trigger_hosts: Vec<String>,
+    /// Workers with subgraphs that read only state: a later step of a
+    /// sequence brings them nothing, so they are sent its trigger.
+    pub state_trigger_hosts: Vec<String>,
     /// Every worker it runs on.
     pub hosts: Vec<String>,
     pub placements: Vec<Placement>,

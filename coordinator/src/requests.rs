@@ -327,7 +327,16 @@ async fn send_inputs(
     let unreachable = |what: String| Failure::Unreachable(what);
     let trigger = Tensor::new(tessera_common::onnx::ElemType::UINT8, vec![0], Vec::new())
         .map_err(|e| Failure::Error(e.to_string()))?;
-    for host in &net.trigger_hosts {
+    // A later step also triggers the subgraphs that read only state.
+    let mut triggered = net.trigger_hosts.clone();
+    if sequence.is_some_and(|s| !s.fresh) {
+        for host in &net.state_trigger_hosts {
+            if !triggered.contains(host) {
+                triggered.push(host.clone());
+            }
+        }
+    }
+    for host in &triggered {
         link_to(host)?
             .send_step_tensor(network, id, sequence, TRIGGER, &trigger)
             .await

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 pub struct SequenceStep {
     /// The sequence (unique per coordinator).
     pub id: u64,
+    /// The step's number in its sequence (one more each step, a replay
+    /// included): a stage keeps the state a step makes for the next one.
+    pub step: u32,
     /// The request carries the state inputs itself (the first step, or a
     /// replay after a worker loss): stages start the sequence's state
     /// afresh. Otherwise they use the state kept from the previous step.

@@ -129,11 +129,13 @@ impl Run<'_> {
         let prompt_tokens = self.tokens.len();
         let mut sampler = sample::Sampler::new(self.params);
         let mut fresh = true;
+        let mut step = 0;
         let mut replays = 0;
         let mut first_token_us = 0;
         let mut sent = 0;
         let finish = loop {
-            let logits = match self.step(fresh).await {
+            step += 1;
+            let logits = match self.step(step, fresh).await {
                 Ok(logits) => logits,
                 Err(CoordinatorError::WorkerLost(e)) if replays < MAX_REPLAYS => {
                     replays += 1;
@@ -197,8 +199,9 @@ impl Run<'_> {
         })
     }
 
-    /// One step: a fresh one over every token so far, else the last token.
-    async fn step(&self, fresh: bool) -> Result<Vec<f32>, CoordinatorError> {
+    /// Step number `step`: a fresh one over every token so far, else the
+    /// last token.
+    async fn step(&self, step: u32, fresh: bool) -> Result<Vec<f32>, CoordinatorError> {
         let inputs = self
             .model
             .feed
@@ -206,6 +209,7 @@ impl Run<'_> {
             .map_err(CoordinatorError::BadInput)?;
         let step = SequenceStep {
             id: self.sequence,
+            step,
             fresh,
         };
         let deadline = self.deadline.map(|d| {

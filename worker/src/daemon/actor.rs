@@ -10,9 +10,10 @@
 //! per-thread state (scratch buffers, caches) stays warm from one request
 //! to the next, which a shared blocking pool does not guarantee.
 //!
-//! A subgraph that owns state pairs keeps each sequence's state on its
-//! compute thread ([`super::sequences`]): a step of a sequence brings only
-//! its other inputs, and its state outputs stay here.
+//! A subgraph that reads or makes state (a state pair's input or output)
+//! takes and keeps each sequence's state in its network's store on this
+//! worker ([`super::sequences`]), on its compute thread: a step of a
+//! sequence brings only its other inputs, and its state outputs stay here.
 //!
 //! With dynamic batching on, the requests ready meanwhile (up to
 //! `max_batch`, of matching shapes) go to the thread as one job,
@@ -48,13 +49,6 @@ pub struct Arrived {
     pub sequence: Option<SequenceStep>,
     pub name: Arc<str>,
     pub tensor: Tensor,
-}
-
-/// A sequence ended: free its state.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct EndSequence {
-    pub sequence: u64,
 }
 
 /// Forget a request (it failed elsewhere or timed out).
@@ -106,15 +100,14 @@ pub struct SubgraphActor {
     pub stale_after: Duration,
     /// Dynamic batching (`None`: one request at a time).
     pub batching: Option<Batching>,
-    /// The state pairs it owns (none: stateless).
+    /// The state it reads and makes (none: stateless).
     pub state: StateSlots,
-    /// Sequences it keeps state for at once (0: no limit).
-    pub max_sequences: u32,
     /// A sequence's state idle this long is dropped.
     pub sequence_idle: Duration,
-    /// Kept state, shared with the compute thread (which alone reads and
-    /// writes it for steps, in their order).
-    store: Arc<Mutex<SequenceStore>>,
+    /// Its network's kept state on this worker, shared with the other
+    /// subgraphs of the network here; read and written on the compute
+    /// thread, for each step in its order.
+    pub store: Arc<Mutex<SequenceStore>>,
     pending: HashMap<u64, Pending>,
     ready: VecDeque<Ready>,
     /// Jobs handed to the compute thread, not finished yet.
@@ -152,9 +145,8 @@ impl SubgraphActor {
             stale_after: Duration::from_secs(300),
             batching: None,
             state: StateSlots::default(),
-            max_sequences: 0,
             sequence_idle: Duration::from_secs(600),
-            store: Arc::new(Mutex::new(SequenceStore::new(StateSlots::default(), 0))),
+            store: Arc::new(Mutex::new(SequenceStore::new(0))),
             pending: HashMap::new(),
             ready: VecDeque::new(),
             handed: VecDeque::new(),
@@ -280,6 +272,7 @@ impl SubgraphActor {
             constants: None,
             takes_inputs: !self.inputs.is_empty(),
             store: self.store.clone(),
+            state: self.state.clone(),
         };
         std::thread::Builder::new()
             .name(format!("sg-{}-{}", self.network, self.subgraph))
@@ -307,6 +300,7 @@ struct ComputeThread {
     constants: Option<Vec<Tensor>>,
     takes_inputs: bool,
     store: Arc<Mutex<SequenceStore>>,
+    state: StateSlots,
 }
 
 impl ComputeThread {
@@ -340,8 +334,10 @@ impl ComputeThread {
                     let (request, sequence) = live[0];
                     let inputs = inputs.into_iter().next().unwrap_or_default();
                     match sequence {
-                        Some(step) => self.compute_step(request, step, inputs),
-                        None => self.compute(request, &inputs),
+                        Some(step) if !self.state.is_empty() => {
+                            self.compute_step(request, step, inputs)
+                        }
+                        _ => self.compute(request, sequence, &inputs),
                     }
                 }
                 _ => {
@@ -382,7 +378,9 @@ impl ComputeThread {
         (result, elapsed)
     }
 
-    fn compute(&mut self, request: u64, inputs: &[Tensor]) {
+    /// Runs a request (a step of `sequence`, if given, that keeps no
+    /// state here) and streams its outputs on.
+    fn compute(&mut self, request: u64, sequence: Option<SequenceStep>, inputs: &[Tensor]) {
         let span = tracing::debug_span!(
             "subgraph_run",
             request,
@@ -406,7 +404,7 @@ impl ComputeThread {
                         micros: c.real_us,
                     })
                     .collect();
-                self.deliver(request, None, result.outputs, elapsed, nodes);
+                self.deliver(request, sequence, result.outputs, elapsed, nodes);
             }
             Err(e) => self.fail(request, e),
         }
@@ -424,32 +422,30 @@ impl ComputeThread {
             device = %self.device
         );
         let _entered = span.enter();
-        let store = self.store.clone();
-        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-        let inputs = match store.inputs(step, given) {
+        let inputs = {
+            let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            store.inputs(step, &self.state, given)
+        };
+        let inputs = match inputs {
             Ok(inputs) => inputs,
             Err(e) => return self.fail(request, e),
         };
         let (result, elapsed) = self.infer(&inputs);
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(result) => {
-                store.keep(step.id, &result.outputs);
-                tracing::debug!(
-                    sequences = store.len(),
-                    state_bytes = store.bytes(),
-                    "state kept"
-                );
-                let slots = store.slots();
-                let (outputs, names) = result
-                    .outputs
-                    .into_iter()
-                    .zip(self.outputs.iter().cloned())
-                    .enumerate()
-                    .filter(|(i, _)| !slots.is_state_output(*i))
-                    .map(|(_, o)| o)
-                    .unzip::<_, _, Vec<Tensor>, Vec<Arc<str>>>();
+                if !self.state.writes.is_empty() {
+                    store.keep(step, &self.state, &result.outputs);
+                    tracing::debug!(
+                        sequences = store.len(),
+                        state_bytes = store.bytes(),
+                        "state kept"
+                    );
+                }
                 drop(store);
-                self.deliver_named(request, Some(step), names, outputs, elapsed, Vec::new());
+                // State outputs go to their readers here and on peers,
+                // never back to the coordinator (the router sees to it).
+                self.deliver(request, Some(step), result.outputs, elapsed, Vec::new());
             }
             Err(e) => {
                 // A failed step leaves no usable state behind.
@@ -478,7 +474,7 @@ impl ComputeThread {
                 tracing::warn!("not batched: {e}");
                 drop(entered);
                 for (&r, inputs) in requests.iter().zip(&inputs) {
-                    self.compute(r, inputs);
+                    self.compute(r, None, inputs);
                 }
                 return;
             }
@@ -494,7 +490,7 @@ impl ComputeThread {
                 tracing::warn!("batch not split, running its requests one by one: {e}");
                 drop(entered);
                 for (&r, inputs) in requests.iter().zip(&inputs) {
-                    self.compute(r, inputs);
+                    self.compute(r, None, inputs);
                 }
             }
             Err(e) => {
@@ -559,10 +555,6 @@ impl Actor for SubgraphActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox);
-        self.store = Arc::new(Mutex::new(SequenceStore::new(
-            self.state.clone(),
-            self.max_sequences,
-        )));
         match self.spawn_thread(ctx.address().downgrade()) {
             Ok(jobs) => self.jobs = Some(jobs),
             Err(e) => tracing::error!(
@@ -602,11 +594,21 @@ impl Handler<Arrived> for SubgraphActor {
             self.publish_depth();
             return;
         }
+        // A later step of a sequence takes its state from the store.
+        let from_store = |s: Option<SequenceStep>| s.is_some_and(|s| !s.fresh);
+        if msg.name.is_empty() {
+            // The trigger of a later step, for a subgraph that reads only
+            // state (nothing else of the step comes to it).
+            let n = self.inputs.len();
+            if from_store(msg.sequence) && (0..n).all(|i| self.state.is_state_input(i)) {
+                self.make_ready(msg.request, msg.sequence, Vec::new(), ctx);
+                self.publish_depth();
+            }
+            return;
+        }
         let Some(slot) = self.inputs.iter().position(|n| *n == msg.name) else {
             return;
         };
-        // A later step of a sequence takes its state from the store.
-        let from_store = |s: Option<SequenceStep>| s.is_some_and(|s| !s.fresh);
         if from_store(msg.sequence) && self.state.is_state_input(slot) {
             return;
         }
@@ -662,20 +664,6 @@ impl Handler<Forget> for SubgraphActor {
             }
         }
         self.publish_depth();
-    }
-}
-
-impl Handler<EndSequence> for SubgraphActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: EndSequence, _: &mut Self::Context) {
-        if self.state.is_empty() {
-            return;
-        }
-        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        if store.end(msg.sequence) {
-            tracing::debug!(sequence = msg.sequence, "sequence ended");
-        }
     }
 }
 

@@ -213,7 +213,12 @@ async fn deploy(
         .iter()
         .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
         .collect();
-    let state_slots = StateSlots::new(&inputs, &outputs, &spec.state)?;
+    let state_slots = StateSlots::new(&inputs, &outputs, &spec.state);
+    for (slot, _) in &state_slots.writes {
+        if let Some(name) = outputs.get(*slot) {
+            state.router.mark_state_output(spec.network, name.clone());
+        }
+    }
     let mut actor = SubgraphActor::new(
         spec.network,
         spec.subgraph,
@@ -225,10 +230,17 @@ async fn deploy(
         state.mailbox,
     );
     actor.batching = spec.batching.filter(|b| b.max_batch > 1);
+    if !state_slots.is_empty() {
+        actor.store = state
+            .router
+            .sequence_store(spec.network, spec.max_sequences);
+    }
+    let state_only = !inputs.is_empty() && state_slots.reads.len() == inputs.len();
     actor.state = state_slots;
-    actor.max_sequences = spec.max_sequences;
     let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
-    state.router.add(spec.network, &actor, &inputs, routes);
+    state
+        .router
+        .add(spec.network, &actor, &inputs, state_only, routes);
     // Dial the workers this subgraph streams to now, not on the first
     // request.
     for route in &spec.outputs {

@@ -19,7 +19,8 @@ use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
 
-use super::actor::{Arrived, EndSequence, Forget, SubgraphActor};
+use super::actor::{Arrived, Forget, SubgraphActor};
+use super::sequences::SequenceStore;
 
 /// Frames that may wait in one link's queue.
 const LINK_DEPTH: usize = 64;
@@ -56,6 +57,12 @@ pub struct Router {
     /// Requests each subgraph actor holds: (network, subgraph) → depth
     /// (reported in heartbeats).
     mailboxes: DashMap<(u64, u32), Arc<std::sync::atomic::AtomicU32>>,
+    /// Each network's kept sequence state on this worker.
+    sequences: DashMap<u64, Arc<std::sync::Mutex<SequenceStore>>>,
+    /// State outputs made here: (network, tensor). A step of a sequence
+    /// keeps them (and hands them to local and peer readers) but never
+    /// sends them back to the coordinator.
+    state_outputs: DashMap<(u64, Arc<str>), ()>,
 }
 
 impl Router {
@@ -71,6 +78,8 @@ impl Router {
             peers: tokio::sync::Mutex::new(HashMap::new()),
             running: Default::default(),
             mailboxes: DashMap::new(),
+            sequences: DashMap::new(),
+            state_outputs: DashMap::new(),
         }
     }
 
@@ -111,14 +120,17 @@ impl Router {
 
     /// Registers a deployed subgraph: its actor reads `inputs`, its outputs
     /// go to `routes`.
+    /// A subgraph that reads only state (`state_only`) also runs on the
+    /// trigger of a later step, which brings none of its inputs.
     pub fn add(
         &self,
         network: u64,
         actor: &Addr<SubgraphActor>,
         inputs: &[Arc<str>],
+        state_only: bool,
         routes: Vec<(Arc<str>, Vec<Destination>)>,
     ) {
-        if inputs.is_empty() {
+        if inputs.is_empty() || state_only {
             // Constants only: runs on the request's trigger.
             self.consumers
                 .entry((network, tessera_common::wire::tensor::TRIGGER.into()))
@@ -153,6 +165,8 @@ impl Router {
         });
         self.routes.retain(|(n, _), _| *n != network);
         self.mailboxes.retain(|(n, _), _| *n != network);
+        self.sequences.remove(&network);
+        self.state_outputs.retain(|(n, _), _| *n != network);
         actors
     }
 
@@ -187,15 +201,30 @@ impl Router {
         }
     }
 
-    /// Frees a sequence's state in every subgraph of `network` here.
+    /// The store of `network`'s sequence state on this worker (made on
+    /// first use, keeping at most `max_sequences`).
+    pub fn sequence_store(
+        &self,
+        network: u64,
+        max_sequences: u32,
+    ) -> Arc<std::sync::Mutex<SequenceStore>> {
+        self.sequences
+            .entry(network)
+            .or_insert_with(|| Arc::new(std::sync::Mutex::new(SequenceStore::new(max_sequences))))
+            .clone()
+    }
+
+    /// Marks `tensor` of `network` as a state output made here.
+    pub fn mark_state_output(&self, network: u64, tensor: Arc<str>) {
+        self.state_outputs.insert((network, tensor), ());
+    }
+
+    /// Frees a sequence's state of `network` here.
     pub fn end_sequence(&self, network: u64, sequence: u64) {
-        let mut told: Vec<Addr<SubgraphActor>> = Vec::new();
-        for entry in self.consumers.iter().filter(|e| e.key().0 == network) {
-            for actor in entry.value() {
-                if !told.contains(actor) {
-                    actor.do_send(EndSequence { sequence });
-                    told.push(actor.clone());
-                }
+        if let Some(store) = self.sequences.get(&network) {
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            if store.end(sequence) {
+                tracing::debug!(network, sequence, "sequence ended");
             }
         }
     }
@@ -289,7 +318,12 @@ impl Router {
                 Some(to) => to.clone(),
                 None => continue,
             };
+            let kept =
+                sequence.is_some() && self.state_outputs.contains_key(&(network, name.clone()));
             for dest in to {
+                if kept && dest == Destination::Coordinator {
+                    continue;
+                }
                 let sent = match &dest {
                     Destination::Worker { name: w, .. } if *w == self.name => {
                         self.dispatch(network, request, sequence, name.clone(), tensor.clone())

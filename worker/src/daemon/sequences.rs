@@ -1,16 +1,23 @@
-//! The state a subgraph keeps per sequence: for each state pair it owns
-//! (an output fed back as an input at the next step, a decoder's KV
-//! cache), the output of the sequence's last step. The compute thread
-//! fills the state inputs of a step from here and keeps its state outputs
-//! here instead of sending them anywhere, so the state never crosses the
-//! network; the steps of one sequence run in order on that one thread.
+//! The state a worker keeps per sequence for one network: for each state
+//! pair (an output fed back as an input at the next step, a decoder's KV
+//! cache) whose maker runs here, the output of the sequence's last step.
+//! The subgraphs that read a pair's input fill it from here at a later
+//! step; the subgraph that makes its output keeps it here instead of
+//! sending it anywhere. So the state never crosses the network, and a
+//! pair's input may be read by several subgraphs of this worker (a
+//! decoder's mask reads the cache's length, its attention the cache).
+//!
+//! Each kept value is the input of one step (`SequenceStep::step`): a
+//! step's maker writes the next step's, its readers read their own, so a
+//! reader that runs after the maker within a step still reads the step's
+//! own state. Only the current and the next step are kept.
 //!
 //! A sequence's state goes when it ends, when it has been idle too long,
-//! or when its stage is dropped. A stage keeps at most `max_sequences`
-//! (0: no limit); a new sequence beyond that is refused with an error that
-//! says so.
+//! or when its network is dropped. A worker keeps at most `max_sequences`
+//! sequences of a network (0: no limit); a new one beyond that is refused
+//! with an error that says so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,138 +25,137 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::StatePair;
 use tessera_common::wire::generate::SequenceStep;
 
-/// Which of a subgraph's inputs and outputs are state, pair by pair.
+/// Which of a subgraph's inputs and outputs are state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateSlots {
-    /// Input positions of the pairs' past sides.
-    pub inputs: Vec<usize>,
-    /// Output positions of the pairs' present sides, in the same order.
-    pub outputs: Vec<usize>,
+    /// (input position, the pair's input name) of the state it reads.
+    pub reads: Vec<(usize, Arc<str>)>,
+    /// (output position, the pair's input name) of the state it makes.
+    pub writes: Vec<(usize, Arc<str>)>,
 }
 
 impl StateSlots {
-    /// The slots of `pairs` among a subgraph's `inputs` and `outputs`; an
-    /// error names a pair the subgraph does not hold both sides of.
-    pub fn new(
-        inputs: &[Arc<str>],
-        outputs: &[Arc<str>],
-        pairs: &[StatePair],
-    ) -> Result<StateSlots, String> {
+    /// The slots of `pairs` among a subgraph's `inputs` and `outputs`.
+    pub fn new(inputs: &[Arc<str>], outputs: &[Arc<str>], pairs: &[StatePair]) -> StateSlots {
         let mut slots = StateSlots::default();
         for pair in pairs {
-            let input = inputs.iter().position(|n| **n == *pair.past);
-            let output = outputs.iter().position(|n| **n == *pair.present);
-            match (input, output) {
-                (Some(i), Some(o)) => {
-                    slots.inputs.push(i);
-                    slots.outputs.push(o);
-                }
-                _ => {
-                    return Err(format!(
-                        "state pair {} → {}: this subgraph does not hold both sides",
-                        pair.present, pair.past
-                    ))
-                }
+            let past: Arc<str> = pair.past.as_str().into();
+            if let Some(i) = inputs.iter().position(|n| **n == *pair.past) {
+                slots.reads.push((i, past.clone()));
+            }
+            if let Some(o) = outputs.iter().position(|n| **n == *pair.present) {
+                slots.writes.push((o, past));
             }
         }
-        Ok(slots)
+        slots
     }
 
     pub fn is_empty(&self) -> bool {
-        self.inputs.is_empty()
+        self.reads.is_empty() && self.writes.is_empty()
     }
 
     /// Whether input `slot` is a state input.
     pub fn is_state_input(&self, slot: usize) -> bool {
-        self.inputs.contains(&slot)
+        self.reads.iter().any(|(s, _)| *s == slot)
     }
 
     /// Whether output `slot` is a state output.
     pub fn is_state_output(&self, slot: usize) -> bool {
-        self.outputs.contains(&slot)
+        self.writes.iter().any(|(s, _)| *s == slot)
     }
 }
 
+/// The state of one sequence: by step, by the pair's input name.
 struct Kept {
-    /// The state inputs of the next step, in pair order.
-    tensors: Vec<Tensor>,
+    steps: BTreeMap<u32, HashMap<Arc<str>, Tensor>>,
     used: Instant,
 }
 
-/// The kept state of every sequence of one subgraph.
+/// The kept state of every sequence of one network on this worker.
 pub struct SequenceStore {
-    slots: StateSlots,
     kept: HashMap<u64, Kept>,
     max_sequences: usize,
 }
 
 impl SequenceStore {
-    pub fn new(slots: StateSlots, max_sequences: u32) -> SequenceStore {
+    pub fn new(max_sequences: u32) -> SequenceStore {
         SequenceStore {
-            slots,
             kept: HashMap::new(),
             max_sequences: max_sequences as usize,
         }
     }
 
-    pub fn slots(&self) -> &StateSlots {
-        &self.slots
-    }
-
-    /// A step's full inputs in the subgraph's order: `given` holds every
-    /// input for a fresh step, and for a later step the inputs that are
-    /// not state (in order), the state coming from the previous step.
+    /// A step's full inputs for a subgraph with `slots`, in its order:
+    /// `given` holds every input for a fresh step (which starts the
+    /// sequence here, if there is room), and for a later step the inputs
+    /// that are not state (in order), the state coming from the store.
     pub fn inputs(
         &mut self,
         step: SequenceStep,
+        slots: &StateSlots,
         given: Vec<Tensor>,
     ) -> Result<Vec<Tensor>, String> {
         if step.fresh {
-            let starts = !self.kept.contains_key(&step.id);
-            if starts && self.max_sequences > 0 && self.kept.len() >= self.max_sequences {
-                return Err(format!(
-                    "this stage keeps state for {} sequences already (its limit); try again when one ends",
-                    self.kept.len()
-                ));
-            }
+            self.start(step.id)?;
             return Ok(given);
         }
-        let kept = self.kept.get_mut(&step.id).ok_or_else(|| {
+        let missing = || {
             format!(
-                "sequence {} has no state on this stage (ended, idle too long, or started on another)",
-                step.id
+                "sequence {} has no state for step {} on this worker (ended, idle too long, or started on another)",
+                step.id, step.step
             )
-        })?;
+        };
+        let kept = self.kept.get_mut(&step.id).ok_or_else(missing)?;
         kept.used = Instant::now();
-        let total = given.len() + self.slots.inputs.len();
+        let state = kept.steps.get(&step.step).ok_or_else(missing)?;
+        let total = given.len() + slots.reads.len();
         let mut given = given.into_iter();
         (0..total)
-            .map(
-                |slot| match self.slots.inputs.iter().position(|&s| s == slot) {
-                    Some(pair) => Ok(kept.tensors[pair].clone()),
-                    None => given
-                        .next()
-                        .ok_or_else(|| "a step lacks an input".to_string()),
-                },
-            )
+            .map(|slot| match slots.reads.iter().find(|(s, _)| *s == slot) {
+                Some((_, past)) => state.get(past).cloned().ok_or_else(missing),
+                None => given
+                    .next()
+                    .ok_or_else(|| "a step lacks an input".to_string()),
+            })
             .collect()
     }
 
-    /// Keeps a step's state outputs for the sequence's next step.
-    pub fn keep(&mut self, sequence: u64, outputs: &[Tensor]) {
-        let tensors = self
-            .slots
-            .outputs
-            .iter()
-            .filter_map(|&o| outputs.get(o).cloned())
-            .collect();
+    /// Makes room for a sequence that starts (or starts again).
+    fn start(&mut self, sequence: u64) -> Result<(), String> {
+        if self.kept.contains_key(&sequence) {
+            return Ok(());
+        }
+        if self.max_sequences > 0 && self.kept.len() >= self.max_sequences {
+            return Err(format!(
+                "this stage keeps state for {} sequences already (its limit); try again when one ends",
+                self.kept.len()
+            ));
+        }
         self.kept.insert(
             sequence,
             Kept {
-                tensors,
+                steps: BTreeMap::new(),
                 used: Instant::now(),
             },
         );
+        Ok(())
+    }
+
+    /// Keeps a step's state outputs as the sequence's next step's inputs;
+    /// what came before this step goes.
+    pub fn keep(&mut self, step: SequenceStep, slots: &StateSlots, outputs: &[Tensor]) {
+        let kept = self.kept.entry(step.id).or_insert_with(|| Kept {
+            steps: BTreeMap::new(),
+            used: Instant::now(),
+        });
+        kept.used = Instant::now();
+        kept.steps.retain(|&s, _| s >= step.step);
+        let next = kept.steps.entry(step.step.saturating_add(1)).or_default();
+        for (slot, past) in &slots.writes {
+            if let Some(t) = outputs.get(*slot) {
+                next.insert(past.clone(), t.clone());
+            }
+        }
     }
 
     /// Forgets a sequence's state.
@@ -173,7 +179,8 @@ impl SequenceStore {
     pub fn bytes(&self) -> u64 {
         self.kept
             .values()
-            .flat_map(|k| &k.tensors)
+            .flat_map(|k| k.steps.values())
+            .flat_map(|s| s.values())
             .map(|t| t.bytes().len() as u64)
             .sum()
     }
@@ -187,66 +194,80 @@ mod tests {
         Tensor::from_values(vec![n], &vec![v; n]).expect("tensor")
     }
 
-    fn store(max: u32) -> SequenceStore {
-        let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
-        let outputs: Vec<Arc<str>> = vec!["present".into(), "y".into()];
-        let pairs = [StatePair {
+    fn pair() -> [StatePair; 1] {
+        [StatePair {
             present: "present".into(),
             past: "past".into(),
-        }];
-        let slots = StateSlots::new(&inputs, &outputs, &pairs).expect("slots");
-        assert_eq!(slots.inputs, vec![1]);
-        assert_eq!(slots.outputs, vec![0]);
-        SequenceStore::new(slots, max)
+        }]
+    }
+
+    /// A subgraph that reads `past` (input 1) and makes `present` (output 0).
+    fn both() -> StateSlots {
+        let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
+        let outputs: Vec<Arc<str>> = vec!["present".into(), "y".into()];
+        StateSlots::new(&inputs, &outputs, &pair())
+    }
+
+    fn step(id: u64, step: u32, fresh: bool) -> SequenceStep {
+        SequenceStep { id, step, fresh }
     }
 
     #[test]
     fn later_steps_take_the_kept_state_in_its_slot() {
-        let mut s = store(0);
-        let fresh = SequenceStep { id: 7, fresh: true };
-        let given = s.inputs(fresh, vec![t(1.0, 1), t(0.0, 0)]).expect("fresh");
+        let slots = both();
+        assert!(slots.is_state_input(1) && slots.is_state_output(0));
+        let mut s = SequenceStore::new(0);
+        let given = s
+            .inputs(step(7, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .expect("fresh");
         assert_eq!(given.len(), 2);
-        s.keep(7, &[t(2.0, 3), t(9.0, 1)]);
-        let next = SequenceStep {
-            id: 7,
-            fresh: false,
-        };
-        let inputs = s.inputs(next, vec![t(5.0, 1)]).expect("next");
+        s.keep(step(7, 0, true), &slots, &[t(2.0, 3), t(9.0, 1)]);
+        let inputs = s
+            .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
+            .expect("next");
         assert_eq!(inputs, vec![t(5.0, 1), t(2.0, 3)]);
         assert_eq!(s.bytes(), 12);
         assert!(s.end(7));
-        let err = s.inputs(next, vec![t(5.0, 1)]).unwrap_err();
-        assert!(err.contains("no state on this stage"), "{err}");
+        let err = s
+            .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
+            .unwrap_err();
+        assert!(err.contains("no state for step 1"), "{err}");
     }
 
     #[test]
-    fn a_full_stage_refuses_new_sequences_not_known_ones() {
-        let mut s = store(1);
-        s.keep(1, &[t(1.0, 1), t(1.0, 1)]);
+    fn a_reader_that_runs_after_the_maker_reads_its_own_step() {
+        let (maker, reader) = (both(), {
+            let inputs: Vec<Arc<str>> = vec!["past".into()];
+            StateSlots::new(&inputs, &[], &pair())
+        });
+        let mut s = SequenceStore::new(0);
+        s.keep(step(1, 0, true), &maker, &[t(1.0, 1), t(0.0, 1)]);
+        // Step 1: the maker runs first and keeps step 2's state...
+        s.inputs(step(1, 1, false), &maker, vec![t(0.0, 1)])
+            .expect("maker");
+        s.keep(step(1, 1, false), &maker, &[t(2.0, 2), t(0.0, 1)]);
+        // ...and the reader still gets step 1's.
+        let got = s
+            .inputs(step(1, 1, false), &reader, vec![])
+            .expect("reader");
+        assert_eq!(got, vec![t(1.0, 1)]);
+        let next = s.inputs(step(1, 2, false), &reader, vec![]).expect("next");
+        assert_eq!(next, vec![t(2.0, 2)]);
+    }
+
+    #[test]
+    fn a_full_worker_refuses_new_sequences_not_known_ones() {
+        let slots = both();
+        let mut s = SequenceStore::new(1);
+        s.keep(step(1, 0, true), &slots, &[t(1.0, 1), t(1.0, 1)]);
         let err = s
-            .inputs(
-                SequenceStep { id: 2, fresh: true },
-                vec![t(1.0, 1), t(0.0, 0)],
-            )
+            .inputs(step(2, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .unwrap_err();
         assert!(err.contains("keeps state for 1 sequences"), "{err}");
         // A replay of a known sequence starts afresh in its own place.
-        s.inputs(
-            SequenceStep { id: 1, fresh: true },
-            vec![t(1.0, 1), t(0.0, 0)],
-        )
-        .expect("replay");
+        s.inputs(step(1, 5, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .expect("replay");
         assert_eq!(s.sweep(Duration::ZERO), 1);
         assert_eq!(s.len(), 0);
-    }
-
-    #[test]
-    fn a_pair_whose_sides_are_elsewhere_is_refused() {
-        let pairs = [StatePair {
-            present: "present".into(),
-            past: "past".into(),
-        }];
-        let err = StateSlots::new(&["past".into()], &["y".into()], &pairs).unwrap_err();
-        assert!(err.contains("does not hold both sides"), "{err}");
     }
 }
