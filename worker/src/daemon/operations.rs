@@ -234,6 +234,8 @@ async fn deploy(
         actor.store = state
             .router
             .sequence_store(spec.network, spec.max_sequences);
+        let mut store = actor.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.add_reader(&state_slots);
     }
     let state_only = !inputs.is_empty() && state_slots.reads.len() == inputs.len();
     actor.state = state_slots;

@@ -10,7 +10,9 @@
 //! Each kept value is the input of one step (`SequenceStep::step`): a
 //! step's maker writes the next step's, its readers read their own, so a
 //! reader that runs after the maker within a step still reads the step's
-//! own state. Only the current and the next step are kept.
+//! own state. A value goes once every subgraph here that reads it has
+//! (the last read takes it without a copy), so between steps a sequence
+//! holds one copy of its state.
 //!
 //! A sequence's state goes when it ends, when it has been idle too long,
 //! or when its network is dropped. A worker keeps at most `max_sequences`
@@ -65,9 +67,15 @@ impl StateSlots {
     }
 }
 
+/// A kept value and the reads of it still to come.
+struct Value {
+    tensor: Tensor,
+    reads_left: usize,
+}
+
 /// The state of one sequence: by step, by the pair's input name.
 struct Kept {
-    steps: BTreeMap<u32, HashMap<Arc<str>, Tensor>>,
+    steps: BTreeMap<u32, HashMap<Arc<str>, Value>>,
     used: Instant,
 }
 
@@ -75,6 +83,8 @@ struct Kept {
 pub struct SequenceStore {
     kept: HashMap<u64, Kept>,
     max_sequences: usize,
+    /// Subgraphs here that read each pair's input.
+    readers: HashMap<Arc<str>, usize>,
 }
 
 impl SequenceStore {
@@ -82,6 +92,14 @@ impl SequenceStore {
         SequenceStore {
             kept: HashMap::new(),
             max_sequences: max_sequences as usize,
+            readers: HashMap::new(),
+        }
+    }
+
+    /// Counts a subgraph with `slots` among the readers of its state.
+    pub fn add_reader(&mut self, slots: &StateSlots) {
+        for (_, past) in &slots.reads {
+            *self.readers.entry(past.clone()).or_default() += 1;
         }
     }
 
@@ -107,17 +125,28 @@ impl SequenceStore {
         };
         let kept = self.kept.get_mut(&step.id).ok_or_else(missing)?;
         kept.used = Instant::now();
-        let state = kept.steps.get(&step.step).ok_or_else(missing)?;
+        let state = kept.steps.get_mut(&step.step).ok_or_else(missing)?;
+        if slots
+            .reads
+            .iter()
+            .any(|(_, past)| !state.contains_key(past))
+        {
+            return Err(missing());
+        }
         let total = given.len() + slots.reads.len();
         let mut given = given.into_iter();
-        (0..total)
+        let inputs = (0..total)
             .map(|slot| match slots.reads.iter().find(|(s, _)| *s == slot) {
-                Some((_, past)) => state.get(past).cloned().ok_or_else(missing),
+                Some((_, past)) => read(state, past).ok_or_else(missing),
                 None => given
                     .next()
                     .ok_or_else(|| "a step lacks an input".to_string()),
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>();
+        if state.is_empty() {
+            kept.steps.remove(&step.step);
+        }
+        inputs
     }
 
     /// Makes room for a sequence that starts (or starts again).
@@ -153,7 +182,11 @@ impl SequenceStore {
         let next = kept.steps.entry(step.step.saturating_add(1)).or_default();
         for (slot, past) in &slots.writes {
             if let Some(t) = outputs.get(*slot) {
-                next.insert(past.clone(), t.clone());
+                let value = Value {
+                    tensor: t.clone(),
+                    reads_left: self.readers.get(past).copied().unwrap_or(1),
+                };
+                next.insert(past.clone(), value);
             }
         }
     }
@@ -181,8 +214,19 @@ impl SequenceStore {
             .values()
             .flat_map(|k| k.steps.values())
             .flat_map(|s| s.values())
-            .map(|t| t.bytes().len() as u64)
+            .map(|v| v.tensor.bytes().len() as u64)
             .sum()
+    }
+}
+
+/// One read of `past` from a step's state: the last read takes the value.
+fn read(state: &mut HashMap<Arc<str>, Value>, past: &Arc<str>) -> Option<Tensor> {
+    let value = state.get_mut(past)?;
+    value.reads_left = value.reads_left.saturating_sub(1);
+    if value.reads_left == 0 {
+        state.remove(past).map(|v| v.tensor)
+    } else {
+        Some(value.tensor.clone())
     }
 }
 
@@ -217,16 +261,21 @@ mod tests {
         let slots = both();
         assert!(slots.is_state_input(1) && slots.is_state_output(0));
         let mut s = SequenceStore::new(0);
+        s.add_reader(&slots);
         let given = s
             .inputs(step(7, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .expect("fresh");
         assert_eq!(given.len(), 2);
         s.keep(step(7, 0, true), &slots, &[t(2.0, 3), t(9.0, 1)]);
+        assert_eq!(s.bytes(), 12);
         let inputs = s
             .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
             .expect("next");
         assert_eq!(inputs, vec![t(5.0, 1), t(2.0, 3)]);
-        assert_eq!(s.bytes(), 12);
+        // Its one reader took it: until the step keeps the next, nothing.
+        assert_eq!(s.bytes(), 0);
+        s.keep(step(7, 1, false), &slots, &[t(3.0, 4), t(9.0, 1)]);
+        assert_eq!(s.bytes(), 16);
         assert!(s.end(7));
         let err = s
             .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
@@ -241,6 +290,8 @@ mod tests {
             StateSlots::new(&inputs, &[], &pair())
         });
         let mut s = SequenceStore::new(0);
+        s.add_reader(&maker);
+        s.add_reader(&reader);
         s.keep(step(1, 0, true), &maker, &[t(1.0, 1), t(0.0, 1)]);
         // Step 1: the maker runs first and keeps step 2's state...
         s.inputs(step(1, 1, false), &maker, vec![t(0.0, 1)])
@@ -251,6 +302,8 @@ mod tests {
             .inputs(step(1, 1, false), &reader, vec![])
             .expect("reader");
         assert_eq!(got, vec![t(1.0, 1)]);
+        // Both read step 1's: it is gone; step 2's waits for its readers.
+        assert_eq!(s.bytes(), 8);
         let next = s.inputs(step(1, 2, false), &reader, vec![]).expect("next");
         assert_eq!(next, vec![t(2.0, 2)]);
     }
