@@ -332,25 +332,15 @@ fn the_openai_client_streams_completions_and_chats() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let config = format!("http_listen = \"127.0.0.1:{port}\"\n");
-    let cluster = Cluster::start_configured("generate-openai", &[("node-a", "CPU")], 1, &config);
+    // A named generative model: its folder in cluster.toml.
+    let config = format!(
+        "http_listen = \"127.0.0.1:{port}\"\n[models.smollm2]\npath = {:?}\ndevices = \"CPU\"\n\
+         context = 256\nmax_sequences = 2\n",
+        model.display().to_string()
+    );
+    let _cluster = Cluster::start_configured("generate-openai", &[("node-a", "CPU")], 1, &config);
     let plain = genai(&model, &["The capital of France is"], 12, false);
     let chat = genai(&model, &["What is the capital of France?"], 12, true);
-    let rt = runtime();
-    rt.block_on(async {
-        let client = cluster.client().await;
-        let mut folder = ModelFolder::read(&model, 2).expect("model folder");
-        folder.generation.context_length = 256;
-        let options = LoadOptions {
-            devices: "CPU".into(),
-            generation: Some(folder.generation),
-            ..Default::default()
-        };
-        client
-            .load_model("smollm2", folder.model, options, |_, _, _| {})
-            .await
-            .expect("named model");
-    });
     let expected = serde_json::json!({
         "plain": { "prompt": "The capital of France is", "text": plain[0].text, "max_tokens": 12 },
         "chat": { "prompt": "What is the capital of France?", "text": chat[0].text, "max_tokens": 12 },

@@ -7,7 +7,6 @@ use std::path::Path;
 
 use bytes::Bytes;
 use tessera_common::wire::control::Control;
-use tessera_common::wire::generate::FolderFiles;
 pub use tessera_common::wire::generate::{
     ChatMessage, FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt,
 };
@@ -27,27 +26,10 @@ impl ModelFolder {
     /// Reads `dir`; each stage will keep state for up to `max_sequences`
     /// sequences at once.
     pub fn read(dir: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
-        let bad = |what: String| ClientError::Model(format!("{}: {what}", dir.display()));
-        let text = |name: &str| -> Result<Option<String>, ClientError> {
-            match std::fs::read_to_string(dir.join(name)) {
-                Ok(t) => Ok(Some(t)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(bad(format!("cannot read {name}: {e}"))),
-            }
-        };
-        let tokenizer_json = text("tokenizer.json")?.ok_or_else(|| {
-            bad("no tokenizer.json: a generative model needs its tokenizer".into())
-        })?;
-        let tokenizer_config = text("tokenizer_config.json")?;
-        let genai_config = text("genai_config.json")?;
-        let files = FolderFiles {
-            tokenizer_json: &tokenizer_json,
-            tokenizer_config: tokenizer_config.as_deref(),
-            genai_config: genai_config.as_deref(),
-        };
-        let generation = GenerationSpec::from_files(&files, max_sequences).map_err(bad)?;
+        let generation = tessera_common::onnx::read_generation_spec(dir, max_sequences)
+            .map_err(ClientError::Model)?;
         let model = tessera_common::onnx::load_model(dir.join("model.onnx"))
-            .map_err(|e| bad(e.to_string()))?;
+            .map_err(|e| ClientError::Model(format!("{}: {e}", dir.display())))?;
         Ok(ModelFolder {
             model: tessera_common::onnx::encode_model(&model).into(),
             generation,

@@ -43,7 +43,9 @@ pub const KEYS: [&str; 10] = [
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The ONNX file (relative paths from the working directory, like
-    /// `certs`).
+    /// `certs`), or a generative model's folder (`model.onnx` and its
+    /// external data, `tokenizer.json`, `tokenizer_config.json`,
+    /// `genai_config.json`): it then generates text (`/v1/completions`).
     pub path: PathBuf,
     /// Device priority, e.g. `HETERO:node-a/CPU,node-b/CPU` (empty: every
     /// device of every worker).
@@ -70,6 +72,20 @@ pub struct ModelConfig {
     /// How long a request waits for others to join its batch, µs.
     #[serde(default = "default_queue_delay_us")]
     pub max_queue_delay_us: u64,
+    /// A generative model: sequences each stage keeps state for at once.
+    #[serde(default = "default_max_sequences")]
+    pub max_sequences: u32,
+    /// A generative model: positions one sequence may hold (0: the
+    /// model's context, at most 2048).
+    #[serde(default)]
+    pub context: u32,
+}
+
+/// Sequences a generative model's stages keep state for unless told.
+pub const DEFAULT_MAX_SEQUENCES: u32 = 4;
+
+fn default_max_sequences() -> u32 {
+    DEFAULT_MAX_SEQUENCES
 }
 
 /// `replicas = 2` or `replicas = "auto"` (also `"2"`).
@@ -88,7 +104,7 @@ fn number_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Replicas, D:
 }
 
 /// The keys of a `[models.NAME]` table.
-pub const MODEL_KEYS: [&str; 9] = [
+pub const MODEL_KEYS: [&str; 11] = [
     "path",
     "devices",
     "policy",
@@ -98,6 +114,8 @@ pub const MODEL_KEYS: [&str; 9] = [
     "replicas",
     "max_batch",
     "max_queue_delay_us",
+    "max_sequences",
+    "context",
 ];
 
 /// How long a request waits for others to join its batch by default, µs.

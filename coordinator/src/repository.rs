@@ -23,6 +23,7 @@ use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model_shared;
 use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelStatus};
+use tessera_common::wire::generate::GenerationSpec;
 use tokio::sync::mpsc;
 
 use crate::config::{valid_model_name, ModelConfig};
@@ -163,7 +164,17 @@ pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
             max_batch: model.max_batch,
             max_queue_delay_us: model.max_queue_delay_us,
         }),
-        generation: None,
+        // A folder's tokenizer and limits are read when it loads.
+        generation: model.path.is_dir().then(|| GenerationSpec {
+            tokenizer_json: String::new(),
+            tokenizer_bytes: 0,
+            chat_template: None,
+            bos_token: None,
+            eos_token: None,
+            eos_token_ids: Vec::new(),
+            context_length: model.context,
+            max_sequences: model.max_sequences,
+        }),
     };
     (Source::File(model.path.clone()), request)
 }
@@ -268,6 +279,14 @@ fn parse(bytes: Bytes) -> Result<Graph, CoordinatorError> {
 async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
     match source {
         Source::Bytes(b) => Ok(b.clone()),
+        Source::File(path) if path.is_dir() => {
+            let p = path.join("model.onnx");
+            tokio::task::spawn_blocking(move || tessera_common::onnx::load_model(&p))
+                .await
+                .map_err(|e| CoordinatorError::Model(e.to_string()))?
+                .map(|m| Bytes::from(tessera_common::onnx::encode_model(&m)))
+                .map_err(|e| CoordinatorError::Model(e.to_string()))
+        }
         Source::File(path) => {
             let p = path.clone();
             tokio::task::spawn_blocking(move || std::fs::read(&p))
@@ -279,6 +298,30 @@ async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
                 })
         }
     }
+}
+
+/// Positions a generative folder's sequence holds unless its table says.
+const DEFAULT_CONTEXT: u32 = 2048;
+
+/// A generative folder's tokenizer and limits, read from its files;
+/// `wanted` holds the table's `max_sequences` and `context`.
+async fn folder_spec(
+    dir: &std::path::Path,
+    wanted: &GenerationSpec,
+) -> Result<GenerationSpec, CoordinatorError> {
+    let dir = dir.to_path_buf();
+    let (max_sequences, context) = (wanted.max_sequences, wanted.context_length);
+    tokio::task::spawn_blocking(move || {
+        let mut spec = tessera_common::onnx::read_generation_spec(&dir, max_sequences)
+            .map_err(CoordinatorError::Model)?;
+        spec.context_length = match context {
+            0 => spec.context_length.min(DEFAULT_CONTEXT),
+            c => c.min(spec.context_length),
+        };
+        Ok(spec)
+    })
+    .await
+    .map_err(|e| CoordinatorError::Model(e.to_string()))?
 }
 
 /// Loads model `name`, or answers with its network if it is loaded and
@@ -397,6 +440,16 @@ async fn load_now(
         (s.source.clone(), s.request.clone())
     };
     let bytes = read(&source).await?;
+    if let (Source::File(dir), Some(wanted)) = (&source, &request.generation) {
+        if wanted.tokenizer_json.is_empty() {
+            request.generation = Some(folder_spec(dir, wanted).await?);
+        }
+    }
+    if let (Source::File(dir), Some(wanted)) = (&source, &request.generation) {
+        if wanted.tokenizer_json.is_empty() {
+            request.generation = Some(folder_spec(dir, wanted).await?);
+        }
+    }
     let absent = absent_workers(shared, &request);
     if without_absent && !absent.is_empty() {
         tracing::warn!(

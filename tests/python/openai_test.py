@@ -2,12 +2,14 @@
 
     openai_test.py BASE_URL MODEL EXPECTED_JSON
 
-EXPECTED_JSON holds onnxruntime-genai's greedy texts: {"plain": {prompt,
+MODEL is a named model of the coordinator's cluster.toml (a generative
+model folder). EXPECTED_JSON holds onnxruntime-genai's greedy texts: {"plain": {prompt,
 text}, "chat": {prompt, text}}. Exits non-zero on the first failure.
 """
 
 import json
 import sys
+import time
 
 import openai
 
@@ -22,7 +24,16 @@ def main() -> None:
     base, model, expected_json = sys.argv[1], sys.argv[2], sys.argv[3]
     expected = json.loads(expected_json)
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
-    models = [m.id for m in client.models.list().data]
+    # The named model loads by itself when the coordinator starts.
+    deadline = time.monotonic() + 120
+    models: list[str] = []
+    while model not in models and time.monotonic() < deadline:
+        try:
+            models = [m.id for m in client.models.list().data]
+        except openai.APIConnectionError:
+            pass
+        if model not in models:
+            time.sleep(0.5)
     check("/v1/models lists the generative model", model in models, repr(models))
 
     plain, chat = expected["plain"], expected["chat"]

@@ -57,6 +57,33 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<ModelProto, OnnxError> {
     Ok(model)
 }
 
+/// A generative model folder's tokenizer, chat template and limits (the
+/// Hugging Face / onnxruntime-genai layout: `tokenizer.json`, and where
+/// present `tokenizer_config.json` and `genai_config.json`), each stage
+/// to keep state for `max_sequences` sequences.
+pub fn read_generation_spec(
+    dir: &Path,
+    max_sequences: u32,
+) -> Result<crate::wire::generate::GenerationSpec, String> {
+    use crate::wire::generate::{FolderFiles, GenerationSpec};
+    let bad = |what: String| format!("{}: {what}", dir.display());
+    let text = |name: &str| match std::fs::read_to_string(dir.join(name)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(bad(format!("cannot read {name}: {e}"))),
+    };
+    let tokenizer_json = text("tokenizer.json")?
+        .ok_or_else(|| bad("no tokenizer.json: a generative model needs its tokenizer".into()))?;
+    let (tokenizer_config, genai_config) =
+        (text("tokenizer_config.json")?, text("genai_config.json")?);
+    let files = FolderFiles {
+        tokenizer_json: &tokenizer_json,
+        tokenizer_config: tokenizer_config.as_deref(),
+        genai_config: genai_config.as_deref(),
+    };
+    GenerationSpec::from_files(&files, max_sequences).map_err(bad)
+}
+
 /// Resolves external data of `model` relative to `base_dir` (the folder of the
 /// model file) according to `policy`.
 pub fn load_model_with_base_dir(

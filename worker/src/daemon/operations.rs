@@ -160,6 +160,28 @@ async fn deploy(
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
 ) -> Result<Control, String> {
+    let started = Instant::now();
+    let (compiled, cached) = compiled(state, &spec, send, recv).await?;
+    let compile_ms = started.elapsed().as_millis() as u64;
+    tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
+    start_actor(state, &spec, compiled);
+    dial_peers(state, &spec);
+    Ok(Control::Deployed {
+        network: spec.network,
+        subgraph: spec.subgraph,
+        compile_ms,
+        cached,
+    })
+}
+
+/// The subgraph from the compile cache, else received and compiled (and
+/// put in the cache); whether it came from the cache.
+async fn compiled(
+    state: &Arc<State>,
+    spec: &DeploySpec,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+) -> Result<(Arc<dyn crate::plugin::CompiledSubgraph>, bool), String> {
     let limits = *state.node.limits();
     let what = format!(
         "compiling subgraph {} on {}/{}",
@@ -167,41 +189,44 @@ async fn deploy(
     );
     let plugin = state.device(&spec.device)?.plugin.clone();
     let key = format!("{}-{}", spec.device, spec.model_hash);
-    let started = Instant::now();
-    let (compiled, cached) = match from_cache(state, &plugin, &key).await {
-        Some(c) => (c, true),
-        None => {
-            let model = receive_model(state, &spec, send, recv).await?;
-            let progress = Control::Progress {
-                what: what.clone(),
-                done: 0,
-                total: 1,
-            };
-            if let Err(e) = exchange::send_message(send, &progress, None, &limits).await {
-                tracing::debug!("reporting progress: {e}");
-            }
-            let (cache, config) = (state.cache.clone(), state.config.clone());
-            let compiled = tokio::task::spawn_blocking(move || {
-                let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
-                // The model's bytes go with this closure: the worker keeps
-                // what the compiled subgraph holds, nothing more.
-                drop(model);
-                if let Some(cache) = &cache {
-                    match compiled.export() {
-                        Ok(blob) => cache.put(&key, &blob),
-                        Err(e) => tracing::debug!("not caching {key}: {e}"),
-                    }
-                }
-                Ok::<_, String>(compiled)
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("{what}: {e}"))?;
-            (compiled, false)
-        }
+    if let Some(c) = from_cache(state, &plugin, &key).await {
+        return Ok((c, true));
+    }
+    let model = receive_model(state, spec, send, recv).await?;
+    let progress = Control::Progress {
+        what: what.clone(),
+        done: 0,
+        total: 1,
     };
-    let compile_ms = started.elapsed().as_millis() as u64;
-    tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
+    if let Err(e) = exchange::send_message(send, &progress, None, &limits).await {
+        tracing::debug!("reporting progress: {e}");
+    }
+    let (cache, config) = (state.cache.clone(), state.config.clone());
+    let compiled = tokio::task::spawn_blocking(move || {
+        let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
+        // The model's bytes go with this closure: the worker keeps what
+        // the compiled subgraph holds, nothing more.
+        drop(model);
+        if let Some(cache) = &cache {
+            match compiled.export() {
+                Ok(blob) => cache.put(&key, &blob),
+                Err(e) => tracing::debug!("not caching {key}: {e}"),
+            }
+        }
+        Ok::<_, String>(compiled)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("{what}: {e}"))?;
+    Ok((compiled, false))
+}
+
+/// Starts the subgraph's actor and registers its inputs, routes and state.
+fn start_actor(
+    state: &Arc<State>,
+    spec: &DeploySpec,
+    compiled: Arc<dyn crate::plugin::CompiledSubgraph>,
+) {
     let inputs: Vec<Arc<str>> = spec.inputs.iter().map(|n| n.as_str().into()).collect();
     let outputs: Vec<Arc<str>> = spec
         .outputs
@@ -243,8 +268,10 @@ async fn deploy(
     state
         .router
         .add(spec.network, &actor, &inputs, state_only, routes);
-    // Dial the workers this subgraph streams to now, not on the first
-    // request.
+}
+
+/// Dials the workers a subgraph streams to now, not on the first request.
+fn dial_peers(state: &Arc<State>, spec: &DeploySpec) {
     for route in &spec.outputs {
         for dest in &route.to {
             if let Destination::Worker { name, addr } = dest {
@@ -259,10 +286,4 @@ async fn deploy(
             }
         }
     }
-    Ok(Control::Deployed {
-        network: spec.network,
-        subgraph: spec.subgraph,
-        compile_ms,
-        cached,
-    })
 }
