@@ -165,12 +165,7 @@ async fn rss_of(layers: usize, dir: &Path) -> Result<()> {
         .await?;
     let loaded = started.elapsed().as_secs_f64();
     network.infer(chain_input(1)?).await?;
-    let stage_weights: Vec<u64> = network
-        .plan()
-        .subgraphs
-        .iter()
-        .map(|s| s.memory.weights)
-        .collect();
+    let stage_weights = stage_weights(&network);
     println!(
         "{} chain ({layers} layers) over two worker processes offering {limit} each, loaded in \
          {loaded:.2} s ({:.0} MB/s); stages hold {:?}; onnxruntime alone builds a session for one \
@@ -227,6 +222,16 @@ fn print_peaks(
     Ok(())
 }
 
+/// The weights each stage of `network` holds.
+fn stage_weights(network: &tessera_client::Network) -> Vec<u64> {
+    network
+        .plan()
+        .subgraphs
+        .iter()
+        .map(|s| s.memory.weights)
+        .collect()
+}
+
 /// Each process's name and pid.
 type Pids = Vec<(String, u32)>;
 
@@ -270,12 +275,7 @@ async fn rss_of_llm() -> Result<()> {
     let started = Instant::now();
     let network = client.load_network(folder.model, options).await?;
     let loaded = started.elapsed().as_secs_f64();
-    let stage_weights: Vec<u64> = network
-        .plan()
-        .subgraphs
-        .iter()
-        .map(|s| s.memory.weights)
-        .collect();
+    let stage_weights = stage_weights(&network);
     let total: u64 = stage_weights.iter().sum();
     println!(
         "SmolLM2-135M ({}) over two worker processes offering 400MiB each, loaded in {loaded:.2} s; \
