@@ -74,8 +74,19 @@ fn in_use(state: &tessera_client::ClusterState, worker: &str) -> u64 {
         .map_or(0, |w| w.memory_in_use.iter().map(|(_, b)| b).sum())
 }
 
+/// The clusters here are planned on measured speeds and links: one at a
+/// time, so that one test's processes do not skew another's figures (run
+/// together on two loaded cores, a worker measured while another test
+/// compiled could be planned a different cut, and a healed network miss
+/// its cached stage).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn a_model_bigger_than_each_worker_runs_in_stages_that_fit_and_heals_from_the_cache() {
+    let _one = one_at_a_time();
     let limit: &[&str] = &["--memory-limit", "64MiB"];
     let names = ["node-a", "node-b", "node-c"];
     let workers: Vec<(&str, &str, &[&str])> = names.iter().map(|n| (*n, "CPU", limit)).collect();
@@ -192,6 +203,7 @@ async fn client_of(cluster: &tessera_cli::cluster::Embedded) -> Client {
 
 #[test]
 fn a_cluster_too_small_refuses_the_model_and_deploys_nothing() {
+    let _one = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("tessera-memory-small-{}", std::process::id()));
     let (_, bytes) = chain(&dir, 8);
     run_system(async move {
@@ -226,6 +238,7 @@ fn a_cluster_too_small_refuses_the_model_and_deploys_nothing() {
 
 #[test]
 fn memory_and_measured_speed_decide_the_split() {
+    let _one = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("tessera-memory-split-{}", std::process::id()));
     let (six, six_bytes) = chain(&dir, 6);
     let (_, eight_bytes) = chain(&dir, 8);
@@ -309,6 +322,7 @@ fn bad_memory_limits_are_clear_errors() {
 
 #[test]
 fn a_worker_that_offers_memory_it_does_not_have_is_left_out() {
+    let _one = one_at_a_time();
     let limit: &[&str] = &["--memory-limit", "1GiB"];
     let mut cluster = Cluster::start_with_args(
         "memory-lie",
