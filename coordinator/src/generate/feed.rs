@@ -21,7 +21,6 @@ pub struct Feed {
     attention_mask: Option<(String, ElemType)>,
     position_ids: Option<(String, ElemType)>,
     past: Vec<PastInput>,
-    logits: String,
 }
 
 const INPUT_IDS: &str = "input_ids";
@@ -45,7 +44,6 @@ impl Feed {
             attention_mask: None,
             position_ids: None,
             past: Vec::new(),
-            logits: String::new(),
         };
         for &t in &graph.inputs {
             let tensor = graph.tensor(t);
@@ -81,7 +79,6 @@ impl Feed {
         {
             return Err(format!("the model has no '{LOGITS}' output"));
         }
-        feed.logits = LOGITS.into();
         Ok(feed)
     }
 
@@ -115,26 +112,29 @@ impl Feed {
         Ok(inputs)
     }
 
-    /// The last position's logits of a step's outputs.
+    /// The last position's logits of a step's outputs (only that row is
+    /// converted: a prefill's logits hold a row per prompt token).
     pub fn last_logits(&self, outputs: &[(String, Tensor)]) -> Result<Vec<f32>, String> {
         let (_, logits) = outputs
             .iter()
-            .find(|(n, _)| *n == self.logits)
+            .find(|(n, _)| n == LOGITS)
             .ok_or("the step gave no logits")?;
         let vocab = *logits
             .shape()
             .last()
             .ok_or("the logits have no dimensions")?;
-        let values = logits
-            .float_values()
-            .ok_or_else(|| format!("the logits are {}, not floats", logits.elem()))?;
-        if vocab == 0 || values.len() < vocab {
-            return Err(format!(
-                "the logits' shape {:?} holds no row",
-                logits.shape()
-            ));
-        }
-        Ok(values[values.len() - vocab..].to_vec())
+        let row = logits
+            .elem()
+            .size_bytes()
+            .and_then(|b| usize::try_from(b).ok())
+            .map(|b| b * vocab)
+            .filter(|&row| row > 0 && row <= logits.bytes().len())
+            .ok_or_else(|| format!("the logits' shape {:?} holds no row", logits.shape()))?;
+        let bytes = logits.shared_bytes();
+        let last = Tensor::new(logits.elem(), vec![vocab], bytes.slice(bytes.len() - row..))
+            .map_err(|e| e.to_string())?;
+        last.float_values()
+            .ok_or_else(|| format!("the logits are {}, not floats", logits.elem()))
     }
 }
 

@@ -333,12 +333,7 @@ impl ComputeThread {
                 1 => {
                     let (request, sequence) = live[0];
                     let inputs = inputs.into_iter().next().unwrap_or_default();
-                    match sequence {
-                        Some(step) if !self.state.is_empty() => {
-                            self.compute_step(request, step, inputs)
-                        }
-                        _ => self.compute(request, sequence, &inputs),
-                    }
+                    self.compute(request, sequence, inputs);
                 }
                 _ => {
                     let live: Vec<u64> = live.iter().map(|(r, _)| *r).collect();
@@ -378,18 +373,35 @@ impl ComputeThread {
         (result, elapsed)
     }
 
-    /// Runs a request (a step of `sequence`, if given, that keeps no
-    /// state here) and streams its outputs on.
-    fn compute(&mut self, request: u64, sequence: Option<SequenceStep>, inputs: &[Tensor]) {
+    /// Runs a request (a step of `sequence`, if given) and streams its
+    /// outputs on. A step of a subgraph that reads or makes state takes its
+    /// state inputs from the store and keeps its state outputs there (they
+    /// still go to their readers, never back to the coordinator).
+    fn compute(&mut self, request: u64, sequence: Option<SequenceStep>, given: Vec<Tensor>) {
         let span = tracing::debug_span!(
             "subgraph_run",
             request,
             network = self.network,
             subgraph = self.subgraph,
-            device = %self.device
+            device = %self.device,
+            sequence = sequence.map(|s| s.id)
         );
         let _entered = span.enter();
-        let (result, elapsed) = self.infer(inputs);
+        let stateful = sequence.filter(|_| !self.state.is_empty());
+        let inputs = match stateful {
+            Some(step) => {
+                let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+                match store.inputs(step, &self.state, given) {
+                    Ok(inputs) => inputs,
+                    Err(e) => return self.fail(request, e),
+                }
+            }
+            None => given,
+        };
+        let (result, elapsed) = self.infer(&inputs);
+        if let Some(step) = stateful {
+            self.keep_state(step, result.as_ref().ok());
+        }
         match result {
             Ok(result) => {
                 if !self.takes_inputs && self.constants.is_none() {
@@ -410,48 +422,22 @@ impl ComputeThread {
         }
     }
 
-    /// Runs a step of a sequence: its state inputs from the store, its
-    /// state outputs back into it (not sent anywhere).
-    fn compute_step(&mut self, request: u64, step: SequenceStep, given: Vec<Tensor>) {
-        let span = tracing::debug_span!(
-            "sequence_step",
-            request,
-            sequence = step.id,
-            fresh = step.fresh,
-            subgraph = self.subgraph,
-            device = %self.device
-        );
-        let _entered = span.enter();
-        let inputs = {
-            let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-            store.inputs(step, &self.state, given)
-        };
-        let inputs = match inputs {
-            Ok(inputs) => inputs,
-            Err(e) => return self.fail(request, e),
-        };
-        let (result, elapsed) = self.infer(&inputs);
+    /// Keeps a step's state outputs for the next step; a failed step
+    /// (`None`) leaves no usable state behind.
+    fn keep_state(&self, step: SequenceStep, result: Option<&InferResult>) {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         match result {
-            Ok(result) => {
-                if !self.state.writes.is_empty() {
-                    store.keep(step, &self.state, &result.outputs);
-                    tracing::debug!(
-                        sequences = store.len(),
-                        state_bytes = store.bytes(),
-                        "state kept"
-                    );
-                }
-                drop(store);
-                // State outputs go to their readers here and on peers,
-                // never back to the coordinator (the router sees to it).
-                self.deliver(request, Some(step), result.outputs, elapsed, Vec::new());
+            Some(result) if !self.state.writes.is_empty() => {
+                store.keep(step, &self.state, &result.outputs);
+                tracing::debug!(
+                    sequences = store.len(),
+                    state_bytes = store.bytes(),
+                    "state kept"
+                );
             }
-            Err(e) => {
-                // A failed step leaves no usable state behind.
+            Some(_) => {}
+            None => {
                 store.end(step.id);
-                drop(store);
-                self.fail(request, e)
             }
         }
     }
@@ -473,7 +459,7 @@ impl ComputeThread {
             Err(e) => {
                 tracing::warn!("not batched: {e}");
                 drop(entered);
-                for (&r, inputs) in requests.iter().zip(&inputs) {
+                for (&r, inputs) in requests.iter().zip(inputs) {
                     self.compute(r, None, inputs);
                 }
                 return;
@@ -489,7 +475,7 @@ impl ComputeThread {
             Ok(Err(e)) => {
                 tracing::warn!("batch not split, running its requests one by one: {e}");
                 drop(entered);
-                for (&r, inputs) in requests.iter().zip(&inputs) {
+                for (&r, inputs) in requests.iter().zip(inputs) {
                     self.compute(r, None, inputs);
                 }
             }
