@@ -19,6 +19,14 @@ use tessera_client::{Client, LoadOptions, Network};
 use util::cluster::Cluster;
 use util::runtime;
 
+/// Each test's cluster runs alone: on two cores, a generation whose
+/// worker is killed must be re-planned and replayed within its deadline,
+/// which a sibling test's model loading can starve.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// onnxruntime-genai's greedy answer for one prompt.
 #[derive(Debug)]
 struct Oracle {
@@ -108,6 +116,7 @@ async fn run(
 
 #[test]
 fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_worker_is_killed() {
+    let _one = one_at_a_time();
     let model = folder("smollm2-135m-instruct");
     // 513 MiB of weights (the tied embedding counted on the first and the
     // last stage) and 1 sequence × 512 positions of KV cache: two of these
@@ -178,6 +187,7 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
 
 #[test]
 fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
+    let _one = one_at_a_time();
     let model = folder("smollm2-tiny");
     let cluster = Cluster::start("generate-bad", &["node-a"], 1);
     let rt = runtime();
@@ -303,6 +313,7 @@ fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
 
 #[test]
 fn the_cli_prints_only_the_generated_text() {
+    let _one = one_at_a_time();
     let model = folder("smollm2-tiny");
     let want = genai(&model, &["The capital of France is"], 10, false);
     let dir = model.to_str().unwrap();
@@ -327,6 +338,7 @@ fn the_cli_prints_only_the_generated_text() {
 
 #[test]
 fn the_openai_client_streams_completions_and_chats() {
+    let _one = one_at_a_time();
     let model = folder("smollm2-135m-instruct");
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -367,6 +379,7 @@ fn the_openai_client_streams_completions_and_chats() {
 
 #[test]
 fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
+    let _one = one_at_a_time();
     if let Err(e) = tessera_worker::plugins::gpu::GpuPlugin::new() {
         if std::env::var("TESSERA_GPU_TESTS").as_deref() == Ok("required") {
             panic!("{e}");

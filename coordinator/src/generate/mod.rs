@@ -133,6 +133,9 @@ impl Run<'_> {
         let mut replays = 0;
         let mut first_token_us = 0;
         let mut sent = 0;
+        let model = self.model;
+        let mut pieces = model.text.pieces();
+        let mut written = String::new();
         let finish = loop {
             step += 1;
             let logits = match self.step(step, fresh).await {
@@ -156,13 +159,9 @@ impl Run<'_> {
                 break FinishReason::Stop;
             }
             self.tokens.push(next);
-            let generated = &self.tokens[prompt_tokens..];
-            let text = self
-                .model
-                .text
-                .decode(generated)
-                .map_err(CoordinatorError::Worker)?;
-            let (new, stopped) = text::releasable(&text, sent, &self.params.stop);
+            let generated = self.tokens.len() - prompt_tokens;
+            written.push_str(&text::piece(&mut pieces, next).map_err(CoordinatorError::Worker)?);
+            let (new, stopped) = text::releasable(&written, sent, &self.params.stop);
             sent += new.len();
             let chunk = Chunk {
                 ids: vec![next],
@@ -176,8 +175,8 @@ impl Run<'_> {
                 break FinishReason::Stop;
             }
             let full = self.tokens.len() >= self.model.spec.context_length as usize;
-            if generated.len() >= self.params.max_tokens as usize || full {
-                let rest = text.get(sent..).unwrap_or("").to_string();
+            if generated >= self.params.max_tokens as usize || full {
+                let rest = written.get(sent..).unwrap_or("").to_string();
                 if !rest.is_empty() {
                     let _ = out
                         .send(Chunk {

@@ -89,12 +89,29 @@ impl Text {
             .map_err(|e| format!("the chat template failed: {e}"))
     }
 
-    /// The text of `ids` (special tokens left out).
-    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        self.tokenizer
-            .decode(ids, true)
-            .map_err(|e| format!("cannot decode tokens: {e}"))
+    /// Text as tokens come, each token's new text once (special tokens
+    /// left out): no re-decoding of everything so far at every token.
+    pub fn pieces(&self) -> Pieces<'_> {
+        self.tokenizer.decode_stream(true)
     }
+}
+
+/// The text of tokens as they come ([`Text::pieces`]).
+pub type Pieces<'a> = tokenizers::DecodeStream<
+    'a,
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    tokenizers::PreTokenizerWrapper,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
+/// The new text `token` adds (empty while a character is unfinished).
+pub fn piece(pieces: &mut Pieces<'_>, token: u32) -> Result<String, String> {
+    pieces
+        .step(token)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| format!("cannot decode token {token}: {e}"))
 }
 
 /// Text that can go out now: what is new since `sent` bytes, holding back
