@@ -119,8 +119,8 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
     let _one = one_at_a_time();
     let model = folder("smollm2-135m-instruct");
     // 513 MiB of weights (the tied embedding counted on the first and the
-    // last stage) and 1 sequence × 512 positions of KV cache: two of these
-    // workers hold it, one does not.
+    // last stage) and 3 sequences × 256 positions of KV cache: two of
+    // these workers hold it, one does not.
     let limit: &[&str] = &["--memory-limit", "380MiB"];
     let names = ["node-a", "node-b", "node-c"];
     let workers: Vec<(&str, &str, &[&str])> = names.iter().map(|n| (*n, "CPU", limit)).collect();
@@ -132,7 +132,7 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
     let rt = runtime();
     let killed = rt.block_on(async {
         let client = cluster.client().await;
-        let network = load(&client, &model, 1, 512).await;
+        let network = load(&client, &model, 3, 256).await;
         let hosts = &network.plan().hosts;
         assert!(hosts.len() >= 2, "the model spans workers: {hosts:?}");
         for (prompt, want) in prompts.iter().zip(&plain) {
@@ -141,6 +141,20 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
             eprintln!("{prompt:?} → {text:?} ({stats:?})");
             assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
             assert_eq!(text, want.text);
+        }
+        // The prompts at once, and a third of another length: their decode
+        // steps run as batches (a row each, the shorter rows' caches
+        // padded and masked), and each text is still the one alone.
+        let text = |p: &str| Prompt::Text(p.to_string());
+        let (a, b, c) = tokio::join!(
+            run(&network, text(prompts[0]), greedy(24)),
+            run(&network, text(prompts[1]), greedy(24)),
+            run(&network, text("Once upon a time"), greedy(24)),
+        );
+        let wanted = [&plain[0].ids[..], &plain[1].ids[..], &long[0].ids[..24]];
+        for ((got, ids, stats), want) in [a, b, c].iter().zip(wanted) {
+            eprintln!("at once: {got:?} ({stats:?})");
+            assert_eq!(ids.as_slice(), want, "{got:?}");
         }
         let (text, ids, _) =
             run(&network, user("What is the capital of France?"), greedy(24)).await;

@@ -54,6 +54,7 @@ fn pairs_are_found_by_the_genai_names() {
         vec![StatePair {
             present: "present.0.key".into(),
             past: "past_key_values.0.key".into(),
+            axis: None,
         }]
     );
     // 4 floats per position; 10 positions → 160 bytes, on the Concat.
@@ -98,4 +99,42 @@ fn a_pair_of_different_ranks_is_refused() {
     // Paired by name; the check finds that the ranks differ.
     let err = graph.state_pairs().unwrap_err();
     assert!(err.to_string().contains("ranks differ"), "{err}");
+}
+
+/// `past`'s dimensions made symbolic where `symbolic` says so.
+fn symbolic_dims(g: &mut GraphProto, past: &str, symbolic: &[bool]) {
+    use tessera_common::onnx::proto::tensor_shape_proto::dimension::Value;
+    use tessera_common::onnx::proto::type_proto;
+    let info = g
+        .input
+        .iter_mut()
+        .find(|i| i.name.as_deref() == Some(past))
+        .expect("the past input");
+    let Some(type_proto::Value::TensorType(t)) =
+        info.r#type.as_mut().and_then(|t| t.value.as_mut())
+    else {
+        panic!("a tensor input");
+    };
+    let dims = &mut t.shape.as_mut().expect("a shape").dim;
+    for (i, (d, &sym)) in dims.iter_mut().zip(symbolic).enumerate() {
+        if sym {
+            d.value = Some(Value::DimParam(format!("d{i}")));
+        }
+    }
+}
+
+#[test]
+fn the_positions_axis_is_the_only_symbolic_one_besides_the_batch() {
+    let axis_of = |symbolic: &[bool]| {
+        let mut g = with_axis(decoder_like("past_key_values.0.key", "present.0.key", 2));
+        symbolic_dims(&mut g, "past_key_values.0.key", symbolic);
+        let graph = Graph::from_model(opset17(g)).expect("graph");
+        graph.state_pairs().expect("pairs")[0].axis
+    };
+    // [batch, positions]: the positions grow along axis 1.
+    assert_eq!(axis_of(&[true, true]), Some(1));
+    assert_eq!(axis_of(&[false, true]), Some(1));
+    // Nothing grows besides the batch: no axis to pad along.
+    assert_eq!(axis_of(&[true, false]), None);
+    assert_eq!(axis_of(&[false, false]), None);
 }

@@ -49,6 +49,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
         state: vec![tessera_common::graph::StatePair {
             present: "present.0.key".into(),
             past: "past_key_values.0.key".into(),
+            axis: Some(2),
         }],
         max_sequences: 4,
     });
@@ -56,14 +57,17 @@ fn frames_round_trip_whatever_the_read_sizes() {
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
     let mut stream = hello.encode(&limits).unwrap();
     stream.extend(deploy.encode_with(&model, &limits).unwrap());
-    let step = tessera_common::wire::generate::SequenceStep {
-        id: 5,
+    let row = |id, past| tessera_common::wire::generate::SequenceStep {
+        id,
         step: 3,
         fresh: false,
+        past,
     };
+    let steps = tessera_common::wire::generate::Steps::batch(vec![row(5, 7), row(6, 2), row(8, 9)]);
+    assert_eq!(steps.positions, 9);
     stream.extend(
         TensorHeader::new(3, 9, "y", &t)
-            .in_sequence(Some(step))
+            .in_sequence(Some(steps.clone()))
             .encode(&limits)
             .unwrap(),
     );
@@ -87,8 +91,49 @@ fn frames_round_trip_whatever_the_read_sizes() {
             panic!("a tensor frame")
         };
         assert_eq!((h.network, h.request, h.name.as_str()), (3, 9, "y"));
-        assert_eq!(h.sequence, Some(step));
+        assert_eq!(h.sequence, Some(steps.clone()));
         assert_eq!(h.into_tensor(payload).unwrap(), t);
+    }
+}
+
+#[test]
+fn malformed_sequence_steps_are_refused_with_the_tensor() {
+    use tessera_common::wire::generate::{SequenceStep, Steps};
+    let t = Tensor::from_values(vec![2, 2], &[1.0f32; 4]).unwrap();
+    let row = |id, fresh, past| SequenceStep {
+        id,
+        step: 1,
+        fresh,
+        past,
+    };
+    let bad = [
+        (
+            Steps {
+                rows: vec![],
+                positions: 0,
+            },
+            "without rows",
+        ),
+        (
+            Steps::batch(vec![row(1, true, 0), row(2, false, 3)]),
+            "fresh step batched",
+        ),
+        (
+            Steps {
+                rows: vec![row(1, false, 5)],
+                positions: 4,
+            },
+            "more than the batch's 4",
+        ),
+        (
+            Steps::batch(vec![row(1, false, 5), row(1, false, 5)]),
+            "twice",
+        ),
+    ];
+    for (steps, why) in bad {
+        let h = TensorHeader::new(1, 1, "x", &t).in_sequence(Some(steps));
+        let err = h.into_tensor(t.shared_bytes()).unwrap_err().to_string();
+        assert!(err.contains(why), "{err}");
     }
 }
 

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
-use tessera_common::wire::generate::SequenceStep;
+use tessera_common::wire::generate::Steps;
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tokio::sync::oneshot;
 
@@ -91,15 +91,16 @@ pub async fn infer(
     infer_in(shared, network, inputs, deadline, None).await
 }
 
-/// Runs one step of a sequence (see the module's notes).
+/// Runs steps of sequences, one per row of `inputs` (see the module's
+/// notes).
 pub async fn infer_step(
     shared: &Arc<Shared>,
     network: u64,
     inputs: HashMap<String, Tensor>,
-    step: SequenceStep,
+    steps: &Steps,
     deadline: Option<Duration>,
 ) -> Result<Done, CoordinatorError> {
-    infer_in(shared, network, inputs, deadline, Some(step)).await
+    infer_in(shared, network, inputs, deadline, Some(steps)).await
 }
 
 async fn infer_in(
@@ -107,7 +108,7 @@ async fn infer_in(
     network: u64,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
-    sequence: Option<SequenceStep>,
+    sequence: Option<&Steps>,
 ) -> Result<Done, CoordinatorError> {
     let Some(loaded) = shared.networks.get(&network).map(|n| n.clone()) else {
         let e = CoordinatorError::UnknownNetwork(network);
@@ -135,11 +136,11 @@ async fn infer_on(
     loaded: &crate::network::Loaded,
     inputs: HashMap<String, Tensor>,
     deadline: Option<Duration>,
-    sequence: Option<SequenceStep>,
+    sequence: Option<&Steps>,
 ) -> Result<Done, CoordinatorError> {
     let network = loaded.id;
     // A later step lacks its state inputs by design.
-    if sequence.is_none_or(|s| s.fresh) {
+    if sequence.is_none_or(Steps::fresh) {
         check_inputs(&loaded.graph, &inputs).map_err(|e| match e {
             PlanError::BadInput(m) => CoordinatorError::BadInput(m),
             e => CoordinatorError::Plan(e.to_string()),
@@ -232,7 +233,7 @@ async fn attempt_on(
     net: &Deployed,
     id: u64,
     inputs: &HashMap<String, Tensor>,
-    sequence: Option<SequenceStep>,
+    sequence: Option<&Steps>,
     until: Instant,
 ) -> Result<(Vec<(String, Tensor)>, Counters), Tried> {
     let (tx, rx) = oneshot::channel();
@@ -317,7 +318,7 @@ async fn send_inputs(
     net: &Deployed,
     id: u64,
     inputs: &HashMap<String, Tensor>,
-    sequence: Option<SequenceStep>,
+    sequence: Option<&Steps>,
 ) -> Result<(), Failure> {
     let network = net.id;
     let link_to = |host: &str| {
@@ -329,7 +330,7 @@ async fn send_inputs(
         .map_err(|e| Failure::Error(e.to_string()))?;
     // A later step also triggers the subgraphs that read only state.
     let mut triggered = net.trigger_hosts.clone();
-    if sequence.is_some_and(|s| !s.fresh) {
+    if sequence.is_some_and(|s| !s.fresh()) {
         for host in &net.state_trigger_hosts {
             if !triggered.contains(host) {
                 triggered.push(host.clone());

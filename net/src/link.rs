@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::generate::SequenceStep;
+use tessera_common::wire::generate::Steps;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits};
 use tokio::sync::mpsc;
@@ -151,17 +151,17 @@ impl Link {
             .await
     }
 
-    /// Queues `tensor` as `name` of `request`, a step of `sequence`.
+    /// Queues `tensor` as `name` of `request`, `sequence`'s steps.
     pub async fn send_step_tensor(
         &self,
         network: u64,
         request: u64,
-        sequence: Option<SequenceStep>,
+        sequence: Option<&Steps>,
         name: &str,
         tensor: &Tensor,
     ) -> Result<(), NetError> {
         let head = TensorHeader::new(network, request, name, tensor)
-            .in_sequence(sequence)
+            .in_sequence(sequence.cloned())
             .encode(&self.limits)?;
         self.send(head, Some(tensor.shared_bytes())).await
     }

@@ -1,10 +1,14 @@
 """The oracle for Tessera's generation: onnxruntime-genai's greedy text.
 
     genai_generate.py FOLDER --max-new N [--threads T] [--chat] PROMPT...
+    genai_generate.py FOLDER --max-new N [--threads T] --batch B PROMPT...
 
 prints one JSON object per prompt: the prompt, the generated token ids (the
 end-of-sequence token left out, as Tessera leaves it out), their text, and
-the tokens per second of the decode after the first token.
+the tokens per second of the decode after the first token. With --batch,
+the prompts (repeated to B) run as one batch of B sequences, and one
+object gives the batch's tokens per second after the first token (all
+sequences together, none stopping early).
 """
 
 import argparse
@@ -42,6 +46,26 @@ def greedy(model: og.Model, ids: list[int], new_tokens: int, eos: set[int]) -> t
     return out, first, time.perf_counter() - started - first
 
 
+def batched(model: og.Model, tokenizer, prompts: list[str], batch: int, new_tokens: int) -> dict:
+    """Tokens/s of `batch` sequences generated as one batch."""
+    texts = [prompts[i % len(prompts)] for i in range(batch)]
+    params = og.GeneratorParams(model)
+    longest = max(len(tokenizer.encode(t)) for t in texts)
+    params.set_search_options(max_length=longest + new_tokens, do_sample=False, batch_size=batch)
+    generator = og.Generator(model, params)
+    started = time.perf_counter()
+    generator.append_tokens(tokenizer.encode_batch(texts))
+    generator.generate_next_token()
+    first = time.perf_counter() - started
+    steps = 1
+    while not generator.is_done() and steps < new_tokens:
+        generator.generate_next_token()
+        steps += 1
+    rest = time.perf_counter() - started - first
+    rate = (steps - 1) * batch / rest if steps > 1 and rest > 0 else 0.0
+    return {"batch": batch, "first_token_s": first, "tokens_per_s": rate}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder")
@@ -49,9 +73,13 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--chat", action="store_true")
+    parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()
     model = load(args.folder, args.threads)
     tokenizer = og.Tokenizer(model)
+    if args.batch > 0:
+        print(json.dumps(batched(model, tokenizer, args.prompts, args.batch, args.max_new)))
+        return
     with open(f"{args.folder}/genai_config.json") as f:
         eos = f"{json.load(f)['model']['eos_token_id']}"
     eos_ids = {int(t) for t in eos.strip("[]").split(",")}

@@ -7,7 +7,8 @@
 //!   hop adds per token;
 //! - 8 concurrent sequences on the two-worker pipeline vs one worker,
 //!   against the machine's no-network ceiling (two onnxruntime-genai
-//!   processes at once vs one);
+//!   processes at once vs one), and what continuous batching gains (8 at
+//!   once on one worker vs one alone);
 //! - the state one sequence keeps per stage.
 
 use std::process::Command;
@@ -27,9 +28,10 @@ const PROMPT: &str = "Once upon a time";
 const CONTEXT: u32 = 512;
 const SEQUENCES: u32 = 8;
 
-/// onnxruntime-genai on one thread per process, `processes` at once:
-/// the tokens/s of each (after the first token) and its first-token time.
-fn genai(processes: usize) -> Result<Vec<(f64, f64)>> {
+/// onnxruntime-genai on one thread per process, `processes` at once, each
+/// generating one sequence or (`batch` > 0) a batch of `batch`: the
+/// tokens/s of each (after the first token) and its first-token time.
+fn genai(processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/llm/genai_generate.py"
@@ -45,6 +47,8 @@ fn genai(processes: usize) -> Result<Vec<(f64, f64)>> {
                     "1",
                     "--max-new",
                     &NEW_TOKENS.to_string(),
+                    "--batch",
+                    &batch.to_string(),
                     PROMPT,
                 ])
                 .stdout(std::process::Stdio::piped())
@@ -130,7 +134,7 @@ pub async fn generation() -> Result<()> {
     }
     generate(&whole, PROMPT).await?;
     generate(&split, PROMPT).await?;
-    let reference = genai(1)?[0];
+    let reference = genai(1, 0)?[0];
     let s1 = generate(&whole, PROMPT).await?;
     let s2 = generate(&split, PROMPT).await?;
     let (r1, r2) = (decode_rate(&s1), decode_rate(&s2));
@@ -151,14 +155,25 @@ pub async fn generation() -> Result<()> {
     );
     let c2 = concurrent(&split).await?;
     let c1 = concurrent(&whole).await?;
-    let pair = genai(2)?;
-    let ceiling = pair.iter().map(|p| p.0).sum::<f64>() / genai(1)?[0].0;
+    // The machine's own ceiling for the pipeline: two processes with half
+    // the sequences each at once vs one with them all.
+    let half = SEQUENCES as usize / 2;
+    let pair: f64 = genai(2, half)?.iter().map(|p| p.0).sum();
+    let batched = genai(1, SEQUENCES as usize)?[0].0;
+    let ceiling = pair / batched;
     println!(
         "{SEQUENCES} sequences at once: two-worker pipeline {c2:.1} tokens/s, one worker {c1:.1} \
-         tokens/s: {:.2}x; the no-network ceiling (two onnxruntime-genai processes vs one) \
-         {ceiling:.2}x, so {:.2} of it",
+         tokens/s: {:.2}x; the no-network ceiling (two onnxruntime-genai processes with batches \
+         of {half} at once vs one with a batch of {SEQUENCES}) {ceiling:.2}x, so {:.2} of it",
         c2 / c1,
         c2 / c1 / ceiling
+    );
+    println!(
+        "continuous batching: {SEQUENCES} sequences at once on one worker {c1:.1} tokens/s ({:.2}x \
+         one sequence alone); onnxruntime-genai with a batch of {SEQUENCES} (equal prompts, \
+         started together) {batched:.1} tokens/s: {:.2} of it",
+        c1 / r1,
+        c1 / batched
     );
     split.unload().await?;
     whole.unload().await?;

@@ -23,6 +23,12 @@ pub struct StatePair {
     pub present: String,
     /// The graph input it becomes at the next step (`past_key_values.0.key`).
     pub past: String,
+    /// The input's positions axis, the one that grows a position per
+    /// token: its only symbolic dimension besides the first (batch).
+    /// Where it is known, steps of sequences of different lengths batch
+    /// together (each padded to the longest); `None`: they do not.
+    #[serde(default)]
+    pub axis: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -46,10 +52,27 @@ impl Graph {
             Some(pairs) => pairs,
             None => self.state_pairs_by_name(),
         };
-        for pair in &pairs {
+        let mut pairs = pairs;
+        for pair in &mut pairs {
             self.check_state_pair(pair)?;
+            pair.axis = self.positions_axis(&pair.past);
         }
         Ok(pairs)
+    }
+
+    /// The positions axis of state input `past` (see [`StatePair::axis`]).
+    fn positions_axis(&self, past: &str) -> Option<u32> {
+        let shape = self.tensor(self.tensor_by_name(past)?).shape.as_ref()?;
+        let mut growing = shape
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, d)| d.known().is_none());
+        let (axis, _) = growing.next()?;
+        match growing.next() {
+            Some(_) => None,
+            None => u32::try_from(axis).ok(),
+        }
     }
 
     fn declared_state_pairs(&self) -> Result<Option<Vec<StatePair>>, StateError> {
@@ -67,7 +90,11 @@ impl Graph {
         Ok(Some(
             pairs
                 .into_iter()
-                .map(|(present, past)| StatePair { present, past })
+                .map(|(present, past)| StatePair {
+                    present,
+                    past,
+                    axis: None,
+                })
                 .collect(),
         ))
     }
@@ -90,6 +117,7 @@ impl Graph {
                     .map(|past| StatePair {
                         present: present.clone(),
                         past,
+                        axis: None,
                     })
             })
             .collect()

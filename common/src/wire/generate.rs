@@ -6,9 +6,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-/// One step of a stateful sequence that a request belongs to: every
-/// tensor of the request carries it, so each stage knows whose state to
-/// feed back.
+/// One step of a stateful sequence: a row of a request's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SequenceStep {
     /// The sequence (unique per coordinator).
@@ -20,6 +18,71 @@ pub struct SequenceStep {
     /// replay after a worker loss): stages start the sequence's state
     /// afresh. Otherwise they use the state kept from the previous step.
     pub fresh: bool,
+    /// Positions of state the sequence holds before this step (0 when
+    /// fresh).
+    pub past: u32,
+}
+
+/// The sequence steps a request is: one per row of its tensors, in row
+/// order. Several rows are decode steps of different sequences run as one
+/// batch (continuous batching); each row's kept state is left-padded with
+/// zeros to `positions` along its positions axis and the attention mask
+/// masks the padding, and each row keeps only its own positions after.
+/// A fresh step is always alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Steps {
+    pub rows: Vec<SequenceStep>,
+    /// Positions every row's state is padded to: the longest `past`.
+    pub positions: u32,
+}
+
+impl Steps {
+    /// One step alone.
+    pub fn one(step: SequenceStep) -> Steps {
+        Steps {
+            rows: vec![step],
+            positions: step.past,
+        }
+    }
+
+    /// Decode steps of several sequences as one batch.
+    pub fn batch(rows: Vec<SequenceStep>) -> Steps {
+        let positions = rows.iter().map(|r| r.past).max().unwrap_or(0);
+        Steps { rows, positions }
+    }
+
+    /// Whether it is a fresh step (state given, not kept).
+    pub fn fresh(&self) -> bool {
+        self.rows.iter().any(|r| r.fresh)
+    }
+
+    /// The first row's sequence (for logs).
+    pub fn first_id(&self) -> Option<u64> {
+        self.rows.first().map(|r| r.id)
+    }
+
+    /// Checks what a peer sent: at least one row, a fresh step alone, no
+    /// row past `positions`, no sequence twice.
+    pub fn check(&self) -> Result<(), String> {
+        if self.rows.is_empty() {
+            return Err("a sequence step without rows".into());
+        }
+        if self.fresh() && self.rows.len() > 1 {
+            return Err("a fresh step batched with others".into());
+        }
+        if let Some(r) = self.rows.iter().find(|r| r.past > self.positions) {
+            return Err(format!(
+                "sequence {} holds {} positions, more than the batch's {}",
+                r.id, r.past, self.positions
+            ));
+        }
+        let mut ids: Vec<u64> = self.rows.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("a sequence twice in one batch".into());
+        }
+        Ok(())
+    }
 }
 
 /// What a generative network brings: read from its model folder (the

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::frame::{FrameKind, Limits};
-use super::generate::SequenceStep;
+use super::generate::Steps;
 use super::{codec, WireError};
 use crate::onnx::ElemType;
 use crate::tensor::Tensor;
@@ -30,8 +30,9 @@ pub struct TensorHeader {
     /// The payload's length in bytes: what the type and shape make for
     /// fixed-size and packed types, the encoded strings' for `STRING`.
     pub bytes: u64,
-    /// The sequence step the request is (absent: a stateless request).
-    pub sequence: Option<SequenceStep>,
+    /// The sequence steps the request is, one per row (absent: a
+    /// stateless request).
+    pub sequence: Option<Steps>,
 }
 
 impl TensorHeader {
@@ -48,8 +49,8 @@ impl TensorHeader {
         }
     }
 
-    /// The same header, for a request that is a step of `sequence`.
-    pub fn in_sequence(mut self, sequence: Option<SequenceStep>) -> TensorHeader {
+    /// The same header, for a request that is `sequence`'s steps.
+    pub fn in_sequence(mut self, sequence: Option<Steps>) -> TensorHeader {
         self.sequence = sequence;
         self
     }
@@ -95,6 +96,9 @@ impl TensorHeader {
 
     /// Checks that a payload of `len` bytes is what the header announces.
     pub fn check_payload(&self, len: u64) -> Result<(), WireError> {
+        if let Some(steps) = &self.sequence {
+            steps.check().map_err(|e| self.error(e))?;
+        }
         let expected = self.byte_len()?;
         if expected != len {
             return Err(self.error(format!(

@@ -21,6 +21,10 @@ pub struct Feed {
     attention_mask: Option<(String, ElemType)>,
     position_ids: Option<(String, ElemType)>,
     past: Vec<PastInput>,
+    /// Every state pair has a positions axis.
+    pads_state: bool,
+    /// The token ids' first (batch) dimension is not fixed.
+    batches: bool,
 }
 
 const INPUT_IDS: &str = "input_ids";
@@ -44,6 +48,8 @@ impl Feed {
             attention_mask: None,
             position_ids: None,
             past: Vec::new(),
+            pads_state: pairs.iter().all(|p| p.axis.is_some()),
+            batches: false,
         };
         for &t in &graph.inputs {
             let tensor = graph.tensor(t);
@@ -58,7 +64,11 @@ impl Feed {
                 continue;
             }
             match name.as_str() {
-                INPUT_IDS => feed.input_ids = (name, elem),
+                INPUT_IDS => {
+                    let batch = tensor.shape.as_ref().and_then(|s| s.first());
+                    feed.batches = batch.is_some_and(|d| d.known().is_none());
+                    feed.input_ids = (name, elem);
+                }
                 ATTENTION_MASK => feed.attention_mask = Some((name, elem)),
                 POSITION_IDS => feed.position_ids = Some((name, elem)),
                 _ => {
@@ -82,39 +92,78 @@ impl Feed {
         Ok(feed)
     }
 
-    /// The inputs of a step over `tokens` (all of the sequence so far): a
-    /// fresh step feeds them all and empty state; a later step the last.
-    pub fn step(&self, tokens: &[u32], fresh: bool) -> Result<HashMap<String, Tensor>, String> {
+    /// Whether decode steps of several sequences may run as one batch
+    /// (the model's batch dimension is not fixed).
+    pub fn batches(&self) -> bool {
+        self.batches
+    }
+
+    /// Whether decode steps of sequences of different lengths may run as
+    /// one batch: the model takes an attention mask (which masks each
+    /// row's padding) and every state input has a positions axis to pad.
+    pub fn pads(&self) -> bool {
+        self.batches && self.attention_mask.is_some() && self.pads_state
+    }
+
+    /// The inputs of a fresh step over `tokens` (the whole sequence so
+    /// far, a prompt or a replay): all of them, and empty state.
+    pub fn fresh(&self, tokens: &[u32]) -> Result<HashMap<String, Tensor>, String> {
         let n = tokens.len();
-        let fed: Vec<i64> = if fresh {
-            tokens.iter().map(|&t| i64::from(t)).collect()
-        } else {
-            tokens
-                .last()
-                .map(|&t| vec![i64::from(t)])
-                .unwrap_or_default()
-        };
-        let first = n - fed.len();
+        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
         let mut inputs = HashMap::new();
-        inputs.insert(self.input_ids.0.clone(), ints(self.input_ids.1, &fed)?);
+        inputs.insert(self.input_ids.0.clone(), ints(self.input_ids.1, 1, &ids)?);
         if let Some((name, elem)) = &self.attention_mask {
-            inputs.insert(name.clone(), ints(*elem, &vec![1; n])?);
+            inputs.insert(name.clone(), ints(*elem, 1, &vec![1; n])?);
         }
         if let Some((name, elem)) = &self.position_ids {
-            let positions: Vec<i64> = (first as i64..n as i64).collect();
-            inputs.insert(name.clone(), ints(*elem, &positions)?);
+            let positions: Vec<i64> = (0..n as i64).collect();
+            inputs.insert(name.clone(), ints(*elem, 1, &positions)?);
         }
-        if fresh {
-            for past in &self.past {
-                inputs.insert(past.name.clone(), empty_state(past)?);
-            }
+        for past in &self.past {
+            inputs.insert(past.name.clone(), empty_state(past)?);
         }
         Ok(inputs)
     }
 
-    /// The last position's logits of a step's outputs (only that row is
-    /// converted: a prefill's logits hold a row per prompt token).
-    pub fn last_logits(&self, outputs: &[(String, Tensor)]) -> Result<Vec<f32>, String> {
+    /// The inputs of decode steps of several sequences, one row each
+    /// (`(token, past)`: the sequence's last token and the positions its
+    /// stages keep): the token at its own position, attending to its own
+    /// `past` positions, left-padded to `positions`, and itself.
+    pub fn decode(
+        &self,
+        rows: &[(u32, u32)],
+        positions: u32,
+    ) -> Result<HashMap<String, Tensor>, String> {
+        let b = rows.len();
+        let ids: Vec<i64> = rows.iter().map(|&(t, _)| i64::from(t)).collect();
+        let mut inputs = HashMap::new();
+        inputs.insert(self.input_ids.0.clone(), ints(self.input_ids.1, b, &ids)?);
+        if let Some((name, elem)) = &self.attention_mask {
+            let width = positions as usize + 1;
+            let mut mask = Vec::with_capacity(b * width);
+            for &(_, past) in rows {
+                let padding = positions
+                    .checked_sub(past)
+                    .ok_or("a row past the batch's positions")?;
+                mask.extend(std::iter::repeat_n(0, padding as usize));
+                mask.extend(std::iter::repeat_n(1, width - padding as usize));
+            }
+            inputs.insert(name.clone(), ints(*elem, b, &mask)?);
+        }
+        if let Some((name, elem)) = &self.position_ids {
+            let positions: Vec<i64> = rows.iter().map(|&(_, past)| i64::from(past)).collect();
+            inputs.insert(name.clone(), ints(*elem, b, &positions)?);
+        }
+        Ok(inputs)
+    }
+
+    /// Each row's last-position logits of a step's outputs (only those
+    /// are converted: a prefill's logits hold a row per prompt token).
+    pub fn last_logits(
+        &self,
+        outputs: &[(String, Tensor)],
+        rows: usize,
+    ) -> Result<Vec<Vec<f32>>, String> {
         let (_, logits) = outputs
             .iter()
             .find(|(n, _)| n == LOGITS)
@@ -123,24 +172,35 @@ impl Feed {
             .shape()
             .last()
             .ok_or("the logits have no dimensions")?;
-        let row = logits
+        let bytes = logits.shared_bytes();
+        let per_row = bytes.len() / rows.max(1);
+        let last = logits
             .elem()
             .size_bytes()
             .and_then(|b| usize::try_from(b).ok())
             .map(|b| b * vocab)
-            .filter(|&row| row > 0 && row <= logits.bytes().len())
-            .ok_or_else(|| format!("the logits' shape {:?} holds no row", logits.shape()))?;
-        let bytes = logits.shared_bytes();
-        let last = Tensor::new(logits.elem(), vec![vocab], bytes.slice(bytes.len() - row..))
-            .map_err(|e| e.to_string())?;
-        last.float_values()
-            .ok_or_else(|| format!("the logits are {}, not floats", logits.elem()))
+            .filter(|&last| last > 0 && last <= per_row && per_row * rows == bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "the logits' shape {:?} holds no row for each of {rows} sequences",
+                    logits.shape()
+                )
+            })?;
+        (1..=rows)
+            .map(|r| {
+                let end = r * per_row;
+                let row = Tensor::new(logits.elem(), vec![vocab], bytes.slice(end - last..end))
+                    .map_err(|e| e.to_string())?;
+                row.float_values()
+                    .ok_or_else(|| format!("the logits are {}, not floats", logits.elem()))
+            })
+            .collect()
     }
 }
 
-/// A `[1, n]` tensor of integers in `elem` (int64 or int32).
-fn ints(elem: ElemType, values: &[i64]) -> Result<Tensor, String> {
-    let shape = vec![1, values.len()];
+/// A `[rows, n / rows]` tensor of integers in `elem` (int64 or int32).
+fn ints(elem: ElemType, rows: usize, values: &[i64]) -> Result<Tensor, String> {
+    let shape = vec![rows, values.len() / rows.max(1)];
     let t = if elem == ElemType::INT32 {
         let narrow: Vec<i32> = values.iter().map(|&v| v as i32).collect();
         Tensor::from_values(shape, &narrow)

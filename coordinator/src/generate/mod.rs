@@ -14,16 +14,17 @@
 //! to free the sequence's state.
 
 mod feed;
+mod rounds;
 mod sample;
 mod text;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tessera_common::graph::Graph;
 use tessera_common::wire::generate::{
-    FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt, SequenceStep,
+    FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt,
 };
 use tokio::sync::mpsc;
 
@@ -37,8 +38,10 @@ const MAX_REPLAYS: u32 = 3;
 /// and its limits.
 pub struct GenerativeModel {
     text: text::Text,
-    feed: feed::Feed,
+    feed: Arc<feed::Feed>,
     spec: GenerationSpec,
+    /// The network's batching task, started by its first generation.
+    rounds: OnceLock<rounds::Rounds>,
 }
 
 impl GenerativeModel {
@@ -47,8 +50,18 @@ impl GenerativeModel {
         let pairs = graph.state_pairs().map_err(|e| bad(e.to_string()))?;
         Ok(GenerativeModel {
             text: text::Text::new(spec).map_err(bad)?,
-            feed: feed::Feed::new(graph, &pairs).map_err(bad)?,
+            feed: Arc::new(feed::Feed::new(graph, &pairs).map_err(bad)?),
             spec: spec.clone(),
+            rounds: OnceLock::new(),
+        })
+    }
+
+    /// The batching task of `network` (this model's), started on first
+    /// use.
+    fn rounds(&self, shared: &Arc<Shared>, network: u64) -> &rounds::Rounds {
+        self.rounds.get_or_init(|| {
+            let rows = self.spec.max_sequences as usize;
+            rounds::Rounds::start(shared.clone(), network, self.feed.clone(), rows)
         })
     }
 }
@@ -93,14 +106,15 @@ pub async fn generate(
         )));
     }
     let sequence = shared.next_sequence.fetch_add(1, Ordering::Relaxed);
+    let rounds = model.rounds(shared, network).clone();
     let _ends = EndOnDrop {
         shared: shared.clone(),
+        rounds: rounds.clone(),
         network,
         sequence,
     };
     let mut run = Run {
-        shared,
-        network,
+        rounds,
         model: &model,
         params,
         sequence,
@@ -113,8 +127,7 @@ pub async fn generate(
 
 /// One generation under way.
 struct Run<'a> {
-    shared: &'a Arc<Shared>,
-    network: u64,
+    rounds: rounds::Rounds,
     model: &'a GenerativeModel,
     params: &'a GenerateParams,
     sequence: u64,
@@ -199,39 +212,52 @@ impl Run<'_> {
     }
 
     /// Step number `step`: a fresh one over every token so far, else the
-    /// last token.
+    /// last token (in a batch with other sequences' decode steps).
     async fn step(&self, step: u32, fresh: bool) -> Result<Vec<f32>, CoordinatorError> {
-        let inputs = self
-            .model
-            .feed
-            .step(&self.tokens, fresh)
-            .map_err(CoordinatorError::BadInput)?;
-        let step = SequenceStep {
-            id: self.sequence,
+        let until = self.deadline.map(|d| self.started + d);
+        let tokens = if fresh {
+            self.tokens.clone()
+        } else {
+            self.tokens.last().copied().into_iter().collect()
+        };
+        let ask = rounds::Ask {
+            sequence: self.sequence,
             step,
             fresh,
+            tokens,
+            past: self.tokens.len().saturating_sub(1) as u32,
+            until,
         };
-        let deadline = self.deadline.map(|d| {
-            d.saturating_sub(self.started.elapsed())
-                .max(Duration::from_millis(1))
-        });
-        let done = requests::infer_step(self.shared, self.network, inputs, step, deadline).await?;
-        self.model
-            .feed
-            .last_logits(&done.outputs)
-            .map_err(CoordinatorError::Worker)
+        let answer = self.rounds.step(ask);
+        let Some(until) = until else {
+            return answer.await;
+        };
+        tokio::time::timeout_at(tokio::time::Instant::from_std(until), answer)
+            .await
+            .unwrap_or_else(|_| {
+                Err(CoordinatorError::Deadline {
+                    request: 0,
+                    deadline_ms: self.params.deadline_ms,
+                    waiting: format!(" (generating step {step} of sequence {})", self.sequence),
+                })
+            })
     }
 }
 
-/// Tells every stage to free a sequence's state when dropped.
+/// Tells every stage to free a sequence's state when dropped (through the
+/// batching task, which waits for a step of it still in flight).
 struct EndOnDrop {
     shared: Arc<Shared>,
+    rounds: rounds::Rounds,
     network: u64,
     sequence: u64,
 }
 
 impl Drop for EndOnDrop {
     fn drop(&mut self) {
+        if self.rounds.leave(self.sequence) {
+            return;
+        }
         let (shared, network, sequence) = (self.shared.clone(), self.network, self.sequence);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { requests::end_sequence(&shared, network, sequence).await });

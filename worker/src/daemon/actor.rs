@@ -30,7 +30,7 @@ use actix::prelude::*;
 use actix::WeakAddr;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Batching, NodeTime};
-use tessera_common::wire::generate::SequenceStep;
+use tessera_common::wire::generate::Steps;
 
 use super::batch::{self, Ready};
 use super::routes::Router;
@@ -46,7 +46,7 @@ const HANDED: usize = 2;
 #[rtype(result = "()")]
 pub struct Arrived {
     pub request: u64,
-    pub sequence: Option<SequenceStep>,
+    pub sequence: Option<Steps>,
     pub name: Arc<str>,
     pub tensor: Tensor,
 }
@@ -74,7 +74,7 @@ struct Finished {
 struct Job {
     requests: Vec<u64>,
     /// The sequence step of each request (a batch has none).
-    sequences: Vec<Option<SequenceStep>>,
+    sequences: Vec<Option<Steps>>,
     inputs: Vec<Vec<Tensor>>,
 }
 
@@ -82,7 +82,7 @@ struct Job {
 struct Pending {
     inputs: Vec<Option<Tensor>>,
     since: Instant,
-    sequence: Option<SequenceStep>,
+    sequence: Option<Steps>,
 }
 
 pub struct SubgraphActor {
@@ -186,7 +186,7 @@ impl SubgraphActor {
             };
             let taken: Vec<Ready> = self.ready.drain(..take).collect();
             let requests: Vec<u64> = taken.iter().map(|r| r.request).collect();
-            let sequences = taken.iter().map(|r| r.sequence).collect();
+            let sequences = taken.iter().map(|r| r.sequence.clone()).collect();
             let inputs = taken.into_iter().map(|r| r.inputs).collect();
             let job = Job {
                 requests: requests.clone(),
@@ -240,7 +240,7 @@ impl SubgraphActor {
     fn make_ready(
         &mut self,
         request: u64,
-        sequence: Option<SequenceStep>,
+        sequence: Option<Steps>,
         inputs: Vec<Tensor>,
         ctx: &mut Context<Self>,
     ) {
@@ -282,7 +282,7 @@ impl SubgraphActor {
 }
 
 /// A request and the sequence step it is, if any.
-type Tagged = (u64, Option<SequenceStep>);
+type Tagged = (u64, Option<Steps>);
 
 /// What the compute thread owns.
 struct ComputeThread {
@@ -331,7 +331,7 @@ impl ComputeThread {
             match live.len() {
                 0 => {}
                 1 => {
-                    let (request, sequence) = live[0];
+                    let (request, sequence) = live.into_iter().next().unwrap_or_default();
                     let inputs = inputs.into_iter().next().unwrap_or_default();
                     self.compute(request, sequence, inputs);
                 }
@@ -377,21 +377,22 @@ impl ComputeThread {
     /// outputs on. A step of a subgraph that reads or makes state takes its
     /// state inputs from the store and keeps its state outputs there (they
     /// still go to their readers, never back to the coordinator).
-    fn compute(&mut self, request: u64, sequence: Option<SequenceStep>, given: Vec<Tensor>) {
+    fn compute(&mut self, request: u64, sequence: Option<Steps>, given: Vec<Tensor>) {
         let span = tracing::debug_span!(
             "subgraph_run",
             request,
             network = self.network,
             subgraph = self.subgraph,
             device = %self.device,
-            sequence = sequence.map(|s| s.id)
+            sequence = sequence.as_ref().and_then(Steps::first_id),
+            rows = sequence.as_ref().map(|s| s.rows.len())
         );
         let _entered = span.enter();
-        let stateful = sequence.filter(|_| !self.state.is_empty());
+        let stateful = sequence.as_ref().filter(|_| !self.state.is_empty());
         let inputs = match stateful {
-            Some(step) => {
+            Some(steps) => {
                 let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-                match store.inputs(step, &self.state, given) {
+                match store.inputs(steps, &self.state, given) {
                     Ok(inputs) => inputs,
                     Err(e) => return self.fail(request, e),
                 }
@@ -399,9 +400,10 @@ impl ComputeThread {
             None => given,
         };
         let (result, elapsed) = self.infer(&inputs);
-        if let Some(step) = stateful {
-            self.keep_state(step, result.as_ref().ok());
-        }
+        let result = match stateful {
+            Some(steps) => self.keep_state(steps, result),
+            None => result,
+        };
         match result {
             Ok(result) => {
                 if !self.takes_inputs && self.constants.is_none() {
@@ -422,22 +424,33 @@ impl ComputeThread {
         }
     }
 
-    /// Keeps a step's state outputs for the next step; a failed step
-    /// (`None`) leaves no usable state behind.
-    fn keep_state(&self, step: SequenceStep, result: Option<&InferResult>) {
+    /// Keeps each row's state outputs for its next step; a failed step
+    /// (or one whose state cannot be kept) leaves no usable state behind.
+    fn keep_state(
+        &self,
+        steps: &Steps,
+        result: Result<InferResult, String>,
+    ) -> Result<InferResult, String> {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        match result {
-            Some(result) if !self.state.writes.is_empty() => {
-                store.keep(step, &self.state, &result.outputs);
+        let kept = match &result {
+            Ok(_) if self.state.writes.is_empty() => Ok(()),
+            Ok(r) => store.keep(steps, &self.state, &r.outputs),
+            Err(e) => Err(e.clone()),
+        };
+        match kept {
+            Ok(()) => {
                 tracing::debug!(
                     sequences = store.len(),
                     state_bytes = store.bytes(),
                     "state kept"
                 );
+                result
             }
-            Some(_) => {}
-            None => {
-                store.end(step.id);
+            Err(e) => {
+                for row in &steps.rows {
+                    store.end(row.id);
+                }
+                Err(e)
             }
         }
     }
@@ -491,7 +504,7 @@ impl ComputeThread {
     fn deliver(
         &self,
         request: u64,
-        sequence: Option<SequenceStep>,
+        sequence: Option<Steps>,
         outputs: Vec<Tensor>,
         took: Duration,
         nodes: Vec<NodeTime>,
@@ -510,7 +523,7 @@ impl ComputeThread {
     fn deliver_named(
         &self,
         request: u64,
-        sequence: Option<SequenceStep>,
+        sequence: Option<Steps>,
         names: Vec<Arc<str>>,
         outputs: Vec<Tensor>,
         took: Duration,
@@ -581,12 +594,12 @@ impl Handler<Arrived> for SubgraphActor {
             return;
         }
         // A later step of a sequence takes its state from the store.
-        let from_store = |s: Option<SequenceStep>| s.is_some_and(|s| !s.fresh);
+        let from_store = |s: &Option<Steps>| s.as_ref().is_some_and(|s| !s.fresh());
         if msg.name.is_empty() {
             // The trigger of a later step, for a subgraph that reads only
             // state (nothing else of the step comes to it).
             let n = self.inputs.len();
-            if from_store(msg.sequence) && (0..n).all(|i| self.state.is_state_input(i)) {
+            if from_store(&msg.sequence) && (0..n).all(|i| self.state.is_state_input(i)) {
                 self.make_ready(msg.request, msg.sequence, Vec::new(), ctx);
                 self.publish_depth();
             }
@@ -595,7 +608,7 @@ impl Handler<Arrived> for SubgraphActor {
         let Some(slot) = self.inputs.iter().position(|n| *n == msg.name) else {
             return;
         };
-        if from_store(msg.sequence) && self.state.is_state_input(slot) {
+        if from_store(&msg.sequence) && self.state.is_state_input(slot) {
             return;
         }
         let n = self.inputs.len();
@@ -605,7 +618,7 @@ impl Handler<Arrived> for SubgraphActor {
             sequence: msg.sequence,
         });
         p.inputs[slot] = Some(msg.tensor);
-        let stored = from_store(p.sequence);
+        let stored = from_store(&p.sequence);
         let complete = p
             .inputs
             .iter()

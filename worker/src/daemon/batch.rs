@@ -11,8 +11,9 @@ use tessera_common::tensor::Tensor;
 /// A request whose inputs have all arrived.
 pub struct Ready {
     pub request: u64,
-    /// A step of a sequence (never batched: each has its own state).
-    pub sequence: Option<tessera_common::wire::generate::SequenceStep>,
+    /// Steps of sequences (never batched here: the coordinator batches
+    /// them, each row with its own state).
+    pub sequence: Option<tessera_common::wire::generate::Steps>,
     pub inputs: Vec<Tensor>,
     pub since: Instant,
 }

@@ -25,6 +25,7 @@ mod operations;
 pub mod routes;
 mod sequences;
 mod session;
+mod state_rows;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -239,8 +239,8 @@ fn start_actor(
         .map(|r| (Arc::<str>::from(r.tensor.as_str()), r.to.clone()))
         .collect();
     let state_slots = StateSlots::new(&inputs, &outputs, &spec.state);
-    for (slot, _) in &state_slots.writes {
-        if let Some(name) = outputs.get(*slot) {
+    for slot in &state_slots.writes {
+        if let Some(name) = outputs.get(slot.at) {
             state.router.mark_state_output(spec.network, name.clone());
         }
     }

@@ -14,7 +14,7 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{
     Control, Destination, ErrorKind, MailboxDepth, NodeTime, Transfer,
 };
-use tessera_common::wire::generate::SequenceStep;
+use tessera_common::wire::generate::Steps;
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
 use tessera_net::{Link, Node};
@@ -26,13 +26,13 @@ use super::sequences::SequenceStore;
 const LINK_DEPTH: usize = 64;
 
 /// Which run of which subgraph produced outputs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ran {
     pub network: u64,
     pub subgraph: u32,
     pub request: u64,
-    /// The sequence step the request is (its tensors carry it on).
-    pub sequence: Option<SequenceStep>,
+    /// The sequence steps the request is (its tensors carry them on).
+    pub sequence: Option<Steps>,
 }
 
 pub struct Router {
@@ -176,7 +176,7 @@ impl Router {
         &self,
         network: u64,
         request: u64,
-        sequence: Option<SequenceStep>,
+        sequence: Option<&Steps>,
         name: Arc<str>,
         tensor: Tensor,
     ) {
@@ -191,7 +191,7 @@ impl Router {
         for actor in actors {
             let msg = Arrived {
                 request,
-                sequence,
+                sequence: sequence.cloned(),
                 name: name.clone(),
                 tensor: tensor.clone(),
             };
@@ -287,7 +287,7 @@ impl Router {
             network = ran.network,
             subgraph = ran.subgraph,
             request = ran.request,
-            sequence = ran.sequence.map(|s| s.id),
+            sequence = ran.sequence.as_ref().and_then(Steps::first_id),
         )
     )]
     pub async fn deliver(
@@ -326,20 +326,26 @@ impl Router {
                 }
                 let sent = match &dest {
                     Destination::Worker { name: w, .. } if *w == self.name => {
-                        self.dispatch(network, request, sequence, name.clone(), tensor.clone())
-                            .await;
+                        self.dispatch(
+                            network,
+                            request,
+                            sequence.as_ref(),
+                            name.clone(),
+                            tensor.clone(),
+                        )
+                        .await;
                         Ok(())
                     }
                     Destination::Worker { name: w, addr } => match self.peer(w, addr).await {
                         Ok(link) => link
-                            .send_step_tensor(network, request, sequence, &name, &tensor)
+                            .send_step_tensor(network, request, sequence.as_ref(), &name, &tensor)
                             .await
                             .map_err(|e| e.to_string()),
                         Err(e) => Err(e),
                     },
                     Destination::Coordinator => self
                         .coordinator
-                        .send_step_tensor(network, request, sequence, &name, &tensor)
+                        .send_step_tensor(network, request, sequence.as_ref(), &name, &tensor)
                         .await
                         .map_err(|e| e.to_string()),
                 };

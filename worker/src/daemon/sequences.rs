@@ -14,6 +14,11 @@
 //! (the last read takes it without a copy), so between steps a sequence
 //! holds one copy of its state.
 //!
+//! A request may be the decode steps of several sequences at once (one
+//! per row, [`Steps`]): their kept state is stacked into one batch,
+//! padded to the longest, and each row's output cut back to its own
+//! ([`super::state_rows`]).
+//!
 //! A sequence's state goes when it ends, when it has been idle too long,
 //! or when its network is dropped. A worker keeps at most `max_sequences`
 //! sequences of a network (0: no limit); a new one beyond that is refused
@@ -25,15 +30,28 @@ use std::time::{Duration, Instant};
 
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::StatePair;
-use tessera_common::wire::generate::SequenceStep;
+use tessera_common::wire::generate::{SequenceStep, Steps};
+
+use super::state_rows;
+
+/// A state input or output of a subgraph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Its position among the subgraph's inputs (or outputs).
+    pub at: usize,
+    /// The pair's input name (what the state is kept as).
+    pub past: Arc<str>,
+    /// The positions axis, along which rows of a batch are padded.
+    pub axis: Option<usize>,
+}
 
 /// Which of a subgraph's inputs and outputs are state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateSlots {
-    /// (input position, the pair's input name) of the state it reads.
-    pub reads: Vec<(usize, Arc<str>)>,
-    /// (output position, the pair's input name) of the state it makes.
-    pub writes: Vec<(usize, Arc<str>)>,
+    /// The state it reads.
+    pub reads: Vec<Slot>,
+    /// The state it makes.
+    pub writes: Vec<Slot>,
 }
 
 impl StateSlots {
@@ -41,12 +59,16 @@ impl StateSlots {
     pub fn new(inputs: &[Arc<str>], outputs: &[Arc<str>], pairs: &[StatePair]) -> StateSlots {
         let mut slots = StateSlots::default();
         for pair in pairs {
-            let past: Arc<str> = pair.past.as_str().into();
+            let slot = |at| Slot {
+                at,
+                past: pair.past.as_str().into(),
+                axis: pair.axis.and_then(|a| usize::try_from(a).ok()),
+            };
             if let Some(i) = inputs.iter().position(|n| **n == *pair.past) {
-                slots.reads.push((i, past.clone()));
+                slots.reads.push(slot(i));
             }
             if let Some(o) = outputs.iter().position(|n| **n == *pair.present) {
-                slots.writes.push((o, past));
+                slots.writes.push(slot(o));
             }
         }
         slots
@@ -58,12 +80,12 @@ impl StateSlots {
 
     /// Whether input `slot` is a state input.
     pub fn is_state_input(&self, slot: usize) -> bool {
-        self.reads.iter().any(|(s, _)| *s == slot)
+        self.reads.iter().any(|s| s.at == slot)
     }
 
     /// Whether output `slot` is a state output.
     pub fn is_state_output(&self, slot: usize) -> bool {
-        self.writes.iter().any(|(s, _)| *s == slot)
+        self.writes.iter().any(|s| s.at == slot)
     }
 }
 
@@ -98,55 +120,74 @@ impl SequenceStore {
 
     /// Counts a subgraph with `slots` among the readers of its state.
     pub fn add_reader(&mut self, slots: &StateSlots) {
-        for (_, past) in &slots.reads {
-            *self.readers.entry(past.clone()).or_default() += 1;
+        for slot in &slots.reads {
+            *self.readers.entry(slot.past.clone()).or_default() += 1;
         }
     }
 
-    /// A step's full inputs for a subgraph with `slots`, in its order:
+    /// A request's full inputs for a subgraph with `slots`, in its order:
     /// `given` holds every input for a fresh step (which starts the
-    /// sequence here, if there is room), and for a later step the inputs
-    /// that are not state (in order), the state coming from the store.
+    /// sequence here, if there is room), and for later steps the inputs
+    /// that are not state (in order), the state coming from the store:
+    /// each row's, stacked into one batch.
     pub fn inputs(
         &mut self,
-        step: SequenceStep,
+        steps: &Steps,
         slots: &StateSlots,
         given: Vec<Tensor>,
     ) -> Result<Vec<Tensor>, String> {
-        if step.fresh {
-            self.start(step.id)?;
+        if steps.fresh() {
+            for row in &steps.rows {
+                self.start(row.id)?;
+            }
             return Ok(given);
         }
-        let missing = || {
-            format!(
-                "sequence {} has no state for step {} on this worker (ended, idle too long, or started on another)",
-                step.id, step.step
-            )
-        };
-        let kept = self.kept.get_mut(&step.id).ok_or_else(missing)?;
-        kept.used = Instant::now();
-        let state = kept.steps.get_mut(&step.step).ok_or_else(missing)?;
-        if slots
-            .reads
-            .iter()
-            .any(|(_, past)| !state.contains_key(past))
-        {
-            return Err(missing());
+        // Every row's state is checked before any is taken.
+        for row in &steps.rows {
+            let kept = self.kept.get_mut(&row.id).ok_or_else(|| missing(row))?;
+            kept.used = Instant::now();
+            let state = kept.steps.get(&row.step).ok_or_else(|| missing(row))?;
+            if slots.reads.iter().any(|s| !state.contains_key(&s.past)) {
+                return Err(missing(row));
+            }
         }
-        let total = given.len() + slots.reads.len();
+        let mut state = Vec::with_capacity(slots.reads.len());
+        for slot in &slots.reads {
+            let rows = steps
+                .rows
+                .iter()
+                .map(|row| self.read(row, &slot.past).ok_or_else(|| missing(row)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let positions = steps.positions as usize;
+            state.push((slot.at, state_rows::stack(rows, slot.axis, positions)?));
+        }
+        let total = given.len() + state.len();
         let mut given = given.into_iter();
-        let inputs = (0..total)
-            .map(|slot| match slots.reads.iter().find(|(s, _)| *s == slot) {
-                Some((_, past)) => read(state, past).ok_or_else(missing),
+        (0..total)
+            .map(|at| match state.iter().position(|(s, _)| *s == at) {
+                Some(i) => Ok(state.swap_remove(i).1),
                 None => given
                     .next()
                     .ok_or_else(|| "a step lacks an input".to_string()),
             })
-            .collect::<Result<Vec<_>, _>>();
+            .collect()
+    }
+
+    /// One read of `past` by a row's step: the last read takes the value.
+    fn read(&mut self, row: &SequenceStep, past: &Arc<str>) -> Option<Tensor> {
+        let kept = self.kept.get_mut(&row.id)?;
+        let state = kept.steps.get_mut(&row.step)?;
+        let value = state.get_mut(past)?;
+        value.reads_left = value.reads_left.saturating_sub(1);
+        let tensor = if value.reads_left == 0 {
+            state.remove(past).map(|v| v.tensor)
+        } else {
+            Some(value.tensor.clone())
+        };
         if state.is_empty() {
-            kept.steps.remove(&step.step);
+            kept.steps.remove(&row.step);
         }
-        inputs
+        tensor
     }
 
     /// Makes room for a sequence that starts (or starts again).
@@ -170,25 +211,45 @@ impl SequenceStore {
         Ok(())
     }
 
-    /// Keeps a step's state outputs as the sequence's next step's inputs;
-    /// what came before this step goes.
-    pub fn keep(&mut self, step: SequenceStep, slots: &StateSlots, outputs: &[Tensor]) {
-        let kept = self.kept.entry(step.id).or_insert_with(|| Kept {
-            steps: BTreeMap::new(),
-            used: Instant::now(),
-        });
-        kept.used = Instant::now();
-        kept.steps.retain(|&s, _| s >= step.step);
-        let next = kept.steps.entry(step.step.saturating_add(1)).or_default();
-        for (slot, past) in &slots.writes {
-            if let Some(t) = outputs.get(*slot) {
-                let value = Value {
-                    tensor: t.clone(),
-                    reads_left: self.readers.get(past).copied().unwrap_or(1),
+    /// Keeps each row's state outputs as its sequence's next step's
+    /// inputs (cut back to the row's own positions); what came before the
+    /// step goes. A sequence that ended meanwhile keeps nothing.
+    pub fn keep(
+        &mut self,
+        steps: &Steps,
+        slots: &StateSlots,
+        outputs: &[Tensor],
+    ) -> Result<(), String> {
+        for (b, row) in steps.rows.iter().enumerate() {
+            let Some(kept) = self.kept.get_mut(&row.id) else {
+                continue;
+            };
+            kept.used = Instant::now();
+            kept.steps.retain(|&s, _| s >= row.step);
+            let padding = steps.positions.saturating_sub(row.past) as usize;
+            let mut next = HashMap::new();
+            for slot in &slots.writes {
+                let t = outputs
+                    .get(slot.at)
+                    .ok_or_else(|| format!("the step made no output {}", slot.at))?;
+                // A step alone keeps its output as it is (no copy).
+                let tensor = if steps.rows.len() == 1 && padding == 0 {
+                    t.clone()
+                } else {
+                    state_rows::unstack(t, b, slot.axis, padding)?
                 };
-                next.insert(past.clone(), value);
+                let value = Value {
+                    tensor,
+                    reads_left: self.readers.get(&slot.past).copied().unwrap_or(1),
+                };
+                next.insert(slot.past.clone(), value);
             }
+            kept.steps
+                .entry(row.step.saturating_add(1))
+                .or_default()
+                .extend(next);
         }
+        Ok(())
     }
 
     /// Forgets a sequence's state.
@@ -219,15 +280,12 @@ impl SequenceStore {
     }
 }
 
-/// One read of `past` from a step's state: the last read takes the value.
-fn read(state: &mut HashMap<Arc<str>, Value>, past: &Arc<str>) -> Option<Tensor> {
-    let value = state.get_mut(past)?;
-    value.reads_left = value.reads_left.saturating_sub(1);
-    if value.reads_left == 0 {
-        state.remove(past).map(|v| v.tensor)
-    } else {
-        Some(value.tensor.clone())
-    }
+/// The error for a row whose state is not here.
+fn missing(row: &SequenceStep) -> String {
+    format!(
+        "sequence {} has no state for step {} on this worker (ended, idle too long, or started on another)",
+        row.id, row.step
+    )
 }
 
 #[cfg(test)]
@@ -238,10 +296,11 @@ mod tests {
         Tensor::from_values(vec![n], &vec![v; n]).expect("tensor")
     }
 
-    fn pair() -> [StatePair; 1] {
+    fn pair(axis: Option<u32>) -> [StatePair; 1] {
         [StatePair {
             present: "present".into(),
             past: "past".into(),
+            axis,
         }]
     }
 
@@ -249,11 +308,20 @@ mod tests {
     fn both() -> StateSlots {
         let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
         let outputs: Vec<Arc<str>> = vec!["present".into(), "y".into()];
-        StateSlots::new(&inputs, &outputs, &pair())
+        StateSlots::new(&inputs, &outputs, &pair(None))
     }
 
-    fn step(id: u64, step: u32, fresh: bool) -> SequenceStep {
-        SequenceStep { id, step, fresh }
+    fn row(id: u64, step: u32, fresh: bool, past: u32) -> SequenceStep {
+        SequenceStep {
+            id,
+            step,
+            fresh,
+            past,
+        }
+    }
+
+    fn step(id: u64, step: u32, fresh: bool) -> Steps {
+        Steps::one(row(id, step, fresh, 0))
     }
 
     #[test]
@@ -263,48 +331,58 @@ mod tests {
         let mut s = SequenceStore::new(0);
         s.add_reader(&slots);
         let given = s
-            .inputs(step(7, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .inputs(&step(7, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .expect("fresh");
         assert_eq!(given.len(), 2);
-        s.keep(step(7, 0, true), &slots, &[t(2.0, 3), t(9.0, 1)]);
+        s.keep(&step(7, 0, true), &slots, &[t(2.0, 3), t(9.0, 1)])
+            .expect("kept");
         assert_eq!(s.bytes(), 12);
         let inputs = s
-            .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
+            .inputs(&step(7, 1, false), &slots, vec![t(5.0, 1)])
             .expect("next");
         assert_eq!(inputs, vec![t(5.0, 1), t(2.0, 3)]);
         // Its one reader took it: until the step keeps the next, nothing.
         assert_eq!(s.bytes(), 0);
-        s.keep(step(7, 1, false), &slots, &[t(3.0, 4), t(9.0, 1)]);
+        s.keep(&step(7, 1, false), &slots, &[t(3.0, 4), t(9.0, 1)])
+            .expect("kept");
         assert_eq!(s.bytes(), 16);
         assert!(s.end(7));
         let err = s
-            .inputs(step(7, 1, false), &slots, vec![t(5.0, 1)])
+            .inputs(&step(7, 1, false), &slots, vec![t(5.0, 1)])
             .unwrap_err();
         assert!(err.contains("no state for step 1"), "{err}");
+        // A step that finishes after its sequence ended keeps nothing.
+        s.keep(&step(7, 1, false), &slots, &[t(3.0, 4), t(9.0, 1)])
+            .expect("nothing to keep");
+        assert_eq!((s.len(), s.bytes()), (0, 0));
     }
 
     #[test]
     fn a_reader_that_runs_after_the_maker_reads_its_own_step() {
         let (maker, reader) = (both(), {
             let inputs: Vec<Arc<str>> = vec!["past".into()];
-            StateSlots::new(&inputs, &[], &pair())
+            StateSlots::new(&inputs, &[], &pair(None))
         });
         let mut s = SequenceStore::new(0);
         s.add_reader(&maker);
         s.add_reader(&reader);
-        s.keep(step(1, 0, true), &maker, &[t(1.0, 1), t(0.0, 1)]);
+        s.inputs(&step(1, 0, true), &maker, vec![t(0.0, 1), t(0.0, 0)])
+            .expect("fresh");
+        s.keep(&step(1, 0, true), &maker, &[t(1.0, 1), t(0.0, 1)])
+            .expect("kept");
         // Step 1: the maker runs first and keeps step 2's state...
-        s.inputs(step(1, 1, false), &maker, vec![t(0.0, 1)])
+        s.inputs(&step(1, 1, false), &maker, vec![t(0.0, 1)])
             .expect("maker");
-        s.keep(step(1, 1, false), &maker, &[t(2.0, 2), t(0.0, 1)]);
+        s.keep(&step(1, 1, false), &maker, &[t(2.0, 2), t(0.0, 1)])
+            .expect("kept");
         // ...and the reader still gets step 1's.
         let got = s
-            .inputs(step(1, 1, false), &reader, vec![])
+            .inputs(&step(1, 1, false), &reader, vec![])
             .expect("reader");
         assert_eq!(got, vec![t(1.0, 1)]);
         // Both read step 1's: it is gone; step 2's waits for its readers.
         assert_eq!(s.bytes(), 8);
-        let next = s.inputs(step(1, 2, false), &reader, vec![]).expect("next");
+        let next = s.inputs(&step(1, 2, false), &reader, vec![]).expect("next");
         assert_eq!(next, vec![t(2.0, 2)]);
     }
 
@@ -312,15 +390,67 @@ mod tests {
     fn a_full_worker_refuses_new_sequences_not_known_ones() {
         let slots = both();
         let mut s = SequenceStore::new(1);
-        s.keep(step(1, 0, true), &slots, &[t(1.0, 1), t(1.0, 1)]);
+        s.inputs(&step(1, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .expect("first");
         let err = s
-            .inputs(step(2, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .inputs(&step(2, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .unwrap_err();
         assert!(err.contains("keeps state for 1 sequences"), "{err}");
         // A replay of a known sequence starts afresh in its own place.
-        s.inputs(step(1, 5, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+        s.inputs(&step(1, 5, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .expect("replay");
         assert_eq!(s.sweep(Duration::ZERO), 1);
         assert_eq!(s.len(), 0);
+    }
+
+    /// `[1, 1, positions, 1]` state holding `v` at each position.
+    fn positions(v: f32, n: usize) -> Tensor {
+        Tensor::from_values(vec![1, 1, n, 1], &vec![v; n]).expect("tensor")
+    }
+
+    #[test]
+    fn decode_steps_of_several_sequences_run_as_one_padded_batch() {
+        let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
+        let outputs: Vec<Arc<str>> = vec!["present".into()];
+        let slots = StateSlots::new(&inputs, &outputs, &pair(Some(2)));
+        let mut s = SequenceStore::new(0);
+        s.add_reader(&slots);
+        // Two sequences, prompts of 1 and 3 positions.
+        for (id, n) in [(1, 1), (2, 3)] {
+            let fresh = step(id, 0, true);
+            s.inputs(&fresh, &slots, vec![t(0.0, 1), positions(0.0, 0)])
+                .expect("fresh");
+            s.keep(&fresh, &slots, &[positions(id as f32, n)])
+                .expect("kept");
+        }
+        let batch = Steps::batch(vec![row(2, 1, false, 3), row(1, 1, false, 1)]);
+        let inputs = s.inputs(&batch, &slots, vec![t(0.0, 2)]).expect("batched");
+        assert_eq!(inputs[1].shape(), [2, 1, 3, 1]);
+        assert_eq!(
+            inputs[1].float_values().expect("floats"),
+            [2.0, 2.0, 2.0, 0.0, 0.0, 1.0]
+        );
+        // The step adds a position to each row; each keeps its own.
+        let present = Tensor::from_values(
+            vec![2, 1, 4, 1],
+            &[2.0f32, 2.0, 2.0, 20.0, 0.0, 0.0, 1.0, 10.0],
+        )
+        .expect("tensor");
+        s.keep(&batch, &slots, &[present]).expect("kept");
+        let alone = s
+            .inputs(&Steps::one(row(1, 2, false, 2)), &slots, vec![t(0.0, 1)])
+            .expect("sequence 1");
+        assert_eq!(
+            alone[1],
+            Tensor::from_values(vec![1, 1, 2, 1], &[1.0f32, 10.0]).expect("t")
+        );
+        let err = s
+            .inputs(
+                &Steps::batch(vec![row(2, 2, false, 4), row(1, 2, false, 2)]),
+                &slots,
+                vec![],
+            )
+            .unwrap_err();
+        assert!(err.contains("sequence 1 has no state for step 2"), "{err}");
     }
 }

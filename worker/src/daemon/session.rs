@@ -276,7 +276,7 @@ fn tensor_handler(
             match frame {
                 Frame::Tensor(header, payload) => {
                     let (network, request) = (header.network, header.request);
-                    let sequence = header.sequence;
+                    let sequence = header.sequence.clone();
                     let name: Arc<str> = header.name.as_str().into();
                     let bytes = payload.len() as u64;
                     if network == 0 {
@@ -293,7 +293,7 @@ fn tensor_handler(
                                 router.moved(request, &name, &from, bytes, took).await;
                             }
                             router
-                                .dispatch(network, request, sequence, name.clone(), t)
+                                .dispatch(network, request, sequence.as_ref(), name.clone(), t)
                                 .await;
                         }
                         Err(e) => router.fail(request, format!("bad tensor: {e}")).await,

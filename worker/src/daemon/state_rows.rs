@@ -1,0 +1,197 @@
+//! Kept state of several sequences as one batch and back: each sequence's
+//! state (batch 1) left-padded with zeros to the batch's positions along
+//! its positions axis and stacked along the first axis; after the step,
+//! each row cut back to its own positions (the padding dropped). The
+//! attention mask the coordinator sends masks the padded positions, so
+//! they change nothing.
+//!
+//! A row keeps the same bytes as it would alone: padding only adds zeros
+//! in front, and the cut takes the row's own positions (old ones and the
+//! step's new one).
+
+use bytes::{Bytes, BytesMut};
+use tessera_common::tensor::Tensor;
+
+/// A tensor's layout around its positions axis, in bytes: `outer` blocks
+/// (the dimensions between the batch and the axis) of `positions` runs of
+/// `inner` bytes each.
+struct Layout {
+    outer: usize,
+    inner: usize,
+}
+
+fn layout(t: &Tensor, axis: usize) -> Result<Layout, String> {
+    let shape = t.shape();
+    if axis == 0 || axis >= shape.len() {
+        return Err(format!(
+            "state of shape {shape:?} has no positions axis {axis}"
+        ));
+    }
+    if !t.elem().is_byte_aligned() {
+        return Err(format!("state of type {} cannot be padded", t.elem()));
+    }
+    let elem = t
+        .elem()
+        .size_bytes()
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| format!("state of type {} has no element size", t.elem()))?;
+    Ok(Layout {
+        outer: shape[1..axis].iter().product(),
+        inner: shape[axis + 1..].iter().product::<usize>() * elem,
+    })
+}
+
+/// Rows of one sequence each (`[1, …, own positions, …]`) as one
+/// `[rows, …, positions, …]` tensor, each left-padded with zeros along
+/// `axis` to `positions`. Without an axis every row must already hold
+/// `positions` (they are only stacked). One row that needs no padding is
+/// passed through without a copy.
+pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result<Tensor, String> {
+    let first = rows.first().ok_or("no rows to stack")?;
+    let own = |t: &Tensor| axis.and_then(|a| t.shape().get(a).copied());
+    if rows.len() == 1 && axis.is_none_or(|_| own(first) == Some(positions)) {
+        return rows.into_iter().next().ok_or_else(|| "no rows".to_string());
+    }
+    let mut shape = first.shape().to_vec();
+    for t in &rows {
+        let mut expected = shape.clone();
+        if let (Some(a), Some(&p)) = (axis, t.shape().get(axis.unwrap_or(0))) {
+            expected[a] = p;
+        }
+        if t.elem() != first.elem() || t.shape() != expected.as_slice() || t.shape()[0] != 1 {
+            return Err(format!(
+                "sequence states of shapes {:?} and {:?} do not batch",
+                first.shape(),
+                t.shape()
+            ));
+        }
+    }
+    let Some(axis) = axis else {
+        // Nothing to pad along: the rows must agree exactly.
+        shape[0] = rows.len();
+        let mut data = BytesMut::with_capacity(rows.iter().map(|t| t.bytes().len()).sum());
+        for t in &rows {
+            data.extend_from_slice(t.bytes());
+        }
+        return Tensor::new(first.elem(), shape, data.freeze()).map_err(|e| e.to_string());
+    };
+    let Layout { outer, inner } = layout(first, axis)?;
+    shape[0] = rows.len();
+    shape[axis] = positions;
+    let mut data = BytesMut::zeroed(rows.len() * outer * positions * inner);
+    for (b, t) in rows.iter().enumerate() {
+        let own = t.shape()[axis];
+        if own > positions {
+            return Err(format!(
+                "a sequence's state holds {own} positions, more than the batch's {positions}"
+            ));
+        }
+        let run = own * inner;
+        for o in 0..outer {
+            let from = o * run;
+            let to = ((b * outer + o) * positions + (positions - own)) * inner;
+            data[to..to + run].copy_from_slice(&t.bytes()[from..from + run]);
+        }
+    }
+    Tensor::new(first.elem(), shape, data.freeze()).map_err(|e| e.to_string())
+}
+
+/// Row `row` of a batch's state output, its first `padding` positions
+/// along `axis` dropped (`[1, …, positions − padding, …]`). A batch of one
+/// without padding is passed through without a copy.
+pub fn unstack(
+    t: &Tensor,
+    row: usize,
+    axis: Option<usize>,
+    padding: usize,
+) -> Result<Tensor, String> {
+    let shape = t.shape();
+    let rows = *shape.first().ok_or("a state output without dimensions")?;
+    if row >= rows {
+        return Err(format!("a state output of {rows} rows has no row {row}"));
+    }
+    if rows == 1 && padding == 0 {
+        return Ok(t.clone());
+    }
+    let data: Bytes = t.shared_bytes();
+    let Some(axis) = axis.filter(|_| padding > 0) else {
+        // One row's contiguous bytes.
+        let each = data.len() / rows;
+        let mut one = shape.to_vec();
+        one[0] = 1;
+        return Tensor::new(t.elem(), one, data.slice(row * each..(row + 1) * each))
+            .map_err(|e| e.to_string());
+    };
+    let Layout { outer, inner } = layout(t, axis)?;
+    let positions = shape[axis];
+    let kept = positions
+        .checked_sub(padding)
+        .ok_or_else(|| format!("{padding} padded positions of {positions}"))?;
+    let mut out = BytesMut::with_capacity(outer * kept * inner);
+    for o in 0..outer {
+        let from = ((row * outer + o) * positions + padding) * inner;
+        out.extend_from_slice(&data[from..from + kept * inner]);
+    }
+    let mut one = shape.to_vec();
+    one[0] = 1;
+    one[axis] = kept;
+    Tensor::new(t.elem(), one, out.freeze()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[1, heads, positions, 2]` with values that say where they are.
+    fn state(heads: usize, positions: usize, tag: f32) -> Tensor {
+        let values: Vec<f32> = (0..heads * positions * 2).map(|i| tag + i as f32).collect();
+        Tensor::from_values(vec![1, heads, positions, 2], &values).expect("tensor")
+    }
+
+    #[test]
+    fn rows_pad_on_the_left_and_cut_back_to_their_own() {
+        let (a, b) = (state(3, 2, 100.0), state(3, 4, 200.0));
+        let batch = stack(vec![a.clone(), b.clone()], Some(2), 4).expect("stack");
+        assert_eq!(batch.shape(), [2, 3, 4, 2]);
+        let v = batch.float_values().expect("floats");
+        // Row 0, head 0: two padded positions (zeros), then a's own.
+        assert_eq!(&v[..8], &[0.0, 0.0, 0.0, 0.0, 100.0, 101.0, 102.0, 103.0]);
+        // Row 1 is b unchanged.
+        assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
+        assert_eq!(unstack(&batch, 0, Some(2), 2).expect("a"), a);
+        assert_eq!(unstack(&batch, 1, Some(2), 0).expect("b"), b);
+    }
+
+    #[test]
+    fn one_row_without_padding_is_not_copied() {
+        let a = state(2, 3, 0.0);
+        let same = stack(vec![a.clone()], Some(2), 3).expect("stack");
+        assert_eq!(same.bytes().as_ptr(), a.bytes().as_ptr());
+        let back = unstack(&same, 0, Some(2), 0).expect("unstack");
+        assert_eq!(back.bytes().as_ptr(), a.bytes().as_ptr());
+    }
+
+    #[test]
+    fn without_an_axis_only_equal_rows_stack() {
+        let (a, b) = (state(2, 3, 0.0), state(2, 3, 50.0));
+        let batch = stack(vec![a.clone(), b.clone()], None, 3).expect("stack");
+        assert_eq!(batch.shape(), [2, 2, 3, 2]);
+        assert_eq!(unstack(&batch, 1, None, 0).expect("row"), b);
+        let err = stack(vec![a, state(2, 4, 0.0)], None, 4).unwrap_err();
+        assert!(err.contains("do not batch"), "{err}");
+    }
+
+    #[test]
+    fn states_that_cannot_batch_are_errors_not_panics() {
+        let err = stack(vec![state(2, 5, 0.0)], Some(2), 4).unwrap_err();
+        assert!(err.contains("more than the batch's 4"), "{err}");
+        let err = stack(vec![state(2, 2, 0.0), state(3, 2, 0.0)], Some(2), 2).unwrap_err();
+        assert!(err.contains("do not batch"), "{err}");
+        let err = unstack(&state(2, 2, 0.0), 3, Some(2), 0).unwrap_err();
+        assert!(err.contains("no row 3"), "{err}");
+        let err = unstack(&state(2, 2, 0.0), 0, Some(2), 5).unwrap_err();
+        assert!(err.contains("5 padded positions of 2"), "{err}");
+        let err = stack(vec![state(2, 2, 0.0), state(2, 2, 0.0)], Some(7), 2).unwrap_err();
+        assert!(err.contains("no positions axis 7"), "{err}");
+    }
+}
