@@ -46,7 +46,7 @@ pub use conn::{
     recv_frame, recv_frame_timed, send_frame, send_frame_parts, Node, Peer, HELLO_TIMEOUT,
 };
 pub use exchange::ExchangeError;
-pub use link::{serve_streams, Link};
+pub use link::{serve_streams, Lane, Link};
 
 /// Resolves `host:port` (a name such as `node-a:7100` on a compose
 /// network, or an IP address) to its first socket address.

@@ -2,10 +2,18 @@
 //! a unidirectional QUIC stream and writes the frames handed to it, in order,
 //! payloads as zero-copy chunks (one stream per link rather than one per
 //! tensor: fewer stream set-ups, and measured faster).
+//!
+//! A link has two such lanes. Everything of a sequence step (a decode
+//! step's few kilobytes of tensors, and the reports about it) goes on the
+//! express lane, its own stream opened on first use at a higher QUIC
+//! priority, so it never waits behind a large tensor of another request
+//! on the same connection; everything else on the bulk lane. Each lane
+//! keeps its own order.
+//!
 //! [`serve_streams`] reads the frames of every unidirectional stream a peer
 //! opens and hands them to a callback.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
@@ -17,19 +25,50 @@ use tokio::sync::mpsc;
 use crate::conn::{recv_frame_timed, send_frame};
 use crate::NetError;
 
+/// The express lane's QUIC stream priority (the bulk lane's is 0): the
+/// connection sends its data first.
+const EXPRESS_PRIORITY: i32 = 1;
+
 /// One frame to write: prefix and header, then the payload.
 struct Outgoing {
     head: Vec<u8>,
     payload: Option<Bytes>,
 }
 
+/// Which lane of a link a frame takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Bulk,
+    /// A sequence step's frames.
+    Express,
+}
+
+impl Lane {
+    /// The lane of a request's frames: express for sequence steps.
+    pub fn of(sequence: Option<&Steps>) -> Lane {
+        match sequence {
+            Some(_) => Lane::Express,
+            None => Lane::Bulk,
+        }
+    }
+}
+
+/// A writer task's queue and why it stopped, once it has.
+#[derive(Clone)]
+struct Writer {
+    tx: mpsc::Sender<Outgoing>,
+    failure: Arc<Mutex<Option<String>>>,
+}
+
 /// A sender of frames to one peer. Cheap to clone.
 #[derive(Clone)]
 pub struct Link {
     peer: Arc<str>,
-    tx: mpsc::Sender<Outgoing>,
-    /// Why the writer stopped, once it has.
-    failure: Arc<Mutex<Option<String>>>,
+    connection: quinn::Connection,
+    bulk: Writer,
+    /// Started on first use.
+    express: Arc<OnceLock<Writer>>,
+    depth: usize,
     limits: Limits,
 }
 
@@ -41,8 +80,8 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     /// Starts the writer task for `connection` (to `peer`, for messages) on
-    /// a new unidirectional stream; at most `depth` frames wait in its queue
-    /// (senders then wait).
+    /// a new unidirectional stream; at most `depth` frames wait in each
+    /// lane's queue (senders then wait).
     pub fn open(connection: quinn::Connection, peer: &str, limits: Limits, depth: usize) -> Link {
         Link::start(connection, None, peer, limits, depth)
     }
@@ -65,43 +104,16 @@ impl Link {
         limits: Limits,
         depth: usize,
     ) -> Link {
-        let (tx, mut rx) = mpsc::channel::<Outgoing>(depth.max(1));
-        let failure = Arc::new(Mutex::new(None));
-        let link = Link {
-            peer: peer.into(),
-            tx,
-            failure: failure.clone(),
+        let peer: Arc<str> = peer.into();
+        let bulk = Writer::start(connection.clone(), send, peer.clone(), depth, 0);
+        Link {
+            peer,
+            connection,
+            bulk,
+            express: Arc::new(OnceLock::new()),
+            depth,
             limits,
-        };
-        let name = link.peer.clone();
-        tokio::spawn(async move {
-            let result: Result<(), NetError> = async {
-                let mut stream = match send {
-                    Some(send) => send,
-                    None => connection
-                        .open_uni()
-                        .await
-                        .map_err(|e| NetError::Stream(e.to_string()))?,
-                };
-                while let Some(out) = rx.recv().await {
-                    send_frame(&mut stream, &out.head, out.payload.as_ref()).await?;
-                }
-                let _ = stream.finish();
-                Ok(())
-            }
-            .await;
-            if let Err(e) = result {
-                let why = match connection.close_reason() {
-                    Some(reason) => reason.to_string(),
-                    None => e.to_string(),
-                };
-                tracing::warn!(peer = %name, "link closed: {why}");
-                if let Ok(mut slot) = failure.lock() {
-                    *slot = Some(why);
-                }
-            }
-        });
-        link
+        }
     }
 
     pub fn peer(&self) -> &str {
@@ -110,25 +122,37 @@ impl Link {
 
     /// Whether the writer is still running.
     pub fn is_open(&self) -> bool {
-        !self.tx.is_closed()
+        !self.bulk.tx.is_closed()
     }
 
-    fn closed(&self) -> NetError {
-        let why = self
-            .failure
-            .lock()
-            .ok()
-            .and_then(|slot| slot.clone())
-            .unwrap_or_else(|| "closed".into());
-        NetError::Stream(format!("link to {}: {why}", self.peer))
+    fn writer(&self, lane: Lane) -> &Writer {
+        match lane {
+            Lane::Bulk => &self.bulk,
+            Lane::Express => self.express.get_or_init(|| {
+                let (connection, peer) = (self.connection.clone(), self.peer.clone());
+                Writer::start(connection, None, peer, self.depth, EXPRESS_PRIORITY)
+            }),
+        }
     }
 
-    /// Queues a frame (`head` from an `encode`).
+    /// Queues a frame (`head` from an `encode`) on the bulk lane.
     pub async fn send(&self, head: Vec<u8>, payload: Option<Bytes>) -> Result<(), NetError> {
-        self.tx
+        self.send_on(Lane::Bulk, head, payload).await
+    }
+
+    /// Queues a frame on `lane`.
+    pub async fn send_on(
+        &self,
+        lane: Lane,
+        head: Vec<u8>,
+        payload: Option<Bytes>,
+    ) -> Result<(), NetError> {
+        let writer = self.writer(lane);
+        writer
+            .tx
             .send(Outgoing { head, payload })
             .await
-            .map_err(|_| self.closed())
+            .map_err(|_| writer.closed(&self.peer))
     }
 
     /// Queues a control message without payload.
@@ -136,7 +160,17 @@ impl Link {
         &self,
         message: &tessera_common::wire::control::Control,
     ) -> Result<(), NetError> {
-        self.send(message.encode(0, &self.limits)?, None).await
+        self.send_control_on(Lane::Bulk, message).await
+    }
+
+    /// Queues a control message without payload on `lane`.
+    pub async fn send_control_on(
+        &self,
+        lane: Lane,
+        message: &tessera_common::wire::control::Control,
+    ) -> Result<(), NetError> {
+        self.send_on(lane, message.encode(0, &self.limits)?, None)
+            .await
     }
 
     /// Queues `tensor` as `name` of `request` (its bytes are not copied).
@@ -151,7 +185,8 @@ impl Link {
             .await
     }
 
-    /// Queues `tensor` as `name` of `request`, `sequence`'s steps.
+    /// Queues `tensor` as `name` of `request`, `sequence`'s steps (on the
+    /// express lane).
     pub async fn send_step_tensor(
         &self,
         network: u64,
@@ -163,7 +198,68 @@ impl Link {
         let head = TensorHeader::new(network, request, name, tensor)
             .in_sequence(sequence.cloned())
             .encode(&self.limits)?;
-        self.send(head, Some(tensor.shared_bytes())).await
+        self.send_on(Lane::of(sequence), head, Some(tensor.shared_bytes()))
+            .await
+    }
+}
+
+impl Writer {
+    /// Starts a writer task on `send` or a new unidirectional stream of
+    /// `connection` at `priority`.
+    fn start(
+        connection: quinn::Connection,
+        send: Option<quinn::SendStream>,
+        peer: Arc<str>,
+        depth: usize,
+        priority: i32,
+    ) -> Writer {
+        let (tx, mut rx) = mpsc::channel::<Outgoing>(depth.max(1));
+        let failure = Arc::new(Mutex::new(None));
+        let writer = Writer {
+            tx,
+            failure: failure.clone(),
+        };
+        tokio::spawn(async move {
+            let result: Result<(), NetError> = async {
+                let mut stream = match send {
+                    Some(send) => send,
+                    None => connection
+                        .open_uni()
+                        .await
+                        .map_err(|e| NetError::Stream(e.to_string()))?,
+                };
+                if priority != 0 {
+                    let _ = stream.set_priority(priority);
+                }
+                while let Some(out) = rx.recv().await {
+                    send_frame(&mut stream, &out.head, out.payload.as_ref()).await?;
+                }
+                let _ = stream.finish();
+                Ok(())
+            }
+            .await;
+            if let Err(e) = result {
+                let why = match connection.close_reason() {
+                    Some(reason) => reason.to_string(),
+                    None => e.to_string(),
+                };
+                tracing::warn!(%peer, "link closed: {why}");
+                if let Ok(mut slot) = failure.lock() {
+                    *slot = Some(why);
+                }
+            }
+        });
+        writer
+    }
+
+    fn closed(&self, peer: &str) -> NetError {
+        let why = self
+            .failure
+            .lock()
+            .ok()
+            .and_then(|slot| slot.clone())
+            .unwrap_or_else(|| "closed".into());
+        NetError::Stream(format!("link to {peer}: {why}"))
     }
 }
 

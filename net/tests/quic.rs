@@ -404,3 +404,50 @@ async fn a_peer_that_never_says_hello_holds_up_no_other() {
     assert!(err.to_string().contains("no hello within"), "{err}");
     drop(quiet);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_steps_tensors_overtake_a_large_tensor_on_the_same_link() {
+    use tessera_common::wire::generate::{SequenceStep, Steps};
+    let (_coordinator, worker, peer, theirs) = connected().await;
+    let limits = *worker.limits();
+    let (tx, mut arrived) = mpsc::unbounded_channel();
+    tokio::spawn(tessera_net::serve_streams(
+        theirs.connection.clone(),
+        limits,
+        move |frame, _took| {
+            let tx = tx.clone();
+            async move {
+                if let Frame::Tensor(h, _) = frame {
+                    let _ = tx.send(h.name);
+                }
+            }
+        },
+    ));
+    let link = tessera_net::Link::open(peer.connection.clone(), "coordinator", limits, 8);
+    // 32 MB of another request, then a decode step's few bytes, then a
+    // small tensor of no sequence.
+    let big = Tensor::from_values(vec![8_000_000], &vec![1.0f32; 8_000_000]).unwrap();
+    let small = Tensor::from_values(vec![1, 1], &[7i64]).unwrap();
+    let step = Steps::one(SequenceStep {
+        id: 1,
+        step: 2,
+        fresh: false,
+        past: 5,
+    });
+    link.send_tensor(1, 1, "big", &big).await.unwrap();
+    link.send_step_tensor(1, 2, Some(&step), "step", &small)
+        .await
+        .unwrap();
+    link.send_tensor(1, 3, "after", &small).await.unwrap();
+    let mut order = Vec::new();
+    while order.len() < 3 {
+        let name = tokio::time::timeout(std::time::Duration::from_secs(30), arrived.recv())
+            .await
+            .expect("frames arrive")
+            .expect("a frame");
+        order.push(name);
+    }
+    // The step took the express lane; the small tensor of no sequence
+    // kept its place behind the large one on the bulk lane.
+    assert_eq!(order, ["step", "big", "after"]);
+}

@@ -17,7 +17,7 @@ use tessera_common::wire::control::{
 use tessera_common::wire::generate::Steps;
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::Limits;
-use tessera_net::{Link, Node};
+use tessera_net::{Lane, Link, Node};
 
 use super::actor::{Arrived, Forget, SubgraphActor};
 use super::sequences::SequenceStore;
@@ -309,8 +309,10 @@ impl Router {
             micros: elapsed.as_micros() as u64,
             nodes,
         };
-        // On the data link, ahead of the outputs it ships to the coordinator.
-        if let Err(e) = self.coordinator.send_control(&ran).await {
+        // On the data link (the outputs' lane), ahead of the outputs it
+        // ships to the coordinator.
+        let lane = Lane::of(sequence.as_ref());
+        if let Err(e) = self.coordinator.send_control_on(lane, &ran).await {
             tracing::warn!("cannot report to the coordinator: {e}");
         }
         for (name, tensor) in outputs {
@@ -359,8 +361,17 @@ impl Router {
         }
     }
 
-    /// Reports a tensor that arrived here to the coordinator.
-    pub async fn moved(&self, request: u64, tensor: &str, from: &str, bytes: u64, took: Duration) {
+    /// Reports a tensor that arrived here to the coordinator, on the lane
+    /// the outputs computed from it take.
+    pub async fn moved(
+        &self,
+        lane: Lane,
+        request: u64,
+        tensor: &str,
+        from: &str,
+        bytes: u64,
+        took: Duration,
+    ) {
         let msg = Control::Moved(Transfer {
             request,
             tensor: tensor.into(),
@@ -369,7 +380,7 @@ impl Router {
             bytes,
             micros: took.as_micros() as u64,
         });
-        if let Err(e) = self.coordinator.send_control(&msg).await {
+        if let Err(e) = self.coordinator.send_control_on(lane, &msg).await {
             tracing::debug!("cannot report a transfer: {e}");
         }
     }

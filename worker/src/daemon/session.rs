@@ -279,9 +279,10 @@ fn tensor_handler(
                     let sequence = header.sequence.clone();
                     let name: Arc<str> = header.name.as_str().into();
                     let bytes = payload.len() as u64;
+                    let lane = tessera_net::Lane::of(sequence.as_ref());
                     if network == 0 {
                         // The coordinator's bandwidth probe.
-                        router.moved(request, &name, &from, bytes, took).await;
+                        router.moved(lane, request, &name, &from, bytes, took).await;
                         return;
                     }
                     match header.into_tensor(payload) {
@@ -290,7 +291,7 @@ fn tensor_handler(
                             // report reaches the coordinator ahead of the
                             // outputs computed from it (one ordered link).
                             if !name.is_empty() {
-                                router.moved(request, &name, &from, bytes, took).await;
+                                router.moved(lane, request, &name, &from, bytes, took).await;
                             }
                             router
                                 .dispatch(network, request, sequence.as_ref(), name.clone(), t)
