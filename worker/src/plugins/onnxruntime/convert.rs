@@ -1,7 +1,11 @@
 //! Conversions between Tessera tensors and onnxruntime values.
 
-use ort::memory::Allocator;
-use ort::value::{DynTensor, DynTensorValueType, DynValue, TensorElementType, Utf8Data, ValueType};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::SessionInputValue;
+use ort::value::{
+    DynTensor, DynTensorValueType, DynValue, PrimitiveTensorElementType, Shape, TensorElementType,
+    TensorRefMut, Utf8Data, ValueType,
+};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
@@ -118,6 +122,47 @@ pub(super) fn to_ort(t: &Tensor) -> Result<DynTensor, PluginError> {
         }
     }
     Ok(value)
+}
+
+/// A Tessera tensor as an onnxruntime input over its own bytes, without a
+/// copy, where its type is a plain number onnxruntime takes by pointer
+/// (float32, int64, int32) and its bytes are aligned for it; `None`
+/// otherwise (then [`to_ort`] copies). A decoder's kept cache (onnxruntime's
+/// own output buffer of the step before) goes back in this way: the cache
+/// is never copied between steps.
+pub(super) fn view(t: &Tensor) -> Result<Option<SessionInputValue<'_>>, PluginError> {
+    fn typed<T: PrimitiveTensorElementType + std::fmt::Debug>(
+        t: &Tensor,
+    ) -> Result<Option<SessionInputValue<'_>>, PluginError> {
+        let bytes = t.bytes();
+        let aligned = bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0;
+        if bytes.is_empty() || !aligned || bytes.len() % std::mem::size_of::<T>() != 0 {
+            return Ok(None);
+        }
+        let info = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )
+        .map_err(|e| PluginError::Infer(format!("onnxruntime memory info: {e}")))?;
+        let shape = Shape::new(t.shape().iter().map(|&d| d as i64));
+        // SAFETY: the pointer is to `bytes.len()` bytes of CPU memory,
+        // aligned for `T`, which the shape fills exactly (a Tensor's length
+        // matches its shape); the view borrows `t`, so it cannot outlive
+        // them; onnxruntime only reads its inputs.
+        let value = unsafe {
+            TensorRefMut::<T>::from_raw(info, bytes.as_ptr() as *mut std::ffi::c_void, shape)
+        }
+        .map_err(|e| PluginError::BadInput(format!("an input over its own bytes: {e}")))?;
+        Ok(Some(value.into()))
+    }
+    match t.elem() {
+        ElemType::FLOAT => typed::<f32>(t),
+        ElemType::INT64 => typed::<i64>(t),
+        ElemType::INT32 => typed::<i32>(t),
+        _ => Ok(None),
+    }
 }
 
 /// An onnxruntime output tensor's buffer, owned by a `Bytes` (no copy).

@@ -344,10 +344,11 @@ impl CompiledOrt {
     ) -> Result<Vec<Tensor>, PluginError> {
         let mut feeds: Feeds<'_> = Vec::with_capacity(inputs.len());
         for (t, spec) in inputs.iter().zip(&self.inputs) {
-            feeds.push((
-                Cow::Borrowed(spec.name.as_str()),
-                super::convert::to_ort(t)?.into(),
-            ));
+            let value = match super::convert::view(t)? {
+                Some(view) => view,
+                None => super::convert::to_ort(t)?.into(),
+            };
+            feeds.push((Cow::Borrowed(spec.name.as_str()), value));
         }
         self.run_on(session, feeds)?
             .into_iter()
