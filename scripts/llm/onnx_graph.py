@@ -3,7 +3,9 @@
 The interface is the Hugging Face Optimum / onnxruntime-genai one:
 inputs input_ids, attention_mask, position_ids and past_key_values.N.key /
 .value; outputs logits and present.N.key / .value. Only standard ONNX
-operators are used (no com.microsoft ops), so any ONNX runtime can run it.
+operators are used (no com.microsoft ops), so any ONNX runtime can run it,
+except where linear weights are kept 4-bit: those become onnxruntime's
+com.microsoft MatMulNBits (bits 4, block 32, float zero points).
 RoPE and the attention mask are computed once and shared by every layer;
 grouped-query attention broadcasts K/V over the query groups instead of
 copying them.
@@ -16,12 +18,17 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from llama_config import LlamaConfig
+from llama_weights import Q4Weight
 
 OPSET = 17
 IR_VERSION = 8
 PRODUCER = "tessera-convert-gguf"
 STATE_PAIRS_KEY = "tessera.state_pairs"
 MASKED_SCORE = float(np.finfo(np.float32).min)
+MS_DOMAIN = "com.microsoft"
+# MatMulNBits' accuracy level: 4 computes with int8 activations (onnxruntime's
+# fastest CPU kernels), 0 in float32.
+Q4_ACCURACY = 4
 
 
 class GraphBuilder:
@@ -112,9 +119,47 @@ def rms_norm(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str, eps
 
 
 def linear(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str) -> str:
-    """x @ W^T; the initializer holds W^T ([in, out]) under the module's name."""
-    weight_t = b.weight(name, np.ascontiguousarray(weights[name].T))
+    """x @ W^T; the initializer holds W^T ([in, out]) under the module's name,
+    or a 4-bit W (see `q4_linear`)."""
+    w = weights[name]
+    if isinstance(w, Q4Weight):
+        return q4_linear(b, x, w, name, prefix)
+    weight_t = b.weight(name, np.ascontiguousarray(w.T))
     return b.op("MatMul", [x, weight_t], f"{prefix}/MatMul")
+
+
+def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> str:
+    """x @ W^T for a Q4_1 W = q * scale + minimum (blocks of 32 inputs):
+    MatMulNBits over q and the scales (zero point 0: onnxruntime's fast
+    kernels take only integer zero points, and Q4_1's minimum is not one),
+    plus each block's sum of x times its minimum. Exact up to rounding."""
+    out_dim, in_dim = w.shape
+    blocks = in_dim // 32
+    zero = np.zeros(out_dim * ((blocks + 1) // 2), dtype=np.uint8)
+    inputs = [
+        x,
+        b.weight(name, w.blobs),
+        b.weight(f"{name}.scales", w.scales.reshape(-1)),
+        b.weight(f"{name}.zero_points", zero),
+    ]
+    scaled = b.op(
+        "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
+        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=Q4_ACCURACY,
+    )
+    sums = block_sums(b, x, blocks)
+    minimums_t = b.weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
+    shift = b.op("MatMul", [sums, minimums_t], f"{prefix}/minimums/MatMul")
+    return b.op("Add", [scaled, shift], f"{prefix}/Add")
+
+
+def block_sums(b: GraphBuilder, x: str, blocks: int) -> str:
+    """x's sums over blocks of 32 along its last axis ([.., blocks]), made
+    once per tensor (q, k and v share theirs, as do gate and up)."""
+    name = f"{x}/block_sums"
+    if name in b._node_names:
+        return f"{name}/output_0"
+    split = b.op("Reshape", [x, b.const([0, 0, blocks, 32])], f"{x}/block_sums/Reshape")
+    return b.op("ReduceSum", [split, b.const([-1])], name, keepdims=0)
 
 
 def rotary_tables(b: GraphBuilder, config: LlamaConfig) -> tuple[str, str]:
@@ -279,9 +324,10 @@ def build_model(config: LlamaConfig, weights: dict[str, np.ndarray]) -> onnx.Mod
     graph = helper.make_graph(
         b.nodes, "llama", graph_inputs(config), graph_outputs(config), initializers
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER
-    )
+    opsets = [helper.make_opsetid("", OPSET)]
+    if any(n.domain == MS_DOMAIN for n in b.nodes):
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name=PRODUCER)
     model.ir_version = IR_VERSION
     helper.set_model_props(model, {STATE_PAIRS_KEY: json.dumps(state_pairs(config))})
     return model

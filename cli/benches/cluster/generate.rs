@@ -9,7 +9,8 @@
 //!   against the machine's no-network ceiling (two onnxruntime-genai
 //!   processes at once vs one), and what continuous batching gains (8 at
 //!   once on one worker vs one alone);
-//! - the state one sequence keeps per stage.
+//! - the state one sequence keeps per stage;
+//! - the 4-bit folder (MatMulNBits) vs the float32 one, one sequence.
 
 use std::process::Command;
 use std::time::Instant;
@@ -27,16 +28,24 @@ const NEW_TOKENS: u32 = 32;
 const PROMPT: &str = "Once upon a time";
 const CONTEXT: u32 = 512;
 const SEQUENCES: u32 = 8;
+const FP32: &str = "smollm2-135m-instruct";
+/// Its Q4_1 linear weights kept 4-bit (MatMulNBits).
+const Q4: &str = "smollm2-135m-instruct-q4";
 
 /// onnxruntime-genai on one thread per process, `processes` at once, each
 /// generating one sequence or (`batch` > 0) a batch of `batch`: the
 /// tokens/s of each (after the first token) and its first-token time.
 fn genai(processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
+    genai_on(FP32, processes, batch)
+}
+
+/// [`genai`] on model folder `name`.
+fn genai_on(name: &str, processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/llm/genai_generate.py"
     );
-    let folder = model_path("smollm2-135m-instruct");
+    let folder = model_path(name);
     let children: Vec<_> = (0..processes)
         .map(|_| {
             Command::new("python3")
@@ -71,9 +80,13 @@ fn genai(processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
 }
 
 async fn load(cluster: &Embedded) -> Result<(Client, Network)> {
+    load_folder(cluster, FP32).await
+}
+
+async fn load_folder(cluster: &Embedded, name: &str) -> Result<(Client, Network)> {
     let client =
         Client::connect(cluster.addr, &cluster.client, tessera_cli::cluster::CLUSTER).await?;
-    let mut folder = ModelFolder::read(&model_path("smollm2-135m-instruct"), SEQUENCES)?;
+    let mut folder = ModelFolder::read(&model_path(name), SEQUENCES)?;
     folder.generation.context_length = CONTEXT;
     let options = LoadOptions {
         devices: "CPU".into(),
@@ -176,8 +189,32 @@ pub async fn generation() -> Result<()> {
         c1 / batched
     );
     split.unload().await?;
+    four_bit(&one, &whole, r1).await?;
     whole.unload().await?;
     one.coordinator.shutdown().await;
     two.coordinator.shutdown().await;
+    Ok(())
+}
+
+/// The 4-bit folder on the one-worker cluster vs the float32 one (whose
+/// single-sequence rate was `r1`), each also against onnxruntime-genai.
+async fn four_bit(one: &Embedded, whole: &Network, r1: f64) -> Result<()> {
+    let (_c, q4) = load_folder(one, Q4).await?;
+    generate(&q4, PROMPT).await?;
+    let s = generate(&q4, PROMPT).await?;
+    let rate = decode_rate(&s);
+    let g32 = genai_on(FP32, 1, 0)?[0].0;
+    let g4 = genai_on(Q4, 1, 0)?[0].0;
+    let again = decode_rate(&generate(whole, PROMPT).await?);
+    println!(
+        "4-bit weights (MatMulNBits, int8 activations): one sequence on one worker {rate:.1} \
+         tokens/s vs float32 {:.1} ({:.2}x); onnxruntime-genai {g4:.1} vs {g32:.1} ({:.2}x); \
+         Tessera 4-bit {:.2} of onnxruntime-genai 4-bit",
+        (r1 + again) / 2.0,
+        rate * 2.0 / (r1 + again),
+        g4 / g32,
+        rate / g4
+    );
+    q4.unload().await?;
     Ok(())
 }
