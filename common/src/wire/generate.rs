@@ -61,8 +61,8 @@ impl Steps {
         self.rows.first().map(|r| r.id)
     }
 
-    /// Checks what a peer sent: at least one row, a fresh step alone, no
-    /// row past `positions`, no sequence twice.
+    /// Checks what a peer sent: at least one row, a fresh step alone,
+    /// `positions` the longest row's `past`, no sequence twice.
     pub fn check(&self) -> Result<(), String> {
         if self.rows.is_empty() {
             return Err("a sequence step without rows".into());
@@ -74,6 +74,13 @@ impl Steps {
             return Err(format!(
                 "sequence {} holds {} positions, more than the batch's {}",
                 r.id, r.past, self.positions
+            ));
+        }
+        let longest = self.rows.iter().map(|r| r.past).max().unwrap_or(0);
+        if !self.fresh() && longest != self.positions {
+            return Err(format!(
+                "a batch padded to {} positions whose longest row holds {longest}",
+                self.positions
             ));
         }
         let mut ids: Vec<u64> = self.rows.iter().map(|r| r.id).collect();

@@ -158,6 +158,18 @@ impl SequenceStore {
                 .iter()
                 .map(|row| self.read(row, &slot.past).ok_or_else(|| missing(row)))
                 .collect::<Result<Vec<_>, _>>()?;
+            // Each row must hold what the step says (the padding is sized by it).
+            if let Some(axis) = slot.axis {
+                for (row, t) in steps.rows.iter().zip(&rows) {
+                    let held = t.shape().get(axis).copied();
+                    if held != Some(row.past as usize) {
+                        return Err(format!(
+                            "sequence {} holds {held:?} positions of '{}' here, the step says {}",
+                            row.id, slot.past, row.past
+                        ));
+                    }
+                }
+            }
             let positions = steps.positions as usize;
             state.push((slot.at, state_rows::stack(rows, slot.axis, positions)?));
         }
@@ -452,5 +464,23 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.contains("sequence 1 has no state for step 2"), "{err}");
+    }
+
+    #[test]
+    fn a_step_that_misstates_a_sequences_length_is_refused() {
+        let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
+        let outputs: Vec<Arc<str>> = vec!["present".into()];
+        let slots = StateSlots::new(&inputs, &outputs, &pair(Some(2)));
+        let mut s = SequenceStore::new(0);
+        s.add_reader(&slots);
+        let fresh = step(1, 0, true);
+        s.inputs(&fresh, &slots, vec![t(0.0, 1), positions(0.0, 0)])
+            .expect("fresh");
+        s.keep(&fresh, &slots, &[positions(1.0, 3)]).expect("kept");
+        // Three positions kept; a step that says 1000 would pad to them.
+        let err = s
+            .inputs(&Steps::one(row(1, 1, false, 1000)), &slots, vec![t(0.0, 1)])
+            .unwrap_err();
+        assert!(err.contains("holds Some(3) positions"), "{err}");
     }
 }
