@@ -28,7 +28,9 @@
 //! [`deploy`] (shipping subgraphs, unloading), [`network`] (a loaded
 //! network's state), [`heal`] (re-planning after a loss), [`requests`]
 //! (routing, retries, deadlines, results), [`clients`] (client sessions),
-//! [`repository`] (named models), [`http`] (KServe v2 over HTTP),
+//! [`repository`] (named models), [`http`] (KServe v2 over HTTP, and
+//! OpenAI-style generation), [`generate`] (text generation: the feed,
+//! continuous batching, sampling, tokenizer and chat template),
 //! [`metrics`] (Prometheus).
 //!
 //! # Example

@@ -9,8 +9,8 @@
 //! certificates for embedded clusters), [`tls`] (rustls/quinn
 //! configurations), [`conn`] (nodes that dial and accept, the handshake,
 //! framed streams), [`exchange`] (request/reply on one stream, both
-//! sides), [`link`] (data-plane links: a writer task per peer,
-//! and the reader of a peer's streams).
+//! sides), [`link`] (data-plane links: a writer task per peer and lane,
+//! bulk and express, and the reader of a peer's streams).
 //!
 //! # Example
 //!
