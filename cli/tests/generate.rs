@@ -1,6 +1,7 @@
 //! Text generation across machines, on real worker processes: SmolLM2-135M
 //! (`scripts/fetch-llm.sh`) split over two workers by memory gives
-//! onnxruntime-genai's greedy text token for token, also when the worker
+//! onnxruntime-genai's greedy text token for token (and onnxruntime's
+//! logits step by step, within tolerance), also when the worker
 //! holding a stage is killed mid-generation (the sequence's state is
 //! rebuilt by replaying its tokens); bad requests get clear errors; a full
 //! stage refuses a new sequence until a client that left frees its state;
@@ -17,6 +18,7 @@ use tessera_client::generate::{
     ChatMessage, Event, GenerateParams, GenerateStats, ModelFolder, Prompt,
 };
 use tessera_client::{Client, LoadOptions, Network};
+use tessera_common::tensor::Tensor;
 use util::cluster::Cluster;
 use util::runtime;
 
@@ -31,6 +33,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// onnxruntime-genai's greedy answer for one prompt.
 #[derive(Debug)]
 struct Oracle {
+    prompt_ids: Vec<u32>,
     ids: Vec<u32>,
     text: String,
 }
@@ -64,13 +67,104 @@ fn genai(folder: &std::path::Path, prompts: &[&str], max_new: u32, chat: bool) -
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("oracle JSON");
-            let ids = v["ids"].as_array().expect("ids").iter();
+            let ids = |key: &str| -> Vec<u32> {
+                let list = v[key].as_array().expect("ids").iter();
+                list.map(|i| i.as_u64().expect("an id") as u32).collect()
+            };
             Oracle {
-                ids: ids.map(|i| i.as_u64().expect("an id") as u32).collect(),
+                prompt_ids: ids("prompt_ids"),
+                ids: ids("ids"),
                 text: v["text"].as_str().expect("text").to_string(),
             }
         })
         .collect()
+}
+
+/// onnxruntime's own loop over `folder` (`scripts/llm/ort_steps.py`): a
+/// fresh step over `prompt`, then `steps` greedy decode steps; the tokens
+/// picked and each step's last-position logits.
+fn ort_steps(folder: &std::path::Path, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llm/ort_steps.py");
+    let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(folder)
+        .args(["--ids", &ids.join(","), "--steps", &steps.to_string()])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "ort_steps.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("oracle JSON");
+    let tokens = v["tokens"].as_array().expect("tokens").iter();
+    let logits = v["logits"].as_array().expect("logits").iter().map(|row| {
+        let row = row.as_array().expect("a row").iter();
+        row.map(|x| x.as_f64().expect("a logit") as f32).collect()
+    });
+    (
+        tokens
+            .map(|t| t.as_u64().expect("a token") as u32)
+            .collect(),
+        logits.collect(),
+    )
+}
+
+/// The same loop on `network` as stateless requests (the client feeds the
+/// cache back): the tokens and each step's last-position logits.
+async fn stateless_steps(
+    network: &Network,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let ints =
+        |values: Vec<i64>| Tensor::from_values(vec![1, values.len()], &values).expect("ints");
+    let mut past: Vec<(String, Tensor)> = (0..30)
+        .flat_map(|l| ["key", "value"].map(|kv| format!("past_key_values.{l}.{kv}")))
+        .map(|name| {
+            (
+                name,
+                Tensor::from_values(vec![1, 3, 0, 64], &[] as &[f32]).expect("empty"),
+            )
+        })
+        .collect();
+    let (mut feed, mut total) = (prompt.to_vec(), 0usize);
+    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    for _ in 0..=steps {
+        let n = feed.len();
+        let mut inputs = vec![
+            (
+                "input_ids".to_string(),
+                ints(feed.iter().map(|&t| i64::from(t)).collect()),
+            ),
+            ("attention_mask".to_string(), ints(vec![1; total + n])),
+            (
+                "position_ids".to_string(),
+                ints((total as i64..(total + n) as i64).collect()),
+            ),
+        ];
+        inputs.append(&mut past);
+        let outputs = network.infer(inputs).await.expect("a step");
+        for (name, t) in outputs.tensors {
+            match name.strip_prefix("present") {
+                Some(rest) => past.push((format!("past_key_values{rest}"), t)),
+                None if name == "logits" => {
+                    let all = t.float_values().expect("float logits");
+                    logits.push(all[all.len() - 49152..].to_vec());
+                }
+                None => {}
+            }
+        }
+        let last: &Vec<f32> = logits.last().expect("logits");
+        let best = (0..last.len())
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+            .expect("a token");
+        tokens.push(best as u32);
+        total += n;
+        feed = vec![best as u32];
+    }
+    (tokens, logits)
 }
 
 fn greedy(max_tokens: u32) -> GenerateParams {
@@ -156,6 +250,22 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
         for ((got, ids, stats), want) in [a, b, c].iter().zip(wanted) {
             eprintln!("at once: {got:?} ({stats:?})");
             assert_eq!(ids.as_slice(), want, "{got:?}");
+        }
+        // The split's logits, a fresh step and three decode steps, within
+        // 1e-3 × max(1, max |logit|) of onnxruntime's own loop.
+        let (want_tokens, want_logits) = ort_steps(&model, &plain[0].prompt_ids, 3);
+        let (tokens, logits) = stateless_steps(&network, &plain[0].prompt_ids, 3).await;
+        assert_eq!(tokens, want_tokens);
+        for (step, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
+            let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+            let diff = got
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            eprintln!(
+                "step {step}: logits within {diff:.2e} of onnxruntime's (max |logit| {scale:.1})"
+            );
+            assert!(diff <= 1e-3 * scale, "step {step}: {diff} > 1e-3 × {scale}");
         }
         let (text, ids, _) =
             run(&network, user("What is the capital of France?"), greedy(24)).await;
