@@ -413,6 +413,44 @@ fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
                 Err(e) => panic!("the stage never freed the sequence: {e}"),
             }
         }
+        // Two sequences batched, and one client leaves mid-generation: the
+        // other still gets the text it gets alone, and the one that left
+        // frees its state once its last step is back (two new sequences
+        // then fit the stage's two).
+        let pair = load(&client, &model, 2, 64).await;
+        let (_, alone, _) = run(&pair, text("Hello"), greedy(30)).await;
+        let mut leaving = pair
+            .generate(text("The capital"), greedy(30))
+            .await
+            .expect("leaving");
+        let staying = {
+            let pair = pair.clone();
+            tokio::spawn(async move { run(&pair, Prompt::Text("Hello".into()), greedy(30)).await })
+        };
+        for _ in 0..3 {
+            assert!(matches!(
+                leaving.next().await,
+                Ok(Some(Event::Tokens { .. }))
+            ));
+        }
+        drop(leaving);
+        let (_, ids, _) = staying.await.expect("the other generation");
+        assert_eq!(ids, alone);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let both = async |t: &str| {
+                let generation = pair.generate(text(t), greedy(4)).await?;
+                generation.collect().await
+            };
+            match tokio::join!(both("a"), both("b")) {
+                (Ok(_), Ok(_)) => break,
+                (a, b) if Instant::now() < until => {
+                    eprintln!("waiting for the state of the one that left to go: {a:?} {b:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (a, b) => panic!("the stage never freed the sequence: {a:?} {b:?}"),
+            }
+        }
         // A network loaded without a tokenizer does not generate.
         let bytes = std::fs::read(model.join("model.onnx")).expect("model");
         let plain = client
