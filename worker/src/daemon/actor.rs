@@ -509,27 +509,7 @@ impl ComputeThread {
         took: Duration,
         nodes: Vec<NodeTime>,
     ) {
-        self.deliver_named(
-            request,
-            sequence,
-            self.outputs.clone(),
-            outputs,
-            took,
-            nodes,
-        )
-    }
-
-    /// Streams outputs `names` of a request to their consumers.
-    fn deliver_named(
-        &self,
-        request: u64,
-        sequence: Option<Steps>,
-        names: Vec<Arc<str>>,
-        outputs: Vec<Tensor>,
-        took: Duration,
-        nodes: Vec<NodeTime>,
-    ) {
-        let outputs: Vec<(Arc<str>, Tensor)> = names.into_iter().zip(outputs).collect();
+        let outputs: Vec<(Arc<str>, Tensor)> = self.outputs.iter().cloned().zip(outputs).collect();
         let (router, network, subgraph) = (self.router.clone(), self.network, self.subgraph);
         let ran = super::routes::Ran {
             network,

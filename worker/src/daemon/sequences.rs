@@ -244,14 +244,9 @@ impl SequenceStore {
                 let t = outputs
                     .get(slot.at)
                     .ok_or_else(|| format!("the step made no output {}", slot.at))?;
-                // A step alone keeps its output as it is (no copy).
-                let tensor = if steps.rows.len() == 1 && padding == 0 {
-                    t.clone()
-                } else {
-                    state_rows::unstack(t, b, slot.axis, padding)?
-                };
+                let rows = steps.rows.len();
                 let value = Value {
-                    tensor,
+                    tensor: state_rows::unstack(t, b, rows, slot.axis, padding)?,
                     reads_left: self.readers.get(&slot.past).copied().unwrap_or(1),
                 };
                 next.insert(slot.past.clone(), value);
@@ -420,21 +415,29 @@ mod tests {
         Tensor::from_values(vec![1, 1, n, 1], &vec![v; n]).expect("tensor")
     }
 
-    #[test]
-    fn decode_steps_of_several_sequences_run_as_one_padded_batch() {
+    /// A store whose one subgraph reads `past` (input 1, positions along
+    /// axis 2) and makes `present`, and sequences `(id, n)` that each
+    /// kept `n` positions holding `id` from their fresh step.
+    fn store_with(sequences: &[(u64, usize)]) -> (SequenceStore, StateSlots) {
         let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
         let outputs: Vec<Arc<str>> = vec!["present".into()];
         let slots = StateSlots::new(&inputs, &outputs, &pair(Some(2)));
         let mut s = SequenceStore::new(0);
         s.add_reader(&slots);
-        // Two sequences, prompts of 1 and 3 positions.
-        for (id, n) in [(1, 1), (2, 3)] {
+        for &(id, n) in sequences {
             let fresh = step(id, 0, true);
             s.inputs(&fresh, &slots, vec![t(0.0, 1), positions(0.0, 0)])
                 .expect("fresh");
             s.keep(&fresh, &slots, &[positions(id as f32, n)])
                 .expect("kept");
         }
+        (s, slots)
+    }
+
+    #[test]
+    fn decode_steps_of_several_sequences_run_as_one_padded_batch() {
+        // Two sequences, prompts of 1 and 3 positions.
+        let (mut s, slots) = store_with(&[(1, 1), (2, 3)]);
         let batch = Steps::batch(vec![row(2, 1, false, 3), row(1, 1, false, 1)]);
         let inputs = s.inputs(&batch, &slots, vec![t(0.0, 2)]).expect("batched");
         assert_eq!(inputs[1].shape(), [2, 1, 3, 1]);
@@ -468,15 +471,7 @@ mod tests {
 
     #[test]
     fn a_step_that_misstates_a_sequences_length_is_refused() {
-        let inputs: Vec<Arc<str>> = vec!["x".into(), "past".into()];
-        let outputs: Vec<Arc<str>> = vec!["present".into()];
-        let slots = StateSlots::new(&inputs, &outputs, &pair(Some(2)));
-        let mut s = SequenceStore::new(0);
-        s.add_reader(&slots);
-        let fresh = step(1, 0, true);
-        s.inputs(&fresh, &slots, vec![t(0.0, 1), positions(0.0, 0)])
-            .expect("fresh");
-        s.keep(&fresh, &slots, &[positions(1.0, 3)]).expect("kept");
+        let (mut s, slots) = store_with(&[(1, 3)]);
         // Three positions kept; a step that says 1000 would pad to them.
         let err = s
             .inputs(&Steps::one(row(1, 1, false, 1000)), &slots, vec![t(0.0, 1)])

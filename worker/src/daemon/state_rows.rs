@@ -52,20 +52,22 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
     if rows.len() == 1 && axis.is_none_or(|_| own(first) == Some(positions)) {
         return rows.into_iter().next().ok_or_else(|| "no rows".to_string());
     }
-    let mut shape = first.shape().to_vec();
-    for t in &rows {
-        let mut expected = shape.clone();
-        if let (Some(a), Some(&p)) = (axis, t.shape().get(axis.unwrap_or(0))) {
-            expected[a] = p;
-        }
-        if t.elem() != first.elem() || t.shape() != expected.as_slice() || t.shape()[0] != 1 {
-            return Err(format!(
-                "sequence states of shapes {:?} and {:?} do not batch",
-                first.shape(),
-                t.shape()
-            ));
-        }
+    // Every row one sequence's, agreeing with the first but along `axis`.
+    let agrees = |t: &Tensor| {
+        t.elem() == first.elem()
+            && t.shape().len() == first.shape().len()
+            && t.shape().first() == Some(&1)
+            && (t.shape().iter().zip(first.shape()).enumerate())
+                .all(|(i, (a, b))| Some(i) == axis || a == b)
+    };
+    if let Some(t) = rows.iter().find(|t| !agrees(t)) {
+        return Err(format!(
+            "sequence states of shapes {:?} and {:?} do not batch",
+            first.shape(),
+            t.shape()
+        ));
     }
+    let mut shape = first.shape().to_vec();
     let Some(axis) = axis else {
         // Nothing to pad along: the rows must agree exactly.
         shape[0] = rows.len();
@@ -96,22 +98,28 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
     Tensor::new(first.elem(), shape, data.freeze()).map_err(|e| e.to_string())
 }
 
-/// Row `row` of a batch's state output, its first `padding` positions
-/// along `axis` dropped (`[1, …, positions − padding, …]`). A batch of one
-/// without padding is passed through without a copy.
+/// Row `row` of a state output of a request of `rows` rows, its first
+/// `padding` positions along `axis` dropped (`[1, …, positions − padding,
+/// …]`). A request of one row without padding keeps the output as it is
+/// (no copy).
 pub fn unstack(
     t: &Tensor,
     row: usize,
+    rows: usize,
     axis: Option<usize>,
     padding: usize,
 ) -> Result<Tensor, String> {
-    let shape = t.shape();
-    let rows = *shape.first().ok_or("a state output without dimensions")?;
-    if row >= rows {
-        return Err(format!("a state output of {rows} rows has no row {row}"));
-    }
     if rows == 1 && padding == 0 {
         return Ok(t.clone());
+    }
+    let shape = t.shape();
+    if shape.first() != Some(&rows) {
+        return Err(format!(
+            "a state output of shape {shape:?} has not the request's {rows} rows"
+        ));
+    }
+    if row >= rows {
+        return Err(format!("a state output of {rows} rows has no row {row}"));
     }
     let data: Bytes = t.shared_bytes();
     let Some(axis) = axis.filter(|_| padding > 0) else {
@@ -158,8 +166,8 @@ mod tests {
         assert_eq!(&v[..8], &[0.0, 0.0, 0.0, 0.0, 100.0, 101.0, 102.0, 103.0]);
         // Row 1 is b unchanged.
         assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
-        assert_eq!(unstack(&batch, 0, Some(2), 2).expect("a"), a);
-        assert_eq!(unstack(&batch, 1, Some(2), 0).expect("b"), b);
+        assert_eq!(unstack(&batch, 0, 2, Some(2), 2).expect("a"), a);
+        assert_eq!(unstack(&batch, 1, 2, Some(2), 0).expect("b"), b);
     }
 
     #[test]
@@ -167,7 +175,7 @@ mod tests {
         let a = state(2, 3, 0.0);
         let same = stack(vec![a.clone()], Some(2), 3).expect("stack");
         assert_eq!(same.bytes().as_ptr(), a.bytes().as_ptr());
-        let back = unstack(&same, 0, Some(2), 0).expect("unstack");
+        let back = unstack(&same, 0, 1, Some(2), 0).expect("unstack");
         assert_eq!(back.bytes().as_ptr(), a.bytes().as_ptr());
     }
 
@@ -176,7 +184,7 @@ mod tests {
         let (a, b) = (state(2, 3, 0.0), state(2, 3, 50.0));
         let batch = stack(vec![a.clone(), b.clone()], None, 3).expect("stack");
         assert_eq!(batch.shape(), [2, 2, 3, 2]);
-        assert_eq!(unstack(&batch, 1, None, 0).expect("row"), b);
+        assert_eq!(unstack(&batch, 1, 2, None, 0).expect("row"), b);
         let err = stack(vec![a, state(2, 4, 0.0)], None, 4).unwrap_err();
         assert!(err.contains("do not batch"), "{err}");
     }
@@ -187,9 +195,11 @@ mod tests {
         assert!(err.contains("more than the batch's 4"), "{err}");
         let err = stack(vec![state(2, 2, 0.0), state(3, 2, 0.0)], Some(2), 2).unwrap_err();
         assert!(err.contains("do not batch"), "{err}");
-        let err = unstack(&state(2, 2, 0.0), 3, Some(2), 0).unwrap_err();
+        let err = unstack(&state(2, 2, 0.0), 3, 1, Some(2), 1).unwrap_err();
         assert!(err.contains("no row 3"), "{err}");
-        let err = unstack(&state(2, 2, 0.0), 0, Some(2), 5).unwrap_err();
+        let err = unstack(&state(2, 2, 0.0), 0, 2, Some(2), 0).unwrap_err();
+        assert!(err.contains("has not the request's 2 rows"), "{err}");
+        let err = unstack(&state(2, 2, 0.0), 0, 1, Some(2), 5).unwrap_err();
         assert!(err.contains("5 padded positions of 2"), "{err}");
         let err = stack(vec![state(2, 2, 0.0), state(2, 2, 0.0)], Some(7), 2).unwrap_err();
         assert!(err.contains("no positions axis 7"), "{err}");
