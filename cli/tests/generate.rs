@@ -80,44 +80,35 @@ fn genai(folder: &std::path::Path, prompts: &[&str], max_new: u32, chat: bool) -
         .collect()
 }
 
-/// onnxruntime's own loop over `folder` (`scripts/llm/ort_steps.py`): a
-/// fresh step over `prompt`, then `steps` greedy decode steps; the tokens
-/// picked and each step's last-position logits.
-fn ort_steps(folder: &std::path::Path, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llm/ort_steps.py");
-    let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg(folder)
-        .args(["--ids", &ids.join(","), "--steps", &steps.to_string()])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "ort_steps.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("oracle JSON");
-    let tokens = v["tokens"].as_array().expect("tokens").iter();
-    let logits = v["logits"].as_array().expect("logits").iter().map(|row| {
-        let row = row.as_array().expect("a row").iter();
-        row.map(|x| x.as_f64().expect("a logit") as f32).collect()
-    });
-    (
-        tokens
-            .map(|t| t.as_u64().expect("a token") as u32)
-            .collect(),
-        logits.collect(),
-    )
+/// Each of `prompts` generated alone on `network` (greedy, `max_tokens`)
+/// gives onnxruntime-genai's ids and text.
+async fn each_equals_genai(network: &Network, prompts: &[&str], want: &[Oracle], max_tokens: u32) {
+    for (prompt, want) in prompts.iter().zip(want) {
+        let (text, ids, stats) = run(
+            network,
+            Prompt::Text(prompt.to_string()),
+            greedy(max_tokens),
+        )
+        .await;
+        eprintln!("{prompt:?} → {text:?} ({stats:?})");
+        assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
+        assert_eq!(text, want.text);
+    }
 }
 
-/// The same loop on `network` as stateless requests (the client feeds the
-/// cache back): the tokens and each step's last-position logits.
-async fn stateless_steps(
-    network: &Network,
-    prompt: &[u32],
-    steps: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
+/// The most likely token of `logits`.
+fn argmax(logits: &[f32]) -> u32 {
+    let best = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b]));
+    best.expect("logits") as u32
+}
+
+/// Each step's inputs, the tokens picked and each step's last-position
+/// logits.
+type Steps = (Vec<Vec<(String, Tensor)>>, Vec<u32>, Vec<Vec<f32>>);
+
+/// A fresh step over `prompt`, then `steps` greedy decode steps, on
+/// `network` as stateless requests (the client feeds the cache back).
+async fn stateless_steps(network: &Network, prompt: &[u32], steps: usize) -> Steps {
     let ints =
         |values: Vec<i64>| Tensor::from_values(vec![1, values.len()], &values).expect("ints");
     let mut past: Vec<(String, Tensor)> = (0..30)
@@ -130,7 +121,7 @@ async fn stateless_steps(
         })
         .collect();
     let (mut feed, mut total) = (prompt.to_vec(), 0usize);
-    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    let (mut runs, mut tokens, mut logits) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..=steps {
         let n = feed.len();
         let mut inputs = vec![
@@ -145,6 +136,7 @@ async fn stateless_steps(
             ),
         ];
         inputs.append(&mut past);
+        runs.push(inputs.clone());
         let outputs = network.infer(inputs).await.expect("a step");
         for (name, t) in outputs.tensors {
             match name.strip_prefix("present") {
@@ -156,15 +148,12 @@ async fn stateless_steps(
                 None => {}
             }
         }
-        let last: &Vec<f32> = logits.last().expect("logits");
-        let best = (0..last.len())
-            .max_by(|&a, &b| last[a].total_cmp(&last[b]))
-            .expect("a token");
-        tokens.push(best as u32);
+        let best = argmax(logits.last().expect("logits"));
+        tokens.push(best);
         total += n;
-        feed = vec![best as u32];
+        feed = vec![best];
     }
-    (tokens, logits)
+    (runs, tokens, logits)
 }
 
 fn greedy(max_tokens: u32) -> GenerateParams {
@@ -230,13 +219,7 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
         let network = load(&client, &model, 3, 256).await;
         let hosts = &network.plan().hosts;
         assert!(hosts.len() >= 2, "the model spans workers: {hosts:?}");
-        for (prompt, want) in prompts.iter().zip(&plain) {
-            let (text, ids, stats) =
-                run(&network, Prompt::Text(prompt.to_string()), greedy(24)).await;
-            eprintln!("{prompt:?} → {text:?} ({stats:?})");
-            assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
-            assert_eq!(text, want.text);
-        }
+        each_equals_genai(&network, &prompts, &plain, 24).await;
         // The prompts at once, and a third of another length: their decode
         // steps run as batches (a row each, the shorter rows' caches
         // padded and masked), and each text is still the one alone.
@@ -252,11 +235,18 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
             assert_eq!(ids.as_slice(), want, "{got:?}");
         }
         // The split's logits, a fresh step and three decode steps, within
-        // 1e-3 × max(1, max |logit|) of onnxruntime's own loop.
-        let (want_tokens, want_logits) = ort_steps(&model, &plain[0].prompt_ids, 3);
-        let (tokens, logits) = stateless_steps(&network, &plain[0].prompt_ids, 3).await;
-        assert_eq!(tokens, want_tokens);
-        for (step, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
+        // 1e-3 × max(1, max |logit|) of onnxruntime's on the same inputs,
+        // and the same tokens picked.
+        let (runs, tokens, logits) = stateless_steps(&network, &plain[0].prompt_ids, 3).await;
+        let oracle = util::oracle::onnxruntime_many(
+            &model.join("model.onnx"),
+            &runs,
+            &cluster.dir.join("oracle"),
+        );
+        for (step, ((got, token), outputs)) in logits.iter().zip(&tokens).zip(&oracle).enumerate() {
+            let all = outputs[0].float_values().expect("onnxruntime's logits");
+            let want = &all[all.len() - got.len()..];
+            assert_eq!(*token, argmax(want), "step {step}");
             let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
             let diff = got
                 .iter()
@@ -609,12 +599,6 @@ fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
         let network = load(&client, &model, 2, 128).await;
         let hosts = &network.plan().hosts;
         assert_eq!(hosts.len(), 2, "the model spans both workers: {hosts:?}");
-        for (prompt, want) in prompts.iter().zip(&want) {
-            let (text, ids, stats) =
-                run(&network, Prompt::Text(prompt.to_string()), greedy(20)).await;
-            eprintln!("4-bit: {prompt:?} → {text:?} ({stats:?})");
-            assert_eq!(ids, want.ids, "{prompt:?}: {text:?} vs {:?}", want.text);
-            assert_eq!(text, want.text);
-        }
+        each_equals_genai(&network, &prompts, &want, 20).await;
     });
 }

@@ -215,17 +215,17 @@ impl Run<'_> {
     /// last token (in a batch with other sequences' decode steps).
     async fn step(&self, step: u32, fresh: bool) -> Result<Vec<f32>, CoordinatorError> {
         let until = self.deadline.map(|d| self.started + d);
-        let tokens = if fresh {
-            self.tokens.clone()
-        } else {
-            self.tokens.last().copied().into_iter().collect()
+        let fed = match self.tokens.last() {
+            Some(&token) if !fresh => rounds::Fed::Decode {
+                token,
+                past: (self.tokens.len() - 1) as u32,
+            },
+            _ => rounds::Fed::Fresh(self.tokens.clone()),
         };
         let ask = rounds::Ask {
             sequence: self.sequence,
             step,
-            fresh,
-            tokens,
-            past: self.tokens.len().saturating_sub(1) as u32,
+            fed,
             until,
         };
         let answer = self.rounds.step(ask);

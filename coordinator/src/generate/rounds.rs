@@ -35,14 +35,38 @@ const REGROUP: Duration = Duration::from_millis(5);
 pub struct Ask {
     pub sequence: u64,
     pub step: u32,
-    /// A fresh step over `tokens` (all of the sequence so far), else a
-    /// decode step of `tokens`' one token.
-    pub fresh: bool,
-    pub tokens: Vec<u32>,
-    /// Positions the stages keep for the sequence before this step.
-    pub past: u32,
+    pub fed: Fed,
     /// The step's deadline (`None`: the coordinator's).
     pub until: Option<Instant>,
+}
+
+/// What a step feeds.
+pub enum Fed {
+    /// Every token of the sequence so far (a prompt, or a replay): the
+    /// stages start its state afresh.
+    Fresh(Vec<u32>),
+    /// The last token, the stages keeping `past` positions before it.
+    Decode { token: u32, past: u32 },
+}
+
+impl Ask {
+    fn fresh(&self) -> bool {
+        matches!(self.fed, Fed::Fresh(_))
+    }
+
+    /// The row it is of a request.
+    fn row(&self) -> SequenceStep {
+        let (fresh, past) = match self.fed {
+            Fed::Fresh(_) => (true, 0),
+            Fed::Decode { past, .. } => (false, past),
+        };
+        SequenceStep {
+            id: self.sequence,
+            step: self.step,
+            fresh,
+            past,
+        }
+    }
 }
 
 /// An ask waiting for its batch, and where its logits go.
@@ -139,7 +163,7 @@ impl Task {
             tokio::select! {
                 msg = rx.recv(), if open => match msg {
                     Some(Msg::Ask(waiting)) => {
-                        let again = !waiting.ask.fresh;
+                        let again = !waiting.ask.fresh();
                         self.returning = self.returning.saturating_sub(usize::from(again));
                         self.live.insert(waiting.ask.sequence);
                         self.queue.push(waiting);
@@ -202,16 +226,18 @@ impl Task {
     /// waiting decode steps that can join the first (any where the model
     /// pads; those of the same length where it does not).
     fn take_batch(&mut self, most: usize) -> Vec<Waiting> {
-        if self.queue[0].ask.fresh || !self.feed.batches() {
-            return vec![self.queue.remove(0)];
-        }
-        let first_past = self.queue[0].ask.past;
+        let first_past = match self.queue[0].ask.fed {
+            Fed::Decode { past, .. } if self.feed.batches() => past,
+            _ => return vec![self.queue.remove(0)],
+        };
         let pads = self.feed.pads();
         let mut batch = Vec::new();
         let mut rest = Vec::new();
         for waiting in self.queue.drain(..) {
-            let ask = &waiting.ask;
-            let joins = !ask.fresh && (pads || ask.past == first_past);
+            let joins = match waiting.ask.fed {
+                Fed::Decode { past, .. } => pads || past == first_past,
+                Fed::Fresh(_) => false,
+            };
             if joins && batch.len() < most {
                 batch.push(waiting);
             } else {
@@ -266,28 +292,20 @@ impl Task {
 /// Runs `batch` as one request: each row's logits.
 async fn run_batch(shared: &Arc<Shared>, network: u64, feed: &Feed, batch: Vec<Waiting>) -> Landed {
     let asks: Vec<&Ask> = batch.iter().map(|w| &w.ask).collect();
-    let rows: Vec<SequenceStep> = asks
-        .iter()
-        .map(|a| SequenceStep {
-            id: a.sequence,
-            step: a.step,
-            fresh: a.fresh,
-            past: if a.fresh { 0 } else { a.past },
-        })
-        .collect();
-    let steps = if rows.len() == 1 {
-        Steps::one(rows[0])
-    } else {
-        Steps::batch(rows)
-    };
-    let inputs = if steps.fresh() {
-        feed.fresh(&asks[0].tokens)
-    } else {
-        let decode: Vec<(u32, u32)> = asks
-            .iter()
-            .map(|a| (a.tokens.last().copied().unwrap_or(0), a.past))
-            .collect();
-        feed.decode(&decode, steps.positions)
+    let steps = Steps::batch(asks.iter().map(|a| a.row()).collect());
+    let inputs = match &asks[0].fed {
+        // A fresh step is alone (`take_batch`).
+        Fed::Fresh(tokens) => feed.fresh(tokens),
+        Fed::Decode { .. } => {
+            let decode: Vec<(u32, u32)> = asks
+                .iter()
+                .filter_map(|a| match a.fed {
+                    Fed::Decode { token, past } => Some((token, past)),
+                    Fed::Fresh(_) => None,
+                })
+                .collect();
+            feed.decode(&decode, steps.positions)
+        }
     };
     // The batch waits as long as its most patient row; each row's own
     // deadline is its generation's to keep.
