@@ -39,6 +39,10 @@ class GraphBuilder:
         self.initializers: dict[str, np.ndarray] = {}
         self._node_names: set[str] = set()
 
+    def made(self, name: str) -> bool:
+        """Whether a node of this name exists already."""
+        return name in self._node_names
+
     def weight(self, name: str, array: np.ndarray) -> str:
         self.initializers[name] = array
         return name
@@ -156,7 +160,7 @@ def block_sums(b: GraphBuilder, x: str, blocks: int) -> str:
     """x's sums over blocks of 32 along its last axis ([.., blocks]), made
     once per tensor (q, k and v share theirs, as do gate and up)."""
     name = f"{x}/block_sums"
-    if name in b._node_names:
+    if b.made(name):
         return f"{name}/output_0"
     split = b.op("Reshape", [x, b.const([0, 0, blocks, 32])], f"{x}/block_sums/Reshape")
     return b.op("ReduceSum", [split, b.const([-1])], name, keepdims=0)

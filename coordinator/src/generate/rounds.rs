@@ -187,15 +187,10 @@ impl Task {
 
     /// The most batches in flight: one per stage of the deployment.
     fn depth(&self) -> usize {
-        let Some(loaded) = self.shared.networks.get(&self.network).map(|n| n.clone()) else {
-            return 1;
-        };
-        let stages = loaded
-            .replicas
-            .iter()
-            .filter_map(|r| r.deployed())
-            .map(|d| d.hosts.len())
-            .max();
+        let stages = self.shared.networks.get(&self.network).and_then(|loaded| {
+            let deployed = loaded.replicas.iter().filter_map(|r| r.deployed());
+            deployed.map(|d| d.hosts.len()).max()
+        });
         stages.unwrap_or(1).max(1)
     }
 
