@@ -39,10 +39,7 @@ pub struct Steps {
 impl Steps {
     /// One step alone.
     pub fn one(step: SequenceStep) -> Steps {
-        Steps {
-            rows: vec![step],
-            positions: step.past,
-        }
+        Steps::batch(vec![step])
     }
 
     /// Decode steps of several sequences as one batch.
