@@ -4,8 +4,6 @@
 //! One test, in order, in its own process: the first successful load is
 //! kept for the life of the process.
 
-mod util;
-
 use std::path::Path;
 
 use tessera_worker::plugins::onnxruntime::library;

@@ -2,8 +2,6 @@
 //! that pass the validator, with random support sets and manual affinities;
 //! and `fast` rarely needs more subgraphs than `reference`.
 
-mod util;
-
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;

@@ -4,7 +4,7 @@
 //! against onnxruntime on the same seeded inputs (max abs diff ≤ 1e-3).
 //! Skipped, saying so, without a GPU adapter unless TESSERA_GPU_TESTS=required.
 
-mod util;
+use crate::util;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! optional left out, an empty optional output comes back as `None`), and
 //! the clear errors of the tensor path and of a value of the wrong kind.
 
-mod util;
+use crate::util;
 
 use tessera_common::onnx::encode_model;
 use tessera_common::onnx::proto::GraphProto;

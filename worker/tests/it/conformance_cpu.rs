@@ -1,7 +1,7 @@
 //! The ONNX node tests through the CPU plugin: zero wrong answers among the
 //! tests its QueryNetwork accepts.
 
-mod util;
+use crate::util;
 
 use tessera_worker::conformance;
 use tessera_worker::plugins::cpu::CpuPlugin;

@@ -3,7 +3,7 @@
 //! computed from constants alone goes where it is read, and nodes joined
 //! by a sequence or an optional run on one device.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, HashMap};
 

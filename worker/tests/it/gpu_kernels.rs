@@ -8,7 +8,7 @@
 //! and an integer graph input refused at compile, by name.
 //! Skipped, saying so, without a GPU adapter unless TESSERA_GPU_TESTS=required.
 
-mod util;
+use crate::util;
 
 use tessera_common::graph::Graph;
 use tessera_common::onnx::proto::{attribute_proto::AttributeType, AttributeProto, GraphProto};

@@ -1,9 +1,10 @@
 //! Bad input gets a clear error, never a panic.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::util::graph_from;
 use prost::Message;
 use tessera_common::affinity::{
     assign, parse_manual_affinity, AffinityError, AffinityRequest, AnalyticCostModel, DeviceId,
@@ -15,7 +16,6 @@ use tessera_common::onnx::proto::{
 };
 use tessera_common::onnx::{decode_model, load_model, save_model, OnnxError};
 use tessera_common::synth::{model_from_dag, Dag, Rng};
-use util::graph_from;
 
 fn chain_model() -> tessera_common::onnx::proto::ModelProto {
     model_from_dag(

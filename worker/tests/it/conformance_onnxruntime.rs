@@ -8,7 +8,7 @@
 //! training-mode Dropout); 11 are errata. StringNormalizer's 4 need the
 //! en_US.UTF-8 locale, which `scripts/test.sh` generates.
 
-mod util;
+use crate::util;
 
 use tessera_worker::conformance;
 

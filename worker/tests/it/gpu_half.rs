@@ -8,7 +8,7 @@
 //! beyond f16's range, 9.8e7 and inf: not f16 models.) Skipped, saying so, where there is no adapter (unless
 //! TESSERA_GPU_TESTS=required) or it lacks shader-f16.
 
-mod util;
+use crate::util;
 
 use std::sync::Arc;
 

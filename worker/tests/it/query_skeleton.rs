@@ -5,7 +5,7 @@
 //! the same types found. Checked on every corpus model, as the coordinator
 //! prepares it (simplified), for both CPU backends and the GPU where one is.
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 

@@ -2,11 +2,10 @@
 //! lossless round trip, IR construction, and export checked against
 //! onnxruntime by `tests/python/check_split.py`.
 
-mod util;
-
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
 
+use crate::util::real_models;
 use prost::Message;
 use tessera_common::affinity::{
     assign, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet,
@@ -15,7 +14,6 @@ use tessera_common::graph::{Graph, NodeKind};
 use tessera_common::onnx::{decode_model, encode_model, load_model};
 use tessera_common::partition::{partition, Algorithm, PartitionOptions};
 use tessera_common::synth::Rng;
-use util::real_models;
 
 #[test]
 fn round_trip_is_lossless() {

@@ -2,7 +2,7 @@
 //! tensors become implicit inputs; exported subgraphs still run in
 //! onnxruntime.
 
-mod util;
+use crate::util;
 
 use std::process::Command;
 

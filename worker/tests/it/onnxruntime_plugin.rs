@@ -3,7 +3,7 @@
 //! build, its compile errors, requests at once on one compiled subgraph,
 //! and the models of the corpus accepted whole.
 
-mod util;
+use crate::util;
 
 use tessera_common::onnx::proto::{GraphProto, OperatorSetIdProto};
 use tessera_common::onnx::{encode_model, load_model};

@@ -2,7 +2,7 @@
 //! configuration, a real model against onnxruntime, bad inputs,
 //! export/import and performance counters.
 
-mod util;
+use crate::util;
 
 use tessera_common::synth::Rng;
 use tessera_common::tensor::Tensor;

@@ -1,8 +1,6 @@
 //! The cost policy: compute + transfer estimates decide between devices,
 //! deterministically, and the explanation carries the numbers.
 
-mod util;
-
 use std::collections::{BTreeMap, HashMap};
 
 use tessera_common::affinity::{

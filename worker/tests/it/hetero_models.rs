@@ -3,7 +3,7 @@
 //! split across two CPU plugin instances by a seeded random affinity; on
 //! each CPU backend (tract, onnxruntime) and on the two mixed.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

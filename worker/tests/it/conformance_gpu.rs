@@ -6,7 +6,7 @@
 //! `TESSERA_GPU_TESTS=required` (`scripts/test.sh` sets it after installing
 //! lavapipe).
 
-mod util;
+use crate::util;
 
 use std::collections::BTreeSet;
 

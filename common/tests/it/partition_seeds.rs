@@ -3,12 +3,10 @@
 //! and the example of TVM's partitioning RFC (a diamond with one node on
 //! another backend).
 
-mod util;
-
+use crate::util::*;
 use tessera_common::affinity::SupportSet;
 use tessera_common::partition::reference::{select_traced, Step};
 use tessera_common::partition::{op_dag, Algorithm};
-use util::*;
 
 /// OpenVINO's hetero subgraph-selection example: nodes 1..7, edges 1→2, 2→3, 2→4, 3→5, 4→5, 5→6, 5→7; node 4
 /// only on the second device.

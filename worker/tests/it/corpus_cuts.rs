@@ -7,7 +7,7 @@
 //! `onnx.checker` with `full_check`. A failure names the model, the cut (its
 //! segments and devices) and the boundary tensors.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

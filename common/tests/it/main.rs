@@ -1,0 +1,19 @@
+//! The graph IR's integration tests, one binary: partitioning (seeds and
+//! properties), placement and memory, affinity cost, simplification,
+//! control flow, malformed models, real models, state pairs, tensors and
+//! the wire protocol.
+
+mod util;
+
+mod affinity_cost;
+mod control_flow;
+mod malformed;
+mod memory;
+mod partition_props;
+mod partition_seeds;
+mod placement;
+mod real_models;
+mod simplify;
+mod state;
+mod tensor_interop;
+mod wire;
