@@ -99,6 +99,7 @@ pub struct BenchArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// The seed of the random inputs (the same seed, the same inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// NAME=FILE.npy: this input from a file (the others are random, of

@@ -41,6 +41,7 @@ pub struct RunArgs {
     /// Seeded random values for inputs not given with --input.
     #[arg(long)]
     pub(crate) random: bool,
+    /// The seed of --random's values (the same seed, the same inputs).
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
     /// Write every output as <name>.npy here (characters outside
@@ -53,6 +54,8 @@ pub struct RunArgs {
     /// priority or cost.
     #[arg(long, default_value = "priority")]
     pub(crate) policy: Policy,
+    /// Subgraph selection algorithm: fast (a near-linear topological pass)
+    /// or reference (OpenVINO's iterative algorithm).
     #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
     pub(crate) algorithm: String,
     /// Fail if a node is supported by no device.

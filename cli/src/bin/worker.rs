@@ -38,6 +38,8 @@ struct Args {
     /// Directory made by `tessera certs init`.
     #[arg(long)]
     certs: Option<PathBuf>,
+    /// The cluster's name, as its certificates carry it (default: the
+    /// config's, else tessera).
     #[arg(long)]
     cluster: Option<String>,
     /// Threads per subgraph (plugin NUM_THREADS).
