@@ -50,6 +50,23 @@ pub fn tune_allocator() {
     }
 }
 
+/// Keeps Mesa's Vulkan device-selection layer out of GPU start-up, unless
+/// the user set `NODEVICE_SELECT` themselves.
+///
+/// The layer (an implicit layer that Mesa's drivers install, lavapipe's
+/// included) picks a default adapter for a desktop session by connecting
+/// to its Wayland display; on a server without one, libwayland prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`,
+/// four times per run, though nothing failed. Tessera picks its adapter
+/// itself (`GPU.N`), so the layer has nothing to do here; the loader's
+/// own errors (no driver, no device) still show. Call first thing in
+/// `main`, before threads start: it sets an environment variable.
+pub fn quiet_vulkan_device_select() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 /// Completes on SIGTERM (`docker compose stop`, systemd) or Ctrl-C.
 pub async fn terminated() {
     #[cfg(unix)]
