@@ -127,8 +127,12 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            parse_manual_affinity(&text, &graph, &priority)
-                .with_context(|| format!("affinity file {}", path.display()))?
+            let manual = parse_manual_affinity(&text, &graph, &simplified, &priority)
+                .with_context(|| format!("affinity file {}", path.display()))?;
+            for unplaced in &manual.unplaced {
+                outln!(out, "{unplaced}");
+            }
+            manual.nodes
         }
         None => BTreeMap::new(),
     };

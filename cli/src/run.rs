@@ -109,8 +109,20 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            let ids = tessera_common::affinity::parse_manual_affinity(&text, &graph, &priority)?;
-            ids.into_iter()
+            let manual = tessera_common::affinity::parse_manual_affinity(
+                &text,
+                &graph,
+                &Default::default(),
+                &priority,
+            )?;
+            // Simplification (at load) may fold more of the named nodes;
+            // the planner skips those the same way.
+            for unplaced in &manual.unplaced {
+                eprintln!("note: {unplaced}");
+            }
+            manual
+                .nodes
+                .into_iter()
                 .map(|(n, d)| (graph.node(n).name.clone(), d))
                 .collect()
         }

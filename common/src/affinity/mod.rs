@@ -18,6 +18,7 @@
 pub(crate) mod collections;
 mod cost;
 mod device;
+mod manual;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -27,6 +28,8 @@ pub use cost::{
     DEFAULT_ELEM_BYTES, DEFAULT_NUMEL,
 };
 pub use device::{DeviceId, DeviceParseError, DevicePriority};
+pub(crate) use manual::unplaced_why;
+pub use manual::{parse_manual_affinity, ManualAffinity, Unplaced, UnplacedWhy};
 
 use crate::graph::{Graph, Node, NodeId, NodeKind};
 
@@ -281,51 +284,11 @@ pub enum AffinityError {
     },
 }
 
-/// Parses a manual affinity file: a JSON object `{"node": "DEVICE", ...}`, or
-/// an object with such a map under `"affinity"` (so a `_subgraphs.json` dump
-/// can be fed back). Nodes and devices are checked against the graph and
-/// the priority list.
-pub fn parse_manual_affinity(
-    text: &str,
-    graph: &Graph,
+pub(crate) fn unknown_device(
+    d: &DeviceId,
+    context: &str,
     priority: &DevicePriority,
-) -> Result<BTreeMap<NodeId, DeviceId>, AffinityError> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| AffinityError::BadFile(e.to_string()))?;
-    let map = value
-        .get("affinity")
-        .unwrap_or(&value)
-        .as_object()
-        .ok_or_else(|| {
-            AffinityError::BadFile("expected a JSON object of node name → device".into())
-        })?;
-    let mut out = BTreeMap::new();
-    for (name, device) in map {
-        let node = graph.op_by_name(name).ok_or_else(|| AffinityError::UnknownNode {
-            name: name.clone(),
-            context: if graph.onnx_node_by_name(name).is_some() {
-                "manual affinity: it is a Constant node, which follows the subgraphs that read it".into()
-            } else {
-                "manual affinity".into()
-            },
-        })?;
-        let device = device.as_str().ok_or_else(|| {
-            AffinityError::BadFile(format!("device of '{name}' must be a string"))
-        })?;
-        let id = DeviceId::parse(device).map_err(|e| AffinityError::BadFile(e.to_string()))?;
-        if priority.position(&id).is_none() {
-            return Err(unknown_device(
-                &id,
-                &format!("manual affinity of node '{name}'"),
-                priority,
-            ));
-        }
-        out.insert(node, id);
-    }
-    Ok(out)
-}
-
-fn unknown_device(d: &DeviceId, context: &str, priority: &DevicePriority) -> AffinityError {
+) -> AffinityError {
     let known: Vec<String> = priority.devices.iter().map(|d| d.to_string()).collect();
     AffinityError::UnknownDevice {
         device: d.to_string(),

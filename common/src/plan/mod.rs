@@ -215,18 +215,16 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     collections_at_boundary(graph)?;
     let mut manual = BTreeMap::new();
-    let folded = |name: &str| {
-        let s = &options.simplified;
-        s.folded.iter().chain(&s.dead).any(|n| n.node == name)
-    };
     for (name, device) in &options.manual {
-        if graph.op_by_name(name).is_none() && folded(name) {
+        if let Some(node) = graph.op_by_name(name) {
+            manual.insert(node, device.clone());
             continue;
         }
-        let node = graph
-            .op_by_name(name)
-            .ok_or_else(|| PlanError::UnknownNode(name.clone()))?;
-        manual.insert(node, device.clone());
+        // A Constant, or a node simplification folded or removed: nothing
+        // to place (`parse_manual_affinity` reports these to the user).
+        if crate::affinity::unplaced_why(graph, &options.simplified, name).is_none() {
+            return Err(PlanError::UnknownNode(name.clone()));
+        }
     }
     let placed = place(graph, supports, cost_model, options, &manual)?;
     let fitted = fit::fit(graph, supports, cost_model, options, &manual, placed)?;

@@ -147,18 +147,21 @@ fn affinity_errors_name_the_culprit() {
     let err = SupportSet::parse("a\nzzz", &g, "gpu.txt").unwrap_err();
     assert_eq!(err.to_string(), "no node named 'zzz' (gpu.txt, line 2)");
     // Manual affinity: unknown node, unknown device, device that does not support the node.
-    let err = parse_manual_affinity(r#"{"nope": "GPU"}"#, &g, &priority).unwrap_err();
+    let none = tessera_common::simplify::SimplifyReport::default();
+    let err = parse_manual_affinity(r#"{"nope": "GPU"}"#, &g, &none, &priority).unwrap_err();
     assert!(matches!(err, AffinityError::UnknownNode { .. }), "{err}");
-    let err = parse_manual_affinity(r#"{"a": "NPU"}"#, &g, &priority).unwrap_err();
+    let err = parse_manual_affinity(r#"{"a": "NPU"}"#, &g, &none, &priority).unwrap_err();
     assert!(
         err.to_string().contains("unknown device 'NPU'") && err.to_string().contains("GPU, CPU"),
         "{err}"
     );
-    let err = parse_manual_affinity(r#"{"a": "gpu"}"#, &g, &priority).unwrap_err();
+    let err = parse_manual_affinity(r#"{"a": "gpu"}"#, &g, &none, &priority).unwrap_err();
     assert!(err.to_string().contains('^'), "{err}");
-    let err = parse_manual_affinity("[1, 2]", &g, &priority).unwrap_err();
+    let err = parse_manual_affinity("[1, 2]", &g, &none, &priority).unwrap_err();
     assert!(matches!(err, AffinityError::BadFile(_)));
-    let manual = parse_manual_affinity(r#"{"affinity": {"b": "GPU"}}"#, &g, &priority).unwrap();
+    let manual = parse_manual_affinity(r#"{"affinity": {"b": "GPU"}}"#, &g, &none, &priority)
+        .unwrap()
+        .nodes;
     let cost = AnalyticCostModel::default();
     let req = |manual: &BTreeMap<_, _>, strict| {
         assign(

@@ -287,3 +287,60 @@ fn types_reported_by_backends_complete_the_graph() {
     assert_eq!(y.type_string(), "float[4]");
     assert!(graph.op_by_name("mine").is_some(), "node names are kept");
 }
+
+/// A manual affinity names nodes as the model file has them (e.g. read in
+/// Netron): a Constant, or a node that simplification folded or removed,
+/// is accepted and reported with why it has nothing to place; a name in
+/// the model nowhere stays an error.
+#[test]
+fn manual_affinity_accepts_constants_and_folded_nodes() {
+    use tessera_common::affinity::{parse_manual_affinity, DevicePriority, UnplacedWhy};
+    let mut model = shape_chain();
+    let g = model.graph.as_mut().unwrap();
+    let mut constant = node("k", "Constant", &[], &["kv"]);
+    constant.attribute.push(AttributeProto {
+        name: Some("value".into()),
+        t: Some(
+            Tensor::from_values(vec![1], &[2.0f32])
+                .unwrap()
+                .to_proto(""),
+        ),
+        r#type: Some(4),
+        ..Default::default()
+    });
+    g.node.push(constant);
+    g.node.push(node("add_k", "Add", &["z", "kv"], &["out"]));
+    g.output[0] = tensor_info("out", 1, &[-1, -1, -1]);
+    let shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 4, 4])]);
+    let (graph, report) = tessera_common::plan::prepare(&model, &shapes).unwrap();
+    let priority = DevicePriority::parse("HETERO:CPU").unwrap();
+
+    let text = r#"{"relu": "CPU", "shape": "CPU", "unused": "CPU", "k": "CPU"}"#;
+    let manual = parse_manual_affinity(text, &graph, &report, &priority).unwrap();
+    let placed: Vec<&str> = manual
+        .nodes
+        .keys()
+        .map(|&n| graph.node(n).name.as_str())
+        .collect();
+    assert_eq!(placed, ["relu"]);
+    let unplaced: Vec<(&str, &UnplacedWhy)> = manual
+        .unplaced
+        .iter()
+        .map(|u| (u.name.as_str(), &u.why))
+        .collect();
+    assert_eq!(
+        unplaced,
+        [
+            ("k", &UnplacedWhy::Constant),
+            ("shape", &UnplacedWhy::Folded("Shape".into())),
+            ("unused", &UnplacedWhy::Dead("Neg".into())),
+        ]
+    );
+    assert_eq!(
+        manual.unplaced[1].to_string(),
+        "manual affinity 'shape' → CPU: nothing to place, it is a Shape folded into a constant by simplification"
+    );
+
+    let err = parse_manual_affinity(r#"{"nope": "CPU"}"#, &graph, &report, &priority).unwrap_err();
+    assert_eq!(err.to_string(), "no node named 'nope' (manual affinity)");
+}
