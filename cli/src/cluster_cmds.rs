@@ -254,16 +254,19 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let bytes = args.model.read()?;
         let inputs = bench_inputs(&args, &bytes)?;
         let (client, embedded) = connect(&args.model.remote).await?;
+        let loading = crate::progress::Loading::new();
         let network = client
             .load_network_with_progress(bytes, args.model.options()?, |what, done, total| {
-                eprintln!("[{done}/{total}] {what}")
+                loading.report(what, done, total)
             })
             .await?;
+        drop(loading);
         crate::print_stdout(&plan_lines(network.plan()));
         // Warm-up: the first request specializes plans for its shapes.
         network.infer(inputs.clone()).await?;
         let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let bar = crate::progress::requests(args.requests as u64);
         let started = Instant::now();
         for _ in 0..args.requests {
             let permit = gate.clone().acquire_owned().await?;
@@ -283,9 +286,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 Ok(d) => latencies.push(d),
                 Err(e) => failures.push(e.to_string()),
             }
-            progress_bar(latencies.len() + failures.len(), args.requests);
+            bar.inc(1);
         }
-        eprintln!();
+        bar.finish_and_clear();
         let elapsed = started.elapsed();
         if let Some(first) = failures.first() {
             bail!(
@@ -351,17 +354,6 @@ fn bench_inputs(args: &BenchArgs, bytes: &[u8]) -> Result<Vec<(String, Tensor)>>
         );
     }
     Ok(inputs)
-}
-
-/// `[#####     ] 12/64` on stderr, redrawn in place.
-fn progress_bar(done: usize, total: usize) {
-    let width = 30;
-    let filled = done * width / total.max(1);
-    eprint!(
-        "\r[{}{}] {done}/{total}",
-        "#".repeat(filled),
-        " ".repeat(width - filled)
-    );
 }
 
 pub fn cluster(args: ClusterArgs) -> Result<()> {

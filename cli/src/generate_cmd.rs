@@ -93,11 +93,13 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     let started = Instant::now();
+    let loading = crate::progress::Loading::new();
     let network = client
         .load_network_with_progress(folder.model, options, |what, done, total| {
-            eprintln!("[{done}/{total}] {what}")
+            loading.report(what, done, total)
         })
         .await?;
+    drop(loading);
     eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
     for sg in &network.plan().subgraphs {
         eprintln!(

@@ -27,6 +27,7 @@ mod cluster_cmds;
 mod generate_cmd;
 mod models_cmds;
 mod partition;
+mod progress;
 mod remote;
 mod run;
 mod soak;
