@@ -2,8 +2,9 @@
 //! leaves untyped. Declared types (value_info, inputs, outputs, initializers)
 //! are never overwritten; what cannot be derived stays unknown.
 //!
-//! Layout: [`types`] holds the element-type rules, [`shapes`] the static
-//! shape rules; both are looked up by op type.
+//! Layout: [`types`] holds the element-type rules (one table by op type),
+//! [`shapes`] the static-shape rules (one file per op family, each with
+//! its table by op type).
 
 mod shapes;
 mod types;
@@ -12,10 +13,10 @@ pub use types::has_rule as has_type_rule;
 
 use std::collections::HashMap;
 
-use super::{Dim, Graph, TensorId};
+use super::{Graph, TensorId};
 use crate::onnx::proto::{ModelProto, TensorProto};
 
-pub(super) use crate::onnx::attr::{attr, attr_i, attr_ints};
+pub(super) use crate::onnx::attr::{attr, attr_i};
 use shapes::output_shapes;
 use types::output_types;
 
