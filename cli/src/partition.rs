@@ -6,12 +6,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessera_common::affinity::Assignment;
 use tessera_common::affinity::{
     assign, parse_manual_affinity, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority,
     Policy, Rule, SupportSet,
 };
-use tessera_common::graph::Graph;
+use tessera_common::graph::{Graph, NodeId};
+use tessera_common::partition::Partition;
 use tessera_common::partition::{partition, Algorithm, PartitionOptions};
+use tessera_common::simplify::SimplifyReport;
 use tessera_common::{dump, export, onnx};
 
 #[derive(Args)]
@@ -123,19 +126,7 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
     );
     let priority = DevicePriority::parse(&args.devices).context("--devices")?;
     let supports = parse_supports(&args.supports, &graph, &priority)?;
-    let manual = match &args.affinity {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let manual = parse_manual_affinity(&text, &graph, &simplified, &priority)
-                .with_context(|| format!("affinity file {}", path.display()))?;
-            for unplaced in &manual.unplaced {
-                outln!(out, "{unplaced}");
-            }
-            manual.nodes
-        }
-        None => BTreeMap::new(),
-    };
+    let manual = read_manual_affinity(args, &graph, &simplified, &priority, out)?;
     let policy = args.policy;
     let algorithm: Algorithm = args.algorithm.parse().map_err(anyhow::Error::msg)?;
     let cost = AnalyticCostModel::default();
@@ -167,6 +158,58 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
         args.algorithm,
         if args.no_merge { " (no merge)" } else { "" }
     );
+    print_subgraphs(out, &graph, &p);
+    let times = [affinity_time, partition_time];
+    print_summary(out, &graph, &p, &assignment, &priority, times);
+    if !args.quiet {
+        outln!(out, "explanation:");
+        for e in &assignment.explanations {
+            outln!(out, "  {}", assignment.explain(&graph, e));
+        }
+    }
+    if let Some(dir) = &args.dump_dir {
+        write_dumps(dir, &name, &graph, &assignment, &p, &simplified, out)?;
+    }
+    if let Some(dir) = &args.export_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let models = export::export_all(&graph, &p)?;
+        for (i, m) in models.iter().enumerate() {
+            onnx::save_model(m, dir.join(format!("subgraph_{i}.onnx")))?;
+        }
+        outln!(
+            out,
+            "exported {} subgraphs to {}",
+            models.len(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The manual affinity file of `--affinity`, read against the simplified
+/// graph; names with nothing to place are reported.
+fn read_manual_affinity(
+    args: &PartitionArgs,
+    graph: &Graph,
+    simplified: &SimplifyReport,
+    priority: &DevicePriority,
+    out: &mut String,
+) -> Result<BTreeMap<NodeId, DeviceId>> {
+    let Some(path) = &args.affinity else {
+        return Ok(BTreeMap::new());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let manual = parse_manual_affinity(&text, graph, simplified, priority)
+        .with_context(|| format!("affinity file {}", path.display()))?;
+    for unplaced in &manual.unplaced {
+        outln!(out, "{unplaced}");
+    }
+    Ok(manual.nodes)
+}
+
+/// One line per subgraph: device, size, dependencies, boundary tensors.
+fn print_subgraphs(out: &mut String, graph: &Graph, p: &Partition) {
     for sg in &p.subgraphs {
         let names = |ts: &[tessera_common::graph::TensorId]| -> String {
             let v: Vec<&str> = ts.iter().map(|&t| graph.tensor(t).name.as_str()).collect();
@@ -182,7 +225,7 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
             sg.id,
             p.device_of(sg).to_string(),
             sg.nodes.len(),
-            p.dependencies(&graph, sg)
+            p.dependencies(graph, sg)
                 .iter()
                 .map(|d| d.to_string())
                 .collect::<Vec<_>>()
@@ -191,6 +234,18 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
             names(&sg.outputs)
         );
     }
+}
+
+/// Subgraphs and nodes per device, the planning times; nodes that fell
+/// back for want of a supporting device.
+fn print_summary(
+    out: &mut String,
+    graph: &Graph,
+    p: &Partition,
+    assignment: &Assignment,
+    priority: &DevicePriority,
+    [affinity_time, partition_time]: [std::time::Duration; 2],
+) {
     let mut per_device: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for sg in &p.subgraphs {
         let e = per_device.entry(p.device_of(sg).to_string()).or_default();
@@ -228,50 +283,40 @@ fn report(args: &PartitionArgs, out: &mut String) -> Result<()> {
             fallbacks.join(", ")
         );
     }
-    if !args.quiet {
-        outln!(out, "explanation:");
-        for e in &assignment.explanations {
-            outln!(out, "  {}", assignment.explain(&graph, e));
-        }
-    }
-    if let Some(dir) = &args.dump_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let files = [
-            (
-                format!("{name}_affinity.dot"),
-                dump::affinity_dot(&graph, &assignment),
-            ),
-            (
-                format!("{name}_subgraphs.dot"),
-                dump::subgraphs_dot(&graph, &p),
-            ),
-            (
-                format!("{name}_subgraphs.json"),
-                serde_json::to_string_pretty(&dump::PlanReport {
-                    simplified: simplified.clone(),
-                    ..dump::plan_report(&graph, &assignment, &p)
-                })?,
-            ),
-        ];
-        for (file, text) in files {
-            let path = dir.join(file);
-            std::fs::write(&path, text)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            outln!(out, "wrote {}", path.display());
-        }
-    }
-    if let Some(dir) = &args.export_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let models = export::export_all(&graph, &p)?;
-        for (i, m) in models.iter().enumerate() {
-            onnx::save_model(m, dir.join(format!("subgraph_{i}.onnx")))?;
-        }
-        outln!(
-            out,
-            "exported {} subgraphs to {}",
-            models.len(),
-            dir.display()
-        );
+}
+
+/// The affinity and subgraphs as GraphViz, and the plan as JSON, in `dir`.
+fn write_dumps(
+    dir: &Path,
+    name: &str,
+    graph: &Graph,
+    assignment: &Assignment,
+    p: &Partition,
+    simplified: &SimplifyReport,
+    out: &mut String,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let files = [
+        (
+            format!("{name}_affinity.dot"),
+            dump::affinity_dot(graph, assignment),
+        ),
+        (
+            format!("{name}_subgraphs.dot"),
+            dump::subgraphs_dot(graph, p),
+        ),
+        (
+            format!("{name}_subgraphs.json"),
+            serde_json::to_string_pretty(&dump::PlanReport {
+                simplified: simplified.clone(),
+                ..dump::plan_report(graph, assignment, p)
+            })?,
+        ),
+    ];
+    for (file, text) in files {
+        let path = dir.join(file);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        outln!(out, "wrote {}", path.display());
     }
     Ok(())
 }

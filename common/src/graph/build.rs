@@ -148,46 +148,84 @@ impl Graph {
                 types.insert(name, tp);
             }
         }
-
         let mut b = Builder {
             dag: DiGraph::with_capacity(g.node.len() + g.input.len(), g.node.len() * 2),
             tensors: Vec::new(),
             by_name: HashMap::new(),
             types,
         };
+        b.add_initializers(g)?;
+        let inputs = b.add_inputs(g)?;
+        let (op_by_name, onnx_by_name) = b.add_nodes(g)?;
+        b.connect_nodes(g)?;
+        let (outputs, result_nodes) = b.add_results(g)?;
 
+        let topo_ops = topological_ops(&b.dag)?;
+        let mut graph = Graph {
+            dag: b.dag,
+            tensors: b.tensors,
+            tensor_by_name: b.by_name,
+            op_by_name,
+            onnx_by_name,
+            topo_ops,
+            inputs,
+            outputs,
+            result_nodes,
+            model: ModelProto::default(),
+        };
+        infer::propagate(&mut graph, &model);
+        graph.model = model;
+        Ok(graph)
+    }
+}
+
+/// Node ids by ONNX node name: the op nodes, and every node made from an
+/// ONNX node (`Constant` nodes too).
+type NamedNodes = (HashMap<String, NodeId>, HashMap<String, NodeId>);
+
+impl Builder<'_> {
+    /// Initializers (dense and sparse) as Constant nodes.
+    fn add_initializers(&mut self, g: &GraphProto) -> Result<(), GraphError> {
         for init in &g.initializer {
             let name = init.name.clone().unwrap_or_default();
-            let id = b.housekeeping(NodeKind::Constant, &name)?;
-            let t = &mut b.tensors[id.index()];
+            let id = self.housekeeping(NodeKind::Constant, &name)?;
+            let t = &mut self.tensors[id.index()];
             t.elem_type = init.data_type.filter(|&d| d != 0).map(ElemType);
             t.shape = Some(init.dims.iter().map(|&d| Dim::Known(d)).collect());
         }
         for sparse in &g.sparse_initializer {
             let values = sparse.values.as_ref();
             let name = values.and_then(|v| v.name.clone()).unwrap_or_default();
-            let id = b.housekeeping(NodeKind::Constant, &name)?;
-            let t = &mut b.tensors[id.index()];
+            let id = self.housekeeping(NodeKind::Constant, &name)?;
+            let t = &mut self.tensors[id.index()];
             t.elem_type = values
                 .and_then(|v| v.data_type)
                 .filter(|&d| d != 0)
                 .map(ElemType);
             t.shape = Some(sparse.dims.iter().map(|&d| Dim::Known(d)).collect());
         }
+        Ok(())
+    }
+
+    /// Graph inputs that are not initializers, as Parameter nodes; their
+    /// tensors in order.
+    fn add_inputs(&mut self, g: &GraphProto) -> Result<Vec<TensorId>, GraphError> {
         for input in &g.input {
             let name = input.name.as_deref().unwrap_or("");
-            if !b.by_name.contains_key(name) {
-                b.housekeeping(NodeKind::Parameter, name)?;
+            if !self.by_name.contains_key(name) {
+                self.housekeeping(NodeKind::Parameter, name)?;
             }
         }
-        let inputs: Vec<TensorId> = g
-            .input
+        Ok(g.input
             .iter()
-            .filter_map(|v| b.by_name.get(v.name.as_deref().unwrap_or("")).copied())
-            .filter(|&t| b.dag[b.tensors[t.index()].producer].kind == NodeKind::Parameter)
-            .collect();
+            .filter_map(|v| self.by_name.get(v.name.as_deref().unwrap_or("")).copied())
+            .filter(|&t| self.dag[self.tensors[t.index()].producer].kind == NodeKind::Parameter)
+            .collect())
+    }
 
-        // Op nodes and their outputs first (the model need not be sorted).
+    /// One node per ONNX node with its outputs (the model need not be
+    /// sorted: edges come after, in [`Builder::connect_nodes`]).
+    fn add_nodes(&mut self, g: &GraphProto) -> Result<NamedNodes, GraphError> {
         let mut op_by_name = HashMap::with_capacity(g.node.len());
         let mut onnx_by_name = HashMap::with_capacity(g.node.len());
         for (i, n) in g.node.iter().enumerate() {
@@ -197,7 +235,7 @@ impl Graph {
             let is_constant = n.op_type.as_deref() == Some("Constant")
                 && matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx"))
                 && n.input.iter().all(String::is_empty);
-            let id = b.dag.add_node(Node {
+            let id = self.dag.add_node(Node {
                 name: name.clone(),
                 kind: if is_constant {
                     NodeKind::Constant
@@ -224,44 +262,56 @@ impl Graph {
                 outputs.push(if out.is_empty() {
                     None
                 } else {
-                    Some(b.define(out, id)?)
+                    Some(self.define(out, id)?)
                 });
             }
-            b.dag[id].outputs = outputs;
+            self.dag[id].outputs = outputs;
         }
-        // Then inputs and edges.
+        Ok((op_by_name, onnx_by_name))
+    }
+
+    /// Each ONNX node's inputs and edges: explicit inputs, and the names
+    /// its subgraphs (If/Loop/Scan bodies) read from outside as implicit
+    /// inputs. The nodes of `g` are the last ones added.
+    fn connect_nodes(&mut self, g: &GraphProto) -> Result<(), GraphError> {
         for (i, n) in g.node.iter().enumerate() {
-            let id = NodeId::new(b.dag.node_count() - g.node.len() + i);
+            let id = NodeId::new(self.dag.node_count() - g.node.len() + i);
             let mut inputs = Vec::with_capacity(n.input.len());
             for name in &n.input {
                 inputs.push(if name.is_empty() {
                     None
                 } else {
-                    Some(b.resolve(name, id)?)
+                    Some(self.resolve(name, id)?)
                 });
             }
             let mut implicit = Vec::new();
-            if b.dag[id].has_subgraphs {
+            if self.dag[id].has_subgraphs {
                 for name in node_subgraph_free_names(n) {
-                    let t = b.resolve(&name, id)?;
+                    let t = self.resolve(&name, id)?;
                     if !inputs.contains(&Some(t)) && !implicit.contains(&t) {
                         implicit.push(t);
                     }
                 }
             }
-            b.dag[id].inputs = inputs;
-            b.dag[id].implicit_inputs = implicit;
-            b.connect(id);
+            self.dag[id].inputs = inputs;
+            self.dag[id].implicit_inputs = implicit;
+            self.connect(id);
         }
+        Ok(())
+    }
+
+    /// A Result node per graph output; the output tensors and the Result
+    /// nodes, in order.
+    fn add_results(&mut self, g: &GraphProto) -> Result<(Vec<TensorId>, Vec<NodeId>), GraphError> {
         let mut outputs = Vec::with_capacity(g.output.len());
         let mut result_nodes = Vec::with_capacity(g.output.len());
         for out in &g.output {
             let name = out.name.as_deref().unwrap_or("");
-            let t = *b
+            let t = *self
                 .by_name
                 .get(name)
                 .ok_or_else(|| GraphError::UndefinedOutput(name.to_string()))?;
-            let id = b.dag.add_node(Node {
+            let id = self.dag.add_node(Node {
                 name: name.to_string(),
                 kind: NodeKind::Result,
                 op_type: "Result".into(),
@@ -272,27 +322,11 @@ impl Graph {
                 outputs: Vec::new(),
                 has_subgraphs: false,
             });
-            b.connect(id);
+            self.connect(id);
             outputs.push(t);
             result_nodes.push(id);
         }
-
-        let topo_ops = topological_ops(&b.dag)?;
-        let mut graph = Graph {
-            dag: b.dag,
-            tensors: b.tensors,
-            tensor_by_name: b.by_name,
-            op_by_name,
-            onnx_by_name,
-            topo_ops,
-            inputs,
-            outputs,
-            result_nodes,
-            model: ModelProto::default(),
-        };
-        infer::propagate(&mut graph, &model);
-        graph.model = model;
-        Ok(graph)
+        Ok((outputs, result_nodes))
     }
 }
 

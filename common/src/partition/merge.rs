@@ -281,6 +281,35 @@ pub fn merge(dag: &OpDag, labels: &[u32]) -> Vec<u32> {
 
 /// [`merge`] with a chosen contraction order.
 pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Vec<u32> {
+    let (mut c, order, edges) = quotient(dag, labels, order_kind != MergeOrder::Local);
+    if order_kind == MergeOrder::Window {
+        merge_shortest_edges(&mut c, &edges);
+    } else {
+        // Grow each subgraph through its same-device neighbours in both
+        // directions until nothing more can join.
+        let mut buf = Vec::new();
+        for s in growth_order(&c, &order, order_kind) {
+            if c.find(s) != s {
+                continue;
+            }
+            if c.exhaustive {
+                grow(&mut c, s, &mut buf);
+            } else {
+                grow_linear(&mut c, s);
+            }
+        }
+    }
+    merge_sources(&mut c, &order);
+    labels.iter().map(|&l| c.find(l)).collect()
+}
+
+/// The subgraph graph of `labels` over `dag`, ready for contraction; its
+/// topological order (Kahn) and its edges.
+fn quotient(
+    dag: &OpDag,
+    labels: &[u32],
+    exhaustive: bool,
+) -> (Contractor, Vec<u32>, Vec<(u32, u32)>) {
     let k = labels.iter().map(|&l| l as usize + 1).max().unwrap_or(0);
     let mut device = vec![0u16; k];
     let mut size = vec![0u32; k];
@@ -299,7 +328,6 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
     // Rows come out sorted and without duplicates.
     let succ = Adjacency::new(k, edges.iter().copied(), edges.len());
     let pred = Adjacency::new(k, edges.iter().map(|&(a, b)| (b, a)), edges.len());
-    // Topological numbering of the subgraph graph (Kahn).
     let mut indeg = vec![0u32; k];
     for &b in &succ.cols {
         indeg[b as usize] += 1;
@@ -320,7 +348,7 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
     for (i, &l) in order.iter().enumerate() {
         pos[l as usize] = i as u64 * 2;
     }
-    let mut c = Contractor {
+    let c = Contractor {
         parent: (0..k as u32).collect(),
         succ,
         pred,
@@ -333,130 +361,126 @@ pub fn merge_in_order(dag: &OpDag, labels: &[u32], order_kind: MergeOrder) -> Ve
         after: Vec::new(),
         before: Vec::new(),
         slots: Vec::new(),
-        exhaustive: order_kind != MergeOrder::Local,
+        exhaustive,
     };
+    (c, order, edges)
+}
+
+/// [`MergeOrder::Window`]: same-device edges contracted shortest first
+/// (by distance in the topological numbering, kept current as it shifts).
+fn merge_shortest_edges(c: &mut Contractor, edges: &[(u32, u32)]) {
     let mut buf = Vec::new();
-    if order_kind == MergeOrder::Window {
-        // Shortest edges first (by distance in the topological numbering).
-        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32, u32)>> = edges
-            .iter()
-            .filter(|&&(a, b)| c.device[a as usize] == c.device[b as usize])
-            .map(|&(a, b)| std::cmp::Reverse((c.pos[b as usize] - c.pos[a as usize], a, b)))
-            .collect();
-        while let Some(std::cmp::Reverse((w, a, b))) = heap.pop() {
-            let (a, b) = (c.find(a), c.find(b));
-            if a == b {
-                continue;
-            }
-            let now = c.pos[b as usize].saturating_sub(c.pos[a as usize]);
-            if now != w {
-                heap.push(std::cmp::Reverse((now, a, b)));
-                continue;
-            }
-            if c.try_contract(a, b, a) {
-                let dev = c.device[a as usize];
-                c.neighbours(a, true, &mut buf);
-                for &t in &buf {
-                    if c.device[t as usize] == dev {
-                        heap.push(std::cmp::Reverse((
-                            c.pos[t as usize].saturating_sub(c.pos[a as usize]),
-                            a,
-                            t,
-                        )));
-                    }
-                }
-                c.neighbours(a, false, &mut buf);
-                for &p in &buf {
-                    if c.device[p as usize] == dev {
-                        heap.push(std::cmp::Reverse((
-                            c.pos[a as usize].saturating_sub(c.pos[p as usize]),
-                            p,
-                            a,
-                        )));
-                    }
-                }
+    let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32, u32)>> = edges
+        .iter()
+        .filter(|&&(a, b)| c.device[a as usize] == c.device[b as usize])
+        .map(|&(a, b)| std::cmp::Reverse((c.pos[b as usize] - c.pos[a as usize], a, b)))
+        .collect();
+    while let Some(std::cmp::Reverse((w, a, b))) = heap.pop() {
+        let (a, b) = (c.find(a), c.find(b));
+        if a == b {
+            continue;
+        }
+        let now = c.pos[b as usize].saturating_sub(c.pos[a as usize]);
+        if now != w {
+            heap.push(std::cmp::Reverse((now, a, b)));
+            continue;
+        }
+        if !c.try_contract(a, b, a) {
+            continue;
+        }
+        let dev = c.device[a as usize];
+        c.neighbours(a, true, &mut buf);
+        for &t in &buf {
+            if c.device[t as usize] == dev {
+                let w = c.pos[t as usize].saturating_sub(c.pos[a as usize]);
+                heap.push(std::cmp::Reverse((w, a, t)));
             }
         }
-        merge_sources(&mut c, &order);
-        return labels.iter().map(|&l| c.find(l)).collect();
+        c.neighbours(a, false, &mut buf);
+        for &p in &buf {
+            if c.device[p as usize] == dev {
+                let w = c.pos[a as usize].saturating_sub(c.pos[p as usize]);
+                heap.push(std::cmp::Reverse((w, p, a)));
+            }
+        }
     }
-    // Grow each subgraph through its same-device neighbours in both
-    // directions until nothing more can join.
-    let by_size = if order_kind == MergeOrder::LargestFirst {
-        let mut v = order.clone();
+}
+
+/// The order in which subgraphs grow: largest first, or device by device
+/// in priority order (a stable counting sort keeps topological order).
+fn growth_order(c: &Contractor, order: &[u32], order_kind: MergeOrder) -> Vec<u32> {
+    if order_kind == MergeOrder::LargestFirst {
+        let mut v = order.to_vec();
         v.sort_by_key(|&l| (std::cmp::Reverse(c.size[l as usize]), c.pos[l as usize]));
-        v
-    } else {
-        // Device by device (a stable counting sort keeps topological order).
-        let devices = c.device.iter().map(|&d| d as usize + 1).max().unwrap_or(0);
-        let mut start = vec![0usize; devices + 1];
-        for &l in &order {
-            start[c.device[l as usize] as usize + 1] += 1;
-        }
-        for d in 0..devices {
-            start[d + 1] += start[d];
-        }
-        let mut v = vec![0u32; order.len()];
-        for &l in &order {
-            let d = c.device[l as usize] as usize;
-            v[start[d]] = l;
-            start[d] += 1;
-        }
-        v
-    };
-    for s in by_size {
-        if c.find(s) != s {
-            continue;
-        }
-        let dev = c.device[s as usize];
-        if !c.exhaustive {
-            // Linear mode: raw lists, no normalization; duplicates cost an
-            // O(degree) check each.
-            loop {
-                let mut merged = false;
-                for forward in [true, false] {
-                    let mut i = 0;
-                    while i < c.adj(forward).len(s) {
-                        let raw = c.adj(forward).at(s, i);
-                        i += 1;
-                        let y = c.find(raw);
-                        if y == s || c.device[y as usize] != dev {
-                            continue;
-                        }
-                        merged |= if forward {
-                            c.try_contract(s, y, s)
-                        } else {
-                            c.try_contract(y, s, s)
-                        };
-                    }
-                }
-                if !merged {
-                    break;
-                }
+        return v;
+    }
+    let devices = c.device.iter().map(|&d| d as usize + 1).max().unwrap_or(0);
+    let mut start = vec![0usize; devices + 1];
+    for &l in order {
+        start[c.device[l as usize] as usize + 1] += 1;
+    }
+    for d in 0..devices {
+        start[d + 1] += start[d];
+    }
+    let mut v = vec![0u32; order.len()];
+    for &l in order {
+        let d = c.device[l as usize] as usize;
+        v[start[d]] = l;
+        start[d] += 1;
+    }
+    v
+}
+
+/// Grows `s` through same-device neighbours until none can join, with the
+/// exhaustive cycle checks.
+fn grow(c: &mut Contractor, s: u32, buf: &mut Vec<u32>) {
+    let dev = c.device[s as usize];
+    loop {
+        let mut merged = false;
+        c.neighbours(s, true, buf);
+        for &t in buf.iter() {
+            if c.device[t as usize] == dev && c.find(t) == t {
+                merged |= c.try_contract(s, t, s);
             }
-            continue;
         }
-        loop {
-            let mut merged = false;
-            c.neighbours(s, true, &mut buf);
-            for &t in &buf {
-                if c.device[t as usize] == dev && c.find(t) == t {
-                    merged |= c.try_contract(s, t, s);
-                }
+        c.neighbours(s, false, buf);
+        for &p in buf.iter() {
+            if c.device[p as usize] == dev && c.find(p) == p {
+                merged |= c.try_contract(p, s, s);
             }
-            c.neighbours(s, false, &mut buf);
-            for &p in &buf {
-                if c.device[p as usize] == dev && c.find(p) == p {
-                    merged |= c.try_contract(p, s, s);
-                }
-            }
-            if !merged {
-                break;
-            }
+        }
+        if !merged {
+            break;
         }
     }
-    merge_sources(&mut c, &order);
-    labels.iter().map(|&l| c.find(l)).collect()
+}
+
+/// [`grow`] in linear mode ([`MergeOrder::Local`]): raw adjacency lists,
+/// no normalization; duplicates cost an O(degree) check each.
+fn grow_linear(c: &mut Contractor, s: u32) {
+    let dev = c.device[s as usize];
+    loop {
+        let mut merged = false;
+        for forward in [true, false] {
+            let mut i = 0;
+            while i < c.adj(forward).len(s) {
+                let raw = c.adj(forward).at(s, i);
+                i += 1;
+                let y = c.find(raw);
+                if y == s || c.device[y as usize] != dev {
+                    continue;
+                }
+                merged |= if forward {
+                    c.try_contract(s, y, s)
+                } else {
+                    c.try_contract(y, s, s)
+                };
+            }
+        }
+        if !merged {
+            break;
+        }
+    }
 }
 
 /// Merges the subgraphs that read no other subgraph (they read only graph

@@ -238,8 +238,23 @@ pub fn partition(
 /// Builds subgraphs from per-op labels: numbers them topologically and
 /// attaches housekeeping nodes and boundary tensors.
 pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]) -> Partition {
-    let ops = graph.topo_ops();
-    // Dense group numbers in order of first appearance.
+    let (group, k) = dense_groups(labels);
+    let id_of = number_groups(dag, &group, k);
+    let (mut subgraphs, subgraph_of) = fill_subgraphs(graph, dag, &group, &id_of);
+    let mut is_output = vec![false; graph.tensors.len()];
+    attach_inputs(graph, &mut subgraphs, &subgraph_of, &mut is_output);
+    let passthrough_outputs = attach_results(graph, &mut subgraphs, &subgraph_of, &mut is_output);
+    Partition {
+        devices: devices.to_vec(),
+        subgraphs,
+        subgraph_of,
+        passthrough_outputs,
+    }
+}
+
+/// Each op's group: its label made dense, in order of first appearance;
+/// and the number of groups.
+fn dense_groups(labels: &[u32]) -> (Vec<usize>, usize) {
     let max_label = labels.iter().map(|&l| l as usize + 1).max().unwrap_or(0);
     let mut dense = vec![usize::MAX; max_label];
     let mut group = Vec::with_capacity(labels.len());
@@ -251,7 +266,12 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         }
         group.push(dense[l as usize]);
     }
-    // Topological order of the groups (Kahn; lowest first-appearance first).
+    (group, k)
+}
+
+/// Each group's subgraph id: a topological order of the groups (Kahn;
+/// lowest first-appearance first).
+fn number_groups(dag: &OpDag, group: &[usize], k: usize) -> Vec<usize> {
     let pairs: Vec<(u32, u32)> = (0..dag.len() as u32)
         .flat_map(|v| dag.succs(v).iter().map(move |&s| (v, s)))
         .map(|(v, s)| (group[v as usize] as u32, group[s as usize] as u32))
@@ -286,8 +306,20 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         *id = next_id;
         next_id += 1;
     }
+    id_of
+}
+
+/// The subgraphs with their op nodes and devices, and each node's
+/// subgraph.
+fn fill_subgraphs(
+    graph: &Graph,
+    dag: &OpDag,
+    group: &[usize],
+    id_of: &[usize],
+) -> (Vec<Subgraph>, Vec<Option<usize>>) {
+    let k = id_of.len();
     let mut sizes = vec![0usize; k];
-    for &g in &group {
+    for &g in group {
         sizes[id_of[g]] += 1;
     }
     let mut subgraphs: Vec<Subgraph> = (0..k)
@@ -303,13 +335,24 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
         })
         .collect();
     let mut subgraph_of = vec![None; graph.dag.node_count()];
-    let mut outputs_of: Vec<(u32, TensorId)> = Vec::new();
-    for (i, &node) in ops.iter().enumerate() {
+    for (i, &node) in graph.topo_ops().iter().enumerate() {
         let id = id_of[group[i]];
         subgraph_of[node.index()] = Some(id);
         subgraphs[id].device = dag.device[i];
         subgraphs[id].nodes.push(node);
     }
+    (subgraphs, subgraph_of)
+}
+
+/// Each subgraph's inputs (tensors of other subgraphs and graph inputs,
+/// with their Parameter nodes), the Constant nodes it reads, and the
+/// outputs other subgraphs read from it (marked in `is_output`).
+fn attach_inputs(
+    graph: &Graph,
+    subgraphs: &mut [Subgraph],
+    subgraph_of: &[Option<usize>],
+    is_output: &mut [bool],
+) {
     // Where each tensor comes from, in one flat array.
     let source: Vec<Source> = graph
         .tensors
@@ -321,9 +364,9 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
             NodeKind::Result => Source::Constant,
         })
         .collect();
+    let mut outputs_of: Vec<(u32, TensorId)> = Vec::new();
     // Lists keep first-use order; stamps (subgraph id + 1) dedupe them.
     let mut input_stamp = vec![0u32; graph.tensors.len()];
-    let mut is_output = vec![false; graph.tensors.len()];
     let mut node_stamp = vec![0u32; graph.dag.node_count()];
     for (id, sg) in subgraphs.iter_mut().enumerate() {
         let stamp = id as u32 + 1;
@@ -362,6 +405,17 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
     for (from, t) in outputs_of {
         subgraphs[from as usize].outputs.push(t);
     }
+}
+
+/// Each graph output's Result node goes to the subgraph that makes it
+/// (which then outputs it); graph inputs and constants that are outputs
+/// as they are pass through, returned.
+fn attach_results(
+    graph: &Graph,
+    subgraphs: &mut [Subgraph],
+    subgraph_of: &[Option<usize>],
+    is_output: &mut [bool],
+) -> Vec<TensorId> {
     let mut passthrough_outputs = Vec::new();
     for &result in graph.result_nodes() {
         let Some(t) = graph.node(result).inputs.first().copied().flatten() else {
@@ -380,12 +434,7 @@ pub fn assemble(graph: &Graph, devices: &[DeviceId], dag: &OpDag, labels: &[u32]
             None => {}
         }
     }
-    Partition {
-        devices: devices.to_vec(),
-        subgraphs,
-        subgraph_of,
-        passthrough_outputs,
-    }
+    passthrough_outputs
 }
 
 /// Where a tensor comes from (see [`assemble`]).

@@ -45,6 +45,24 @@ pub fn validate(
     assignment: &Assignment,
     p: &Partition,
 ) -> Result<(), ValidationError> {
+    check_membership(graph, assignment, p)?;
+    let mut output_of = vec![usize::MAX; graph.tensors.len()];
+    for (i, sg) in p.subgraphs.iter().enumerate() {
+        for &t in &sg.outputs {
+            output_of[t.index()] = i;
+        }
+    }
+    check_boundaries(graph, p, &output_of)?;
+    check_graph_outputs(graph, p, &output_of)
+}
+
+/// Ids in order, no empty subgraph, every op node in exactly one subgraph
+/// of its assigned device.
+fn check_membership(
+    graph: &Graph,
+    assignment: &Assignment,
+    p: &Partition,
+) -> Result<(), ValidationError> {
     let mut count = vec![0usize; graph.dag.node_count()];
     for (i, sg) in p.subgraphs.iter().enumerate() {
         if sg.id != i {
@@ -73,14 +91,19 @@ pub fn validate(
             ));
         }
     }
-    // Acyclic with topological ids: every crossing edge goes to a higher id.
+    Ok(())
+}
+
+/// Acyclic with topological ids (every crossing edge goes to a higher id);
+/// every crossing tensor an output of its producer's subgraph
+/// (`output_of`) and an input of its consumer's; Parameters and Constants
+/// attached where they are read.
+fn check_boundaries(
+    graph: &Graph,
+    p: &Partition,
+    output_of: &[usize],
+) -> Result<(), ValidationError> {
     // Stamps (subgraph id + 1) stand for per-subgraph sets.
-    let mut output_of = vec![usize::MAX; graph.tensors.len()];
-    for (i, sg) in p.subgraphs.iter().enumerate() {
-        for &t in &sg.outputs {
-            output_of[t.index()] = i;
-        }
-    }
     let mut input_stamp = vec![0usize; graph.tensors.len()];
     let mut node_stamp = vec![0usize; graph.dag.node_count()];
     for (to, sg) in p.subgraphs.iter().enumerate() {
@@ -96,6 +119,17 @@ pub fn validate(
             for &t in node.inputs.iter().flatten().chain(&node.implicit_inputs) {
                 let producer = graph.tensor(t).producer;
                 let name = || graph.tensor(t).name.clone();
+                let boundary = |from, what| ValidationError::Boundary {
+                    tensor: name(),
+                    from,
+                    to,
+                    what,
+                };
+                let housekeeping = |kind| ValidationError::Housekeeping {
+                    sg: to,
+                    node: name(),
+                    kind,
+                };
                 match graph.node(producer).kind {
                     NodeKind::Op => {
                         let from = p.subgraph_of[producer.index()].unwrap_or(usize::MAX);
@@ -106,44 +140,36 @@ pub fn validate(
                             return Err(ValidationError::Cycle(to));
                         }
                         if output_of[t.index()] != from {
-                            return Err(ValidationError::Boundary {
-                                tensor: name(),
-                                from,
-                                to,
-                                what: "an output of its producer's subgraph",
-                            });
+                            return Err(boundary(from, "an output of its producer's subgraph"));
                         }
                         if input_stamp[t.index()] != stamp {
-                            return Err(ValidationError::Boundary {
-                                tensor: name(),
-                                from,
-                                to,
-                                what: "an input of its consumer's subgraph",
-                            });
+                            return Err(boundary(from, "an input of its consumer's subgraph"));
                         }
                     }
                     NodeKind::Parameter
                         if node_stamp[producer.index()] != stamp
                             || input_stamp[t.index()] != stamp =>
                     {
-                        return Err(ValidationError::Housekeeping {
-                            sg: to,
-                            node: name(),
-                            kind: "Parameter",
-                        });
+                        return Err(housekeeping("Parameter"));
                     }
                     NodeKind::Constant if node_stamp[producer.index()] != stamp => {
-                        return Err(ValidationError::Housekeeping {
-                            sg: to,
-                            node: name(),
-                            kind: "Constant",
-                        });
+                        return Err(housekeeping("Constant"));
                     }
                     _ => {}
                 }
             }
         }
     }
+    Ok(())
+}
+
+/// Every graph output made by a subgraph that outputs it, or passed
+/// through.
+fn check_graph_outputs(
+    graph: &Graph,
+    p: &Partition,
+    output_of: &[usize],
+) -> Result<(), ValidationError> {
     for &t in &graph.outputs {
         let producer = graph.tensor(t).producer;
         match p.subgraph_of[producer.index()] {

@@ -9,7 +9,8 @@
 //! kernel, buffers), [`program`] (a compiled subgraph: plans per input
 //! shapes, buffers reused across requests, one submission per request),
 //! [`ops`] (what each op supports and how it is planned; one file per op
-//! family), `shaders/` (the WGSL kernels).
+//! family), `query` (QueryNetwork's verdict on a node), `shaders/` (the
+//! WGSL kernels).
 //!
 //! QueryNetwork is honest: op type, attributes, element types (f32, or f16
 //! with shader-f16, one per node except Cast) and constant-ness of
@@ -19,14 +20,15 @@
 pub mod context;
 pub mod ops;
 pub mod program;
+mod query;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use tessera_common::graph::{Graph, NodeKind};
+use tessera_common::graph::Graph;
+use tessera_common::onnx::decode_model_shared;
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::onnx::{decode_model_shared, ElemType};
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{
@@ -199,113 +201,22 @@ impl DevicePlugin for GpuPlugin {
     fn query_network(&self, model: &ModelProto) -> Result<QueryResult, PluginError> {
         let graph = Graph::from_model(model.clone())
             .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-        let opset = ops::opset(model);
-        let nodes = model
-            .graph
-            .as_ref()
-            .map(|g| g.node.as_slice())
-            .unwrap_or(&[]);
         let gpu = self.device_of(&self.config())?;
-        let (half, max_binding) = (gpu.shader_f16, gpu.max_binding);
-        let floats: &[ElemType] = if half {
-            &[ElemType::FLOAT, ElemType::FLOAT16]
-        } else {
-            &[ElemType::FLOAT]
+        let query = query::Query {
+            graph: &graph,
+            nodes: model
+                .graph
+                .as_ref()
+                .map(|g| g.node.as_slice())
+                .unwrap_or(&[]),
+            opset: ops::opset(model),
+            half: gpu.shader_f16,
+            max_binding: gpu.max_binding,
         };
         let mut result = QueryResult::default();
         for &id in graph.topo_ops() {
             let node = graph.node(id);
-            let verdict = (|| -> Result<(), String> {
-                let proto = node
-                    .onnx_index
-                    .and_then(|i| nodes.get(i))
-                    .ok_or("not an ONNX node")?;
-                if node.has_subgraphs {
-                    return Err("control flow".into());
-                }
-                ops::check(proto, opset)?;
-                let first = node.inputs.first().copied().flatten();
-                let rank = first.and_then(|t| graph.tensor(t).shape.as_ref().map(|s| s.len()));
-                ops::check_rank(proto, rank)?;
-                let empty = first
-                    .and_then(|t| graph.tensor(t).shape.as_ref())
-                    .is_some_and(|s| s.iter().any(|d| d.known() == Some(0)));
-                if empty && proto.op_type().starts_with("Reduce") {
-                    return Err("a reduction over an empty tensor".into());
-                }
-                // Every tensor is one storage binding.
-                for t in node
-                    .inputs
-                    .iter()
-                    .flatten()
-                    .chain(node.outputs.iter().flatten())
-                {
-                    let tensor = graph.tensor(*t);
-                    if let Some(bytes) = tensor.size_bytes().filter(|&b| b > max_binding) {
-                        return Err(format!(
-                            "'{}' ({} MB) exceeds the device's largest storage binding ({} MB)",
-                            tensor.name,
-                            bytes >> 20,
-                            max_binding >> 20
-                        ));
-                    }
-                }
-                let consts = ops::const_inputs(proto);
-                let is_cast = proto.op_type() == "Cast";
-                // One storage type per node (Cast: one in, one out).
-                let mut node_elem: Option<ElemType> = None;
-                let mut check_elem = |what: &str, tensor: &tessera_common::graph::Tensor| {
-                    let elem =
-                        tensor
-                            .elem_type
-                            .filter(|e| floats.contains(e))
-                            .ok_or_else(|| {
-                                format!(
-                                    "{what} '{}' is {} ({})",
-                                    tensor.name,
-                                    tensor.type_string(),
-                                    if half {
-                                        "f32 or f16 only"
-                                    } else {
-                                        "f32 only: no shader-f16"
-                                    }
-                                )
-                            })?;
-                    if is_cast {
-                        return Ok(());
-                    }
-                    match node_elem {
-                        Some(e) if e != elem => Err("float and float16 tensors mixed".to_string()),
-                        _ => {
-                            node_elem = Some(elem);
-                            Ok(())
-                        }
-                    }
-                };
-                for (i, t) in node.inputs.iter().enumerate() {
-                    let Some(t) = t else { continue };
-                    let tensor = graph.tensor(*t);
-                    if consts.contains(&i) {
-                        if graph.node(tensor.producer).kind != NodeKind::Constant {
-                            return Err(format!("input '{}' is not a constant", tensor.name));
-                        }
-                        continue;
-                    }
-                    check_elem("input", tensor)?;
-                    if tensor
-                        .shape
-                        .as_ref()
-                        .is_some_and(|s| s.len() > ops::MAX_RANK)
-                    {
-                        return Err(format!("rank above {}", ops::MAX_RANK));
-                    }
-                }
-                for t in node.outputs.iter().flatten() {
-                    check_elem("output", graph.tensor(*t))?;
-                }
-                Ok(())
-            })();
-            result.record(node.name.clone(), verdict);
+            result.record(node.name.clone(), query.verdict(node));
         }
         Ok(result)
     }

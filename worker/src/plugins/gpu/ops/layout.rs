@@ -119,255 +119,304 @@ fn signed(v: &[usize]) -> Vec<i64> {
     v.iter().map(|&x| x as i64).collect()
 }
 
+/// What every layout op reads: the node, input 0 and its shape, output 0.
+struct Op<'n> {
+    node: &'n NodeProto,
+    x: &'n str,
+    sx: Vec<usize>,
+    out: String,
+}
+
 pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let x = input(node, 0).ok_or("no input")?;
-    let sx = b.shape(x)?;
-    let rank = sx.len();
-    let out0 = node.output.first().ok_or("no output")?.clone();
+    let op = Op {
+        node,
+        x,
+        sx: b.shape(x)?,
+        out: node.output.first().ok_or("no output")?.clone(),
+    };
     match node.op_type() {
-        "Cast" => cast(b, x, &out0, sx),
-        "Reshape" => {
-            let want = ints_of(b, node, 1, "shape")?.ok_or("no shape")?;
-            let total: usize = sx.iter().product();
-            let mut shape = Vec::new();
-            let mut infer = None;
-            for (i, &d) in want.iter().enumerate() {
-                match d {
-                    0 => shape.push(*sx.get(i).ok_or("0 beyond the input's rank")?),
-                    -1 if infer.is_none() => {
-                        infer = Some(i);
-                        shape.push(1);
-                    }
-                    d if d > 0 => shape.push(d as usize),
-                    _ => return Err(format!("bad shape {want:?}")),
-                }
+        "Cast" => cast(b, op.x, &op.out, op.sx),
+        "Reshape" => reshape(b, op),
+        "Flatten" => flatten(b, op),
+        "Squeeze" => squeeze(b, op),
+        "Unsqueeze" => unsqueeze(b, op),
+        "Transpose" => transpose(b, op),
+        "Expand" => expand(b, op),
+        "Concat" => concat(b, op),
+        "Slice" => slice(b, op),
+        "Split" => split(b, op),
+        _ => softmax(b, op),
+    }
+}
+
+/// A view with the target shape (0 copies the input's dim, one -1 is inferred).
+fn reshape(b: &mut Builder, op: Op) -> Result<(), String> {
+    let sx = &op.sx;
+    let want = ints_of(b, op.node, 1, "shape")?.ok_or("no shape")?;
+    let total: usize = op.sx.iter().product();
+    let mut shape = Vec::new();
+    let mut infer = None;
+    for (i, &d) in want.iter().enumerate() {
+        match d {
+            0 => shape.push(*op.sx.get(i).ok_or("0 beyond the input's rank")?),
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                shape.push(1);
             }
-            let known: usize = shape.iter().product();
-            if let Some(i) = infer {
-                if known == 0 || total % known != 0 {
-                    return Err(format!("cannot reshape {sx:?} to {want:?}"));
-                }
-                shape[i] = total / known;
-            }
-            if shape.iter().product::<usize>() != total {
-                return Err(format!("cannot reshape {sx:?} to {want:?}"));
-            }
-            b.alias(&out0, x, shape)
-        }
-        "Flatten" => {
-            let a = attr_i(node, "axis").unwrap_or(1);
-            let a = if a < 0 { a + rank as i64 } else { a };
-            if a < 0 || a as usize > rank {
-                return Err(format!("axis {a} out of range"));
-            }
-            let outer: usize = sx[..a as usize].iter().product();
-            let inner: usize = sx[a as usize..].iter().product();
-            b.alias(&out0, x, vec![outer, inner])
-        }
-        "Squeeze" => {
-            let axes = match ints_of(b, node, 1, "axes")? {
-                Some(a) => a
-                    .iter()
-                    .map(|&a| axis(a, rank))
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => (0..rank).filter(|&i| sx[i] == 1).collect(),
-            };
-            if axes.iter().any(|&a| sx[a] != 1) {
-                return Err("squeezing an axis that is not 1".into());
-            }
-            let shape = (0..rank)
-                .filter(|i| !axes.contains(i))
-                .map(|i| sx[i])
-                .collect();
-            b.alias(&out0, x, shape)
-        }
-        "Unsqueeze" => {
-            let axes = ints_of(b, node, 1, "axes")?.ok_or("no axes")?;
-            let out_rank = rank + axes.len();
-            let axes: Vec<usize> = axes
-                .iter()
-                .map(|&a| axis(a, out_rank))
-                .collect::<Result<_, _>>()?;
-            let mut rest = sx.iter();
-            let shape = (0..out_rank)
-                .map(|i| {
-                    if axes.contains(&i) {
-                        1
-                    } else {
-                        *rest.next().unwrap_or(&1)
-                    }
-                })
-                .collect();
-            b.alias(&out0, x, shape)
-        }
-        "Transpose" => {
-            let perm: Vec<usize> = match attr_ints(node, "perm") {
-                Some(p) => p.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
-                None => (0..rank).rev().collect(),
-            };
-            let mut seen = perm.clone();
-            seen.sort_unstable();
-            if seen != (0..rank).collect::<Vec<_>>() {
-                return Err(format!("bad perm {perm:?}"));
-            }
-            let out: Vec<usize> = perm.iter().map(|&p| sx[p]).collect();
-            let st = strides(&sx);
-            let src: Vec<i64> = perm.iter().map(|&p| st[p] as i64).collect();
-            let (xs, ys) = (b.slot(x)?, b.output(&out0, out.clone())?);
-            copy(b, xs, ys, &out, &src, 0, &strides(&out), 0)
-        }
-        "Expand" => {
-            let want = ints_of(b, node, 1, "shape")?.ok_or("no shape")?;
-            if want.iter().any(|&d| d < 0) {
-                return Err("negative dimension".into());
-            }
-            let want: Vec<usize> = want.iter().map(|&d| d as usize).collect();
-            let out = broadcast(&sx, &want)?;
-            let src: Vec<i64> = broadcast_strides(&sx, &out)
-                .iter()
-                .map(|&s| s as i64)
-                .collect();
-            let (xs, ys) = (b.slot(x)?, b.output(&out0, out.clone())?);
-            copy(b, xs, ys, &out, &src, 0, &strides(&out), 0)
-        }
-        "Concat" => {
-            let a = axis(attr_i(node, "axis").ok_or("no axis")?, rank)?;
-            let mut out = sx.clone();
-            out[a] = 0;
-            let mut parts = Vec::new();
-            for name in node.input.iter().filter(|n| !n.is_empty()) {
-                let s = b.shape(name)?;
-                if s.len() != rank || (0..rank).any(|i| i != a && s[i] != sx[i]) {
-                    return Err(format!("'{name}' {s:?} does not concatenate with {sx:?}"));
-                }
-                out[a] += s[a];
-                parts.push((name.clone(), s));
-            }
-            let ys = b.output(&out0, out.clone())?;
-            let dst = strides(&out);
-            let mut offset = 0;
-            for (name, s) in parts {
-                let xs = b.slot(&name)?;
-                copy(
-                    b,
-                    xs,
-                    ys,
-                    &s,
-                    &signed(&strides(&s)),
-                    0,
-                    &dst,
-                    offset * dst[a],
-                )?;
-                offset += s[a];
-            }
-            Ok(())
-        }
-        "Slice" => {
-            let starts = ints_of(b, node, 1, "starts")?.ok_or("no starts")?;
-            let ends = ints_of(b, node, 2, "ends")?.ok_or("no ends")?;
-            let axes =
-                ints_of(b, node, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-            let steps = ints_of(b, node, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
-            if ends.len() != starts.len()
-                || axes.len() != starts.len()
-                || steps.len() != starts.len()
-            {
-                return Err("starts, ends, axes and steps differ in length".into());
-            }
-            let st = strides(&sx);
-            let mut out = sx.clone();
-            let mut src: Vec<i64> = signed(&st);
-            let mut off = 0i64;
-            for i in 0..starts.len() {
-                let a = axis(axes[i], rank)?;
-                let dim = sx[a] as i64;
-                let step = steps[i];
-                if step == 0 {
-                    return Err("step 0".into());
-                }
-                let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
-                let norm = |v: i64| if v < 0 { v + dim } else { v };
-                let (start, end) = if step > 0 {
-                    (clamp(norm(starts[i]), 0, dim), clamp(norm(ends[i]), 0, dim))
-                } else {
-                    (
-                        clamp(norm(starts[i]), -1, dim - 1),
-                        clamp(norm(ends[i]), -1, dim - 1),
-                    )
-                };
-                let len = if step > 0 {
-                    ((end - start).max(0) + step - 1) / step
-                } else {
-                    ((start - end).max(0) + (-step) - 1) / (-step)
-                };
-                out[a] = len as usize;
-                off += start.max(0) * st[a] as i64;
-                src[a] = st[a] as i64 * step;
-            }
-            let (xs, ys) = (b.slot(x)?, b.output(&out0, out.clone())?);
-            copy(b, xs, ys, &out, &src, off, &strides(&out), 0)
-        }
-        "Split" => {
-            let a = axis(attr_i(node, "axis").unwrap_or(0), rank)?;
-            let outputs: Vec<&String> = node.output.iter().collect();
-            let sizes: Vec<usize> = match ints_of(b, node, 1, "split")? {
-                Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
-                None => {
-                    let k = outputs.len();
-                    let each = sx[a].div_ceil(k);
-                    (0..k)
-                        .map(|i| each.min(sx[a].saturating_sub(i * each)))
-                        .collect()
-                }
-            };
-            if sizes.len() != outputs.len() || sizes.iter().sum::<usize>() != sx[a] {
-                return Err(format!("split {sizes:?} does not fit {}", sx[a]));
-            }
-            let st = strides(&sx);
-            let xs = b.slot(x)?;
-            let mut offset = 0;
-            for (name, size) in outputs.into_iter().zip(sizes) {
-                let mut out = sx.clone();
-                out[a] = size;
-                let ys = b.output(name, out.clone())?;
-                copy(
-                    b,
-                    xs,
-                    ys,
-                    &out,
-                    &signed(&st),
-                    (offset * st[a]) as i64,
-                    &strides(&out),
-                    0,
-                )?;
-                offset += size;
-            }
-            Ok(())
-        }
-        _ => {
-            // Softmax / LogSoftmax.
-            let default = if b.opset >= 13 { -1 } else { 1 };
-            let a = axis(attr_i(node, "axis").unwrap_or(default), rank)?;
-            let (outer, len, inner) = if b.opset >= 13 {
-                (
-                    sx[..a].iter().product::<usize>(),
-                    sx[a],
-                    sx[a + 1..].iter().product::<usize>(),
-                )
-            } else {
-                // Before opset 13: coerced to 2-D at the axis.
-                (sx[..a].iter().product(), sx[a..].iter().product(), 1)
-            };
-            let log = (node.op_type() == "LogSoftmax") as usize;
-            let (xs, ys) = (b.slot(x)?, b.output(&out0, sx)?);
-            let params = [outer, len, inner, log].map(|v| v as u32);
-            let rows = outer * inner;
-            if len >= ROW_PARALLEL_SOFTMAX {
-                // Long rows: a workgroup per row.
-                let groups = (rows.clamp(1, 65535) as u32, 1, 1);
-                return b.dispatch("softmax_rows", &[xs, ys], &params, groups);
-            }
-            b.dispatch("softmax", &[xs, ys], &params, groups_1d(rows))
+            d if d > 0 => shape.push(d as usize),
+            _ => return Err(format!("bad shape {want:?}")),
         }
     }
+    let known: usize = shape.iter().product();
+    if let Some(i) = infer {
+        if known == 0 || total % known != 0 {
+            return Err(format!("cannot reshape {sx:?} to {want:?}"));
+        }
+        shape[i] = total / known;
+    }
+    if shape.iter().product::<usize>() != total {
+        return Err(format!("cannot reshape {sx:?} to {want:?}"));
+    }
+    b.alias(&op.out, op.x, shape)
+}
+
+/// A 2-D view split at the axis.
+fn flatten(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let a = attr_i(op.node, "axis").unwrap_or(1);
+    let a = if a < 0 { a + rank as i64 } else { a };
+    if a < 0 || a as usize > rank {
+        return Err(format!("axis {a} out of range"));
+    }
+    let outer: usize = op.sx[..a as usize].iter().product();
+    let inner: usize = op.sx[a as usize..].iter().product();
+    b.alias(&op.out, op.x, vec![outer, inner])
+}
+
+/// A view without the given axes of 1 (every axis of 1 without axes).
+fn squeeze(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let axes = match ints_of(b, op.node, 1, "axes")? {
+        Some(a) => a
+            .iter()
+            .map(|&a| axis(a, rank))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => (0..rank).filter(|&i| op.sx[i] == 1).collect(),
+    };
+    if axes.iter().any(|&a| op.sx[a] != 1) {
+        return Err("squeezing an axis that is not 1".into());
+    }
+    let shape = (0..rank)
+        .filter(|i| !axes.contains(i))
+        .map(|i| op.sx[i])
+        .collect();
+    b.alias(&op.out, op.x, shape)
+}
+
+/// A view with axes of 1 inserted.
+fn unsqueeze(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let axes = ints_of(b, op.node, 1, "axes")?.ok_or("no axes")?;
+    let out_rank = rank + axes.len();
+    let axes: Vec<usize> = axes
+        .iter()
+        .map(|&a| axis(a, out_rank))
+        .collect::<Result<_, _>>()?;
+    let mut rest = op.sx.iter();
+    let shape = (0..out_rank)
+        .map(|i| {
+            if axes.contains(&i) {
+                1
+            } else {
+                *rest.next().unwrap_or(&1)
+            }
+        })
+        .collect();
+    b.alias(&op.out, op.x, shape)
+}
+
+/// A strided copy in the permuted order.
+fn transpose(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let perm: Vec<usize> = match attr_ints(op.node, "perm") {
+        Some(p) => p.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).rev().collect(),
+    };
+    let mut seen = perm.clone();
+    seen.sort_unstable();
+    if seen != (0..rank).collect::<Vec<_>>() {
+        return Err(format!("bad perm {perm:?}"));
+    }
+    let out: Vec<usize> = perm.iter().map(|&p| op.sx[p]).collect();
+    let st = strides(&op.sx);
+    let src: Vec<i64> = perm.iter().map(|&p| st[p] as i64).collect();
+    let (xs, ys) = (b.slot(op.x)?, b.output(&op.out, out.clone())?);
+    copy(b, xs, ys, &out, &src, 0, &strides(&out), 0)
+}
+
+/// A strided copy broadcast to the target shape.
+fn expand(b: &mut Builder, op: Op) -> Result<(), String> {
+    let want = ints_of(b, op.node, 1, "shape")?.ok_or("no shape")?;
+    if want.iter().any(|&d| d < 0) {
+        return Err("negative dimension".into());
+    }
+    let want: Vec<usize> = want.iter().map(|&d| d as usize).collect();
+    let out = broadcast(&op.sx, &want)?;
+    let src: Vec<i64> = broadcast_strides(&op.sx, &out)
+        .iter()
+        .map(|&s| s as i64)
+        .collect();
+    let (xs, ys) = (b.slot(op.x)?, b.output(&op.out, out.clone())?);
+    copy(b, xs, ys, &out, &src, 0, &strides(&out), 0)
+}
+
+/// Each input copied into its place along the axis.
+fn concat(b: &mut Builder, op: Op) -> Result<(), String> {
+    let sx = &op.sx;
+    let rank = op.sx.len();
+    let a = axis(attr_i(op.node, "axis").ok_or("no axis")?, rank)?;
+    let mut out = op.sx.clone();
+    out[a] = 0;
+    let mut parts = Vec::new();
+    for name in op.node.input.iter().filter(|n| !n.is_empty()) {
+        let s = b.shape(name)?;
+        if s.len() != rank || (0..rank).any(|i| i != a && s[i] != op.sx[i]) {
+            return Err(format!("'{name}' {s:?} does not concatenate with {sx:?}"));
+        }
+        out[a] += s[a];
+        parts.push((name.clone(), s));
+    }
+    let ys = b.output(&op.out, out.clone())?;
+    let dst = strides(&out);
+    let mut offset = 0;
+    for (name, s) in parts {
+        let xs = b.slot(&name)?;
+        copy(
+            b,
+            xs,
+            ys,
+            &s,
+            &signed(&strides(&s)),
+            0,
+            &dst,
+            offset * dst[a],
+        )?;
+        offset += s[a];
+    }
+    Ok(())
+}
+
+/// A strided copy of the selected range along each axis.
+fn slice(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let starts = ints_of(b, op.node, 1, "starts")?.ok_or("no starts")?;
+    let ends = ints_of(b, op.node, 2, "ends")?.ok_or("no ends")?;
+    let axes =
+        ints_of(b, op.node, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = ints_of(b, op.node, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    let st = strides(&op.sx);
+    let mut out = op.sx.clone();
+    let mut src: Vec<i64> = signed(&st);
+    let mut off = 0i64;
+    for i in 0..starts.len() {
+        let a = axis(axes[i], rank)?;
+        let dim = op.sx[a] as i64;
+        let step = steps[i];
+        if step == 0 {
+            return Err("step 0".into());
+        }
+        let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
+        let norm = |v: i64| if v < 0 { v + dim } else { v };
+        let (start, end) = if step > 0 {
+            (clamp(norm(starts[i]), 0, dim), clamp(norm(ends[i]), 0, dim))
+        } else {
+            (
+                clamp(norm(starts[i]), -1, dim - 1),
+                clamp(norm(ends[i]), -1, dim - 1),
+            )
+        };
+        let len = if step > 0 {
+            ((end - start).max(0) + step - 1) / step
+        } else {
+            ((start - end).max(0) + (-step) - 1) / (-step)
+        };
+        out[a] = len as usize;
+        off += start.max(0) * st[a] as i64;
+        src[a] = st[a] as i64 * step;
+    }
+    let (xs, ys) = (b.slot(op.x)?, b.output(&op.out, out.clone())?);
+    copy(b, xs, ys, &out, &src, off, &strides(&out), 0)
+}
+
+/// Each output a strided copy of its range along the axis.
+fn split(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    let a = axis(attr_i(op.node, "axis").unwrap_or(0), rank)?;
+    let outputs: Vec<&String> = op.node.output.iter().collect();
+    let sizes: Vec<usize> = match ints_of(b, op.node, 1, "split")? {
+        Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
+        None => {
+            let k = outputs.len();
+            let each = op.sx[a].div_ceil(k);
+            (0..k)
+                .map(|i| each.min(op.sx[a].saturating_sub(i * each)))
+                .collect()
+        }
+    };
+    if sizes.len() != outputs.len() || sizes.iter().sum::<usize>() != op.sx[a] {
+        return Err(format!("split {sizes:?} does not fit {}", op.sx[a]));
+    }
+    let st = strides(&op.sx);
+    let xs = b.slot(op.x)?;
+    let mut offset = 0;
+    for (name, size) in outputs.into_iter().zip(sizes) {
+        let mut out = op.sx.clone();
+        out[a] = size;
+        let ys = b.output(name, out.clone())?;
+        copy(
+            b,
+            xs,
+            ys,
+            &out,
+            &signed(&st),
+            (offset * st[a]) as i64,
+            &strides(&out),
+            0,
+        )?;
+        offset += size;
+    }
+    Ok(())
+}
+
+/// Softmax / LogSoftmax along the axis: a thread per row, or a workgroup
+/// per long row.
+fn softmax(b: &mut Builder, op: Op) -> Result<(), String> {
+    let rank = op.sx.len();
+    // Softmax / LogSoftmax.
+    let default = if b.opset >= 13 { -1 } else { 1 };
+    let a = axis(attr_i(op.node, "axis").unwrap_or(default), rank)?;
+    let (outer, len, inner) = if b.opset >= 13 {
+        (
+            op.sx[..a].iter().product::<usize>(),
+            op.sx[a],
+            op.sx[a + 1..].iter().product::<usize>(),
+        )
+    } else {
+        // Before opset 13: coerced to 2-D at the axis.
+        (op.sx[..a].iter().product(), op.sx[a..].iter().product(), 1)
+    };
+    let log = (op.node.op_type() == "LogSoftmax") as usize;
+    let (xs, ys) = (b.slot(op.x)?, b.output(&op.out, op.sx)?);
+    let params = [outer, len, inner, log].map(|v| v as u32);
+    let rows = outer * inner;
+    if len >= ROW_PARALLEL_SOFTMAX {
+        // Long rows: a workgroup per row.
+        let groups = (rows.clamp(1, 65535) as u32, 1, 1);
+        return b.dispatch("softmax_rows", &[xs, ys], &params, groups);
+    }
+    b.dispatch("softmax", &[xs, ys], &params, groups_1d(rows))
 }
