@@ -49,7 +49,8 @@ use bytes::Bytes;
 pub use tessera_common::affinity::Policy;
 use tessera_common::tensor::Tensor;
 pub use tessera_common::wire::control::{
-    Batching, Counters, DeviceAnswer, ModelStatus, NodeTime, Replicas, Transfer, WorkerState,
+    Batching, Counters, DeviceAnswer, ModelState, ModelStatus, NodeTime, Replicas, Transfer,
+    WorkerState,
 };
 use tessera_common::wire::control::{Control, LoadRequest};
 use tessera_common::wire::handshake::Role;

@@ -12,7 +12,7 @@ use tessera_common::affinity::{
     AnalyticCostModel, DeviceId, DevicePriority, DeviceProfile, LinkProfile, SupportSet,
 };
 use tessera_common::dump::{plan_report, PlanReport, ReplicaReport};
-use tessera_common::graph::{Dim, Graph};
+use tessera_common::graph::Graph;
 use tessera_common::onnx::skeleton::skeleton;
 use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::plan::{complete_types, prepare, Plan, PlanOptions, ReportedType};
@@ -350,17 +350,7 @@ async fn prepare_request(
     let types: BTreeMap<String, ReportedType> = answers
         .iter()
         .flat_map(|(_, a)| a.types.iter())
-        .map(|(t, e, dims)| {
-            let reported = ReportedType {
-                elem: (*e != 0).then_some(tessera_common::onnx::ElemType(*e)),
-                shape: dims.as_ref().map(|d| {
-                    d.iter()
-                        .map(|&v| if v >= 0 { Dim::Known(v) } else { Dim::Unknown })
-                        .collect()
-                }),
-            };
-            (t.clone(), reported)
-        })
+        .map(|t| (t.tensor.clone(), t.reported()))
         .collect();
     let graph = if types.is_empty() {
         graph

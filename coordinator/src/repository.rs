@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model_shared;
-use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelStatus};
+use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelState, ModelStatus};
 use tessera_common::wire::generate::GenerationSpec;
 use tokio::sync::mpsc;
 
@@ -190,8 +190,8 @@ pub fn statuses(shared: &Shared) -> Vec<ModelStatus> {
         .collect()
 }
 
-/// One model's status: `READY`, `LOADING`, `UNAVAILABLE` (with why) or
-/// `UNLOADED`.
+/// One model's status: ready, loading, unavailable (with why) or
+/// unloaded.
 pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
     let s = entry.lock();
     let absent = absent_workers(shared, &s.request);
@@ -199,24 +199,29 @@ pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
         .network
         .and_then(|n| shared.networks.get(&n).map(|l| l.current()))
     {
-        Some(Current::Ready(_)) => ("READY", String::new()),
-        Some(Current::Healing(_)) => ("LOADING", "re-planning after a worker loss".into()),
-        Some(Current::Broken(why)) => ("UNAVAILABLE", why),
-        None if !s.wanted => ("UNLOADED", String::new()),
-        None if s.loading => ("LOADING", String::new()),
-        None if shared.workers.is_empty() => ("UNAVAILABLE", "no worker is registered".into()),
+        Some(Current::Ready(_)) => (ModelState::Ready, String::new()),
+        Some(Current::Healing(_)) => (
+            ModelState::Loading,
+            "re-planning after a worker loss".into(),
+        ),
+        Some(Current::Broken(why)) => (ModelState::Unavailable, why),
+        None if !s.wanted => (ModelState::Unloaded, String::new()),
+        None if s.loading => (ModelState::Loading, String::new()),
+        None if shared.workers.is_empty() => {
+            (ModelState::Unavailable, "no worker is registered".into())
+        }
         None if s.failure.is_none() && !absent.is_empty() => (
-            "UNAVAILABLE",
+            ModelState::Unavailable,
             format!("waiting for workers {}", absent.join(", ")),
         ),
         None => (
-            "UNAVAILABLE",
+            ModelState::Unavailable,
             s.failure.as_ref().map(|f| f.0.clone()).unwrap_or_default(),
         ),
     };
     ModelStatus {
         name: entry.name.clone(),
-        state: state.into(),
+        state,
         network: s.network.unwrap_or(0),
         reason,
     }
@@ -236,9 +241,9 @@ pub fn serving(shared: &Shared, name: &str) -> Result<Arc<Loaded>, CoordinatorEr
         None => {
             let st = status(shared, &entry);
             let why = if st.reason.is_empty() {
-                st.state.to_lowercase()
+                st.state.as_str().to_lowercase()
             } else {
-                format!("{}: {}", st.state.to_lowercase(), st.reason)
+                format!("{}: {}", st.state.as_str().to_lowercase(), st.reason)
             };
             Err(CoordinatorError::NotReady(format!(
                 "model {name} is not loaded ({why})"

@@ -7,14 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_common::affinity::{AnalyticCostModel, DeviceId, DevicePriority, Policy, SupportSet};
-use tessera_common::graph::Dim;
 use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::partition::{Algorithm, Partition};
-use tessera_common::plan::{
-    check_inputs, complete_types, plan, prepare, PlanError, PlanOptions, ReportedType,
-};
+use tessera_common::plan::{check_inputs, complete_types, plan, prepare, PlanError, PlanOptions};
 use tessera_common::simplify::SimplifyReport;
 use tessera_common::tensor::Tensor;
 
@@ -141,16 +138,9 @@ impl Network {
                     source,
                 })?;
             tracing::debug!(device = %d, supported = answer.supported.len(), "QueryNetwork");
-            types.extend(answer.types.into_values().map(|s| {
-                let reported = ReportedType {
-                    elem: Some(s.elem),
-                    shape: s.shape.map(|dims| {
-                        dims.iter()
-                            .map(|d| d.map_or(Dim::Unknown, |v| Dim::Known(v as i64)))
-                            .collect()
-                    }),
-                };
-                (s.name, reported)
+            types.extend(answer.types.values().map(|s| {
+                let report = s.type_report();
+                (report.tensor.clone(), report.reported())
             }));
             supports.insert(d.clone(), SupportSet::from_nodes(answer.supported));
         }

@@ -228,6 +228,20 @@ impl TensorSpec {
         })
     }
 
+    /// The spec as a QueryNetwork answer reports a tensor's type.
+    pub fn type_report(&self) -> tessera_common::wire::control::TypeReport {
+        use tessera_common::graph::Dim;
+        tessera_common::wire::control::TypeReport {
+            tensor: self.name.clone(),
+            elem: (self.elem.0 != 0).then_some(self.elem),
+            shape: self.shape.as_ref().map(|dims| {
+                dims.iter()
+                    .map(|d| d.map_or(Dim::Unknown, |v| Dim::Known(v as i64)))
+                    .collect()
+            }),
+        }
+    }
+
     /// `[1,3,?,?]`, or `[..]` for an unknown rank.
     pub fn shape_string(&self) -> String {
         match &self.shape {

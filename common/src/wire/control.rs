@@ -10,7 +10,9 @@ use super::frame::{FrameKind, Limits};
 use super::generate::{GenerateParams, GenerateStats, GenerationSpec, Prompt};
 use super::{codec, WireError};
 use crate::affinity::Policy;
+use crate::graph::Dim;
 pub use crate::graph::StatePair;
+use crate::onnx::ElemType;
 pub use crate::schedule::Replicas;
 
 /// One device of a worker, with the figures the cost policy uses.
@@ -85,10 +87,30 @@ pub struct DeviceAnswer {
     pub supported: Vec<String>,
     /// Node and why not.
     pub unsupported: Vec<(String, String)>,
-    /// Element types (ONNX numbers, 0: unknown) and shapes (dims, -1:
-    /// unknown; `None`: rank unknown) of intermediate tensors the model
-    /// leaves untyped or unranked, as the backend's own analysis found them.
-    pub types: Vec<(String, i32, Option<Vec<i64>>)>,
+    /// Intermediate tensors the model leaves untyped or unranked, as the
+    /// backend's own analysis found them.
+    pub types: Vec<TypeReport>,
+}
+
+/// A tensor's element type and shape as a backend's own analysis found
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeReport {
+    pub tensor: String,
+    /// `None`: not found.
+    pub elem: Option<ElemType>,
+    /// `None`: the rank is not known.
+    pub shape: Option<Vec<Dim>>,
+}
+
+impl TypeReport {
+    /// What the planner completes the graph's types with.
+    pub fn reported(&self) -> crate::plan::ReportedType {
+        crate::plan::ReportedType {
+            elem: self.elem,
+            shape: self.shape.clone(),
+        }
+    }
 }
 
 /// What a client asks when it loads a network (its model is the payload).
@@ -169,12 +191,43 @@ pub struct MailboxDepth {
     pub depth: u32,
 }
 
+/// A named model's state: shown (and served over HTTP) as `READY`,
+/// `LOADING`, `UNAVAILABLE` or `UNLOADED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModelState {
+    /// Deployed: requests are served.
+    Ready,
+    /// Being deployed, or re-planned after a worker loss.
+    Loading,
+    /// Wanted but not deployed (the status's reason says why).
+    Unavailable,
+    /// Unloaded on request.
+    Unloaded,
+}
+
+impl ModelState {
+    /// The KServe v2 / Triton name of the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Ready => "READY",
+            ModelState::Loading => "LOADING",
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Unloaded => "UNLOADED",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A named model of the coordinator's repository.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelStatus {
     pub name: String,
-    /// `READY`, `LOADING`, `UNAVAILABLE` or `UNLOADED`.
-    pub state: String,
+    pub state: ModelState,
     /// The network serving it (0: none).
     pub network: u64,
     /// Why it is not ready, where known.

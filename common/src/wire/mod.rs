@@ -50,7 +50,7 @@ pub mod tensor;
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};
 
 /// The protocol version this build speaks. Peers must match exactly.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

@@ -331,9 +331,11 @@ proptest! {
 
 #[test]
 fn every_control_message_round_trips() {
+    use tessera_common::graph::Dim;
+    use tessera_common::onnx::ElemType;
     use tessera_common::wire::control::{
-        Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelStatus, NodeTime,
-        Transfer, WorkerState,
+        Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelState, ModelStatus,
+        NodeTime, Transfer, TypeReport, WorkerState,
     };
     let limits = Limits::default();
     let device = DeviceInfo {
@@ -380,7 +382,11 @@ fn every_control_message_round_trips() {
         },
         Control::QueryResult {
             answers: vec![DeviceAnswer {
-                types: vec![("t".into(), 1, Some(vec![1, -1]))],
+                types: vec![TypeReport {
+                    tensor: "t".into(),
+                    elem: Some(ElemType::FLOAT),
+                    shape: Some(vec![Dim::Known(1), Dim::Unknown]),
+                }],
                 device: "node-a/CPU".into(),
                 supported: vec!["conv1".into()],
                 unsupported: vec![("loop".into(), "Loop is not supported".into())],
@@ -465,7 +471,7 @@ fn every_control_message_round_trips() {
         Control::Models {
             models: vec![ModelStatus {
                 name: "rec".into(),
-                state: "READY".into(),
+                state: ModelState::Ready,
                 network: 4,
                 reason: String::new(),
             }],

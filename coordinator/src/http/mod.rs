@@ -38,7 +38,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tessera_common::graph::{Dim, Graph};
-use tessera_common::wire::control::ErrorKind;
+use tessera_common::wire::control::{ErrorKind, ModelState};
 
 use crate::config::ModelConfig;
 use crate::{repository, CoordinatorError, Shared};
@@ -172,8 +172,8 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Result<StatusCode, HttpErro
     }
     let waiting: Vec<String> = repository::statuses(&shared)
         .into_iter()
-        .filter(|s| s.state != "READY" && s.state != "UNLOADED")
-        .map(|s| format!("{} ({})", s.name, s.state.to_lowercase()))
+        .filter(|s| !matches!(s.state, ModelState::Ready | ModelState::Unloaded))
+        .map(|s| format!("{} ({})", s.name, s.state.as_str().to_lowercase()))
         .collect();
     if waiting.is_empty() {
         Ok(StatusCode::OK)
@@ -249,10 +249,10 @@ async fn model_ready(
         .get(&name)
         .ok_or_else(|| CoordinatorError::UnknownModel(name.clone()))?;
     let status = repository::status(&shared, &entry);
-    if status.state == "READY" {
+    if status.state == ModelState::Ready {
         Ok(StatusCode::OK)
     } else {
-        let mut why = format!("model {name} is {}", status.state.to_lowercase());
+        let mut why = format!("model {name} is {}", status.state.as_str().to_lowercase());
         if !status.reason.is_empty() {
             why = format!("{why}: {}", status.reason);
         }
@@ -275,7 +275,7 @@ async fn repository_index(State(shared): State<Arc<Shared>>) -> Json<Value> {
             json!({
                 "name": s.name,
                 "version": VERSION,
-                "state": s.state,
+                "state": s.state.as_str(),
                 "reason": s.reason,
             })
         })

@@ -14,6 +14,7 @@ use tessera_net::exchange;
 use super::actor::{Stop, SubgraphActor};
 use super::sequences::StateSlots;
 use super::State;
+use crate::plugin::TensorSpec;
 
 /// One operation stream from the coordinator.
 pub(super) async fn serve_operation(
@@ -63,16 +64,7 @@ async fn operation(
                         device: kind.clone(),
                         supported: r.supported.into_iter().collect(),
                         unsupported: r.unsupported.into_iter().collect(),
-                        types: r
-                            .types
-                            .into_values()
-                            .map(|s| {
-                                let dims = s.shape.map(|d| {
-                                    d.iter().map(|v| v.map_or(-1, |v| v as i64)).collect()
-                                });
-                                (s.name, s.elem.0, dims)
-                            })
-                            .collect(),
+                        types: r.types.values().map(TensorSpec::type_report).collect(),
                     });
                 }
                 Ok(Control::QueryResult { answers })
