@@ -204,7 +204,7 @@ async fn client_of(cluster: &tessera_cli::cluster::Embedded) -> Client {
 #[test]
 fn a_cluster_too_small_refuses_the_model_and_deploys_nothing() {
     let _one = one_at_a_time();
-    let dir = std::env::temp_dir().join(format!("tessera-memory-small-{}", std::process::id()));
+    let dir = util::Scratch::new("memory-small");
     let (_, bytes) = chain(&dir, 8);
     run_system(async move {
         let cluster =
@@ -239,7 +239,7 @@ fn a_cluster_too_small_refuses_the_model_and_deploys_nothing() {
 #[test]
 fn memory_and_measured_speed_decide_the_split() {
     let _one = one_at_a_time();
-    let dir = std::env::temp_dir().join(format!("tessera-memory-split-{}", std::process::id()));
+    let dir = util::Scratch::new("memory-split");
     let (six, six_bytes) = chain(&dir, 6);
     let (_, eight_bytes) = chain(&dir, 8);
     run_system(async move {
@@ -303,8 +303,7 @@ fn bad_memory_limits_are_clear_errors() {
     assert!(err.contains("a memory limit of 0 leaves no room"), "{err}");
     let err = worker(&["--coordinator", "127.0.0.1:9", "--memory-limit", "lots"]);
     assert!(err.contains("'lots' is not a size"), "{err}");
-    let dir = std::env::temp_dir().join(format!("tessera-memory-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = util::Scratch::new("memory-bad");
     let config = dir.join("worker.toml");
     std::fs::write(
         &config,

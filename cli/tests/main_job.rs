@@ -28,7 +28,7 @@ fn the_bundled_model_is_the_generated_one() {
 
 #[test]
 fn the_main_job_runs_on_an_embedded_cluster_and_matches_onnxruntime() {
-    let dir = std::env::temp_dir().join(format!("tessera-main-job-{}", std::process::id()));
+    let dir = util::Scratch::new("main-job");
     let model = format!("{ROOT}/examples/models/small_cnn.onnx");
     let (ok, stdout, stderr) = tessera(&[
         "run",

@@ -117,6 +117,23 @@ pub struct Cluster {
     pub log: String,
 }
 
+/// The processes stop first; then the cluster's folder (certificates,
+/// logs, the workers' compile caches: hundreds of MB for a language model)
+/// goes, unless the test failed (its logs are kept for reading).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.coordinator.kill();
+        for worker in &mut self.workers {
+            worker.kill();
+        }
+        if std::thread::panicking() {
+            eprintln!("kept {} for its logs", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 /// Runs `tessera certs init` for `nodes` into `dir`.
 pub fn certs_init(dir: &Path, cluster: &str, nodes: &[&str]) {
     let (ok, _, err) = super::tessera(&[

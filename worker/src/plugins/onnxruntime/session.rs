@@ -270,7 +270,7 @@ impl CompiledOrt {
         let built = match (&self.rewritten, &self.source) {
             (Some(rewritten), _) => builder()?.commit_from_memory(rewritten),
             (None, ModelSource::Memory(onnx)) => builder()?.commit_from_memory(onnx),
-            (None, ModelSource::File(path)) => builder()?.commit_from_file(path),
+            (None, ModelSource::File(file)) => builder()?.commit_from_file(file.path()),
         };
         built.map_err(|e| e.to_string())
     }
