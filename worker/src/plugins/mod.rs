@@ -245,6 +245,25 @@ pub(crate) fn configured_threads(config: &crate::plugin::Config) -> f64 {
         .clamp(1, cores) as f64
 }
 
+/// GFLOP/s of the fastest of `runs` calls of `run` (each `flops`
+/// floating-point operations): other work on a shared machine only slows
+/// a run down, so the fastest is the device's own speed, and a worker that
+/// starts while its neighbours compute is not planned as a slow one.
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn fastest_gflops<E>(
+    flops: f64,
+    runs: usize,
+    mut run: impl FnMut() -> Result<(), E>,
+) -> Result<f64, E> {
+    let mut best = std::time::Duration::MAX;
+    for _ in 0..runs {
+        let start = std::time::Instant::now();
+        run()?;
+        best = best.min(start.elapsed());
+    }
+    Ok(flops / best.as_secs_f64().max(1e-9) / 1e9)
+}
+
 /// Memory bandwidth (GB/s) of a 64 MiB copy, read and written.
 #[cfg(any(feature = "cpu", feature = "onnxruntime"))]
 pub(crate) fn memory_bandwidth_gbps() -> f64 {

@@ -83,12 +83,9 @@ impl CpuPlugin {
                 let plan = model.into_optimized()?.into_runnable()?;
                 let input: TValue = tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?.into();
                 plan.run(tvec![input.clone()])?;
-                let runs = 8;
-                let start = Instant::now();
-                for _ in 0..runs {
-                    plan.run(tvec![input.clone()])?;
-                }
-                Ok(2.0 * (n * n * n * runs) as f64 / start.elapsed().as_secs_f64() / 1e9)
+                crate::plugins::fastest_gflops(2.0 * (n * n * n) as f64, 8, || {
+                    plan.run(tvec![input.clone()]).map(drop)
+                })
             })()
             .unwrap_or(0.0);
             (gflops, crate::plugins::memory_bandwidth_gbps())

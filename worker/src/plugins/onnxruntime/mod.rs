@@ -29,7 +29,6 @@ mod values;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
 use bytes::Bytes;
 use tessera_common::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
@@ -74,7 +73,8 @@ impl OrtPlugin {
         &self.runtime.version
     }
 
-    /// GFLOP/s of a 256³ f32 MatMul through onnxruntime (one thread), and
+    /// GFLOP/s of a 256³ f32 MatMul through onnxruntime (one thread, the
+    /// fastest of 8 runs), and
     /// memory bandwidth (GB/s) of a 64 MiB copy; measured once per process
     /// (every instance runs on the same machine: an embedded cluster's
     /// workers share it).
@@ -137,12 +137,9 @@ impl OrtPlugin {
         )
         .map_err(|e| PluginError::Infer(e.to_string()))?;
         compiled.infer(std::slice::from_ref(&a))?;
-        let runs = 8;
-        let start = Instant::now();
-        for _ in 0..runs {
-            compiled.infer(std::slice::from_ref(&a))?;
-        }
-        Ok(2.0 * (n * n * n * runs) as f64 / start.elapsed().as_secs_f64() / 1e9)
+        crate::plugins::fastest_gflops(2.0 * (n * n * n) as f64, 8, || {
+            compiled.infer(std::slice::from_ref(&a)).map(drop)
+        })
     }
 }
 
