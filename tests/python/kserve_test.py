@@ -246,6 +246,8 @@ def bad_requests(url, oracle, max_body):
         ("wrong shape", 400, None, js([{**good, "shape": [1, 3, 48, 160], "data": flat[: len(flat) // 2]}]), []),
         ("wrong datatype", 400, None, js([{**good, "datatype": "INT64", "data": [0] * len(flat)}]), []),
         ("data length not matching the shape", 400, None, js([{**good, "data": flat[:-1]}]), []),
+        ("a shape whose element count overflows", 400, None,
+         js([{**good, "shape": [2**62, 2**62, 1, 1], "data": [0.0]}]), []),
         ("binary size past the body", 400, None, head + x.tobytes()[:-4],
          [f"Inference-Header-Content-Length: {len(head)}"]),
         ("header length past the body", 400, None, head, [f"Inference-Header-Content-Length: {len(head) + 9}"]),

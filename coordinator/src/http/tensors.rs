@@ -52,15 +52,26 @@ pub fn binary_size(parameters: Option<&Map<String, Value>>) -> Result<Option<usi
     }
 }
 
-/// `shape` as tensor dims (every dim ≥ 0).
+/// `shape` as tensor dims: every dim ≥ 0, and an element count this
+/// machine can address (a request's shape must not overflow it).
 pub fn dims(name: &str, shape: &[i64]) -> Result<Vec<usize>, String> {
-    shape
+    let dims: Vec<usize> = shape
         .iter()
         .map(|&d| {
             usize::try_from(d)
                 .map_err(|_| format!("input '{name}': shape {shape:?} has a negative dimension"))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    if dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .is_none()
+    {
+        return Err(format!(
+            "input '{name}': shape {shape:?} has more elements than can be addressed"
+        ));
+    }
+    Ok(dims)
 }
 
 /// A tensor from raw little-endian bytes (the binary extension).
@@ -275,6 +286,10 @@ mod tests {
         let e = from_binary("x", ElemType::FLOAT, vec![2], vec![0u8; 7].into()).unwrap_err();
         assert!(e.contains("needs 8 bytes, got 7"), "{e}");
         assert!(dims("x", &[1, -1]).is_err());
+        // 2^62 × 2^62 elements: refused, not overflowed.
+        let e = dims("x", &[1 << 62, 1 << 62]).unwrap_err();
+        assert!(e.contains("more elements than can be addressed"), "{e}");
+        assert_eq!(dims("x", &[0, 1 << 62, 1 << 62]).unwrap().len(), 3);
         assert!(binary_size(json!({"binary_data_size": -3}).as_object()).is_err());
         assert_eq!(
             binary_size(json!({"binary_data_size": 8}).as_object()),
