@@ -350,7 +350,7 @@ async fn prepare_request(
     let types: BTreeMap<String, ReportedType> = answers
         .iter()
         .flat_map(|(_, a)| a.types.iter())
-        .map(|t| (t.tensor.clone(), t.reported()))
+        .map(|t| (t.tensor.clone(), t.found.clone()))
         .collect();
     let graph = if types.is_empty() {
         graph

@@ -138,10 +138,12 @@ impl Network {
                     source,
                 })?;
             tracing::debug!(device = %d, supported = answer.supported.len(), "QueryNetwork");
-            types.extend(answer.types.values().map(|s| {
-                let report = s.type_report();
-                (report.tensor.clone(), report.reported())
-            }));
+            types.extend(
+                answer
+                    .types
+                    .values()
+                    .map(|s| (s.name.clone(), s.reported_type())),
+            );
             supports.insert(d.clone(), SupportSet::from_nodes(answer.supported));
         }
         let graph = complete_types(graph, &types).map_err(|e| HeteroError::Model(e.to_string()))?;

@@ -228,11 +228,10 @@ impl TensorSpec {
         })
     }
 
-    /// The spec as a QueryNetwork answer reports a tensor's type.
-    pub fn type_report(&self) -> tessera_common::wire::control::TypeReport {
+    /// The spec as the planner reads a backend's own analysis of a type.
+    pub fn reported_type(&self) -> tessera_common::plan::ReportedType {
         use tessera_common::graph::Dim;
-        tessera_common::wire::control::TypeReport {
-            tensor: self.name.clone(),
+        tessera_common::plan::ReportedType {
             elem: (self.elem.0 != 0).then_some(self.elem),
             shape: self.shape.as_ref().map(|dims| {
                 dims.iter()

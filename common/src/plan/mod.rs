@@ -136,8 +136,8 @@ pub fn prepare(
 }
 
 /// A tensor's element type and shape as a plugin's own analysis found
-/// them (`None`: not found).
-#[derive(Debug, Clone, PartialEq)]
+/// them (`None`: not found; a shape of `None`: the rank is not known).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReportedType {
     pub elem: Option<crate::onnx::ElemType>,
     pub shape: Option<Vec<crate::graph::Dim>>,

@@ -10,9 +10,8 @@ use super::frame::{FrameKind, Limits};
 use super::generate::{GenerateParams, GenerateStats, GenerationSpec, Prompt};
 use super::{codec, WireError};
 use crate::affinity::Policy;
-use crate::graph::Dim;
 pub use crate::graph::StatePair;
-use crate::onnx::ElemType;
+use crate::plan::ReportedType;
 pub use crate::schedule::Replicas;
 
 /// One device of a worker, with the figures the cost policy uses.
@@ -97,20 +96,7 @@ pub struct DeviceAnswer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TypeReport {
     pub tensor: String,
-    /// `None`: not found.
-    pub elem: Option<ElemType>,
-    /// `None`: the rank is not known.
-    pub shape: Option<Vec<Dim>>,
-}
-
-impl TypeReport {
-    /// What the planner completes the graph's types with.
-    pub fn reported(&self) -> crate::plan::ReportedType {
-        crate::plan::ReportedType {
-            elem: self.elem,
-            shape: self.shape.clone(),
-        }
-    }
+    pub found: ReportedType,
 }
 
 /// What a client asks when it loads a network (its model is the payload).

@@ -333,6 +333,7 @@ proptest! {
 fn every_control_message_round_trips() {
     use tessera_common::graph::Dim;
     use tessera_common::onnx::ElemType;
+    use tessera_common::plan::ReportedType;
     use tessera_common::wire::control::{
         Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelState, ModelStatus,
         NodeTime, Transfer, TypeReport, WorkerState,
@@ -384,8 +385,10 @@ fn every_control_message_round_trips() {
             answers: vec![DeviceAnswer {
                 types: vec![TypeReport {
                     tensor: "t".into(),
-                    elem: Some(ElemType::FLOAT),
-                    shape: Some(vec![Dim::Known(1), Dim::Unknown]),
+                    found: ReportedType {
+                        elem: Some(ElemType::FLOAT),
+                        shape: Some(vec![Dim::Known(1), Dim::Unknown]),
+                    },
                 }],
                 device: "node-a/CPU".into(),
                 supported: vec!["conv1".into()],

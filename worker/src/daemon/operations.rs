@@ -8,13 +8,14 @@ use std::time::Instant;
 use actix::Actor;
 use bytes::Bytes;
 use tessera_common::onnx::decode_model;
-use tessera_common::wire::control::{Control, DeploySpec, Destination, DeviceAnswer, ErrorKind};
+use tessera_common::wire::control::{
+    Control, DeploySpec, Destination, DeviceAnswer, ErrorKind, TypeReport,
+};
 use tessera_net::exchange;
 
 use super::actor::{Stop, SubgraphActor};
 use super::sequences::StateSlots;
 use super::State;
-use crate::plugin::TensorSpec;
 
 /// One operation stream from the coordinator.
 pub(super) async fn serve_operation(
@@ -64,7 +65,14 @@ async fn operation(
                         device: kind.clone(),
                         supported: r.supported.into_iter().collect(),
                         unsupported: r.unsupported.into_iter().collect(),
-                        types: r.types.values().map(TensorSpec::type_report).collect(),
+                        types: r
+                            .types
+                            .values()
+                            .map(|s| TypeReport {
+                                tensor: s.name.clone(),
+                                found: s.reported_type(),
+                            })
+                            .collect(),
                     });
                 }
                 Ok(Control::QueryResult { answers })
