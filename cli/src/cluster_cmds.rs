@@ -254,13 +254,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let bytes = args.model.read()?;
         let inputs = bench_inputs(&args, &bytes)?;
         let (client, embedded) = connect(&args.model.remote).await?;
-        let loading = crate::progress::Loading::new();
-        let network = client
-            .load_network_with_progress(bytes, args.model.options()?, |what, done, total| {
-                loading.report(what, done, total)
-            })
-            .await?;
-        drop(loading);
+        let network = crate::progress::load_network(&client, bytes, args.model.options()?).await?;
         crate::print_stdout(&plan_lines(network.plan()));
         // Warm-up: the first request specializes plans for its shapes.
         network.infer(inputs.clone()).await?;

@@ -93,13 +93,7 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     let started = Instant::now();
-    let loading = crate::progress::Loading::new();
-    let network = client
-        .load_network_with_progress(folder.model, options, |what, done, total| {
-            loading.report(what, done, total)
-        })
-        .await?;
-    drop(loading);
+    let network = crate::progress::load_network(&client, folder.model, options).await?;
     eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
     for sg in &network.plan().subgraphs {
         eprintln!(

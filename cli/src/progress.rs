@@ -3,15 +3,30 @@
 //! loading steps as plain lines and no bar.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_client::{Client, ClientError, LoadOptions, Network};
+
+/// [`Client::load_network`] with the loading shown as it goes.
+pub async fn load_network(
+    client: &Client,
+    model: impl Into<bytes::Bytes>,
+    options: LoadOptions,
+) -> Result<Network, ClientError> {
+    let loading = Loading::new();
+    client
+        .load_network_with_progress(model, options, |what, done, total| {
+            loading.report(what, done, total)
+        })
+        .await
+}
 
 /// A model's loading as the coordinator reports it: QueryNetwork on each
 /// worker, each stage's bytes sent, compilation, deployment.
-pub struct Loading {
+struct Loading {
     bar: ProgressBar,
 }
 
 impl Loading {
-    pub fn new() -> Loading {
+    fn new() -> Loading {
         let bar = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
@@ -23,7 +38,7 @@ impl Loading {
 
     /// One report: `done` of `total` (steps, or bytes while a stage is
     /// sent) of `what`.
-    pub fn report(&self, what: &str, done: u64, total: u64) {
+    fn report(&self, what: &str, done: u64, total: u64) {
         if self.bar.is_hidden() {
             eprintln!("[{done}/{total}] {what}");
             return;

@@ -178,13 +178,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
     };
     let options = args.serving.apply(options);
     let started = Instant::now();
-    let loading = crate::progress::Loading::new();
-    let mut network = client
-        .load_network_with_progress(bytes, options, |what, done, total| {
-            loading.report(what, done, total)
-        })
-        .await?;
-    drop(loading);
+    let mut network = crate::progress::load_network(&client, bytes, options).await?;
     eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
     if let Some(ms) = args.remote.deadline_ms {
         network = network.with_deadline(std::time::Duration::from_millis(ms));
