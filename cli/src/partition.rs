@@ -6,14 +6,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tessera_common::affinity::Assignment;
 use tessera_common::affinity::{
-    assign, parse_manual_affinity, AffinityRequest, AnalyticCostModel, DeviceId, DevicePriority,
-    Policy, Rule, SupportSet,
+    assign, parse_manual_affinity, AffinityRequest, AnalyticCostModel, Assignment, DeviceId,
+    DevicePriority, Policy, Rule, SupportSet,
 };
 use tessera_common::graph::{Graph, NodeId};
-use tessera_common::partition::Partition;
-use tessera_common::partition::{partition, Algorithm, PartitionOptions};
+use tessera_common::partition::{partition, Algorithm, Partition, PartitionOptions};
 use tessera_common::simplify::SimplifyReport;
 use tessera_common::{dump, export, onnx};
 

@@ -108,30 +108,17 @@ impl Drop for Proc {
 
 /// A coordinator and workers.
 pub struct Cluster {
-    pub dir: PathBuf,
     pub certs: PathBuf,
     pub addr: SocketAddr,
     pub coordinator: Proc,
     pub workers: Vec<Proc>,
     /// Every process's `RUST_LOG`.
     pub log: String,
-}
-
-/// The processes stop first; then the cluster's folder (certificates,
-/// logs, the workers' compile caches: hundreds of MB for a language model)
-/// goes, unless the test failed (its logs are kept for reading).
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.coordinator.kill();
-        for worker in &mut self.workers {
-            worker.kill();
-        }
-        if std::thread::panicking() {
-            eprintln!("kept {} for its logs", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
+    /// The cluster's folder (certificates, logs, the workers' compile
+    /// caches: hundreds of MB for a language model). Last: fields drop in
+    /// order, so the processes are killed before it goes (unless the test
+    /// failed: then it is kept for its logs).
+    pub dir: super::Scratch,
 }
 
 /// Runs `tessera certs init` for `nodes` into `dir`.
@@ -205,9 +192,7 @@ impl Cluster {
         extra: &str,
         log: &str,
     ) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("tessera-e2e-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = super::Scratch::new(&format!("e2e-{test}"));
         let certs = dir.join("certs");
         let mut nodes = vec!["coordinator", "client"];
         nodes.extend(workers.iter().map(|(w, _, _)| *w));
