@@ -32,6 +32,11 @@ pub struct InitArgs {
     /// every `up`).
     #[arg(long)]
     keep: bool,
+    /// Extra DNS names or IP addresses for the coordinator's certificate:
+    /// the names HTTPS and gRPC clients dial it by (`[serving] tls`).
+    /// `localhost`, 127.0.0.1 and ::1 are always in it.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<String>,
 }
 
 pub fn run(command: CertsCommand) -> anyhow::Result<()> {
@@ -53,7 +58,8 @@ pub fn run(command: CertsCommand) -> anyhow::Result<()> {
                 .map(String::as_str)
                 .filter(|n| !(args.keep && has(n)))
                 .collect();
-            let written = tessera_net::certs::init_dir(&args.dir, &args.cluster, &nodes)
+            let hosts: Vec<&str> = args.hosts.iter().map(String::as_str).collect();
+            let written = tessera_net::certs::init_dir(&args.dir, &args.cluster, &nodes, &hosts)
                 .with_context(|| format!("creating certificates in {}", args.dir.display()))?;
             let mut out = String::new();
             for path in written {

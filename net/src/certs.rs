@@ -22,6 +22,10 @@ use crate::NetError;
 /// against it.
 pub const CLUSTER_SAN: &str = "tessera.cluster";
 
+/// Names every coordinator certificate also carries, so HTTPS and gRPC
+/// clients on the coordinator's host can verify it by the name they dial.
+pub const LOCAL_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
 fn cert_error(e: rcgen::Error) -> NetError {
     NetError::Certificate(e.to_string())
 }
@@ -93,13 +97,33 @@ impl ClusterCa {
     /// client. The name is the subject's common name (and a DNS name); the
     /// role its organizational unit: what peers check a hello against.
     pub fn issue(&self, name: &str, role: Role) -> Result<NodeIdentity, NetError> {
+        self.issue_for_hosts(name, role, &[])
+    }
+
+    /// [`ClusterCa::issue`], and the certificate also names `hosts` (DNS
+    /// names or IP addresses): the names HTTPS and gRPC clients reach the
+    /// coordinator by. A coordinator's certificate always names
+    /// [`LOCAL_HOSTS`] too.
+    pub fn issue_for_hosts(
+        &self,
+        name: &str,
+        role: Role,
+        hosts: &[&str],
+    ) -> Result<NodeIdentity, NetError> {
         if name.is_empty() || name.len() > 64 || !name.chars().all(valid_name_char) {
             return Err(NetError::Certificate(format!(
                 "node name '{name}' must be 1–64 characters of A-Z a-z 0-9 . _ -"
             )));
         }
-        let mut params = CertificateParams::new(vec![CLUSTER_SAN.to_string(), name.to_string()])
-            .map_err(cert_error)?;
+        let mut names = vec![CLUSTER_SAN.to_string(), name.to_string()];
+        if role == Role::Coordinator {
+            names.extend(LOCAL_HOSTS.iter().map(|h| h.to_string()));
+            names.extend(hosts.iter().map(|h| h.to_string()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        // IP addresses become IP SANs, the rest DNS names.
+        let mut params = CertificateParams::new(names).map_err(cert_error)?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, name);
         dn.push(DnType::OrganizationalUnitName, role.to_string());
@@ -230,9 +254,15 @@ fn read(path: &Path) -> Result<String, NetError> {
 }
 
 /// `tessera certs init`: writes `ca.pem` and `ca.key` (reusing them if
-/// `dir` already has them) and `<node>.pem` / `<node>.key` for each node.
-/// Returns the files written.
-pub fn init_dir(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<Vec<PathBuf>, NetError> {
+/// `dir` already has them) and `<node>.pem` / `<node>.key` for each node;
+/// the coordinator's also names `hosts` (see
+/// [`ClusterCa::issue_for_hosts`]). Returns the files written.
+pub fn init_dir(
+    dir: &Path,
+    cluster: &str,
+    nodes: &[&str],
+    hosts: &[&str],
+) -> Result<Vec<PathBuf>, NetError> {
     std::fs::create_dir_all(dir).map_err(|e| NetError::Io {
         what: format!("create {}", dir.display()),
         reason: e.to_string(),
@@ -250,7 +280,7 @@ pub fn init_dir(dir: &Path, cluster: &str, nodes: &[&str]) -> Result<Vec<PathBuf
     };
     for spec in nodes {
         let (node, role) = parse_node(spec)?;
-        let id = ca.issue(&node, role)?;
+        let id = ca.issue_for_hosts(&node, role, hosts)?;
         let (cert, key) = (
             dir.join(format!("{node}.pem")),
             dir.join(format!("{node}.key")),
@@ -271,4 +301,57 @@ pub fn load_identity(dir: &Path, name: &str) -> Result<NodeIdentity, NetError> {
         key_pem: read(&dir.join(format!("{name}.key")))?,
         ca_pem: read(&dir.join("ca.pem"))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The DNS names and IP addresses a PEM certificate names.
+    fn names(pem: &str) -> Vec<String> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        san.value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
+                x509_parser::extensions::GeneralName::IPAddress(ip) => match ip.len() {
+                    4 => std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*ip).unwrap()).to_string(),
+                    _ => std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*ip).unwrap()).to_string(),
+                },
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_coordinator_certificate_names_the_local_host_and_the_hosts_given() {
+        let ca = ClusterCa::generate("lab").unwrap();
+        let id = ca
+            .issue_for_hosts(
+                "coordinator",
+                Role::Coordinator,
+                &["infer.example.com", "10.0.0.7", "localhost"],
+            )
+            .unwrap();
+        assert_eq!(
+            names(&id.cert_pem),
+            [
+                "tessera.cluster",
+                "coordinator",
+                "localhost",
+                "127.0.0.1",
+                "::1",
+                "infer.example.com",
+                "10.0.0.7"
+            ]
+        );
+        // Workers and clients are dialled by the cluster name only.
+        let worker = ca
+            .issue_for_hosts("node-a", Role::Worker, &["x.example"])
+            .unwrap();
+        assert_eq!(names(&worker.cert_pem), ["tessera.cluster", "node-a"]);
+    }
 }

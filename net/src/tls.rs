@@ -166,6 +166,23 @@ pub fn server_config(id: &NodeIdentity, path: Path) -> Result<quinn::ServerConfi
     Ok(server)
 }
 
+/// A TLS server for the coordinator's HTTP and gRPC listeners (HTTPS,
+/// gRPC over TLS): the certificate chain and key given (PEM), no client
+/// certificate asked (callers prove themselves with tokens), TLS 1.2 and
+/// 1.3, and ALPN `h2` then `http/1.1` (gRPC clients need `h2`).
+pub fn web_server_config(cert_pem: &str, key_pem: &str) -> Result<rustls::ServerConfig, NetError> {
+    // aws-lc-rs's default suites (TLS 1.2 ones too): web clients vary.
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(tls)?
+        .with_no_client_auth()
+        .with_single_cert(certificates(cert_pem)?, private_key(key_pem)?)
+        .map_err(tls)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 /// The client side for connections over `path`: the server must show a
 /// certificate from the cluster CA (for [`crate::certs::CLUSTER_SAN`]);
 /// ours is shown in turn.

@@ -323,10 +323,10 @@ async fn a_garbled_stream_fails_alone() {
 #[test]
 fn certs_init_writes_and_reuses_the_cluster_ca() {
     let dir = tempfile::tempdir().unwrap();
-    let written = certs::init_dir(dir.path(), "lab", &["coordinator", "node-a"]).unwrap();
+    let written = certs::init_dir(dir.path(), "lab", &["coordinator", "node-a"], &[]).unwrap();
     assert_eq!(written.len(), 6);
     // A second run adds a node under the same CA.
-    let again = certs::init_dir(dir.path(), "lab", &["node-b"]).unwrap();
+    let again = certs::init_dir(dir.path(), "lab", &["node-b"], &[]).unwrap();
     assert_eq!(again.len(), 2);
     let a = certs::load_identity(dir.path(), "node-a").unwrap();
     let b = certs::load_identity(dir.path(), "node-b").unwrap();
@@ -340,7 +340,7 @@ fn certs_init_writes_and_reuses_the_cluster_ca() {
         assert_eq!(accepted.unwrap().unwrap().hello.node, "node-b");
         assert_eq!(dialed.unwrap().hello.node, "node-a");
     });
-    assert!(certs::init_dir(dir.path(), "lab", &["bad name"]).is_err());
+    assert!(certs::init_dir(dir.path(), "lab", &["bad name"], &[]).is_err());
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
