@@ -25,7 +25,7 @@ use tessera_common::affinity::Policy;
 use tessera_common::schedule::Replicas;
 
 /// Every key, for environment overrides and error messages.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "cluster",
     "name",
     "listen",
@@ -36,7 +36,72 @@ pub const KEYS: [&str; 10] = [
     "inter_host_gbps",
     "http_listen",
     "http_max_body_bytes",
+    "grpc_listen",
 ];
+
+/// The keys of the `[serving]` table (environment: `TESSERA_SERVING_<KEY>`).
+pub const SERVING_KEYS: [&str; 7] = [
+    "model_control",
+    "model_repository",
+    "tls",
+    "tls_cert",
+    "tls_key",
+    "tokens_file",
+    "header_timeout_ms",
+];
+
+/// How the HTTP and gRPC listeners let callers in: `[serving]`.
+///
+/// ```toml
+/// [serving]
+/// model_control = true          # load/unload over HTTP and gRPC (default: 403)
+/// model_repository = "models"   # loads by name: models/NAME.onnx or models/NAME/model.onnx
+/// tls = true                    # HTTPS and gRPC over TLS (the coordinator's cluster certificate)
+/// tokens_file = "tokens.txt"    # Authorization: Bearer TOKEN on every endpoint but liveness
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServingConfig {
+    /// Whether HTTP and gRPC callers may load and unload models (the
+    /// cluster's own clients, over QUIC with their certificates, always
+    /// may).
+    pub model_control: bool,
+    /// The folder HTTP and gRPC loads are confined to (empty: only the
+    /// `[models.NAME]` tables can be loaded).
+    pub model_repository: PathBuf,
+    /// Serve HTTPS (and gRPC over TLS) instead of plain HTTP.
+    pub tls: bool,
+    /// A PEM certificate chain of the user's for TLS (empty: the
+    /// coordinator's cluster certificate, `<certs>/<name>.pem`).
+    pub tls_cert: PathBuf,
+    /// The PEM private key of `tls_cert`.
+    pub tls_key: PathBuf,
+    /// One bearer token per line (`#` comments); when set, every endpoint
+    /// but liveness wants `Authorization: Bearer TOKEN`. Re-read when the
+    /// file changes and on SIGHUP.
+    pub tokens_file: PathBuf,
+    /// A connection that has not sent a whole request head (or finished
+    /// its TLS handshake) this long after it opened or after its last
+    /// request is closed (slow-loris clients).
+    pub header_timeout_ms: u64,
+}
+
+/// How long a connection may take to send a request head by default.
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+
+impl Default for ServingConfig {
+    fn default() -> Self {
+        ServingConfig {
+            model_control: false,
+            model_repository: PathBuf::new(),
+            tls: false,
+            tls_cert: PathBuf::new(),
+            tls_key: PathBuf::new(),
+            tokens_file: PathBuf::new(),
+            header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
+        }
+    }
+}
 
 /// A named model of the repository: `[models.NAME]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -46,6 +111,9 @@ pub struct ModelConfig {
     /// `certs`), or a generative model's folder (`model.onnx` and its
     /// external data, `tokenizer.json`, `tokenizer_config.json`,
     /// `genai_config.json`): it then generates text (`/v1/completions`).
+    /// Over HTTP and gRPC, relative to `[serving] model_repository` (and
+    /// found there by the model's name when not given).
+    #[serde(default)]
     pub path: PathBuf,
     /// Device priority, e.g. `HETERO:node-a/CPU,node-b/CPU` (empty: every
     /// device of every worker).
@@ -79,6 +147,24 @@ pub struct ModelConfig {
     /// model's context, at most 2048).
     #[serde(default)]
     pub context: u32,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            path: PathBuf::new(),
+            devices: String::new(),
+            policy: Policy::default(),
+            strict: false,
+            shapes: BTreeMap::new(),
+            affinity: BTreeMap::new(),
+            replicas: Replicas::default(),
+            max_batch: 0,
+            max_queue_delay_us: DEFAULT_QUEUE_DELAY_US,
+            max_sequences: DEFAULT_MAX_SEQUENCES,
+            context: 0,
+        }
+    }
 }
 
 /// Sequences a generative model's stages keep state for unless told.
@@ -134,6 +220,9 @@ impl ModelConfig {
                 ": a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')".into(),
             );
         }
+        if self.path.as_os_str().is_empty() {
+            return Err(".path: the model's file (or generative folder) is required".into());
+        }
         Ok(())
     }
 }
@@ -172,8 +261,14 @@ pub struct CoordinatorConfig {
     /// Address of the HTTP listener (KServe v2 inference protocol and
     /// Prometheus `/metrics`); empty: no HTTP listener.
     pub http_listen: String,
-    /// Largest HTTP request body accepted (larger: 413).
+    /// Largest HTTP request body (larger: 413) and largest gRPC message
+    /// (larger: OUT_OF_RANGE) accepted.
     pub http_max_body_bytes: u64,
+    /// Address of the gRPC listener (KServe v2 `GRPCInferenceService`);
+    /// empty: none.
+    pub grpc_listen: String,
+    /// Who may do what over HTTP and gRPC.
+    pub serving: ServingConfig,
     /// The model repository: models loaded by name at start.
     pub models: BTreeMap<String, ModelConfig>,
 }
@@ -191,6 +286,8 @@ impl Default for CoordinatorConfig {
             inter_host_gbps: 1.0,
             http_listen: String::new(),
             http_max_body_bytes: 64 << 20,
+            grpc_listen: String::new(),
+            serving: ServingConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -232,11 +329,23 @@ impl CoordinatorConfig {
                     .map_err(|e| err(format!("{var}: {e}")))?;
             }
         }
+        for key in SERVING_KEYS {
+            let var = format!("TESSERA_SERVING_{}", key.to_uppercase());
+            if let Some(value) = env(&var) {
+                builder = builder
+                    .set_override(format!("serving.{key}"), value)
+                    .map_err(|e| err(format!("{var}: {e}")))?;
+            }
+        }
         let built = builder.build().map_err(|e| err(e.to_string()))?;
         let cfg: CoordinatorConfig = built.try_deserialize().map_err(|e| {
             let text = e.to_string();
             if text.contains("unknown field") {
-                err(format!("{text} (known keys: {})", KEYS.join(", ")))
+                err(format!(
+                    "{text} (known keys: {}; [serving]: {})",
+                    KEYS.join(", "),
+                    SERVING_KEYS.join(", ")
+                ))
             } else {
                 err(text)
             }
@@ -251,6 +360,16 @@ impl CoordinatorConfig {
             return Err(err("inter_host_gbps must be positive".into()));
         }
         cfg.http_addr().map_err(err)?;
+        cfg.grpc_addr().map_err(err)?;
+        if cfg.serving.tls_cert.as_os_str().is_empty() != cfg.serving.tls_key.as_os_str().is_empty()
+        {
+            return Err(err(
+                "serving.tls_cert and serving.tls_key go together".into()
+            ));
+        }
+        if cfg.serving.header_timeout_ms == 0 {
+            return Err(err("serving.header_timeout_ms must be positive".into()));
+        }
         if cfg.http_max_body_bytes == 0 {
             return Err(err("http_max_body_bytes must be positive".into()));
         }
@@ -264,12 +383,22 @@ impl CoordinatorConfig {
 
     /// The HTTP listener's address, `None` when off.
     pub fn http_addr(&self) -> Result<Option<SocketAddr>, String> {
-        let text = self.http_listen.trim();
-        if text.is_empty() {
-            return Ok(None);
-        }
-        text.parse().map(Some).map_err(|e| {
-            format!("http_listen '{text}': {e} (expected IP:PORT, e.g. 127.0.0.1:8000)")
-        })
+        listen_addr("http_listen", &self.http_listen, 8000)
     }
+
+    /// The gRPC listener's address, `None` when off.
+    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, String> {
+        listen_addr("grpc_listen", &self.grpc_listen, 8001)
+    }
+}
+
+/// `IP:PORT` of a listener key, `None` when empty.
+fn listen_addr(key: &str, text: &str, example: u16) -> Result<Option<SocketAddr>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|e| format!("{key} '{text}': {e} (expected IP:PORT, e.g. 127.0.0.1:{example})"))
 }

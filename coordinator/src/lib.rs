@@ -18,9 +18,10 @@
 //!
 //! Named models ([`repository`]) are networks the coordinator keeps
 //! loaded: from `[models.NAME]` tables at start, or loaded by name through
-//! the SDK or HTTP. With `http_listen` set, [`http`] serves the KServe v2 /
-//! Open Inference Protocol (what Triton's clients speak) and Prometheus
-//! `/metrics` ([`metrics`]).
+//! the SDK, HTTP or gRPC. With `http_listen` set, [`http`] serves the
+//! KServe v2 / Open Inference Protocol (what Triton's clients speak) and
+//! Prometheus `/metrics` ([`metrics`]); with `grpc_listen`, [`grpc`] serves
+//! the same protocol over gRPC.
 //!
 //! Layout: [`config`] (TOML + environment), [`members`] (worker sessions,
 //! heartbeats, loss), [`workers`] (what is known of each worker, and
@@ -29,7 +30,9 @@
 //! network's state), [`heal`] (re-planning after a loss), [`requests`]
 //! (routing, retries, deadlines, results), [`clients`] (client sessions),
 //! [`repository`] (named models), [`http`] (KServe v2 over HTTP, and
-//! OpenAI-style generation), [`generate`] (text generation: the feed,
+//! OpenAI-style generation), [`grpc`] (KServe v2 over gRPC), [`serving`]
+//! (what both listeners share: model control, tokens, TLS, connection
+//! limits), [`generate`] (text generation: the feed,
 //! continuous batching, sampling, tokenizer and chat template),
 //! [`metrics`] (Prometheus).
 //!
@@ -50,6 +53,7 @@ pub mod clients;
 pub mod config;
 pub mod deploy;
 pub mod generate;
+pub mod grpc;
 pub mod heal;
 pub mod http;
 pub mod members;
@@ -58,6 +62,7 @@ pub mod network;
 pub mod planning;
 pub mod repository;
 pub mod requests;
+pub mod serving;
 pub mod workers;
 
 use std::net::SocketAddr;
@@ -148,7 +153,10 @@ pub struct Shared {
     next_request: AtomicU64,
     /// Ids of generated sequences.
     next_sequence: AtomicU64,
-    closing: std::sync::atomic::AtomicBool,
+    /// Set once by [`Coordinator::shutdown`].
+    closing: tokio::sync::watch::Sender<bool>,
+    /// Who may call the HTTP and gRPC listeners, and how.
+    pub serving: serving::Serving,
     /// When the coordinator started.
     pub started: std::time::Instant,
 }
@@ -156,7 +164,14 @@ pub struct Shared {
 impl Shared {
     /// Whether [`Coordinator::shutdown`] was called.
     pub fn shutting_down(&self) -> bool {
-        self.closing.load(std::sync::atomic::Ordering::Relaxed)
+        *self.closing.borrow()
+    }
+
+    /// Waits until [`Coordinator::shutdown`] is called.
+    pub async fn closed(&self) {
+        let mut closing = self.closing.subscribe();
+        // An error: the sender is gone, so is the coordinator.
+        let _ = closing.wait_for(|c| *c).await;
     }
 }
 
@@ -164,9 +179,33 @@ impl Shared {
 #[derive(Clone)]
 pub struct Coordinator {
     shared: Arc<Shared>,
-    /// The HTTP listener, until [`Coordinator::serve`] takes it.
-    http: Arc<std::sync::Mutex<Option<tokio::net::TcpListener>>>,
+    /// The HTTP and gRPC listeners, until [`Coordinator::serve`] takes
+    /// them.
+    listeners: Arc<std::sync::Mutex<Listeners>>,
     http_addr: Option<SocketAddr>,
+    grpc_addr: Option<SocketAddr>,
+}
+
+#[derive(Default)]
+struct Listeners {
+    http: Option<tokio::net::TcpListener>,
+    grpc: Option<tokio::net::TcpListener>,
+}
+
+/// Binds a listener of `what` at `addr` (if configured) and gives its
+/// bound address.
+fn bind_listener(
+    what: &str,
+    addr: Result<Option<SocketAddr>, String>,
+) -> Result<(Option<tokio::net::TcpListener>, Option<SocketAddr>), CoordinatorError> {
+    let Some(addr) = addr.map_err(CoordinatorError::Http)? else {
+        return Ok((None, None));
+    };
+    let listener = serving::listener::bind(what, addr).map_err(CoordinatorError::Http)?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| CoordinatorError::Http(format!("the {what} listener: {e}")))?;
+    Ok((Some(listener), Some(bound)))
 }
 
 impl Coordinator {
@@ -176,17 +215,14 @@ impl Coordinator {
         config: CoordinatorConfig,
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
-        let http = match config.http_addr().map_err(CoordinatorError::Http)? {
-            Some(addr) => Some(http::bind(addr)?),
-            None => None,
-        };
-        let http_addr = match &http {
-            Some(l) => Some(
-                l.local_addr()
-                    .map_err(|e| CoordinatorError::Http(format!("the HTTP listener: {e}")))?,
-            ),
-            None => None,
-        };
+        let serving = serving::Serving::from_config(&config, identity)?;
+        let (http, http_addr) = bind_listener("HTTP", config.http_addr())?;
+        let (grpc, grpc_addr) = bind_listener("gRPC", config.grpc_addr())?;
+        for (what, addr) in [("HTTP", http_addr), ("gRPC", grpc_addr)] {
+            if let Some(addr) = addr {
+                serving::warn_if_open(what, addr, &serving);
+            }
+        }
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
         Ok(Coordinator {
             shared: Arc::new(Shared {
@@ -200,11 +236,13 @@ impl Coordinator {
                 next_network: AtomicU64::new(1),
                 next_request: AtomicU64::new(1),
                 next_sequence: AtomicU64::new(1),
-                closing: Default::default(),
+                closing: tokio::sync::watch::Sender::new(false),
+                serving,
                 started: std::time::Instant::now(),
             }),
-            http: Arc::new(std::sync::Mutex::new(http)),
+            listeners: Arc::new(std::sync::Mutex::new(Listeners { http, grpc })),
             http_addr,
+            grpc_addr,
         })
     }
 
@@ -216,6 +254,12 @@ impl Coordinator {
     /// configured (`http_listen`).
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
+    }
+
+    /// The gRPC listener's address (KServe v2 `GRPCInferenceService`), if
+    /// one is configured (`grpc_listen`).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -239,9 +283,16 @@ impl Coordinator {
     pub async fn serve(&self) {
         tokio::spawn(members::watchdog(self.shared.clone()));
         tokio::spawn(repository::keep_loaded(self.shared.clone()));
-        let listener = self.http.lock().ok().and_then(|mut l| l.take());
-        if let Some(listener) = listener {
+        let listeners = self
+            .listeners
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default();
+        if let Some(listener) = listeners.http {
             tokio::spawn(http::serve(self.shared.clone(), listener));
+        }
+        if let Some(listener) = listeners.grpc {
+            tokio::spawn(grpc::serve(self.shared.clone(), listener));
         }
         // Each connection handshakes on its own task: one slow or silent
         // peer holds up no other.
@@ -266,9 +317,7 @@ impl Coordinator {
 
     /// Closes every connection.
     pub async fn shutdown(&self) {
-        self.shared
-            .closing
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared.closing.send_replace(true);
         self.shared.node.shutdown().await;
     }
 }

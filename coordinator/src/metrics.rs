@@ -117,6 +117,10 @@ impl Metrics {
                 "1 while a worker is registered, 0 once lost."
             );
             describe_counter!("tessera_replans_total", "Re-plans after a worker loss.");
+            describe_counter!(
+                "tessera_unauthorized_total",
+                "HTTP and gRPC requests refused for a missing or unknown bearer token."
+            );
         });
     }
 
@@ -184,6 +188,11 @@ impl Metrics {
         if !up {
             self.mailboxes(worker, Vec::new());
         }
+    }
+
+    /// A request without a token the server accepts.
+    pub fn unauthorized(&self) {
+        self.record(|| counter!("tessera_unauthorized_total").increment(1));
     }
 
     pub fn replanned(&self, model: &str) {

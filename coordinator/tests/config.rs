@@ -147,3 +147,58 @@ fn bad_model_tables_and_http_keys_are_clear_errors() {
         assert!(err.contains(wanted), "{text:?}: {err}");
     }
 }
+
+#[test]
+fn the_serving_table_and_the_grpc_listener_are_configured() {
+    let path = write(
+        "serving.toml",
+        "grpc_listen = \"127.0.0.1:8001\"\n\
+         [serving]\nmodel_control = true\nmodel_repository = \"models\"\ntls = true\n\
+         tokens_file = \"tokens.txt\"\nheader_timeout_ms = 3000\n",
+    );
+    let cfg = CoordinatorConfig::load(Some(&path), no_env).unwrap();
+    assert_eq!(
+        cfg.grpc_addr().unwrap(),
+        Some("127.0.0.1:8001".parse().unwrap())
+    );
+    let s = &cfg.serving;
+    assert!(s.model_control && s.tls);
+    assert_eq!(s.model_repository, Path::new("models"));
+    assert_eq!(s.tokens_file, Path::new("tokens.txt"));
+    assert_eq!(s.header_timeout_ms, 3000);
+    // Off by default, and switched by the environment.
+    let cfg = CoordinatorConfig::load(None, no_env).unwrap();
+    assert!(!cfg.serving.model_control && !cfg.serving.tls);
+    let env = |k: &str| match k {
+        "TESSERA_SERVING_MODEL_CONTROL" => Some("true".to_string()),
+        "TESSERA_GRPC_LISTEN" => Some("0.0.0.0:8001".to_string()),
+        _ => None,
+    };
+    let cfg = CoordinatorConfig::load(None, env).unwrap();
+    assert!(cfg.serving.model_control);
+    assert_eq!(
+        cfg.grpc_addr().unwrap(),
+        Some("0.0.0.0:8001".parse().unwrap())
+    );
+}
+
+#[test]
+fn bad_serving_keys_are_clear_errors() {
+    let cases = [
+        ("grpc_listen = \"port 81\"\n", "grpc_listen"),
+        ("[serving]\ntoken_file = \"t.txt\"\n", "token_file"),
+        ("[serving]\nmodel_control = \"maybe\"\n", "model_control"),
+        (
+            "[serving]\ntls_cert = \"a.pem\"\n",
+            "tls_cert and serving.tls_key",
+        ),
+        ("[serving]\nheader_timeout_ms = 0\n", "header_timeout_ms"),
+    ];
+    for (i, (text, wanted)) in cases.iter().enumerate() {
+        let path = write(&format!("bad-serving-{i}.toml"), text);
+        let err = CoordinatorConfig::load(Some(&path), no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(wanted), "{text:?}: {err}");
+    }
+}

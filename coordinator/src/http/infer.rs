@@ -82,7 +82,11 @@ async fn run(
 ) -> Result<Response, HttpError> {
     let loaded = repository::serving(shared, name)?;
     let decoded = async {
-        let body = read_body(shared.config.http_max_body_bytes, headers, body).await?;
+        let limits = BodyLimits {
+            bytes: shared.config.http_max_body_bytes,
+            time: Duration::from_millis(shared.config.request_deadline_ms),
+        };
+        let body = read_body(limits, headers, body).await?;
         let header_len = headers.get(HEADER_LENGTH).cloned();
         let graph = loaded.clone();
         off_async(body.len() > BIG, move || {
@@ -138,8 +142,21 @@ async fn off_async<T: Send + 'static>(
     })?
 }
 
-/// The whole body, refused past `limit` bytes.
-async fn read_body(limit: u64, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, HttpError> {
+/// How much of a body is read, and for how long.
+struct BodyLimits {
+    bytes: u64,
+    time: Duration,
+}
+
+/// The whole body, refused past `limits.bytes` bytes (413), or when it
+/// takes longer than `limits.time` to arrive (408: a client trickling a
+/// body holds no connection for ever).
+async fn read_body(
+    limits: BodyLimits,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<bytes::Bytes, HttpError> {
+    let limit = limits.bytes;
     let too_large = |n: String| {
         HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -153,10 +170,17 @@ async fn read_body(limit: u64, headers: &HeaderMap, body: Body) -> Result<bytes:
     if let Some(n) = declared.filter(|&n| n > limit) {
         return Err(too_large(n.to_string()));
     }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large("more than that".into()))
+    let max = usize::try_from(limit).unwrap_or(usize::MAX);
+    match tokio::time::timeout(limits.time, axum::body::to_bytes(body, max)).await {
+        Ok(read) => read.map_err(|_| too_large("more than that".into())),
+        Err(_) => Err(HttpError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} ms",
+                limits.time.as_millis()
+            ),
+        )),
+    }
 }
 
 /// The JSON header and the binary tensors after it.
@@ -196,37 +220,7 @@ fn decode_inputs(
     let mut tensors = HashMap::new();
     let mut at = 0usize;
     for input in inputs {
-        let spec = graph
-            .inputs
-            .iter()
-            .map(|&t| graph.tensor(t))
-            .find(|t| t.name == input.name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = graph
-                    .inputs
-                    .iter()
-                    .map(|&t| graph.tensor(t).name.as_str())
-                    .collect();
-                bad(format!(
-                    "unknown input '{}'; the model's inputs are: {}",
-                    input.name,
-                    names.join(", ")
-                ))
-            })?;
-        let elem = tensors::elem_type(&input.datatype).ok_or_else(|| {
-            bad(format!(
-                "input '{}': unknown datatype '{}'",
-                input.name, input.datatype
-            ))
-        })?;
-        if let Some(want) = spec.elem_type.filter(|&e| e != elem) {
-            return Err(bad(format!(
-                "input '{}' is {} in the model, got {}",
-                input.name,
-                tensors::datatype(want).unwrap_or("?"),
-                input.datatype
-            )));
-        }
+        let elem = tensors::input_elem(graph, &input.name, &input.datatype).map_err(bad)?;
         let shape = tensors::dims(&input.name, &input.shape).map_err(bad)?;
         let tensor = match tensors::binary_size(input.parameters.as_ref()).map_err(bad)? {
             Some(size) => {

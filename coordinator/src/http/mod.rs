@@ -12,13 +12,16 @@
 //! | `GET /v2/models/{name}[/versions/{v}]/ready` | 200 when deployed, else 503 |
 //! | `POST /v2/models/{name}[/versions/{v}]/infer` | inference (JSON or binary tensors) |
 //! | `POST /v2/repository/index` | every named model and its state |
-//! | `POST /v2/repository/models/{name}/load` / `unload` | the repository extension |
+//! | `POST /v2/repository/models/{name}/load` / `unload` | the repository extension (only with `[serving] model_control`; loads confined to `model_repository`: [`crate::serving`]) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` | OpenAI-compatible generation ([`openai`]) |
 //!
-//! Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown
-//! model or version), 413 (body over `http_max_body_bytes`), 503 (not
-//! ready) or 500 (a worker failed). Every model has the one version `1`.
+//! Errors are `{"error": "..."}` with 400 (bad request), 401 (no token the
+//! server accepts, with `[serving] tokens_file`), 403 (model control off),
+//! 404 (unknown model or version), 408 (a body too slow to arrive), 413
+//! (body over `http_max_body_bytes`), 503 (not ready) or 500 (a worker
+//! failed). Every model has the one version `1`. Connections (TLS, limits)
+//! are served by [`crate::serving::listener`].
 //!
 //! Layout: this file (routes, health, metadata, repository, metrics);
 //! `infer` (the infer endpoint); `tensors` (datatypes, JSON and binary
@@ -28,7 +31,6 @@ mod infer;
 pub mod openai;
 pub mod tensors;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -37,10 +39,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tessera_common::graph::{Dim, Graph};
+use tessera_common::graph::Graph;
 use tessera_common::wire::control::{ErrorKind, ModelState};
 
-use crate::config::ModelConfig;
+use crate::serving::{control, ServingError};
 use crate::{repository, CoordinatorError, Shared};
 
 /// The platform models report (an ONNX model, as Triton names it).
@@ -48,31 +50,14 @@ pub const PLATFORM: &str = "onnx_onnxv1";
 /// The one version of every model.
 pub const VERSION: &str = "1";
 
-/// Binds the HTTP listener (now, so that a taken port fails at start).
-pub fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, CoordinatorError> {
-    let fail = |e: std::io::Error| CoordinatorError::Http(format!("cannot listen on {addr}: {e}"));
-    let std = std::net::TcpListener::bind(addr).map_err(fail)?;
-    std.set_nonblocking(true).map_err(fail)?;
-    tokio::net::TcpListener::from_std(std).map_err(fail)
-}
-
-/// Serves HTTP on `listener` until the coordinator shuts down.
+/// Serves HTTP (or HTTPS) on `listener` until the coordinator shuts down.
 pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving KServe v2 over HTTP and /metrics");
+        let scheme = shared.serving.scheme();
+        tracing::info!(%addr, "serving KServe v2 over {scheme} and /metrics");
     }
-    let closing = shared.clone();
-    let stop = async move {
-        while !closing.shutting_down() {
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
-    };
-    if let Err(e) = axum::serve(listener, router(shared))
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::error!("the HTTP listener stopped: {e}");
-    }
+    let router = router(shared.clone());
+    crate::serving::listener::serve(shared, listener, router, "HTTP").await;
 }
 
 /// Every route.
@@ -104,6 +89,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .fallback(|| async { HttpError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::serving::auth::require_token,
+        ))
         .with_state(shared)
 }
 
@@ -141,6 +130,18 @@ impl From<CoordinatorError> for HttpError {
     }
 }
 
+impl From<ServingError> for HttpError {
+    fn from(e: ServingError) -> HttpError {
+        let status = match e {
+            ServingError::Coordinator(inner) => return inner.into(),
+            ServingError::ControlOff => StatusCode::FORBIDDEN,
+            ServingError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ServingError::NotFound(_) => StatusCode::NOT_FOUND,
+        };
+        HttpError::new(status, e.to_string())
+    }
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         (self.status, Json(json!({ "error": self.message }))).into_response()
@@ -164,25 +165,9 @@ async fn live() -> StatusCode {
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Result<StatusCode, HttpError> {
-    if shared.workers.is_empty() {
-        return Err(HttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no worker is registered",
-        ));
-    }
-    let waiting: Vec<String> = repository::statuses(&shared)
-        .into_iter()
-        .filter(|s| !matches!(s.state, ModelState::Ready | ModelState::Unloaded))
-        .map(|s| format!("{} ({})", s.name, s.state.as_str().to_lowercase()))
-        .collect();
-    if waiting.is_empty() {
-        Ok(StatusCode::OK)
-    } else {
-        Err(HttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("models not deployed yet: {}", waiting.join(", ")),
-        ))
-    }
+    crate::serving::readiness(&shared)
+        .map(|()| StatusCode::OK)
+        .map_err(|why| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why))
 }
 
 async fn server_metadata() -> Json<Value> {
@@ -217,26 +202,11 @@ async fn model_metadata_v(
 
 /// `[{name, datatype, shape}]`, -1 for a dynamic dim.
 fn tensor_metadata(graph: &Graph, tensors: &[tessera_common::graph::TensorId]) -> Vec<Value> {
-    tensors
-        .iter()
-        .map(|&t| {
-            let t = graph.tensor(t);
-            let shape: Vec<i64> = match &t.shape {
-                Some(dims) => dims
-                    .iter()
-                    .map(|d| match d {
-                        Dim::Known(n) => *n,
-                        _ => -1,
-                    })
-                    .collect(),
-                None => vec![-1],
-            };
-            json!({
-                "name": t.name,
-                "datatype": t.elem_type.and_then(tensors::datatype).unwrap_or("UNKNOWN"),
-                "shape": shape,
-            })
-        })
+    tensors::metadata(graph, tensors)
+        .into_iter()
+        .map(
+            |(name, datatype, shape)| json!({ "name": name, "datatype": datatype, "shape": shape }),
+        )
         .collect()
 }
 
@@ -283,29 +253,25 @@ async fn repository_index(State(shared): State<Arc<Shared>>) -> Json<Value> {
     Json(Value::Array(models))
 }
 
-/// `POST /v2/repository/models/{name}/load`: the repository's model of
-/// that name, or (with `{"parameters": {"config": "<json>"}}`, the keys of
-/// a `[models.NAME]` table) a model defined or redefined by the request.
+/// `POST /v2/repository/models/{name}/load`: the model of that name
+/// (configured, loaded before, or in `[serving] model_repository`), placed
+/// as `{"parameters": {"config": "<json>"}}` says if given (the keys of a
+/// `[models.NAME]` table). Refused unless `[serving] model_control`.
 async fn load(
     State(shared): State<Arc<Shared>>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
-    let new = match load_config(&body)? {
-        Some(config) => {
-            config
-                .check(&name)
-                .map_err(|e| HttpError::bad_request(format!("model {name}{e}")))?;
-            Some(repository::definition(&name, &config))
-        }
-        None => None,
-    };
-    repository::load(&shared, &name, new, repository::progress_log(&name)).await?;
+    if !shared.serving.model_control {
+        return Err(ServingError::ControlOff.into());
+    }
+    let config = load_config(&body)?;
+    control::load(&shared, &name, config.as_deref()).await?;
     Ok(Json(json!({})))
 }
 
 /// The `config` parameter of a load request, if any.
-fn load_config(body: &[u8]) -> Result<Option<ModelConfig>, HttpError> {
+fn load_config(body: &[u8]) -> Result<Option<String>, HttpError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -316,29 +282,23 @@ fn load_config(body: &[u8]) -> Result<Option<ModelConfig>, HttpError> {
     };
     if let Some(file) = params.keys().find(|k| k.starts_with("file:")) {
         return Err(HttpError::bad_request(format!(
-            "'{file}': model files in the request are not supported; give parameters.config with a path on the coordinator"
+            "'{file}': model files in the request are not supported; put the model in the server's model repository"
         )));
     }
-    let Some(config) = params.get("config") else {
-        return Ok(None);
-    };
-    let text = config
-        .as_str()
-        .ok_or_else(|| HttpError::bad_request("parameters.config must be a JSON string"))?;
-    let config: ModelConfig = serde_json::from_str(text).map_err(|e| {
-        HttpError::bad_request(format!(
-            "parameters.config: {e} (keys: {})",
-            crate::config::MODEL_KEYS.join(", ")
-        ))
-    })?;
-    Ok(Some(config))
+    match params.get("config") {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(HttpError::bad_request(
+            "parameters.config must be a JSON string",
+        )),
+    }
 }
 
 async fn unload(
     State(shared): State<Arc<Shared>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, HttpError> {
-    repository::unload(&shared, &name).await?;
+    control::unload(&shared, &name).await?;
     Ok(Json(json!({})))
 }
 

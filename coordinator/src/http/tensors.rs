@@ -3,6 +3,7 @@
 //! header; `binary_data` outputs), to and from [`Tensor`].
 
 use serde_json::{Map, Value};
+use tessera_common::graph::{Dim, Graph, TensorId};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
@@ -38,6 +39,63 @@ pub fn elem_type(datatype: &str) -> Option<ElemType> {
         .iter()
         .find(|(name, _)| *name == datatype)
         .map(|(_, e)| ElemType(*e))
+}
+
+/// The element type of the model's input `name` sent as `datatype`: the
+/// input must exist and (when the model types it) have that datatype.
+pub fn input_elem(graph: &Graph, name: &str, datatype: &str) -> Result<ElemType, String> {
+    let spec = graph
+        .inputs
+        .iter()
+        .map(|&t| graph.tensor(t))
+        .find(|t| t.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = graph
+                .inputs
+                .iter()
+                .map(|&t| graph.tensor(t).name.as_str())
+                .collect();
+            format!(
+                "unknown input '{name}'; the model's inputs are: {}",
+                names.join(", ")
+            )
+        })?;
+    let elem = elem_type(datatype)
+        .ok_or_else(|| format!("input '{name}': unknown datatype '{datatype}'"))?;
+    if let Some(want) = spec.elem_type.filter(|&e| e != elem) {
+        return Err(format!(
+            "input '{name}' is {} in the model, got {datatype}",
+            datatype_name(want)
+        ));
+    }
+    Ok(elem)
+}
+
+fn datatype_name(elem: ElemType) -> &'static str {
+    datatype(elem).unwrap_or("?")
+}
+
+/// `[(name, datatype, shape)]` of model tensors, -1 for a dynamic dim
+/// (`[-1]` when even the rank is unknown): what metadata answers.
+pub fn metadata(graph: &Graph, tensors: &[TensorId]) -> Vec<(String, &'static str, Vec<i64>)> {
+    tensors
+        .iter()
+        .map(|&t| {
+            let t = graph.tensor(t);
+            let shape: Vec<i64> = match &t.shape {
+                Some(dims) => dims
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Known(n) => *n,
+                        _ => -1,
+                    })
+                    .collect(),
+                None => vec![-1],
+            };
+            let datatype = t.elem_type.and_then(datatype).unwrap_or("UNKNOWN");
+            (t.name.clone(), datatype, shape)
+        })
+        .collect()
 }
 
 /// The `binary_data_size` parameter, if given.

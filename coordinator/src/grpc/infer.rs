@@ -1,0 +1,316 @@
+//! `ModelInfer`: a KServe v2 gRPC inference request. Inputs come as
+//! `raw_input_contents` (each input's little-endian bytes, in input order:
+//! what Triton's clients send, shared with the request buffer, not copied)
+//! or typed `contents`; outputs go back as `raw_output_contents`, as
+//! Triton answers. A deadline comes from the `timeout` parameter (µs) or
+//! the call's `grpc-timeout`, whichever is sooner.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_common::graph::Graph;
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::Tensor;
+use tonic::{Request, Status};
+
+use super::proto::{self, infer_parameter::ParameterChoice, InferTensorContents};
+use super::{check_version, status};
+use crate::http::{tensors, VERSION};
+use crate::{repository, requests, Shared};
+
+/// Typed contents larger than this are converted on a blocking thread.
+const BIG: usize = 16 << 10;
+
+pub async fn run(
+    shared: &Arc<Shared>,
+    request: Request<proto::ModelInferRequest>,
+) -> Result<proto::ModelInferResponse, Status> {
+    let call_deadline = grpc_timeout(request.metadata());
+    let mut r = request.into_inner();
+    check_version(&r.model_name, &r.model_version)?;
+    let loaded = repository::serving(shared, &r.model_name).map_err(status)?;
+    let raw = std::mem::take(&mut r.raw_input_contents);
+    let inputs = std::mem::take(&mut r.inputs);
+    let typed: usize = inputs.iter().map(|i| typed_len(i.contents.as_ref())).sum();
+    let graph = loaded.graph.clone();
+    let decoded = if typed > BIG {
+        tokio::task::spawn_blocking(move || decode(&graph, inputs, raw))
+            .await
+            .map_err(|e| Status::internal(format!("request decoding: {e}")))?
+    } else {
+        decode(&graph, inputs, raw)
+    };
+    let deadline = timeout(&r.parameters).map(|t| match (t, call_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    });
+    let (inputs, deadline) = match decoded.and_then(|i| Ok((i, deadline?))) {
+        Ok(d) => d,
+        Err(e) => {
+            // Refused before it reached the cluster: counted here.
+            shared.metrics.failed(&loaded.name, "bad_input");
+            return Err(Status::invalid_argument(e));
+        }
+    };
+    let done = requests::infer(shared, loaded.id, inputs, deadline)
+        .await
+        .map_err(status)?;
+    respond(r, done.outputs)
+}
+
+/// The request's tensors, checked against the model's inputs.
+fn decode(
+    graph: &Graph,
+    inputs: Vec<proto::model_infer_request::InferInputTensor>,
+    raw: Vec<bytes::Bytes>,
+) -> Result<HashMap<String, Tensor>, String> {
+    if !raw.is_empty() && raw.len() != inputs.len() {
+        return Err(format!(
+            "{} raw_input_contents for {} inputs: give one per input, in order, or none",
+            raw.len(),
+            inputs.len()
+        ));
+    }
+    let mut raw = raw.into_iter();
+    let mut tensors = HashMap::with_capacity(inputs.len());
+    for input in inputs {
+        let name = input.name;
+        let elem = tensors::input_elem(graph, &name, &input.datatype)?;
+        let shape = tensors::dims(&name, &input.shape)?;
+        let tensor = match (raw.next(), input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "input '{name}' has both contents and raw_input_contents"
+                ))
+            }
+            (Some(bytes), None) => tensors::from_binary(&name, elem, shape, bytes)?,
+            (None, Some(contents)) => from_contents(&name, elem, shape, &contents)?,
+            (None, None) => {
+                return Err(format!(
+                    "input '{name}' has neither contents nor raw_input_contents"
+                ))
+            }
+        };
+        if tensors.insert(name.clone(), tensor).is_some() {
+            return Err(format!("input '{name}' is given twice"));
+        }
+    }
+    Ok(tensors)
+}
+
+fn typed_len(c: Option<&InferTensorContents>) -> usize {
+    c.map_or(0, |c| {
+        c.bool_contents.len()
+            + c.int_contents.len()
+            + c.int64_contents.len()
+            + c.uint_contents.len()
+            + c.uint64_contents.len()
+            + c.fp32_contents.len()
+            + c.fp64_contents.len()
+            + c.bytes_contents.len()
+    })
+}
+
+/// A tensor from typed contents: the field of its datatype, each value in
+/// that datatype's range.
+fn from_contents(
+    name: &str,
+    elem: ElemType,
+    shape: Vec<usize>,
+    c: &InferTensorContents,
+) -> Result<Tensor, String> {
+    let dt = tensors::datatype(elem).unwrap_or("?");
+    let out_of_range = |v: &dyn std::fmt::Display| format!("input '{name}': {v} is not a {dt}");
+    macro_rules! pack {
+        ($values:expr, $t:ty) => {{
+            let mut bytes = Vec::with_capacity($values.len() * std::mem::size_of::<$t>());
+            for &v in $values.iter() {
+                let x = <$t>::try_from(v).map_err(|_| out_of_range(&v))?;
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+            ($values.len(), bytes)
+        }};
+    }
+    let (count, bytes) = match elem {
+        ElemType::BOOL => (
+            c.bool_contents.len(),
+            c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
+        ),
+        ElemType::INT8 => pack!(c.int_contents, i8),
+        ElemType::INT16 => pack!(c.int_contents, i16),
+        ElemType::INT32 => pack!(c.int_contents, i32),
+        ElemType::INT64 => pack!(c.int64_contents, i64),
+        ElemType::UINT8 => pack!(c.uint_contents, u8),
+        ElemType::UINT16 => pack!(c.uint_contents, u16),
+        ElemType::UINT32 => pack!(c.uint_contents, u32),
+        ElemType::UINT64 => pack!(c.uint64_contents, u64),
+        ElemType::FLOAT => (
+            c.fp32_contents.len(),
+            c.fp32_contents
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        ),
+        ElemType::DOUBLE => (
+            c.fp64_contents.len(),
+            c.fp64_contents
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        ),
+        ElemType::STRING => {
+            let strings = &c.bytes_contents;
+            return check_count(name, &shape, strings.len())
+                .and_then(|()| Tensor::from_strings(shape, strings).map_err(|e| e.to_string()))
+                .map_err(|e| format!("input '{name}': {e}"));
+        }
+        _ => {
+            return Err(format!(
+                "input '{name}': {dt} has no typed contents; send it in raw_input_contents"
+            ))
+        }
+    };
+    check_count(name, &shape, count)?;
+    tensors::from_binary(name, elem, shape, bytes.into())
+}
+
+fn check_count(name: &str, shape: &[usize], count: usize) -> Result<(), String> {
+    let want: usize = shape.iter().product();
+    if count == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "input '{name}': shape {shape:?} holds {want} elements, contents have {count}"
+        ))
+    }
+}
+
+/// The request's `timeout` parameter (µs, as Triton's clients send it).
+fn timeout(
+    parameters: &HashMap<String, proto::InferParameter>,
+) -> Result<Option<Duration>, String> {
+    let Some(p) = parameters.get("timeout") else {
+        return Ok(None);
+    };
+    match p.parameter_choice {
+        Some(ParameterChoice::Int64Param(us)) if us > 0 => {
+            Ok(Some(Duration::from_micros(us.unsigned_abs())))
+        }
+        Some(ParameterChoice::Uint64Param(us)) if us > 0 => Ok(Some(Duration::from_micros(us))),
+        _ => Err("timeout must be a positive int64 number of microseconds".into()),
+    }
+}
+
+/// The call's own deadline: `grpc-timeout` (`<digits><unit>`, unit one of
+/// H M S m u n), if sent and well formed.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The answer: the outputs asked for (all by default), as raw contents.
+fn respond(
+    r: proto::ModelInferRequest,
+    outputs: Vec<(String, Tensor)>,
+) -> Result<proto::ModelInferResponse, Status> {
+    let wanted: Vec<(String, Tensor)> = if r.outputs.is_empty() {
+        outputs
+    } else {
+        let mut by_name: HashMap<String, Tensor> = outputs.into_iter().collect();
+        let mut wanted = Vec::with_capacity(r.outputs.len());
+        for asked in &r.outputs {
+            let t = by_name.remove(&asked.name).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "unknown output '{}' (or asked twice)",
+                    asked.name
+                ))
+            })?;
+            wanted.push((asked.name.clone(), t));
+        }
+        wanted
+    };
+    let mut described = Vec::with_capacity(wanted.len());
+    let mut raw = Vec::with_capacity(wanted.len());
+    for (name, t) in wanted {
+        let datatype = tensors::datatype(t.elem()).ok_or_else(|| {
+            Status::internal(format!(
+                "output '{name}' is {}, which has no v2 datatype",
+                t.elem()
+            ))
+        })?;
+        described.push(proto::model_infer_response::InferOutputTensor {
+            name,
+            datatype: datatype.into(),
+            shape: t.shape().iter().map(|&d| d as i64).collect(),
+            parameters: HashMap::new(),
+            contents: None,
+        });
+        raw.push(t.shared_bytes());
+    }
+    Ok(proto::ModelInferResponse {
+        model_name: r.model_name,
+        model_version: VERSION.into(),
+        id: r.id,
+        parameters: HashMap::new(),
+        outputs: described,
+        raw_output_contents: raw,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_contents_become_tensors_with_range_checks() {
+        let c = InferTensorContents {
+            int_contents: vec![1, -2, 127],
+            ..Default::default()
+        };
+        let t = from_contents("x", ElemType::INT8, vec![3], &c).unwrap();
+        assert_eq!(t.bytes(), &[1u8, 0xfe, 127]);
+        let c = InferTensorContents {
+            int_contents: vec![128],
+            ..Default::default()
+        };
+        let e = from_contents("x", ElemType::INT8, vec![1], &c).unwrap_err();
+        assert!(e.contains("128 is not a INT8"), "{e}");
+        let c = InferTensorContents {
+            fp32_contents: vec![1.5, 2.0],
+            ..Default::default()
+        };
+        let e = from_contents("x", ElemType::FLOAT, vec![3], &c).unwrap_err();
+        assert!(e.contains("holds 3 elements, contents have 2"), "{e}");
+        let e = from_contents("x", ElemType::FLOAT16, vec![2], &c).unwrap_err();
+        assert!(e.contains("raw_input_contents"), "{e}");
+        let c = InferTensorContents {
+            bytes_contents: vec![b"ab".to_vec(), b"".to_vec()],
+            ..Default::default()
+        };
+        let t = from_contents("s", ElemType::STRING, vec![2], &c).unwrap();
+        assert_eq!(t.strings().unwrap(), vec![&b"ab"[..], &b""[..]]);
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        let mut m = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&m), None);
+        m.insert("grpc-timeout", "250m".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), Some(Duration::from_millis(250)));
+        m.insert("grpc-timeout", "3S".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), Some(Duration::from_secs(3)));
+        m.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), None);
+    }
+}

@@ -1,0 +1,148 @@
+//! What the HTTP and gRPC listeners share: who may call them and what they
+//! may do (`[serving]`), and how their connections are served.
+//!
+//! - **Model control** ([`control`]): loading and unloading models over
+//!   HTTP or gRPC is off unless `[serving] model_control = true` (403 /
+//!   PERMISSION_DENIED); with it on, loads are confined to
+//!   `model_repository` ([`confine`]). The cluster's own clients (QUIC,
+//!   mutual TLS) always may.
+//! - **Tokens** ([`tokens`]): with `tokens_file`, every endpoint but
+//!   liveness wants `Authorization: Bearer TOKEN` (401 / UNAUTHENTICATED),
+//!   checked by one middleware ([`auth`]) in front of both listeners.
+//! - **Connections** ([`listener`]): plain or TLS (rustls; the cluster
+//!   certificate or the user's), HTTP/1.1 and HTTP/2 on one port, with a
+//!   deadline for a request's head and a bound on open connections.
+
+pub mod auth;
+pub mod confine;
+pub mod control;
+pub mod listener;
+pub mod tokens;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tessera_common::wire::control::ModelState;
+use tessera_net::certs::NodeIdentity;
+
+use crate::config::CoordinatorConfig;
+use crate::{repository, CoordinatorError, Shared};
+
+pub use confine::ModelRepository;
+pub use tokens::Tokens;
+
+/// Why an HTTP or gRPC call was refused before it reached the cluster, or
+/// the cluster's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServingError {
+    #[error("model control is off on this server: loading and unloading models over HTTP and gRPC is refused unless the coordinator's configuration sets [serving] model_control = true (or TESSERA_SERVING_MODEL_CONTROL=true)")]
+    ControlOff,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+}
+
+/// The listeners' settings, checked and loaded at start.
+pub struct Serving {
+    pub model_control: bool,
+    pub repository: Option<ModelRepository>,
+    pub tokens: Option<Arc<Tokens>>,
+    /// TLS for both listeners, when `tls = true`.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub header_timeout: std::time::Duration,
+}
+
+impl Serving {
+    /// `[serving]` checked: the repository folder exists, the tokens file
+    /// reads, the certificate and key load.
+    pub fn from_config(
+        config: &CoordinatorConfig,
+        identity: &NodeIdentity,
+    ) -> Result<Serving, CoordinatorError> {
+        let s = &config.serving;
+        let fail = |e: String| CoordinatorError::Http(format!("[serving] {e}"));
+        let repository = if s.model_repository.as_os_str().is_empty() {
+            None
+        } else {
+            Some(ModelRepository::open(&s.model_repository).map_err(fail)?)
+        };
+        let tokens = if s.tokens_file.as_os_str().is_empty() {
+            None
+        } else {
+            Some(Arc::new(Tokens::load(&s.tokens_file).map_err(fail)?))
+        };
+        let tls = if s.tls {
+            Some(tls_acceptor(config, identity).map_err(fail)?)
+        } else {
+            None
+        };
+        Ok(Serving {
+            model_control: s.model_control,
+            repository,
+            tokens,
+            tls,
+            header_timeout: std::time::Duration::from_millis(s.header_timeout_ms),
+        })
+    }
+
+    /// `https` or `http`: what the listeners speak.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
+/// The TLS server side: the user's `tls_cert`/`tls_key`, else the
+/// coordinator's cluster certificate (which names `localhost`, the
+/// loopback addresses and the hosts given to `tessera certs init --hosts`).
+fn tls_acceptor(
+    config: &CoordinatorConfig,
+    identity: &NodeIdentity,
+) -> Result<tokio_rustls::TlsAcceptor, String> {
+    let s = &config.serving;
+    let (cert, key) = if s.tls_cert.as_os_str().is_empty() {
+        (identity.cert_pem.clone(), identity.key_pem.clone())
+    } else {
+        (read(&s.tls_cert)?, read(&s.tls_key)?)
+    };
+    let server = tessera_net::tls::web_server_config(&cert, &key).map_err(|e| e.to_string())?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Whether the server is ready: a worker registered and every wanted
+/// model deployed (else why not).
+pub fn readiness(shared: &Shared) -> Result<(), String> {
+    if shared.workers.is_empty() {
+        return Err("no worker is registered".into());
+    }
+    let waiting: Vec<String> = repository::statuses(shared)
+        .into_iter()
+        .filter(|s| !matches!(s.state, ModelState::Ready | ModelState::Unloaded))
+        .map(|s| format!("{} ({})", s.name, s.state.as_str().to_lowercase()))
+        .collect();
+    if waiting.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("models not deployed yet: {}", waiting.join(", ")))
+    }
+}
+
+/// Logs, once at start, a listener open to other hosts without tokens.
+pub fn warn_if_open(what: &str, addr: std::net::SocketAddr, serving: &Serving) {
+    if !addr.ip().is_loopback() && serving.tokens.is_none() {
+        tracing::warn!(
+            "the {what} listener on {addr} accepts requests from other hosts without a token: anyone who reaches it can run the models{}; set [serving] tokens_file (and tls = true) to require a token",
+            if serving.model_control { " and load or unload them" } else { "" }
+        );
+    }
+}
