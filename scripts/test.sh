@@ -9,9 +9,9 @@ if ! python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
 fi
 # The KServe v2 test's real clients: Triton's Python client and
 # prometheus_client's text-format parser.
-if ! python3 -c "import tritonclient.http, prometheus_client" 2>/dev/null; then
+if ! python3 -c "import tritonclient.http, tritonclient.grpc, prometheus_client" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
-    "tritonclient[http]==2.73.0" "prometheus_client==0.23.1"
+    "tritonclient[http,grpc]==2.73.0" "prometheus_client==0.23.1"
 fi
 # curl: the KServe v2 test checks every endpoint with it.
 if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then

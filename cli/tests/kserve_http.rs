@@ -1,22 +1,27 @@
 //! The coordinator as a KServe v2 server, with real clients and nothing
-//! mocked: a coordinator process with `http_listen` and two named models
+//! mocked: a coordinator process with `http_listen`, `grpc_listen`, model
+//! control on with a model repository folder, and two named models
 //! (PP-OCRv4 rec and the MiniLM transformer, each split over two worker
 //! processes by a manual affinity), checked by `tests/python/kserve_test.py`
-//! with Triton's Python client (tritonclient[http]==2.73.0), curl and
-//! prometheus_client's parser; results compared with onnxruntime
-//! (tolerance 1e-4 × max(1, max |onnxruntime|)). Then the named models
-//! come back by themselves after a worker is killed and after the
-//! coordinator is killed and restarted.
+//! (HTTP: Triton's Python client tritonclient[http]==2.73.0, curl,
+//! prometheus_client's parser, raw sockets for the limits) and
+//! `tests/python/grpc_test.py` (gRPC: tritonclient[grpc]==2.73.0 and its
+//! protobuf stubs); results compared with onnxruntime (tolerance 1e-4 ×
+//! max(1, max |onnxruntime|)). Then the named models come back by
+//! themselves after a worker is killed and after the coordinator is killed
+//! and restarted.
 
 mod util;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use util::cluster::Cluster;
 
 const MAX_BODY: usize = 1 << 20;
+/// `[serving] header_timeout_ms`: short, so the slow-loris check is quick.
+const HEADER_TIMEOUT_MS: u64 = 2000;
 
 /// A free TCP port on loopback.
 fn free_port() -> u16 {
@@ -38,29 +43,61 @@ fn second_half_on(model: &Path, shapes: &BTreeMap<String, Vec<usize>>, host: &st
     format!("{{ {} }}", pins.join(", "))
 }
 
-fn kserve(url: &str, phase: &str) {
-    let models = util::model("magika_standard_v3_3.onnx")
+/// The folder of the fetched test models.
+fn models_dir() -> PathBuf {
+    util::model("magika_standard_v3_3.onnx")
         .parent()
         .expect("models dir")
-        .to_path_buf();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/python/kserve_test.py"
-    );
+        .to_path_buf()
+}
+
+/// Runs `tests/python/SCRIPT URL MODELS ARGS...`; its output is printed.
+fn python(script: &str, url: &str, args: &[&str]) {
+    let path = format!("{}/../tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
-        .arg(script)
+        .arg(&path)
         .arg(url)
-        .arg(&models)
-        .args(["--phase", phase, "--max-body", &MAX_BODY.to_string()])
+        .arg(models_dir())
+        .args(args)
         .output()
-        .expect("python3 with tritonclient[http] (scripts/test.sh installs it)");
+        .expect("python3 with tritonclient[http,grpc] (scripts/test.sh installs it)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(
         out.status.success(),
-        "kserve_test.py --phase {phase} failed:\n{stdout}\n{}",
+        "{script} {args:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn kserve(url: &str, phase: &str) {
+    let max_body = MAX_BODY.to_string();
+    let timeout = HEADER_TIMEOUT_MS.to_string();
+    python(
+        "kserve_test.py",
+        url,
+        &[
+            "--phase",
+            phase,
+            "--max-body",
+            &max_body,
+            "--header-timeout-ms",
+            &timeout,
+        ],
+    );
+}
+
+/// A model repository folder: PP-OCR cls as `cls.onnx`, and a link that
+/// leads out of it (`escape.onnx`, to a model outside: refused as missing).
+fn model_repository(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let cls = util::model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    std::fs::copy(&cls, dir.join("cls.onnx")).unwrap();
+    std::os::unix::fs::symlink(
+        util::model("magika_standard_v3_3.onnx"),
+        dir.join("escape.onnx"),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -68,16 +105,21 @@ fn tritonclient_curl_and_prometheus_against_two_workers() {
     let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
     let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
     let rec_shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 48, 320])]);
-    let port = free_port();
+    let (port, grpc_port) = (free_port(), free_port());
+    let repository = util::Scratch::new("kserve-repository");
+    model_repository(&repository.join("models"));
     let config = format!(
-        "http_listen = \"127.0.0.1:{port}\"\nhttp_max_body_bytes = {MAX_BODY}\n\
+        "http_listen = \"127.0.0.1:{port}\"\ngrpc_listen = \"127.0.0.1:{grpc_port}\"\n\
+         http_max_body_bytes = {MAX_BODY}\n\
          [models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
          shapes = {{ x = [1, 3, 48, 320] }}\naffinity = {}\n\
-         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n",
+         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n\
+         [serving]\nmodel_control = true\nmodel_repository = {:?}\nheader_timeout_ms = {HEADER_TIMEOUT_MS}\n",
         rec.display().to_string(),
         second_half_on(&rec, &rec_shapes, "node-b"),
         minilm.display().to_string(),
         second_half_on(&minilm, &BTreeMap::new(), "node-a"),
+        repository.join("models").display().to_string(),
     );
     let mut cluster = Cluster::start_configured(
         "kserve",
@@ -87,6 +129,13 @@ fn tritonclient_curl_and_prometheus_against_two_workers() {
     );
     let url = format!("127.0.0.1:{port}");
     kserve(&url, "full");
+    let grpc_url = format!("127.0.0.1:{grpc_port}");
+    let max_body = MAX_BODY.to_string();
+    python(
+        "grpc_test.py",
+        &grpc_url,
+        &["--http", &url, "--max-body", &max_body, "--model-control"],
+    );
 
     // A worker lost: the named models are re-planned onto the other one.
     cluster.workers[1].kill();

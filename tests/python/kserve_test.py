@@ -11,13 +11,15 @@ dynamic dims), each split over two worker processes. `full` checks health,
 metadata, inference with binary and JSON tensors against onnxruntime on
 the same inputs (tolerance 1e-4 x max(1, max |onnxruntime|)), 64
 concurrent requests, every endpoint with curl, bad requests (a clear 4xx,
-and the server keeps serving), the repository extension, and /metrics
-counters moving. `serving` waits until the server is ready and checks one
+and the server keeps serving), limits (a 2 GB Content-Length, a slow-loris
+connection), the repository extension (loads confined to the model
+repository folder), and /metrics counters moving. `serving` waits until the server is ready and checks one
 request of each model (after a worker loss or a coordinator restart).
 """
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -202,10 +204,13 @@ def check_curl_endpoints(url, oracle, models):
         out = reply["outputs"][0]
         want = oracle.minilm.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         close(np.array(out["data"], dtype=np.float32).reshape(out["shape"]), want, "curl JSON minilm")
-    # The repository extension: a model defined by the load request (a path
-    # on the coordinator), then unloaded; bad loads refused.
-    cls = os.path.join(models, "ch_ppocr_mobile_v2.0_cls_infer.onnx")
-    config = json.dumps({"path": cls, "devices": "HETERO:node-a/CPU", "shapes": {"x": [1, 3, 48, 192]}})
+    # The repository extension, model control on: models load by name
+    # from the model repository folder (which holds cls.onnx, and
+    # escape.onnx: a link to a file outside it), placed by a config
+    # parameter; paths outside the folder are refused without a trace of
+    # what is there.
+    config = json.dumps({"devices": "HETERO:node-a/CPU", "shapes": {"x": [1, 3, 48, 192]}})
+    with_path = lambda p: json.dumps({"parameters": {"config": json.dumps({"path": p})}}).encode()
     loads = [
         ("/v2/repository/models/cls/load", json.dumps({"parameters": {"config": config}}).encode(), 200),
         ("/v2/repository/models/cls/unload", b"", 200),
@@ -216,17 +221,30 @@ def check_curl_endpoints(url, oracle, models):
         ("/v2/repository/models/cls/load", b'{"parameters": {"config": "{\\"path\\": 3}"}}', 400),
         ("/v2/repository/models/cls/load", b'{"parameters": {"file:1/model.onnx": "AAAA"}}', 400),
         ("/v2/repository/models/cls/load", b"{not json", 400),
+        ("/v2/repository/models/x/load", with_path("../cls.onnx"), 400),
+        ("/v2/repository/models/x/load", with_path("/etc/shadow"), 400),
+        ("/v2/repository/models/x/load", with_path("/etc/no-such-file"), 400),
+        ("/v2/repository/models/x/load", with_path("escape.onnx"), 404),
+        ("/v2/repository/models/x/load", with_path("missing.onnx"), 404),
     ]
+    replies = {}
     for path, body, status in loads:
         code, reply = curl(url, path, "POST", body, ["Content-Type: application/json"])
         assert code == status, f"POST {path} {body[:60]!r}: {code} {reply[:300]!r}"
+        replies[body] = reply
         if path.endswith("cls/load") and status == 200:
             code, _ = curl(url, "/v2/models/cls/ready")
             assert code == 200, code
             code, meta = curl(url, "/v2/models/cls")
             assert json.loads(meta)["inputs"][0]["shape"] == [1, 3, 48, 192], meta
-    code, _ = curl(url, "/v2/models/cls/ready")
-    assert code == 503, "an unloaded model is not ready"
+    # Nothing about files outside: /etc/shadow (exists) and a missing file
+    # answer alike, and a link out answers as a missing file does.
+    shadow, absent = replies[with_path("/etc/shadow")], replies[with_path("/etc/no-such-file")]
+    assert shadow.replace(b"/etc/shadow", b"P") == absent.replace(b"/etc/no-such-file", b"P"), (shadow, absent)
+    escape, missing = replies[with_path("escape.onnx")], replies[with_path("missing.onnx")]
+    assert escape.replace(b"escape", b"P") == missing.replace(b"missing", b"P"), (escape, missing)
+    for reply in (shadow, escape):
+        assert b"bytes" not in reply and b"No such file" not in reply and b"ONNX" not in reply, reply
     print(f"curl: {len(expect) + 2 + len(loads)} endpoint checks ok")
 
 
@@ -269,6 +287,57 @@ def check_bad_requests(url, client, oracle, max_body):
         print(f"  {what}: {code} {error[:110]}")
         rec_infer(client, oracle, 8, True)  # still serving
     print("bad requests: each a clear 4xx, the server kept serving")
+
+
+def raw_http(url, data, wait_s=None):
+    """Sends `data` on a fresh TCP connection; returns (what came back,
+    whether the server closed the connection) after `wait_s` seconds or
+    once the server closes it."""
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(data)
+        if wait_s is not None:
+            s.settimeout(wait_s)
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return got, True
+                got += chunk
+                if wait_s is None and b"\r\n\r\n" in got:
+                    return got, False
+        except socket.timeout:
+            return got, False
+
+
+def check_limits(url, client, oracle, header_timeout_ms):
+    # A 2 GB body announced: refused at once (413) without reading it.
+    head = (f"POST /v2/models/rec/infer HTTP/1.1\r\nHost: {url}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 2000000000\r\n\r\n").encode()
+    got, _ = raw_http(url, head)
+    assert got.startswith(b"HTTP/1.1 413"), got[:200]
+    # Slow loris: half a request head, then nothing. The server closes the
+    # connection after header_timeout_ms, and serves others meanwhile.
+    host, port = url.rsplit(":", 1)
+    idle = socket.create_connection((host, int(port)))
+    loris = socket.create_connection((host, int(port)))
+    loris.sendall(f"GET /v2/health/live HTTP/1.1\r\nHost: {url}\r\nX-Slow: ".encode())
+    started = time.time()
+    rec_infer(client, oracle, 13, True)
+    for s in (idle, loris):
+        s.settimeout(header_timeout_ms / 1000 * 3 + 5)
+        try:
+            rest = s.recv(65536)
+        except ConnectionResetError:
+            rest = b""
+        assert b"200 OK" not in rest, rest
+        s.close()
+    took = time.time() - started
+    assert took < header_timeout_ms / 1000 * 3 + 5, took
+    rec_infer(client, oracle, 14, True)
+    print(f"limits: a 2 GB Content-Length refused (413); a silent and a slow-loris connection "
+          f"closed after {took:.1f} s (header_timeout_ms {header_timeout_ms}), others served")
 
 
 def check_repository(client, oracle):
@@ -324,6 +393,7 @@ def main():
     p.add_argument("models")
     p.add_argument("--phase", default="full", choices=["full", "serving"])
     p.add_argument("--max-body", type=int, default=1 << 20)
+    p.add_argument("--header-timeout-ms", type=int, default=10000)
     args = p.parse_args()
     oracle = Oracle(args.models)
     client = httpclient.InferenceServerClient(url=args.url, network_timeout=300)
@@ -339,6 +409,7 @@ def main():
     check_concurrency(args.url, oracle)
     check_curl_endpoints(args.url, oracle, args.models)
     check_bad_requests(args.url, client, oracle, args.max_body)
+    check_limits(args.url, client, oracle, args.header_timeout_ms)
     check_metrics(args.url, client, oracle, before)
     check_repository(client, oracle)
     print("kserve: all checks passed")

@@ -1,11 +1,14 @@
 //! The `http` mode: a named model served over HTTP (KServe v2 binary
-//! tensors) vs the Rust SDK on the same embedded cluster.
+//! tensors) and over gRPC (KServe v2 `ModelInfer`, raw tensors; tonic's
+//! client) vs the Rust SDK on the same embedded cluster.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use tessera_client::Client;
+use tessera_coordinator::grpc::proto;
+use tessera_coordinator::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 
 use super::{halves, median, rec, split_options, throughput};
 
@@ -19,6 +22,7 @@ pub async fn http_vs_sdk() -> Result<()> {
     let config = vec![("NUM_THREADS".to_string(), "1".to_string())];
     let c = tessera_cli::cluster::start_configured(2, &["CPU".to_string()], &config, |cfg| {
         cfg.http_listen = "127.0.0.1:0".into();
+        cfg.grpc_listen = "127.0.0.1:0".into();
     })
     .await?;
     let client = Client::connect(c.addr, &c.client, tessera_cli::cluster::CLUSTER).await?;
@@ -53,9 +57,17 @@ pub async fn http_vs_sdk() -> Result<()> {
         reply.ends_with(want),
         "the HTTP answer's binary output differs from the SDK's"
     );
-    let (mut sdk, mut over_http) = (Vec::new(), Vec::new());
+    let grpc = grpc_client(c.coordinator.grpc_addr().context("no gRPC listener")?).await?;
+    let grpc_request = grpc_request(name, x);
+    let grpc_reply = grpc_infer(grpc.clone(), grpc_request.clone()).await?;
+    anyhow::ensure!(
+        grpc_reply.raw_output_contents.first().map(|b| &b[..]) == Some(want),
+        "the gRPC answer's raw output differs from the SDK's"
+    );
+    let (mut sdk, mut over_http, mut over_grpc) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         sdk.push(throughput(&network, &inputs, 160, 16).await?);
+        over_grpc.push(grpc_throughput(&grpc, &grpc_request, 160, 16).await?);
         let started = Instant::now();
         let gate = Arc::new(tokio::sync::Semaphore::new(16));
         let mut tasks = Vec::new();
@@ -73,16 +85,87 @@ pub async fn http_vs_sdk() -> Result<()> {
         }
         over_http.push(160.0 / started.elapsed().as_secs_f64());
     }
-    let (s, h) = (median(sdk), median(over_http));
+    let (s, h, g) = (median(sdk), median(over_http), median(over_grpc));
     println!(
         "PP-OCRv4 rec (1x3x48x320), two stages on two workers, 16 in flight: \
          HTTP (KServe v2 binary) {h:.1} req/s, Rust SDK {s:.1} req/s, ratio {:.3} \
          (median of 3, alternating; target >= 0.9)",
         h / s
     );
+    println!(
+        "  gRPC (KServe v2 ModelInfer, raw tensors, one HTTP/2 connection) {g:.1} req/s, \
+         ratio to the SDK {:.3} (target >= 0.95), to HTTP {:.3}",
+        g / s,
+        g / h
+    );
     network.unload().await?;
     c.coordinator.shutdown().await;
     Ok(())
+}
+
+type GrpcClient = GrpcInferenceServiceClient<tonic::transport::Channel>;
+
+/// A gRPC client on one HTTP/2 connection to `addr` (requests multiplex
+/// on it, as Triton's clients do).
+async fn grpc_client(addr: std::net::SocketAddr) -> Result<GrpcClient> {
+    // Receive windows of a few tensors (h2's default is 64 KB: a round trip
+    // per 64 KB of rec's 1 MB answer; grpc-core's clients, Triton's Python
+    // and C++ ones, grow theirs with the bandwidth-delay product), and 1 MB
+    // frames (h2's default is 16 KB).
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .max_frame_size(Some(1 << 20))
+        .connect()
+        .await?;
+    Ok(GrpcInferenceServiceClient::new(channel).max_decoding_message_size(64 << 20))
+}
+
+/// rec's request with its input as raw contents.
+fn grpc_request(name: &str, x: &tessera_common::tensor::Tensor) -> proto::ModelInferRequest {
+    proto::ModelInferRequest {
+        model_name: "rec".into(),
+        inputs: vec![proto::model_infer_request::InferInputTensor {
+            name: name.to_string(),
+            datatype: "FP32".into(),
+            shape: x.shape().iter().map(|&d| d as i64).collect(),
+            ..Default::default()
+        }],
+        raw_input_contents: vec![x.shared_bytes()],
+        ..Default::default()
+    }
+}
+
+async fn grpc_infer(
+    mut client: GrpcClient,
+    request: proto::ModelInferRequest,
+) -> Result<proto::ModelInferResponse> {
+    Ok(client.model_infer(request).await?.into_inner())
+}
+
+/// Requests per second over gRPC, `in_flight` at a time.
+async fn grpc_throughput(
+    client: &GrpcClient,
+    request: &proto::ModelInferRequest,
+    total: usize,
+    in_flight: usize,
+) -> Result<f64> {
+    let started = Instant::now();
+    let gate = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = Vec::with_capacity(total);
+    for _ in 0..total {
+        let permit = gate.clone().acquire_owned().await?;
+        let (client, request) = (client.clone(), request.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = grpc_infer(client, request).await.map(drop);
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
 /// One KServe v2 binary infer request; the response body.

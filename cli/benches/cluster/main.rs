@@ -28,7 +28,8 @@
 //!   in flight (median of 3, alternating);
 //! - http: rec's two pipelined stages as a named model, served over HTTP
 //!   (KServe v2 binary tensors, 16 requests in flight on keep-alive
-//!   connections) vs the Rust SDK on the same cluster (target ≥ 0.9;
+//!   connections) and over gRPC (raw tensors, one HTTP/2 connection) vs
+//!   the Rust SDK on the same cluster (targets: HTTP ≥ 0.9, gRPC ≥ 0.95;
 //!   median of 3, alternating);
 //! - replicas: rec on two single-threaded workers, 16 in flight: two
 //!   replicas, `auto` and two pipelined stages vs the whole model on one

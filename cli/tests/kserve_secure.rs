@@ -1,0 +1,128 @@
+//! The serving ports locked down, with real processes and real clients: a
+//! coordinator serving HTTPS and gRPC over TLS with its cluster
+//! certificate, bearer tokens from a file and model control off (the
+//! default), two worker processes, and PP-OCRv4 rec and MiniLM split over
+//! them. `tests/python/secure_test.py` (curl, tritonclient[http] with
+//! ssl=True) and `tests/python/grpc_test.py --ssl --token`
+//! (tritonclient[grpc] verifying the cluster CA) check tokens, TLS, the
+//! refusals and inference against onnxruntime. A coordinator listening on
+//! every address without tokens warns at start.
+
+mod util;
+
+use std::process::Command;
+
+use util::cluster::{Cluster, Proc};
+
+const TOKEN: &str = "t0k3n-for-the-secure-test";
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn models_dir() -> std::path::PathBuf {
+    util::model("magika_standard_v3_3.onnx")
+        .parent()
+        .expect("models dir")
+        .to_path_buf()
+}
+
+fn python(script: &str, url: &str, args: &[&str]) {
+    let path = format!("{}/../tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(&path)
+        .arg(url)
+        .arg(models_dir())
+        .args(args)
+        .output()
+        .expect("python3 with tritonclient[http,grpc] (scripts/test.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn https_grpc_over_tls_tokens_and_model_control_off() {
+    let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
+    let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
+    let (http, grpc) = (free_port(), free_port());
+    let secrets = util::Scratch::new("kserve-secure-tokens");
+    let tokens = secrets.join("tokens.txt");
+    std::fs::write(&tokens, format!("# test clients\n{TOKEN}\n")).unwrap();
+    let config = format!(
+        "http_listen = \"127.0.0.1:{http}\"\ngrpc_listen = \"127.0.0.1:{grpc}\"\n\
+         http_max_body_bytes = {}\n\
+         [models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
+         shapes = {{ x = [1, 3, 48, 320] }}\n\
+         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\n\
+         [serving]\ntls = true\ntokens_file = {:?}\n",
+        1 << 20,
+        rec.display().to_string(),
+        minilm.display().to_string(),
+        tokens.display().to_string(),
+    );
+    let cluster = Cluster::start_configured(
+        "kserve-secure",
+        &[("node-a", "CPU"), ("node-b", "CPU")],
+        1,
+        &config,
+    );
+    let ca = cluster.certs.join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let http_url = format!("127.0.0.1:{http}");
+    let grpc_url = format!("127.0.0.1:{grpc}");
+    python(
+        "secure_test.py",
+        &http_url,
+        &["--ca", ca, "--tokens", tokens.to_str().unwrap()],
+    );
+    python(
+        "grpc_test.py",
+        &grpc_url,
+        &["--http", &http_url, "--ssl", ca, "--token", TOKEN],
+    );
+    let log = cluster.coordinator.log_text();
+    assert!(!log.contains(TOKEN), "a token in the coordinator's log");
+    assert!(
+        !log.contains("without a token"),
+        "a loopback listener with tokens needs no warning:\n{log}"
+    );
+}
+
+/// A coordinator whose HTTP listener is open to other hosts without tokens
+/// says so once at start; the same on loopback does not.
+#[test]
+fn an_open_listener_without_tokens_warns_at_start() {
+    let warns = |listen: &str| {
+        let dir = util::Scratch::new("kserve-open-warning");
+        let certs = dir.join("certs");
+        util::cluster::certs_init(&certs, "open", &["coordinator"]);
+        let config = dir.join("cluster.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "cluster = \"open\"\nlisten = \"127.0.0.1:0\"\ncerts = {:?}\nhttp_listen = \"{listen}\"\n",
+                certs.display().to_string()
+            ),
+        )
+        .unwrap();
+        let (coordinator, _) = Proc::start(
+            "coordinator",
+            env!("CARGO_BIN_EXE_coordinator"),
+            &["--config".into(), config.display().to_string()],
+            &dir,
+            "listening on ",
+            "info",
+        );
+        let log = coordinator.log_text();
+        drop(coordinator);
+        log.matches("without a token").count()
+    };
+    assert_eq!(warns("0.0.0.0:0"), 1);
+    assert_eq!(warns("127.0.0.1:0"), 0);
+}
