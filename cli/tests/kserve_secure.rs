@@ -66,7 +66,7 @@ fn https_grpc_over_tls_tokens_and_model_control_off() {
         minilm.display().to_string(),
         tokens.display().to_string(),
     );
-    let cluster = Cluster::start_configured(
+    let mut cluster = Cluster::start_configured(
         "kserve-secure",
         &[("node-a", "CPU"), ("node-b", "CPU")],
         1,
@@ -85,6 +85,27 @@ fn https_grpc_over_tls_tokens_and_model_control_off() {
         "grpc_test.py",
         &grpc_url,
         &["--http", &http_url, "--ssl", ca, "--token", TOKEN],
+    );
+    // SIGHUP reads the tokens file again (and stops nothing).
+    let reads = |log: &str| log.matches("tokens read").count();
+    let before = reads(&cluster.coordinator.log_text());
+    let hup = Command::new("kill")
+        .args(["-HUP", &cluster.coordinator.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let started = std::time::Instant::now();
+    while reads(&cluster.coordinator.log_text()) == before {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "SIGHUP did not reload the tokens:\n{}",
+            cluster.coordinator.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        cluster.coordinator.running(),
+        "SIGHUP stopped the coordinator"
     );
     let log = cluster.coordinator.log_text();
     assert!(!log.contains(TOKEN), "a token in the coordinator's log");

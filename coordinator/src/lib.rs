@@ -294,6 +294,7 @@ impl Coordinator {
         if let Some(listener) = listeners.grpc {
             tokio::spawn(grpc::serve(self.shared.clone(), listener));
         }
+        tokio::spawn(serving::reload_tokens_on_sighup(self.shared.clone()));
         // Each connection handshakes on its own task: one slow or silent
         // peer holds up no other.
         while let Some(incoming) = self.shared.node.incoming().await {

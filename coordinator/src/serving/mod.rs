@@ -119,6 +119,32 @@ fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Reads the tokens file again on every SIGHUP, until the coordinator
+/// shuts down (with a tokens file only: otherwise SIGHUP keeps its
+/// default meaning).
+pub async fn reload_tokens_on_sighup(shared: Arc<Shared>) {
+    let Some(tokens) = shared.serving.tokens.clone() else {
+        return;
+    };
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!("SIGHUP cannot reload the tokens: {e}"),
+    };
+    loop {
+        tokio::select! {
+            got = hangups.recv() => {
+                if got.is_none() {
+                    return;
+                }
+                tracing::info!("SIGHUP: reading the tokens file again");
+                tokens.reload();
+            }
+            () = shared.closed() => return,
+        }
+    }
+}
+
 /// Whether the server is ready: a worker registered and every wanted
 /// model deployed (else why not).
 pub fn readiness(shared: &Shared) -> Result<(), String> {
