@@ -21,4 +21,5 @@ pub mod conformance;
 pub mod daemon;
 pub mod hetero;
 pub mod plugin;
+pub mod plugin_config;
 pub mod plugins;

@@ -82,65 +82,7 @@ pub const METRICS: [&str; 11] = [
     "MEMORY_BYTES",
 ];
 
-/// Configuration keys and what they accept.
-pub const CONFIG_KEYS: [(&str, &str); 5] = [
-    ("DEVICE_ID", "a device index (0, 1, ...)"),
-    ("PERF_COUNT", "YES or NO"),
-    ("NUM_THREADS", "a number of threads >= 1"),
-    ("PERFORMANCE_HINT", "LATENCY or THROUGHPUT"),
-    ("NUM_REQUESTS", "a number of requests >= 1"),
-];
-
-/// A validated configuration (key → value).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Config {
-    values: BTreeMap<String, String>,
-}
-
-impl Config {
-    /// Sets `key` after checking key and value.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), PluginError> {
-        let Some((_, allowed)) = CONFIG_KEYS.iter().find(|(k, _)| *k == key) else {
-            let supported: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
-            return Err(PluginError::UnknownConfigKey {
-                key: key.into(),
-                supported: supported.join(", "),
-            });
-        };
-        let positive = |v: &str| v.parse::<u32>().is_ok_and(|n| n >= 1);
-        let ok = match key {
-            "DEVICE_ID" => value.parse::<u32>().is_ok(),
-            "PERF_COUNT" => matches!(value, "YES" | "NO"),
-            "PERFORMANCE_HINT" => matches!(value, "LATENCY" | "THROUGHPUT"),
-            _ => positive(value),
-        };
-        if !ok {
-            return Err(PluginError::BadConfigValue {
-                key: key.into(),
-                value: value.into(),
-                allowed: (*allowed).into(),
-            });
-        }
-        self.values.insert(key.into(), value.into());
-        Ok(())
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str)
-    }
-
-    /// `self` with `overrides` on top (per-compile config wins over the
-    /// plugin's).
-    pub fn merged(&self, overrides: &Config) -> Config {
-        let mut values = self.values.clone();
-        values.extend(overrides.values.clone());
-        Config { values }
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
-    }
-}
+pub use crate::plugin_config::{Config, ConfigKey, PerformanceHint};
 
 /// A QueryNetwork answer: the nodes this device runs, and why not the rest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -434,7 +376,7 @@ pub trait DevicePlugin: Send + Sync {
     fn available_devices(&self) -> Vec<String>;
     /// A metric by name (see [`METRICS`]); unknown names are an error.
     fn metric(&self, name: &str) -> Result<MetricValue, PluginError>;
-    /// Sets a plugin-wide config value (see [`CONFIG_KEYS`]).
+    /// Sets a plugin-wide config value (see [`ConfigKey`]).
     fn set_config(&self, key: &str, value: &str) -> Result<(), PluginError>;
     /// The plugin-wide configuration.
     fn config(&self) -> Config;

@@ -200,7 +200,7 @@ pub(crate) fn cpu_metric(
     name: &str,
     calibrate: impl FnOnce() -> (f64, f64),
 ) -> Result<crate::plugin::MetricValue, PluginError> {
-    use crate::plugin::{MetricValue, CONFIG_KEYS, METRICS};
+    use crate::plugin::{ConfigKey, MetricValue, METRICS};
     let cores = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
         .unwrap_or(1);
@@ -209,7 +209,7 @@ pub(crate) fn cpu_metric(
         "AVAILABLE_DEVICES" => MetricValue::List(vec![format!("{device}.0")]),
         "SUPPORTED_METRICS" => MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect()),
         "SUPPORTED_CONFIG_KEYS" => {
-            MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
+            MetricValue::List(ConfigKey::ALL.map(|k| k.name().to_string()).to_vec())
         }
         "OPTIMIZATION_CAPABILITIES" => {
             MetricValue::List(vec!["FP32".into(), "FP16".into(), "INT8".into()])
@@ -238,11 +238,7 @@ pub(crate) fn cpu_metric(
 #[cfg(any(feature = "cpu", feature = "onnxruntime"))]
 pub(crate) fn configured_threads(config: &crate::plugin::Config) -> f64 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    config
-        .get("NUM_THREADS")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(1)
-        .clamp(1, cores) as f64
+    config.num_threads().unwrap_or(1).clamp(1, cores) as f64
 }
 
 /// GFLOP/s of the fastest of `runs` calls of `run` (each `flops`

@@ -45,7 +45,7 @@ fn metrics_and_config_on(backend: &str) {
         "{err}"
     );
     cpu.set_config("NUM_THREADS", "2").unwrap();
-    assert_eq!(cpu.config().get("NUM_THREADS"), Some("2"));
+    assert_eq!(cpu.config().num_threads(), Some(2));
     let err = cpu.set_config("NUM_THREADZ", "2").unwrap_err();
     assert!(
         err.to_string().contains("'NUM_THREADZ'") && err.to_string().contains("PERFORMANCE_HINT"),

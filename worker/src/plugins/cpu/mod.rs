@@ -312,11 +312,7 @@ impl CompiledCpu {
             inference.set_input_fact(i, fact).map_err(compile_err)?;
         }
         let typed = inference.into_optimized().map_err(compile_err)?;
-        let threads = self
-            .config
-            .get("NUM_THREADS")
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(1);
+        let threads = self.config.num_threads().unwrap_or(1);
         let options = RunOptions {
             executor: (threads > 1)
                 .then(|| tract_linalg::multithread::Executor::multithread(threads)),
@@ -367,7 +363,7 @@ impl CompiledCpu {
             .map(tract::to_tract)
             .collect::<Result<_, _>>()?;
         let infer_err = |e: TractError| PluginError::Infer(format!("{e:#}"));
-        let (outputs, counters) = if self.config.get("PERF_COUNT") == Some("YES") {
+        let (outputs, counters) = if self.config.perf_count() {
             let mut times: HashMap<String, (u64, String)> = HashMap::new();
             let mut state = SimpleState::new(plan).map_err(infer_err)?;
             let outputs = state

@@ -32,8 +32,8 @@ use tessera_common::onnx::proto::ModelProto;
 use tessera_common::tensor::Tensor;
 
 use crate::plugin::{
-    blob, CompiledSubgraph, Config, DevicePlugin, InferResult, MetricValue, PluginError,
-    QueryResult, TensorSpec, CONFIG_KEYS, METRICS,
+    blob, CompiledSubgraph, Config, ConfigKey, DevicePlugin, InferResult, MetricValue, PluginError,
+    QueryResult, TensorSpec, METRICS,
 };
 use context::Gpu;
 use program::Program;
@@ -86,11 +86,7 @@ impl GpuPlugin {
     }
 
     fn device_of(&self, config: &Config) -> Result<Arc<Gpu>, PluginError> {
-        let index = config
-            .get("DEVICE_ID")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        self.gpu(index)
+        self.gpu(config.device_id() as usize)
     }
 
     /// (GFLOPS, GB/s) measured once on device 0: a 512³ GEMM and a 64 MB
@@ -155,7 +151,7 @@ impl DevicePlugin for GpuPlugin {
                 MetricValue::List(METRICS.iter().map(|s| s.to_string()).collect())
             }
             "SUPPORTED_CONFIG_KEYS" => {
-                MetricValue::List(CONFIG_KEYS.iter().map(|(k, _)| k.to_string()).collect())
+                MetricValue::List(ConfigKey::ALL.map(|k| k.name().to_string()).to_vec())
             }
             "OPTIMIZATION_CAPABILITIES" => {
                 let mut caps = vec!["FP32".to_string()];
@@ -230,7 +226,7 @@ impl DevicePlugin for GpuPlugin {
         let model = decode_model_shared(onnx.clone())
             .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
         let gpu = self.device_of(&config)?;
-        let perf = config.get("PERF_COUNT") == Some("YES");
+        let perf = config.perf_count();
         Ok(Arc::new(CompiledGpu {
             program: Program::new(gpu, &model, onnx.clone(), perf)?,
             device: self.name().into(),

@@ -51,20 +51,9 @@ pub(super) struct SessionSettings {
 
 impl SessionSettings {
     pub fn from_config(config: &Config) -> Result<SessionSettings, PluginError> {
-        let threads = match config.get("NUM_THREADS") {
-            None => 1,
-            Some(v) => match v.parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => {
-                    return Err(PluginError::BadConfigValue {
-                        key: "NUM_THREADS".into(),
-                        value: v.into(),
-                        allowed: "a number of threads >= 1".into(),
-                    })
-                }
-            },
-        };
-        Ok(SessionSettings { threads })
+        Ok(SessionSettings {
+            threads: config.num_threads().unwrap_or(1),
+        })
     }
 }
 
@@ -235,7 +224,7 @@ impl CompiledOrt {
         Ok(CompiledOrt {
             device: device.into(),
             version: runtime.version.clone(),
-            perf: config.get("PERF_COUNT") == Some("YES"),
+            perf: config.perf_count(),
             runtime,
             source: ModelSource::keep(onnx),
             rewritten,
