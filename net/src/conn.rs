@@ -7,9 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tessera_common::wire::frame::decode_body;
 use tessera_common::wire::handshake::{self, Handshake, Hello, Role};
-use tessera_common::wire::{chunks, Frame, Limits, Prefix, WireError};
+use tessera_common::wire::{chunks, Frame, FrameDecoder, Limits, WireError};
 
 use crate::certs::{NodeIdentity, CLUSTER_SAN};
 use crate::{tls, NetError};
@@ -365,62 +364,28 @@ pub async fn recv_frame_timed(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
 ) -> Result<Option<(Frame, std::time::Duration)>, NetError> {
-    let mut raw = [0u8; Prefix::LEN];
-    match recv.read_exact(&mut raw).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(quinn::ReadExactError::FinishedEarly(n)) => {
-            return Err(NetError::Wire(WireError::Truncated(n)))
+    // One decoder per frame, fed at most what the frame still wants: the
+    // stream's next frame stays in the stream.
+    let mut decoder = FrameDecoder::new(*limits);
+    let mut started = None;
+    loop {
+        if let Some(frame) = decoder.next_frame()? {
+            let elapsed = started.map_or(std::time::Duration::ZERO, |s: std::time::Instant| {
+                s.elapsed()
+            });
+            return Ok(Some((frame, elapsed)));
         }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(NetError::Stream(e.to_string())),
-    }
-    let started = std::time::Instant::now();
-    let prefix = Prefix::decode(&raw, limits)?;
-    let mut header = vec![0u8; prefix.header_len as usize];
-    read_exact(recv, &mut header).await?;
-    let len = usize::try_from(prefix.payload_len).map_err(|_| WireError::PayloadTooLarge {
-        len: prefix.payload_len,
-        max: usize::MAX as u64,
-    })?;
-    // Reserve at most 64 MiB up front: a peer announcing a large payload
-    // must send it before it is held in memory. Past that, the whole rest
-    // at once: growing by doubling would hold up to twice a large model.
-    // A payload this process cannot hold is an error, not an abort.
-    let mut payload: Vec<u8> = Vec::new();
-    reserve(&mut payload, len.min(64 << 20), len)?;
-    while payload.len() < len {
-        match recv.read_chunk(len - payload.len(), true).await {
-            Ok(Some(chunk)) => {
-                if payload.capacity() - payload.len() < chunk.bytes.len() {
-                    let rest = len - payload.len();
-                    reserve(&mut payload, rest, len)?;
-                }
-                payload.extend_from_slice(&chunk.bytes)
-            }
-            Ok(None) => return Err(NetError::Wire(WireError::Truncated(payload.len()))),
+        if started.is_none() && decoder.in_frame() {
+            started = Some(std::time::Instant::now());
+        }
+        match recv.read_chunk(decoder.wanted(), true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes)?,
+            // The stream ended: cleanly between frames, else mid-frame.
+            Ok(None) if decoder.pending() == 0 && !decoder.in_frame() => return Ok(None),
+            Ok(None) => return Err(NetError::Wire(WireError::Truncated(decoder.pending()))),
             Err(e) => return Err(NetError::Stream(e.to_string())),
         }
     }
-    let elapsed = started.elapsed();
-    let frame = decode_body(prefix.kind, &header, Bytes::from(payload), limits)?;
-    Ok(Some((frame, elapsed)))
-}
-
-/// Room for `more` bytes in `buf` (of a `total`-byte payload), or an error
-/// when this process cannot have the memory.
-fn reserve(buf: &mut Vec<u8>, more: usize, total: usize) -> Result<(), NetError> {
-    buf.try_reserve_exact(more).map_err(|_| {
-        NetError::Stream(format!(
-            "out of memory: cannot hold a payload of {total} bytes"
-        ))
-    })
-}
-
-async fn read_exact(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<(), NetError> {
-    recv.read_exact(buf).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(n) => NetError::Wire(WireError::Truncated(n)),
-        quinn::ReadExactError::ReadError(e) => NetError::Stream(e.to_string()),
-    })
 }
 
 /// Socket buffers asked for: with the default ~200 KB, bulk transfers

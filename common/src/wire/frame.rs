@@ -7,7 +7,7 @@
 //! then header_len bytes of bincode header, then payload_len raw bytes
 //! ```
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::codec;
 use super::control::Control;
@@ -149,32 +149,85 @@ pub fn chunks(payload: &Bytes, size: usize) -> impl Iterator<Item = Bytes> + '_ 
         .map(move |start| payload.slice(start..(start + size).min(payload.len())))
 }
 
-/// Turns bytes, as they arrive in any pieces, into whole frames. Nothing is
-/// reserved for a frame before its prefix has passed the limits.
+/// Turns bytes, as they arrive in any pieces, into whole frames: the one
+/// framing code (`tessera-net` reads every stream through it). Nothing is
+/// reserved for a frame before its prefix has passed the limits; then at
+/// most [`RESERVE_AHEAD`] up front (a peer announcing a large payload must
+/// send it before it is held in memory) and, once more arrives, the whole
+/// rest at once (growing by doubling would hold up to twice a large
+/// model). Memory this process cannot have is an error, not an abort.
 #[derive(Debug)]
 pub struct FrameDecoder {
     limits: Limits,
-    buffer: BytesMut,
+    /// Bytes received and not yet returned in a frame: the current
+    /// frame's (its prefix once decoded is dropped), then any that follow.
+    buffer: Vec<u8>,
     prefix: Option<Prefix>,
 }
+
+/// What a decoder reserves for a frame before its bytes arrive.
+pub const RESERVE_AHEAD: usize = 64 << 20;
 
 impl FrameDecoder {
     pub fn new(limits: Limits) -> FrameDecoder {
         FrameDecoder {
             limits,
-            buffer: BytesMut::new(),
+            buffer: Vec::new(),
             prefix: None,
         }
     }
 
     /// Adds bytes read from the stream.
-    pub fn push(&mut self, bytes: &[u8]) {
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        let free = self.buffer.capacity() - self.buffer.len();
+        if free < bytes.len() {
+            // The rest of the current frame's body at once when it is
+            // larger than what arrived; else room for what arrived.
+            let more = match self.body_len() {
+                Some(body) if body > self.buffer.len() => {
+                    (body - self.buffer.len()).max(bytes.len())
+                }
+                _ => bytes.len(),
+            };
+            self.reserve(more)?;
+        }
         self.buffer.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// Bytes held that do not yet form a whole frame.
     pub fn pending(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// Whether a frame's prefix has been decoded and its body is awaited.
+    pub fn in_frame(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    /// How many more bytes complete the prefix or frame under way: a
+    /// reader that reads at most this many never reads past a frame.
+    pub fn wanted(&self) -> usize {
+        match self.body_len() {
+            Some(body) => body.saturating_sub(self.buffer.len()),
+            None => Prefix::LEN.saturating_sub(self.buffer.len()),
+        }
+    }
+
+    /// The current frame's header and payload length, once its prefix is
+    /// decoded (`usize::MAX` when it cannot be addressed: the limits
+    /// refuse such frames first on any real machine).
+    fn body_len(&self) -> Option<usize> {
+        self.prefix.map(|p| {
+            usize::try_from(u64::from(p.header_len).saturating_add(p.payload_len))
+                .unwrap_or(usize::MAX)
+        })
+    }
+
+    fn reserve(&mut self, more: usize) -> Result<(), WireError> {
+        self.buffer
+            .try_reserve_exact(more)
+            .map_err(|_| WireError::OutOfMemory(self.buffer.len().saturating_add(more)))
     }
 
     /// The next whole frame, `None` if more bytes are needed. After an
@@ -189,28 +242,28 @@ impl FrameDecoder {
                 let mut raw = [0u8; Prefix::LEN];
                 raw.copy_from_slice(&self.buffer[..Prefix::LEN]);
                 let p = Prefix::decode(&raw, &self.limits)?;
-                self.buffer.advance(Prefix::LEN);
-                // Room for the body, up to 64 MiB ahead of the data (the
-                // buffer grows as more arrives).
-                let body = u64::from(p.header_len) + p.payload_len;
-                let ahead = usize::try_from(body.min(64 << 20)).unwrap_or(64 << 20);
-                self.buffer.reserve(ahead.saturating_sub(self.buffer.len()));
+                self.buffer.drain(..Prefix::LEN);
                 self.prefix = Some(p);
+                let body = self.body_len().unwrap_or(usize::MAX);
+                let ahead = body.min(RESERVE_AHEAD);
+                if ahead > self.buffer.capacity() {
+                    self.reserve(ahead - self.buffer.len())?;
+                }
                 p
             }
         };
         let header_len = prefix.header_len as usize;
-        let payload_len =
-            usize::try_from(prefix.payload_len).map_err(|_| WireError::PayloadTooLarge {
-                len: prefix.payload_len,
-                max: usize::MAX as u64,
-            })?;
-        if self.buffer.len() < header_len.saturating_add(payload_len) {
+        let body = self.body_len().unwrap_or(usize::MAX);
+        if self.buffer.len() < body {
             return Ok(None);
         }
         self.prefix = None;
-        let header = self.buffer.split_to(header_len).freeze();
-        let payload = self.buffer.split_to(payload_len).freeze();
+        // The frame's bytes become the payload without a copy; bytes of
+        // later frames (a reader that pushed more) move to a new buffer.
+        let rest = self.buffer.split_off(body);
+        let frame = Bytes::from(std::mem::replace(&mut self.buffer, rest));
+        let header = frame.slice(..header_len);
+        let payload = frame.slice(header_len..);
         decode_body(prefix.kind, &header, payload, &self.limits).map(Some)
     }
 

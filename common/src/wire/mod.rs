@@ -32,9 +32,9 @@
 //! }
 //! // A receiver feeds whatever arrives and gets whole frames back.
 //! let mut decoder = FrameDecoder::new(limits);
-//! decoder.push(&bytes[..10]);
+//! decoder.push(&bytes[..10])?;
 //! assert!(decoder.next_frame()?.is_none());
-//! decoder.push(&bytes[10..]);
+//! decoder.push(&bytes[10..])?;
 //! let Some(Frame::Tensor(h, payload)) = decoder.next_frame()? else { panic!() };
 //! assert_eq!(h.into_tensor(payload)?, t);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -72,6 +72,8 @@ pub enum WireError {
     Tensor { name: String, reason: String },
     #[error("the stream ended inside a frame ({0} bytes left over)")]
     Truncated(usize),
+    #[error("out of memory: cannot hold a frame of {0} bytes")]
+    OutOfMemory(usize),
     #[error("expected a {expected} frame, got {got}")]
     Unexpected { expected: String, got: String },
 }

@@ -12,7 +12,7 @@ use tessera_common::wire::{
 
 fn decode_all(bytes: &[u8], limits: Limits) -> Result<Vec<Frame>, WireError> {
     let mut d = FrameDecoder::new(limits);
-    d.push(bytes);
+    d.push(bytes)?;
     let mut frames = Vec::new();
     while let Some(f) = d.next_frame()? {
         frames.push(f);
@@ -78,7 +78,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
         let mut d = FrameDecoder::new(limits);
         let mut frames = Vec::new();
         for part in stream.chunks(piece) {
-            d.push(part);
+            d.push(part).unwrap();
             while let Some(f) = d.next_frame().unwrap() {
                 frames.push(f);
             }
@@ -284,6 +284,46 @@ fn handshake_checks_version_cluster_and_role() {
     assert!(err.to_string().contains("expected client"), "{err}");
 }
 
+/// A reader that asks for `wanted()` bytes at a time (as `tessera-net`
+/// reads a QUIC stream) never takes bytes of the next frame, and the
+/// decoder says when a frame is under way.
+#[test]
+fn reading_what_is_wanted_stops_at_each_frame() {
+    let limits = Limits::default();
+    let t = Tensor::from_values(vec![300], &vec![1.5f32; 300]).unwrap();
+    let one = |id| {
+        let mut b = TensorHeader::new(1, id, "t", &t).encode(&limits).unwrap();
+        b.extend_from_slice(t.bytes());
+        b
+    };
+    let (first, second) = (one(1), one(2));
+    let stream: Vec<u8> = first.iter().chain(&second).copied().collect();
+    let mut at = 0;
+    for (id, len) in [(1u64, first.len()), (2, second.len())] {
+        let mut d = FrameDecoder::new(limits);
+        let start = at;
+        let frame = loop {
+            if let Some(f) = d.next_frame().unwrap() {
+                break f;
+            }
+            let want = d.wanted();
+            assert!(want > 0);
+            // At most 100 bytes a read, never past the frame.
+            let take = want.min(100);
+            d.push(&stream[at..at + take]).unwrap();
+            at += take;
+            assert!(at - start <= len, "read past frame {id}");
+        };
+        assert!(!d.in_frame() && d.pending() == 0);
+        let Frame::Tensor(h, _) = frame else {
+            panic!("a tensor frame")
+        };
+        assert_eq!(h.request, id);
+        d.finish().unwrap();
+    }
+    assert_eq!(at, stream.len());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -292,7 +332,7 @@ proptest! {
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), piece in 1usize..64) {
         let mut d = FrameDecoder::new(Limits { max_header: 256, max_payload: 4096 });
         for part in bytes.chunks(piece) {
-            d.push(part);
+            d.push(part).unwrap();
             if d.next_frame().is_err() {
                 break;
             }
@@ -310,7 +350,7 @@ proptest! {
         frame.extend_from_slice(&0u64.to_le_bytes());
         frame.extend_from_slice(&header);
         let mut d = FrameDecoder::new(Limits::default());
-        d.push(&frame);
+        d.push(&frame).unwrap();
         let _ = d.next_frame();
     }
 
