@@ -147,3 +147,43 @@ fn an_open_listener_without_tokens_warns_at_start() {
     assert_eq!(warns("0.0.0.0:0"), 1);
     assert_eq!(warns("127.0.0.1:0"), 0);
 }
+
+/// Serving settings that cannot work stop the coordinator at start with a
+/// message naming the key and the file.
+#[test]
+fn bad_serving_settings_fail_at_start() {
+    let dir = util::Scratch::new("kserve-bad-serving");
+    let certs = dir.join("certs");
+    util::cluster::certs_init(&certs, "bad", &["coordinator"]);
+    for (serving, wanted) in [
+        (
+            "tokens_file = \"/nonexistent/tokens.txt\"",
+            "[serving] tokens_file /nonexistent/tokens.txt",
+        ),
+        (
+            "model_repository = \"/nonexistent/models\"",
+            "[serving] model_repository /nonexistent/models",
+        ),
+        (
+            "tls = true\ntls_cert = \"/nonexistent/cert.pem\"\ntls_key = \"/nonexistent/key.pem\"",
+            "[serving] TLS certificate /nonexistent/cert.pem",
+        ),
+    ] {
+        let config = dir.join("cluster.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "cluster = \"bad\"\nlisten = \"127.0.0.1:0\"\ncerts = {:?}\nhttp_listen = \"127.0.0.1:0\"\n[serving]\n{serving}\n",
+                certs.display().to_string()
+            ),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+            .args(["--config", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{serving}: started");
+        assert!(stderr.contains(wanted), "{serving}: {stderr}");
+    }
+}

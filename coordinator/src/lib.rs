@@ -116,6 +116,8 @@ pub enum CoordinatorError {
     Net(#[from] NetError),
     #[error("http: {0}")]
     Http(String),
+    #[error(transparent)]
+    Serving(#[from] serving::SetupError),
 }
 
 impl CoordinatorError {
@@ -133,7 +135,7 @@ impl CoordinatorError {
             }
             CoordinatorError::NotReady(_) | CoordinatorError::Net(_) => ErrorKind::Unavailable,
             CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
-            CoordinatorError::Http(_) => ErrorKind::Internal,
+            CoordinatorError::Http(_) | CoordinatorError::Serving(_) => ErrorKind::Internal,
         }
     }
 }
@@ -195,13 +197,13 @@ struct Listeners {
 /// Binds a listener of `what` at `addr` (if configured) and gives its
 /// bound address.
 fn bind_listener(
-    what: &str,
+    what: &'static str,
     addr: Result<Option<SocketAddr>, String>,
 ) -> Result<(Option<tokio::net::TcpListener>, Option<SocketAddr>), CoordinatorError> {
     let Some(addr) = addr.map_err(CoordinatorError::Http)? else {
         return Ok((None, None));
     };
-    let listener = serving::listener::bind(what, addr).map_err(CoordinatorError::Http)?;
+    let listener = serving::listener::bind(what, addr)?;
     let bound = listener
         .local_addr()
         .map_err(|e| CoordinatorError::Http(format!("the {what} listener: {e}")))?;

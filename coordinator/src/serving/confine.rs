@@ -12,7 +12,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use super::ServingError;
+use super::{ServingError, SetupError};
 
 /// The model repository folder: as configured (made absolute) and with
 /// symlinks resolved.
@@ -24,15 +24,14 @@ pub struct ModelRepository {
 
 impl ModelRepository {
     /// The folder `dir` (it must exist: checked at start).
-    pub fn open(dir: &Path) -> Result<ModelRepository, String> {
-        let real = dir
-            .canonicalize()
-            .map_err(|e| format!("model_repository {}: {e}", dir.display()))?;
+    pub fn open(dir: &Path) -> Result<ModelRepository, SetupError> {
+        let fail = |reason: String| SetupError::Repository {
+            path: dir.to_path_buf(),
+            reason,
+        };
+        let real = dir.canonicalize().map_err(|e| fail(e.to_string()))?;
         if !real.is_dir() {
-            return Err(format!(
-                "model_repository {} is not a folder",
-                dir.display()
-            ));
+            return Err(fail("not a folder".into()));
         }
         let given = std::path::absolute(dir).unwrap_or_else(|_| real.clone());
         Ok(ModelRepository { given, real })
@@ -205,7 +204,12 @@ mod tests {
 
     #[test]
     fn a_missing_repository_fails_at_start() {
-        let err = ModelRepository::open(Path::new("/nonexistent/models")).unwrap_err();
-        assert!(err.contains("model_repository"), "{err}");
+        let err = ModelRepository::open(Path::new("/nonexistent/models"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model_repository /nonexistent/models"),
+            "{err}"
+        );
     }
 }

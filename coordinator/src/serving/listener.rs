@@ -24,6 +24,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::SetupError;
 use crate::Shared;
 
 /// The most connections one listener keeps open at once.
@@ -37,8 +38,8 @@ const H2_PING: Duration = Duration::from_secs(20);
 const H2_FRAME: u32 = 1 << 20;
 
 /// Binds `addr` now, so that a taken port fails at start.
-pub fn bind(what: &str, addr: std::net::SocketAddr) -> Result<TcpListener, String> {
-    let fail = |e: std::io::Error| format!("the {what} listener cannot listen on {addr}: {e}");
+pub fn bind(what: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, SetupError> {
+    let fail = |source: std::io::Error| SetupError::Listen { what, addr, source };
     let std = std::net::TcpListener::bind(addr).map_err(fail)?;
     std.set_nonblocking(true).map_err(fail)?;
     TcpListener::from_std(std).map_err(fail)

@@ -19,7 +19,7 @@ pub mod control;
 pub mod listener;
 pub mod tokens;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera_common::wire::control::ModelState;
@@ -45,6 +45,23 @@ pub enum ServingError {
     Coordinator(#[from] CoordinatorError),
 }
 
+/// Why the listeners could not be set up at start.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("[serving] tokens_file {}: {reason}", path.display())]
+    TokensFile { path: PathBuf, reason: String },
+    #[error("[serving] model_repository {}: {reason}", path.display())]
+    Repository { path: PathBuf, reason: String },
+    #[error("[serving] TLS certificate {}: {reason}", path.display())]
+    Certificate { path: PathBuf, reason: String },
+    #[error("the {what} listener cannot listen on {addr}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
 /// The listeners' settings, checked and loaded at start.
 pub struct Serving {
     pub model_control: bool,
@@ -61,21 +78,20 @@ impl Serving {
     pub fn from_config(
         config: &CoordinatorConfig,
         identity: &NodeIdentity,
-    ) -> Result<Serving, CoordinatorError> {
+    ) -> Result<Serving, SetupError> {
         let s = &config.serving;
-        let fail = |e: String| CoordinatorError::Http(format!("[serving] {e}"));
         let repository = if s.model_repository.as_os_str().is_empty() {
             None
         } else {
-            Some(ModelRepository::open(&s.model_repository).map_err(fail)?)
+            Some(ModelRepository::open(&s.model_repository)?)
         };
         let tokens = if s.tokens_file.as_os_str().is_empty() {
             None
         } else {
-            Some(Arc::new(Tokens::load(&s.tokens_file).map_err(fail)?))
+            Some(Arc::new(Tokens::load(&s.tokens_file)?))
         };
         let tls = if s.tls {
-            Some(tls_acceptor(config, identity).map_err(fail)?)
+            Some(tls_acceptor(config, identity)?)
         } else {
             None
         };
@@ -104,19 +120,28 @@ impl Serving {
 fn tls_acceptor(
     config: &CoordinatorConfig,
     identity: &NodeIdentity,
-) -> Result<tokio_rustls::TlsAcceptor, String> {
+) -> Result<tokio_rustls::TlsAcceptor, SetupError> {
     let s = &config.serving;
-    let (cert, key) = if s.tls_cert.as_os_str().is_empty() {
-        (identity.cert_pem.clone(), identity.key_pem.clone())
+    let (cert_path, cert, key) = if s.tls_cert.as_os_str().is_empty() {
+        let path = config.certs.join(format!("{}.pem", config.name));
+        (path, identity.cert_pem.clone(), identity.key_pem.clone())
     } else {
-        (read(&s.tls_cert)?, read(&s.tls_key)?)
+        let (cert, key) = (read(&s.tls_cert)?, read(&s.tls_key)?);
+        (s.tls_cert.clone(), cert, key)
     };
-    let server = tessera_net::tls::web_server_config(&cert, &key).map_err(|e| e.to_string())?;
+    let server =
+        tessera_net::tls::web_server_config(&cert, &key).map_err(|e| SetupError::Certificate {
+            path: cert_path,
+            reason: e.to_string(),
+        })?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+fn read(path: &Path) -> Result<String, SetupError> {
+    std::fs::read_to_string(path).map_err(|e| SetupError::Certificate {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
 
 /// Reads the tokens file again on every SIGHUP, until the coordinator

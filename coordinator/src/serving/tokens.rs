@@ -12,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 
+use super::SetupError;
+
 /// How often a request may make the file be looked at again.
 const RECHECK: Duration = Duration::from_secs(1);
 
@@ -30,8 +32,11 @@ struct State {
 
 impl Tokens {
     /// Reads `path` (an unreadable file is an error at start).
-    pub fn load(path: &Path) -> Result<Tokens, String> {
-        let (digests, stamp) = read(path)?;
+    pub fn load(path: &Path) -> Result<Tokens, SetupError> {
+        let (digests, stamp) = read(path).map_err(|e| SetupError::TokensFile {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         if digests.is_empty() {
             tracing::warn!(file = %path.display(), "the tokens file holds no token: every request but liveness is refused");
         }
@@ -83,7 +88,10 @@ impl Tokens {
             }
             // Keeping the old tokens: a file caught half-written, or
             // removed by mistake, must not lock everyone out (or in).
-            Err(e) => tracing::warn!("{e}; the tokens read before stay in force"),
+            Err(e) => tracing::warn!(
+                file = %self.path.display(),
+                "tokens file: {e}; the tokens read before stay in force"
+            ),
         }
     }
 
@@ -94,10 +102,9 @@ impl Tokens {
 
 type Read = (Vec<[u8; 32]>, Option<(SystemTime, u64)>);
 
-fn read(path: &Path) -> Result<Read, String> {
+fn read(path: &Path) -> Result<Read, std::io::Error> {
     let stamp = stamp(path);
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("tokens_file {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)?;
     let digests = text
         .lines()
         .map(str::trim)
@@ -176,8 +183,9 @@ mod tests {
     fn a_missing_file_fails_at_start() {
         let err = Tokens::load(Path::new("/nonexistent/tokens.txt"))
             .err()
-            .unwrap();
-        assert!(err.contains("tokens_file"), "{err}");
+            .unwrap()
+            .to_string();
+        assert!(err.contains("tokens_file /nonexistent/tokens.txt"), "{err}");
     }
 
     #[test]
