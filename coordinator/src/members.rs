@@ -109,6 +109,7 @@ async fn register(
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
     shared.workers.insert(name.to_string(), entry.clone());
     shared.metrics.worker_up(name, true);
+    shared.repository.changed();
     crate::heal::worker_joined(shared, name);
     // A probe tensor (network 0): the worker reports how long it took.
     let probe = entry.tensors.clone();
@@ -215,6 +216,7 @@ pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
         return;
     }
     shared.metrics.worker_up(name, false);
+    shared.repository.changed();
     if !shared.shutting_down() {
         crate::heal::worker_lost(shared, name);
     }

@@ -30,6 +30,9 @@ use crate::config::{valid_model_name, ModelConfig};
 use crate::network::{Current, Loaded};
 use crate::{deploy, CoordinatorError, Shared};
 
+mod keep;
+pub use keep::keep_loaded;
+
 /// A failed load is tried again after this long even if the workers did
 /// not change.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -70,6 +73,8 @@ struct EntryState {
 #[derive(Default)]
 pub struct Repository {
     entries: dashmap::DashMap<String, Arc<Entry>>,
+    /// Wakes [`keep_loaded`]: the workers changed, or a load ended.
+    changed: tokio::sync::Notify,
 }
 
 impl Repository {
@@ -100,6 +105,13 @@ impl Repository {
         });
         self.entries.insert(name.to_string(), entry.clone());
         entry
+    }
+
+    /// Something [`keep_loaded`] decides on changed: a worker came or went,
+    /// or a load ended. (A wake-up while it is not waiting is kept for its
+    /// next wait.)
+    pub fn changed(&self) {
+        self.changed.notify_one();
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
@@ -344,7 +356,7 @@ pub async fn load(
 
 /// What [`keep_loaded`] asks of a load.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Keep {
+pub(crate) enum Keep {
     /// An explicit load (SDK, CLI, HTTP): as requested, strictly.
     No,
     /// Only if still wanted (an unload meanwhile wins); `without_absent`:
@@ -426,6 +438,7 @@ async fn load_entry(
             }
         }
     };
+    shared.repository.changed();
     if let Some(old) = old {
         if let Err(e) = deploy::unload(shared, old).await {
             tracing::debug!(model = name, "replaced network {old}: {e}");
@@ -445,11 +458,6 @@ async fn load_now(
         (s.source.clone(), s.request.clone())
     };
     let bytes = read(&source).await?;
-    if let (Source::File(dir), Some(wanted)) = (&source, &request.generation) {
-        if wanted.tokenizer_json.is_empty() {
-            request.generation = Some(folder_spec(dir, wanted).await?);
-        }
-    }
     if let (Source::File(dir), Some(wanted)) = (&source, &request.generation) {
         if wanted.tokenizer_json.is_empty() {
             request.generation = Some(folder_spec(dir, wanted).await?);
@@ -526,68 +534,4 @@ pub fn progress_log(model: &str) -> mpsc::Sender<Control> {
         }
     });
     tx
-}
-
-/// Loads every wanted model that has no network, whenever workers are
-/// registered; a failed load is tried again when the workers change or
-/// after [`RETRY_AFTER`]. Runs until the coordinator shuts down.
-pub async fn keep_loaded(shared: Arc<Shared>) {
-    let tick = Duration::from_millis(shared.config.heartbeat_ms.max(50));
-    while !shared.shutting_down() {
-        if !shared.workers.is_empty() {
-            let workers = worker_names(&shared);
-            for name in shared.repository.names() {
-                let Some(entry) = shared.repository.get(&name) else {
-                    continue;
-                };
-                let grace = shared.started.elapsed()
-                    >= Duration::from_millis(shared.config.worker_timeout_ms);
-                let due = {
-                    let s = entry.lock();
-                    let absent = absent_workers(&shared, &s.request);
-                    if !s.wanted || s.loading {
-                        None
-                    } else if s.network.is_none() {
-                        let gated = s.failure.as_ref().is_some_and(|(_, then, at)| {
-                            *then == workers && at.elapsed() < RETRY_AFTER
-                        });
-                        match (gated, absent.is_empty()) {
-                            (true, _) => None,
-                            (false, true) => Some(Keep::Yes {
-                                without_absent: false,
-                                replace: false,
-                            }),
-                            (false, false) if grace => Some(Keep::Yes {
-                                without_absent: true,
-                                replace: false,
-                            }),
-                            (false, false) => None,
-                        }
-                    } else if s.degraded && absent.is_empty() {
-                        Some(Keep::Yes {
-                            without_absent: false,
-                            replace: true,
-                        })
-                    } else {
-                        None
-                    }
-                };
-                if let Some(keep) = due {
-                    let shared = shared.clone();
-                    tokio::spawn(async move {
-                        let tx = progress_log(&name);
-                        match load_entry(&shared, &entry.name, None, keep, tx).await {
-                            Ok(l) => {
-                                tracing::info!(model = %entry.name, network = l.id, "named model ready")
-                            }
-                            Err(e) => {
-                                tracing::warn!(model = %entry.name, "named model not loaded: {e}")
-                            }
-                        }
-                    });
-                }
-            }
-        }
-        tokio::time::sleep(tick).await;
-    }
 }
