@@ -14,20 +14,14 @@
 mod util;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use util::cluster::Cluster;
+use util::kserve::{free_port, python};
 
 const MAX_BODY: usize = 1 << 20;
 /// `[serving] header_timeout_ms`: short, so the slow-loris check is quick.
 const HEADER_TIMEOUT_MS: u64 = 2000;
-
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 /// `{ "node" = "host/CPU", ... }` pinning the second half of the model's
 /// ops (as planned with `shapes`) to `host`.
@@ -41,33 +35,6 @@ fn second_half_on(model: &Path, shapes: &BTreeMap<String, Vec<usize>>, host: &st
         .map(|&n| format!("{:?} = \"{host}/CPU\"", graph.node(n).name))
         .collect();
     format!("{{ {} }}", pins.join(", "))
-}
-
-/// The folder of the fetched test models.
-fn models_dir() -> PathBuf {
-    util::model("magika_standard_v3_3.onnx")
-        .parent()
-        .expect("models dir")
-        .to_path_buf()
-}
-
-/// Runs `tests/python/SCRIPT URL MODELS ARGS...`; its output is printed.
-fn python(script: &str, url: &str, args: &[&str]) {
-    let path = format!("{}/../tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
-        .arg(&path)
-        .arg(url)
-        .arg(models_dir())
-        .args(args)
-        .output()
-        .expect("python3 with tritonclient[http,grpc] (scripts/test.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "{script} {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn kserve(url: &str, phase: &str) {

@@ -13,38 +13,9 @@ mod util;
 use std::process::Command;
 
 use util::cluster::{Cluster, Proc};
+use util::kserve::{free_port, python};
 
 const TOKEN: &str = "t0k3n-for-the-secure-test";
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-fn models_dir() -> std::path::PathBuf {
-    util::model("magika_standard_v3_3.onnx")
-        .parent()
-        .expect("models dir")
-        .to_path_buf()
-}
-
-fn python(script: &str, url: &str, args: &[&str]) {
-    let path = format!("{}/../tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
-        .arg(&path)
-        .arg(url)
-        .arg(models_dir())
-        .args(args)
-        .output()
-        .expect("python3 with tritonclient[http,grpc] (scripts/test.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "{script} {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn https_grpc_over_tls_tokens_and_model_control_off() {
@@ -115,23 +86,33 @@ fn https_grpc_over_tls_tokens_and_model_control_off() {
     );
 }
 
+/// A folder with a lone coordinator's certificates and a cluster.toml
+/// with `extra` appended; the folder and the config file.
+fn lone_coordinator(name: &str, extra: &str) -> (util::Scratch, std::path::PathBuf) {
+    let dir = util::Scratch::new(name);
+    let certs = dir.join("certs");
+    util::cluster::certs_init(&certs, "lone", &["coordinator"]);
+    let config = dir.join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "cluster = \"lone\"\nlisten = \"127.0.0.1:0\"\ncerts = {:?}\n{extra}\n",
+            certs.display().to_string()
+        ),
+    )
+    .unwrap();
+    (dir, config)
+}
+
 /// A coordinator whose HTTP listener is open to other hosts without tokens
 /// says so once at start; the same on loopback does not.
 #[test]
 fn an_open_listener_without_tokens_warns_at_start() {
     let warns = |listen: &str| {
-        let dir = util::Scratch::new("kserve-open-warning");
-        let certs = dir.join("certs");
-        util::cluster::certs_init(&certs, "open", &["coordinator"]);
-        let config = dir.join("cluster.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "cluster = \"open\"\nlisten = \"127.0.0.1:0\"\ncerts = {:?}\nhttp_listen = \"{listen}\"\n",
-                certs.display().to_string()
-            ),
-        )
-        .unwrap();
+        let (dir, config) = lone_coordinator(
+            "kserve-open-warning",
+            &format!("http_listen = \"{listen}\""),
+        );
         let (coordinator, _) = Proc::start(
             "coordinator",
             env!("CARGO_BIN_EXE_coordinator"),
@@ -152,9 +133,6 @@ fn an_open_listener_without_tokens_warns_at_start() {
 /// message naming the key and the file.
 #[test]
 fn bad_serving_settings_fail_at_start() {
-    let dir = util::Scratch::new("kserve-bad-serving");
-    let certs = dir.join("certs");
-    util::cluster::certs_init(&certs, "bad", &["coordinator"]);
     for (serving, wanted) in [
         (
             "tokens_file = \"/nonexistent/tokens.txt\"",
@@ -169,15 +147,10 @@ fn bad_serving_settings_fail_at_start() {
             "[serving] TLS certificate /nonexistent/cert.pem",
         ),
     ] {
-        let config = dir.join("cluster.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "cluster = \"bad\"\nlisten = \"127.0.0.1:0\"\ncerts = {:?}\nhttp_listen = \"127.0.0.1:0\"\n[serving]\n{serving}\n",
-                certs.display().to_string()
-            ),
-        )
-        .unwrap();
+        let (_dir, config) = lone_coordinator(
+            "kserve-bad-serving",
+            &format!("http_listen = \"127.0.0.1:0\"\n[serving]\n{serving}"),
+        );
         let out = Command::new(env!("CARGO_BIN_EXE_coordinator"))
             .args(["--config", config.to_str().unwrap()])
             .output()

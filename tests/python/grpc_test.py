@@ -18,7 +18,6 @@ open), and the requests counted in /metrics (over --http, when plain).
 """
 import argparse
 import queue
-import sys
 import time
 
 import grpc
@@ -27,7 +26,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from kserve_test import REC_SHAPE, Oracle, close, metrics, sample
+from kserve_test import REC_SHAPE, Oracle, close, metrics, run, sample
 
 
 class Server:
@@ -262,8 +261,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

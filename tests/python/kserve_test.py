@@ -415,9 +415,15 @@ def main():
     print("kserve: all checks passed")
 
 
-if __name__ == "__main__":
+def run(main):
+    """Runs a test script's `main`: a failed check prints FAILED and its
+    message and exits 1."""
     try:
         main()
     except AssertionError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -15,12 +15,11 @@ file works a second later and a removed one stops working.
 import argparse
 import json
 import subprocess
-import sys
 import time
 
 import tritonclient.http as httpclient
 
-from kserve_test import Oracle, rec_infer
+from kserve_test import Oracle, run
 
 
 def curl(url, path, ca, token=None, method="GET", data=None, scheme="https"):
@@ -98,21 +97,21 @@ def check_triton_client(url, ca, token, oracle):
           "no token refused")
 
 
-def check_rotation(url, ca, tokens_file, token):
-    new = "rotated-" + token[::-1]
+def write_tokens_and_wait(url, ca, tokens_file, token, text):
+    """Rewrites the tokens file; waits until `token` is accepted."""
     with open(tokens_file, "w") as f:
-        f.write(f"# rotated\n{new}\n")
-    deadline = time.time() + 10
-    while curl(url, "/v2/health/ready", ca, new)[0] != 200:
-        assert time.time() < deadline, "the new token was not accepted within 10 s"
-        time.sleep(0.3)
-    assert curl(url, "/v2/health/ready", ca, token)[0] == 401, "the removed token still works"
-    with open(tokens_file, "w") as f:
-        f.write(f"{token}\n")
+        f.write(text)
     deadline = time.time() + 10
     while curl(url, "/v2/health/ready", ca, token)[0] != 200:
-        assert time.time() < deadline, "the restored token was not accepted within 10 s"
+        assert time.time() < deadline, f"{text!r}: the token was not accepted within 10 s"
         time.sleep(0.3)
+
+
+def check_rotation(url, ca, tokens_file, token):
+    new = "rotated-" + token[::-1]
+    write_tokens_and_wait(url, ca, tokens_file, new, f"# rotated\n{new}\n")
+    assert curl(url, "/v2/health/ready", ca, token)[0] == 401, "the removed token still works"
+    write_tokens_and_wait(url, ca, tokens_file, token, f"{token}\n")
     print("tokens file rewritten: the new token works and the removed one is refused, without a restart")
 
 
@@ -139,8 +138,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)
