@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tessera_common::graph::Graph;
@@ -61,7 +62,7 @@ pub async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    run(&shared, &name, &headers, body).await
+    run(&shared, &name, None, &headers, body).await
 }
 
 pub async fn infer_v(
@@ -70,23 +71,30 @@ pub async fn infer_v(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    check_version(&name, &version)?;
-    run(&shared, &name, &headers, body).await
+    run(&shared, &name, Some(&version), &headers, body).await
 }
 
 async fn run(
     shared: &Arc<Shared>,
     name: &str,
+    version: Option<&str>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
+    // The body first, whatever the answer: a client still sending when an
+    // early answer (unknown model or version) closed the connection would
+    // see it reset instead of the answer.
+    let limits = BodyLimits {
+        bytes: shared.config.http_max_body_bytes,
+        time: Duration::from_millis(shared.config.request_deadline_ms),
+    };
+    let body = read_body(limits, headers, body).await;
+    if let Some(version) = version {
+        check_version(name, version)?;
+    }
     let loaded = repository::serving(shared, name)?;
     let decoded = async {
-        let limits = BodyLimits {
-            bytes: shared.config.http_max_body_bytes,
-            time: Duration::from_millis(shared.config.request_deadline_ms),
-        };
-        let body = read_body(limits, headers, body).await?;
+        let body = body?;
         let header_len = headers.get(HEADER_LENGTH).cloned();
         let graph = loaded.clone();
         off_async(body.len() > BIG, move || {
@@ -168,6 +176,15 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if let Some(n) = declared.filter(|&n| n > limit) {
+        // A body up to twice the limit is read and dropped, so that the
+        // client, still sending, gets the 413 instead of a reset
+        // connection; a larger one is refused at once (the connection
+        // closes).
+        if n <= limit.saturating_mul(2) {
+            let mut chunks = body.into_data_stream();
+            let drain = async { while let Some(Ok(_)) = chunks.next().await {} };
+            let _ = tokio::time::timeout(limits.time, drain).await;
+        }
         return Err(too_large(n.to_string()));
     }
     let max = usize::try_from(limit).unwrap_or(usize::MAX);
