@@ -104,14 +104,14 @@ fn lone_coordinator(name: &str, extra: &str) -> (util::Scratch, std::path::PathB
     (dir, config)
 }
 
-/// A coordinator whose HTTP listener is open to other hosts without tokens
-/// says so once at start; the same on loopback does not.
+/// A coordinator whose HTTP and gRPC listeners are open to other hosts
+/// without tokens says so once at start; the same on loopback does not.
 #[test]
 fn an_open_listener_without_tokens_warns_at_start() {
     let warns = |listen: &str| {
         let (dir, config) = lone_coordinator(
             "kserve-open-warning",
-            &format!("http_listen = \"{listen}\""),
+            &format!("http_listen = \"{listen}:0\"\ngrpc_listen = \"{listen}:0\""),
         );
         let (coordinator, _) = Proc::start(
             "coordinator",
@@ -125,8 +125,8 @@ fn an_open_listener_without_tokens_warns_at_start() {
         drop(coordinator);
         log.matches("without a token").count()
     };
-    assert_eq!(warns("0.0.0.0:0"), 1);
-    assert_eq!(warns("127.0.0.1:0"), 0);
+    assert_eq!(warns("0.0.0.0"), 1, "one warning for both listeners");
+    assert_eq!(warns("127.0.0.1"), 0);
 }
 
 /// Serving settings that cannot work stop the coordinator at start with a

@@ -220,11 +220,11 @@ impl Coordinator {
         let serving = serving::Serving::from_config(&config, identity)?;
         let (http, http_addr) = bind_listener("HTTP", config.http_addr())?;
         let (grpc, grpc_addr) = bind_listener("gRPC", config.grpc_addr())?;
-        for (what, addr) in [("HTTP", http_addr), ("gRPC", grpc_addr)] {
-            if let Some(addr) = addr {
-                serving::warn_if_open(what, addr, &serving);
-            }
-        }
+        let listening: Vec<(&str, SocketAddr)> = [("HTTP", http_addr), ("gRPC", grpc_addr)]
+            .into_iter()
+            .filter_map(|(what, addr)| Some((what, addr?)))
+            .collect();
+        serving::warn_if_open(&listening, &serving);
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
         Ok(Coordinator {
             shared: Arc::new(Shared {

@@ -354,12 +354,16 @@ def check_repository(client, oracle):
     client.load_model("minilm")
     assert client.is_model_ready("minilm")
     minilm_infer(client, oracle, 10, True)
+    # Placed anew by a config without a path: read from its configured file.
+    client.load_model("minilm", config=json.dumps({"devices": "HETERO:node-a/CPU"}))
+    assert client.is_model_ready("minilm")
+    minilm_infer(client, oracle, 15, True)
     try:
         client.load_model("nope")
         raise AssertionError("loaded an unknown model")
     except InferenceServerException as e:
         assert "nope" in str(e), e
-    print("repository: unload, load again, unknown model refused: ok")
+    print("repository: unload, load again, placed anew by a config, unknown model refused: ok")
 
 
 def check_metrics(url, client, oracle, before):

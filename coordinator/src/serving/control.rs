@@ -29,12 +29,19 @@ pub async fn load(
         )));
     }
     let config = config.map(parse_config).transpose()?;
-    let known = shared.repository.get(name).is_some();
+    let known = shared.repository.get(name);
     let new = match config {
-        None if known => None,
+        None if known.is_some() => None,
         config => {
             let mut config = config.unwrap_or_default();
-            config.path = locate(shared, name, &config)?;
+            // Placed anew, read from where it was (the operator's
+            // `[models.NAME]` path, or the repository) unless a path is
+            // given.
+            let file = known.and_then(|e| e.source_file());
+            config.path = match file {
+                Some(file) if config.path.as_os_str().is_empty() => file,
+                _ => locate(shared, name, &config)?,
+            };
             config
                 .check(name)
                 .map_err(|e| ServingError::BadRequest(format!("model {name}{e}")))?;

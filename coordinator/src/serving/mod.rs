@@ -188,11 +188,22 @@ pub fn readiness(shared: &Shared) -> Result<(), String> {
     }
 }
 
-/// Logs, once at start, a listener open to other hosts without tokens.
-pub fn warn_if_open(what: &str, addr: std::net::SocketAddr, serving: &Serving) {
-    if !addr.ip().is_loopback() && serving.tokens.is_none() {
+/// Logs one warning at start when listeners (`(what, address)`) are open
+/// to other hosts without tokens.
+pub fn warn_if_open(listeners: &[(&str, std::net::SocketAddr)], serving: &Serving) {
+    if serving.tokens.is_some() {
+        return;
+    }
+    let open: Vec<String> = listeners
+        .iter()
+        .filter(|(_, addr)| !addr.ip().is_loopback())
+        .map(|(what, addr)| format!("{what} on {addr}"))
+        .collect();
+    if !open.is_empty() {
         tracing::warn!(
-            "the {what} listener on {addr} accepts requests from other hosts without a token: anyone who reaches it can run the models{}; set [serving] tokens_file (and tls = true) to require a token",
+            "{} accept{} requests from other hosts without a token: anyone who reaches them can run the models{}; set [serving] tokens_file (and tls = true) to require a token",
+            open.join(" and "),
+            if open.len() == 1 { "s" } else { "" },
             if serving.model_control { " and load or unload them" } else { "" }
         );
     }
