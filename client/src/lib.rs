@@ -229,7 +229,7 @@ impl Client {
             Control::NetworkLoaded { network, plan } => Ok(Network {
                 client: self.clone(),
                 id: network,
-                plan: Arc::new(plan::parse(&plan).map_err(ClientError::Protocol)?),
+                plan: Arc::new(*plan),
                 deadline: None,
             }),
             other => Err(ClientError::unexpected(op, &other)),
@@ -313,9 +313,7 @@ impl Client {
             .operation(op, &request, Some(model), |_, _, _| {})
             .await?
         {
-            Control::NetworkLoaded { plan, .. } => {
-                plan::parse(&plan).map_err(ClientError::Protocol)
-            }
+            Control::NetworkLoaded { plan, .. } => Ok(*plan),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }

@@ -3,8 +3,3 @@
 //! why each node went where, what simplification did).
 
 pub use tessera_common::dump::{NodeExplanation, PlanReport as Plan, SubgraphReport};
-
-/// Reads the plan the coordinator sent (JSON).
-pub(crate) fn parse(text: &str) -> Result<Plan, String> {
-    serde_json::from_str(text).map_err(|e| format!("plan: {e}"))
-}

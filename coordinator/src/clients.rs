@@ -74,6 +74,7 @@ async fn operation(
                 &limits,
             )
             .await?;
+            let plan = Box::new(plan);
             write(send, &Control::NetworkLoaded { network: 0, plan }, &limits).await
         }
         Control::LoadNetwork(request) => {
@@ -304,8 +305,7 @@ fn cluster_state(shared: &Shared) -> Control {
 fn network_loaded(loaded: &crate::network::Loaded) -> Control {
     Control::NetworkLoaded {
         network: loaded.id,
-        // Plain structs of strings and numbers: serializing cannot fail.
-        plan: serde_json::to_string(&loaded.plan()).unwrap_or_default(),
+        plan: Box::new(loaded.plan()),
     }
 }
 

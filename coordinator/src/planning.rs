@@ -520,14 +520,14 @@ pub(crate) fn hosts_of(plan: &Plan) -> Vec<String> {
     hosts
 }
 
-/// Plans `model` as asked without deploying it; returns the plan (JSON):
-/// the first copy's, every copy listed when there are several.
+/// Plans `model` as asked without deploying it; returns the plan: the
+/// first copy's, every copy listed when there are several.
 pub async fn dry_run(
     shared: &Arc<Shared>,
     request: LoadRequest,
     model: Bytes,
     progress: mpsc::Sender<Control>,
-) -> Result<String, CoordinatorError> {
+) -> Result<PlanReport, CoordinatorError> {
     let scheduled = plan_request(
         shared,
         &request,
@@ -554,6 +554,5 @@ pub async fn dry_run(
     }
     report.predicted_rps = scheduled.schedule.predicted_rps;
     report.considered = scheduled.schedule.considered.clone();
-    // Plain structs of strings and numbers: serializing cannot fail.
-    Ok(serde_json::to_string(&report).unwrap_or_default())
+    Ok(report)
 }

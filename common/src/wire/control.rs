@@ -10,6 +10,7 @@ use super::frame::{FrameKind, Limits};
 use super::generate::{GenerateParams, GenerateStats, GenerationSpec, Prompt};
 use super::{codec, WireError};
 use crate::affinity::Policy;
+use crate::dump::PlanReport;
 pub use crate::graph::StatePair;
 use crate::plan::ReportedType;
 pub use crate::schedule::Replicas;
@@ -335,10 +336,11 @@ pub enum Control {
 
     // Networks and requests.
     LoadNetwork(LoadRequest),
-    /// The plan, as the JSON dump of the partition.
+    /// The plan (the partition's report, with where each copy runs).
     NetworkLoaded {
         network: u64,
-        plan: String,
+        #[serde(with = "super::plan_json")]
+        plan: Box<PlanReport>,
     },
     /// A request; `inputs` tensor frames follow on the same stream.
     Infer {

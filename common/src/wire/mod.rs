@@ -45,6 +45,7 @@ pub mod control;
 pub mod frame;
 pub mod generate;
 pub mod handshake;
+pub mod plan_json;
 pub mod tensor;
 
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};

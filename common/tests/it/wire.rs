@@ -474,7 +474,11 @@ fn every_control_message_round_trips() {
         },
         Control::NetworkLoaded {
             network: 1,
-            plan: "{}".into(),
+            plan: Box::new(tessera_common::dump::PlanReport {
+                hosts: vec!["node-a".into()],
+                network: 1,
+                ..Default::default()
+            }),
         },
         Control::Infer {
             network: 1,
