@@ -129,6 +129,7 @@ fn main() -> std::process::ExitCode {
     tessera_worker::plugins::configure(tessera_worker::plugins::PluginOptions {
         cpu_backend: cli.cpu_backend,
         onnxruntime_library: cli.onnxruntime_library.clone(),
+        calibration_dir: None,
     });
     let result = match cli.command {
         Command::Partition(args) => partition::run(args),

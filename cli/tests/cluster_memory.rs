@@ -159,6 +159,8 @@ fn a_model_bigger_than_each_worker_runs_in_stages_that_fit_and_heals_from_the_ca
         check(&network, &path, &cluster.dir.join("ort2"), 1).await;
     });
     let log = cluster.workers[2].log_text();
+    // Planned as it was: its speed read back, not measured again.
+    assert!(log.contains("CPU speed as measured before"), "{log}");
     assert!(log.contains("cached=true"), "{log}");
     assert!(!log.contains("received the subgraph's model"), "{log}");
 }

@@ -73,6 +73,7 @@ fn hetero(path: &std::path::Path, backend: CpuBackend) -> Result<Network, Error>
     let options = PluginOptions {
         cpu_backend: backend,
         onnxruntime_library: None,
+        calibration_dir: None,
     };
     let cpu: Arc<dyn DevicePlugin> = plugins::cpu_plugin("CPU", &options)?;
     let model = tessera_common::onnx::load_model(path)?;

@@ -39,12 +39,14 @@ fn missing_or_wrong_libraries_are_clear_errors_and_one_library_is_kept() {
     let forced = PluginOptions {
         cpu_backend: CpuBackend::OnnxRuntime,
         onnxruntime_library: Some(missing.to_path_buf()),
+        calibration_dir: None,
     };
     let err = cpu_plugin("CPU", &forced).err().unwrap().to_string();
     assert!(err.contains("onnxruntime 1.32.0 not found"), "{err}");
     let auto_with_path = PluginOptions {
         cpu_backend: CpuBackend::Auto,
         onnxruntime_library: Some(missing.to_path_buf()),
+        calibration_dir: None,
     };
     assert!(cpu_plugin("CPU", &auto_with_path).is_err());
 

@@ -690,6 +690,7 @@ async fn backends() -> Result<()> {
             plugins::configure(PluginOptions {
                 cpu_backend: backend,
                 onnxruntime_library: None,
+                calibration_dir: None,
             });
             let (c, two) = two_stages(&bytes, &graph, &inputs).await?;
             two.infer(inputs.clone()).await?;

@@ -111,9 +111,12 @@ fn run(args: Args) -> Result<()> {
             .context("[plugin] backend")?,
         (None, None) => CpuBackend::Auto,
     };
+    let cache_dir = args.cache_dir.or(file.cache_dir);
     plugins::configure(PluginOptions {
         cpu_backend,
         onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
+        // What it measured of its CPU is kept with its compile cache.
+        calibration_dir: cache_dir.clone(),
     });
     let mut config: Vec<(String, String)> = plugin.into_iter().collect();
     if let Some(t) = args.threads {
@@ -139,7 +142,7 @@ fn run(args: Args) -> Result<()> {
             .or(file.cluster)
             .unwrap_or_else(|| "tessera".into()),
         mailbox: file.mailbox.unwrap_or(64),
-        cache_dir: args.cache_dir.or(file.cache_dir),
+        cache_dir,
         config,
         memory_limit,
     };

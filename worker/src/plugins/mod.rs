@@ -68,6 +68,9 @@ pub struct PluginOptions {
     /// onnxruntime's shared library; `None`: `ORT_DYLIB_PATH`, then the
     /// installed Python package, then next to the executable.
     pub onnxruntime_library: Option<PathBuf>,
+    /// Where a worker keeps what it measured of its CPU (its compile
+    /// cache): see [`remembered_calibration`].
+    pub calibration_dir: Option<PathBuf>,
 }
 
 static OPTIONS: RwLock<Option<PluginOptions>> = RwLock::new(None);
@@ -239,6 +242,49 @@ pub(crate) fn cpu_metric(
 pub(crate) fn configured_threads(config: &crate::plugin::Config) -> f64 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     config.num_threads().unwrap_or(1).clamp(1, cores) as f64
+}
+
+/// A CPU backend's one-thread GFLOPS and memory GB/s: read from the
+/// worker's calibration folder (its compile cache) when an earlier run
+/// measured them there, else measured by `measure` and written there. A
+/// worker restarted on the same machine is then planned as it was: the
+/// same cut, so its cached stages are used (measured again, under a
+/// different load, its speed moved a re-plan's cut by a layer, and a stage
+/// was shipped and compiled again).
+#[cfg(any(feature = "cpu", feature = "onnxruntime"))]
+pub(crate) fn remembered_calibration(
+    backend: &str,
+    measure: impl FnOnce() -> (f64, f64),
+) -> (f64, f64) {
+    let file = options()
+        .calibration_dir
+        .map(|dir| dir.join(format!("calibration-{backend}.txt")));
+    let read = |path: &std::path::Path| -> Option<(f64, f64)> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let (g, b) = text.trim().split_once(' ')?;
+        let (g, b) = (g.parse::<f64>().ok()?, b.parse::<f64>().ok()?);
+        (g > 0.0 && b > 0.0 && g.is_finite() && b.is_finite()).then_some((g, b))
+    };
+    if let Some(found) = file.as_deref().and_then(read) {
+        tracing::info!(
+            backend,
+            gflops = found.0,
+            gbps = found.1,
+            "CPU speed as measured before (its calibration file)"
+        );
+        return found;
+    }
+    let measured = measure();
+    if let Some(path) = file.filter(|_| measured.0 > 0.0 && measured.1 > 0.0) {
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, format!("{} {}\n", measured.0, measured.1)));
+        if let Err(e) = written {
+            tracing::debug!("calibration not kept in {}: {e}", path.display());
+        }
+    }
+    measured
 }
 
 /// GFLOP/s of the fastest of `runs` calls of `run` (each `flops`

@@ -65,32 +65,35 @@ impl CpuPlugin {
     /// runs on the same machine: an embedded cluster's workers share it).
     fn calibrate(&self) -> (f64, f64) {
         static CALIBRATION: OnceLock<(f64, f64)> = OnceLock::new();
-        *CALIBRATION.get_or_init(|| {
-            let n = 256usize;
-            let gflops = (|| -> TractResult<f64> {
-                let mut model = TypedModel::default();
-                let a = model.add_source("a", f32::fact([n, n]))?;
-                let b = model.add_const("b", tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?)?;
-                let c = model.wire_node(
-                    "mm",
-                    tract_onnx::tract_core::ops::einsum::EinSum::new(
-                        "mk,kn->mn".parse()?,
-                        f32::datum_type(),
-                    ),
-                    &[a, b],
-                )?;
-                model.select_output_outlets(&c)?;
-                let plan = model.into_optimized()?.into_runnable()?;
-                let input: TValue = tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?.into();
-                plan.run(tvec![input.clone()])?;
-                crate::plugins::fastest_gflops(2.0 * (n * n * n) as f64, 8, || {
-                    plan.run(tvec![input.clone()]).map(drop)
-                })
-            })()
-            .unwrap_or(0.0);
-            (gflops, crate::plugins::memory_bandwidth_gbps())
-        })
+        *CALIBRATION.get_or_init(|| crate::plugins::remembered_calibration("tract", measure))
     }
+}
+
+/// GFLOP/s of a 256³ f32 MatMul through tract, and memory bandwidth.
+fn measure() -> (f64, f64) {
+    let n = 256usize;
+    let gflops = (|| -> TractResult<f64> {
+        let mut model = TypedModel::default();
+        let a = model.add_source("a", f32::fact([n, n]))?;
+        let b = model.add_const("b", tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?)?;
+        let c = model.wire_node(
+            "mm",
+            tract_onnx::tract_core::ops::einsum::EinSum::new(
+                "mk,kn->mn".parse()?,
+                f32::datum_type(),
+            ),
+            &[a, b],
+        )?;
+        model.select_output_outlets(&c)?;
+        let plan = model.into_optimized()?.into_runnable()?;
+        let input: TValue = tract_onnx::prelude::Tensor::zero::<f32>(&[n, n])?.into();
+        plan.run(tvec![input.clone()])?;
+        crate::plugins::fastest_gflops(2.0 * (n * n * n) as f64, 8, || {
+            plan.run(tvec![input.clone()]).map(drop)
+        })
+    })()
+    .unwrap_or(0.0);
+    (gflops, crate::plugins::memory_bandwidth_gbps())
 }
 
 impl DevicePlugin for CpuPlugin {

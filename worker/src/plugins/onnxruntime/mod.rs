@@ -81,11 +81,13 @@ impl OrtPlugin {
     fn calibrate(&self) -> (f64, f64) {
         static CALIBRATION: OnceLock<(f64, f64)> = OnceLock::new();
         *CALIBRATION.get_or_init(|| {
-            let gflops = self.matmul_gflops(256).unwrap_or_else(|e| {
-                tracing::warn!("onnxruntime calibration failed: {e}");
-                0.0
-            });
-            (gflops, crate::plugins::memory_bandwidth_gbps())
+            crate::plugins::remembered_calibration("onnxruntime", || {
+                let gflops = self.matmul_gflops(256).unwrap_or_else(|e| {
+                    tracing::warn!("onnxruntime calibration failed: {e}");
+                    0.0
+                });
+                (gflops, crate::plugins::memory_bandwidth_gbps())
+            })
         })
     }
 

@@ -44,6 +44,7 @@ pub fn cpu_plugin(
     let options = tessera_worker::plugins::PluginOptions {
         cpu_backend: backend.parse().expect("a CPU backend name"),
         onnxruntime_library: None,
+        calibration_dir: None,
     };
     tessera_worker::plugins::cpu_plugin(name, &options)
         .unwrap_or_else(|e| panic!("the {backend} CPU plugin: {e}"))
