@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tessera_common::graph::Graph;
 use tessera_common::onnx::ElemType;
-use tessera_common::tensor::Tensor;
+use tessera_common::tensor::{Element, Tensor};
 use tonic::{Request, Status};
 
 use super::proto::{self, infer_parameter::ParameterChoice, InferTensorContents};
@@ -121,58 +121,44 @@ fn from_contents(
     c: &InferTensorContents,
 ) -> Result<Tensor, String> {
     let dt = tensors::datatype(elem).unwrap_or("?");
-    let out_of_range = |v: &dyn std::fmt::Display| format!("input '{name}': {v} is not a {dt}");
-    macro_rules! pack {
-        ($values:expr, $t:ty) => {{
-            let mut bytes = Vec::with_capacity($values.len() * std::mem::size_of::<$t>());
-            for &v in $values.iter() {
-                let x = <$t>::try_from(v).map_err(|_| out_of_range(&v))?;
-                bytes.extend_from_slice(&x.to_le_bytes());
-            }
-            ($values.len(), bytes)
-        }};
+    // The narrow integer types come in a wider field: each value checked.
+    fn narrow<S, T>(values: &[S], name: &str, dt: &str) -> Result<Vec<T>, String>
+    where
+        S: Copy + std::fmt::Display,
+        T: TryFrom<S>,
+    {
+        values
+            .iter()
+            .map(|&v| T::try_from(v).map_err(|_| format!("input '{name}': {v} is not a {dt}")))
+            .collect()
     }
-    let (count, bytes) = match elem {
-        ElemType::BOOL => (
-            c.bool_contents.len(),
-            c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
-        ),
-        ElemType::INT8 => pack!(c.int_contents, i8),
-        ElemType::INT16 => pack!(c.int_contents, i16),
-        ElemType::INT32 => pack!(c.int_contents, i32),
-        ElemType::INT64 => pack!(c.int64_contents, i64),
-        ElemType::UINT8 => pack!(c.uint_contents, u8),
-        ElemType::UINT16 => pack!(c.uint_contents, u16),
-        ElemType::UINT32 => pack!(c.uint_contents, u32),
-        ElemType::UINT64 => pack!(c.uint64_contents, u64),
-        ElemType::FLOAT => (
-            c.fp32_contents.len(),
-            c.fp32_contents
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-        ),
-        ElemType::DOUBLE => (
-            c.fp64_contents.len(),
-            c.fp64_contents
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-        ),
+    match elem {
+        ElemType::BOOL => typed(name, shape, &c.bool_contents),
+        ElemType::INT8 => typed(name, shape, &narrow::<_, i8>(&c.int_contents, name, dt)?),
+        ElemType::INT16 => typed(name, shape, &narrow::<_, i16>(&c.int_contents, name, dt)?),
+        ElemType::INT32 => typed(name, shape, &c.int_contents),
+        ElemType::INT64 => typed(name, shape, &c.int64_contents),
+        ElemType::UINT8 => typed(name, shape, &narrow::<_, u8>(&c.uint_contents, name, dt)?),
+        ElemType::UINT16 => typed(name, shape, &narrow::<_, u16>(&c.uint_contents, name, dt)?),
+        ElemType::UINT32 => typed(name, shape, &c.uint_contents),
+        ElemType::UINT64 => typed(name, shape, &c.uint64_contents),
+        ElemType::FLOAT => typed(name, shape, &c.fp32_contents),
+        ElemType::DOUBLE => typed(name, shape, &c.fp64_contents),
         ElemType::STRING => {
             let strings = &c.bytes_contents;
-            return check_count(name, &shape, strings.len())
-                .and_then(|()| Tensor::from_strings(shape, strings).map_err(|e| e.to_string()))
-                .map_err(|e| format!("input '{name}': {e}"));
+            check_count(name, &shape, strings.len())?;
+            Tensor::from_strings(shape, strings).map_err(|e| format!("input '{name}': {e}"))
         }
-        _ => {
-            return Err(format!(
-                "input '{name}': {dt} has no typed contents; send it in raw_input_contents"
-            ))
-        }
-    };
-    check_count(name, &shape, count)?;
-    tensors::from_binary(name, elem, shape, bytes.into())
+        _ => Err(format!(
+            "input '{name}': {dt} has no typed contents; send it in raw_input_contents"
+        )),
+    }
+}
+
+/// A tensor of `values`, as many as `shape` holds.
+fn typed<T: Element>(name: &str, shape: Vec<usize>, values: &[T]) -> Result<Tensor, String> {
+    check_count(name, &shape, values.len())?;
+    Tensor::from_values(shape, values).map_err(|e| format!("input '{name}': {e}"))
 }
 
 fn check_count(name: &str, shape: &[usize], count: usize) -> Result<(), String> {

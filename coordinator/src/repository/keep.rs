@@ -116,11 +116,12 @@ pub async fn keep_loaded(shared: Arc<Shared>) {
     loop {
         let mut wait = AT_LEAST_EVERY;
         if !shared.workers.is_empty() {
+            let workers = worker_names(&shared);
             for name in shared.repository.names() {
                 let Some(entry) = shared.repository.get(&name) else {
                     continue;
                 };
-                let decision = decide(facts(&shared, &entry), timing);
+                let decision = decide(facts(&shared, &workers, &entry), timing);
                 if let Some(after) = decision.recheck {
                     wait = wait.min(after);
                 }
@@ -137,9 +138,8 @@ pub async fn keep_loaded(shared: Arc<Shared>) {
     }
 }
 
-/// What the rules need of `entry` now.
-fn facts(shared: &Shared, entry: &super::Entry) -> Facts {
-    let workers = worker_names(shared);
+/// What the rules need of `entry` now (`workers`: those registered).
+fn facts(shared: &Shared, workers: &[String], entry: &super::Entry) -> Facts {
     let s = entry.lock();
     Facts {
         wanted: s.wanted,
@@ -150,7 +150,7 @@ fn facts(shared: &Shared, entry: &super::Entry) -> Facts {
         failed_ago: s
             .failure
             .as_ref()
-            .filter(|(_, then, _)| *then == workers)
+            .filter(|(_, then, _)| then.as_slice() == workers)
             .map(|(_, _, at): &(String, Vec<String>, Instant)| at.elapsed()),
         uptime: shared.started.elapsed(),
     }
