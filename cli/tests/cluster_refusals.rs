@@ -14,6 +14,7 @@ use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
 use tessera_common::synth;
 use tessera_common::tensor::Tensor;
+use tessera_common::wire::client::ClientReply;
 use tessera_common::wire::frame::FrameKind;
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::{Frame, Prefix, PROTOCOL_VERSION};
@@ -34,11 +35,8 @@ async fn answer_to(cluster: &Cluster, bytes: &[u8]) -> String {
     let (mut send, mut recv) = peer.connection.open_bi().await.unwrap();
     send.write_all(bytes).await.unwrap();
     let _ = send.finish();
-    match recv_frame(&mut recv, node.limits()).await {
-        Ok(Some(Frame::Control(
-            tessera_common::wire::control::Control::Failed { error, .. },
-            _,
-        ))) => error,
+    match recv_frame::<ClientReply>(&mut recv, node.limits()).await {
+        Ok(Some(Frame::Control(ClientReply::Failed(failure), _))) => failure.error,
         other => panic!("expected a Failed answer, got {other:?}"),
     }
 }

@@ -89,8 +89,9 @@ impl ClientError {
     /// An answer that is not the one `op` expects.
     pub(crate) fn unexpected(
         op: Operation,
-        answer: &tessera_common::wire::control::Control,
+        answer: &tessera_common::wire::client::ClientReply,
     ) -> ClientError {
+        use tessera_common::wire::Message;
         ClientError::Protocol(format!("{op}: unexpected {}", answer.name()))
     }
 }

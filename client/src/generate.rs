@@ -6,10 +6,11 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use tessera_common::wire::control::Control;
+use tessera_common::wire::client::{ClientReply, ClientRequest};
 pub use tessera_common::wire::generate::{
     ChatMessage, FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt,
 };
+use tessera_common::wire::Failure;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::{exchange, recv_frame};
 
@@ -63,18 +64,18 @@ impl Generation {
             return Ok(None);
         }
         let op = Operation::Generate;
-        let frame = recv_frame(&mut self.recv, &self.limits)
+        let frame = recv_frame::<ClientReply>(&mut self.recv, &self.limits)
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
         match frame {
-            Some(Frame::Control(Control::Tokens { ids, text }, _)) => {
+            Some(Frame::Control(ClientReply::Tokens { ids, text }, _)) => {
                 Ok(Some(Event::Tokens { ids, text }))
             }
-            Some(Frame::Control(Control::Generated(stats), _)) => {
+            Some(Frame::Control(ClientReply::Generated(stats), _)) => {
                 self.done = true;
                 Ok(Some(Event::Done(stats)))
             }
-            Some(Frame::Control(Control::Failed { kind, error, .. }, _)) => {
+            Some(Frame::Control(ClientReply::Failed(Failure { kind, error, .. }), _)) => {
                 self.done = true;
                 Err(ClientError::Failed {
                     op,
@@ -120,7 +121,7 @@ impl Network {
     ) -> Result<Generation, ClientError> {
         let limits = self.client.inner.limits;
         let (mut send, recv) = self.client.open().await?;
-        let msg = Control::Generate {
+        let msg = ClientRequest::Generate {
             network: self.id,
             prompt,
             params,

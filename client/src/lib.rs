@@ -48,13 +48,15 @@ use std::time::Duration;
 use bytes::Bytes;
 pub use tessera_common::affinity::Policy;
 use tessera_common::tensor::Tensor;
+use tessera_common::wire::client::{ClientReply, ClientRequest};
+use tessera_common::wire::control::LoadRequest;
 pub use tessera_common::wire::control::{
     Batching, Counters, DeviceAnswer, ModelState, ModelStatus, NodeTime, Replicas, Transfer,
     WorkerState,
 };
-use tessera_common::wire::control::{Control, LoadRequest};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::Progress;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::certs::NodeIdentity;
 use tessera_net::{exchange, recv_frame, send_frame, NetError, Node};
@@ -217,6 +219,7 @@ impl Client {
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
         let (request, model) = load_message(options, model.into(), false);
+        let request = ClientRequest::LoadNetwork(request);
         let answer = self
             .operation(Operation::Load, &request, Some(model), progress)
             .await?;
@@ -224,9 +227,9 @@ impl Client {
     }
 
     /// The network a `NetworkLoaded` answer names.
-    fn loaded(&self, op: Operation, answer: Control) -> Result<Network, ClientError> {
+    fn loaded(&self, op: Operation, answer: ClientReply) -> Result<Network, ClientError> {
         match answer {
-            Control::NetworkLoaded { network, plan } => Ok(Network {
+            ClientReply::NetworkLoaded { network, plan } => Ok(Network {
                 client: self.clone(),
                 id: network,
                 plan: Arc::new(*plan),
@@ -247,11 +250,8 @@ impl Client {
         options: LoadOptions,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let (request, model) = match load_message(options, model.into(), false) {
-            (Control::LoadNetwork(request), model) => (Some(request), model),
-            (_, model) => (None, model),
-        };
-        self.model_operation(name, request, Some(model), progress)
+        let (request, model) = load_message(options, model.into(), false);
+        self.model_operation(name, Some(request), Some(model), progress)
             .await
     }
 
@@ -268,7 +268,7 @@ impl Client {
         model: Option<Bytes>,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let msg = Control::LoadModel {
+        let msg = ClientRequest::LoadModel {
             name: name.to_string(),
             request,
         };
@@ -281,9 +281,9 @@ impl Client {
     /// Unloads named model `name` (it stays in the repository, unloaded).
     pub async fn unload_model(&self, name: &str) -> Result<(), ClientError> {
         let op = Operation::UnloadModel;
-        let msg = Control::UnloadModel { name: name.into() };
+        let msg = ClientRequest::UnloadModel { name: name.into() };
         match self.operation(op, &msg, None, |_, _, _| {}).await? {
-            Control::ModelUnloaded { .. } => Ok(()),
+            ClientReply::ModelUnloaded { .. } => Ok(()),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }
@@ -292,10 +292,10 @@ impl Client {
     pub async fn models(&self) -> Result<Vec<ModelStatus>, ClientError> {
         let op = Operation::ListModels;
         match self
-            .operation(op, &Control::ListModels, None, |_, _, _| {})
+            .operation(op, &ClientRequest::ListModels, None, |_, _, _| {})
             .await?
         {
-            Control::Models { models } => Ok(models),
+            ClientReply::Models { models } => Ok(models),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }
@@ -309,11 +309,12 @@ impl Client {
     ) -> Result<Plan, ClientError> {
         let op = Operation::Plan;
         let (request, model) = load_message(options, model.into(), true);
+        let request = ClientRequest::LoadNetwork(request);
         match self
             .operation(op, &request, Some(model), |_, _, _| {})
             .await?
         {
-            Control::NetworkLoaded { plan, .. } => Ok(*plan),
+            ClientReply::NetworkLoaded { plan, .. } => Ok(*plan),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }
@@ -325,7 +326,7 @@ impl Client {
         model: impl Into<Bytes>,
         devices: &str,
     ) -> Result<Vec<DeviceAnswer>, ClientError> {
-        let msg = Control::QueryNetwork {
+        let msg = ClientRequest::QueryNetwork {
             devices: vec![devices.to_string()],
         };
         let op = Operation::Query;
@@ -333,7 +334,7 @@ impl Client {
             .operation(op, &msg, Some(model.into()), |_, _, _| {})
             .await?
         {
-            Control::QueryResult { answers } => Ok(answers),
+            ClientReply::QueryResult { answers } => Ok(answers),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }
@@ -342,10 +343,10 @@ impl Client {
     pub async fn cluster(&self) -> Result<ClusterState, ClientError> {
         let op = Operation::ClusterInfo;
         match self
-            .operation(op, &Control::ClusterInfo, None, |_, _, _| {})
+            .operation(op, &ClientRequest::ClusterInfo, None, |_, _, _| {})
             .await?
         {
-            Control::ClusterState {
+            ClientReply::ClusterState {
                 workers,
                 networks,
                 in_flight,
@@ -363,15 +364,11 @@ impl Client {
     async fn operation(
         &self,
         op: Operation,
-        msg: &Control,
+        msg: &ClientRequest,
         payload: Option<Bytes>,
         mut progress: impl FnMut(&str, u64, u64),
-    ) -> Result<Control, ClientError> {
-        let report = |p: Control| {
-            if let Control::Progress { what, done, total } = p {
-                progress(&what, done, total)
-            }
-        };
+    ) -> Result<ClientReply, ClientError> {
+        let report = |p: Progress| progress(&p.what, p.done, p.total);
         let connection = &self.inner.connection;
         exchange::request(
             connection,
@@ -387,13 +384,13 @@ impl Client {
 
 /// A load's message and payload: the model, and a generative network's
 /// tokenizer after it.
-fn load_message(options: LoadOptions, model: Bytes, dry_run: bool) -> (Control, Bytes) {
+fn load_message(options: LoadOptions, model: Bytes, dry_run: bool) -> (LoadRequest, Bytes) {
     let mut request = load_request(options, dry_run);
     let payload = match request.generation.as_mut() {
         Some(generation) => generation.join_payload(&model),
         None => model,
     };
-    (Control::LoadNetwork(request), payload)
+    (request, payload)
 }
 
 fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
@@ -445,7 +442,7 @@ impl Network {
     pub async fn infer(&self, inputs: Vec<(String, Tensor)>) -> Result<Outputs, ClientError> {
         let limits = self.client.inner.limits;
         let (mut send, mut recv) = self.client.open().await?;
-        let msg = Control::Infer {
+        let msg = ClientRequest::Infer {
             network: self.id,
             request: 0,
             inputs: inputs.len() as u32,
@@ -464,11 +461,11 @@ impl Network {
                 .map_err(io)?;
         }
         let _ = send.finish();
-        let answer = exchange::answer(&mut recv, &limits, |_| {})
+        let answer = exchange::answer::<ClientReply>(&mut recv, &limits, |_| {})
             .await
             .map_err(|e| ClientError::of(Operation::Infer, e))?;
         let (count, counters, deployment, attempts) = match answer {
-            Control::InferDone {
+            ClientReply::InferDone {
                 outputs,
                 counters,
                 deployment,
@@ -479,7 +476,10 @@ impl Network {
         };
         let mut tensors = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            match recv_frame(&mut recv, &limits).await.map_err(io)? {
+            match recv_frame::<ClientReply>(&mut recv, &limits)
+                .await
+                .map_err(io)?
+            {
                 Some(Frame::Tensor(header, payload)) => {
                     let name = header.name.clone();
                     let t = header
@@ -527,9 +527,9 @@ impl Network {
     /// Stops the network's subgraphs on the workers.
     pub async fn unload(self) -> Result<(), ClientError> {
         let op = Operation::Unload;
-        let msg = Control::Unload { network: self.id };
+        let msg = ClientRequest::Unload { network: self.id };
         match self.client.operation(op, &msg, None, |_, _, _| {}).await? {
-            Control::Unloaded { .. } => Ok(()),
+            ClientReply::Unloaded { .. } => Ok(()),
             other => Err(ClientError::unexpected(op, &other)),
         }
     }

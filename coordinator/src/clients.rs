@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use tessera_common::wire::control::{Control, WorkerState};
+use tessera_common::wire::client::{ClientReply, ClientRequest};
+use tessera_common::wire::control::WorkerState;
 use tessera_common::wire::generate::{GenerateParams, Prompt};
 use tessera_common::wire::tensor::TensorHeader;
-use tessera_common::wire::{Frame, Limits};
+use tessera_common::wire::{Frame, Limits, Progress};
 use tessera_net::{exchange, recv_frame, send_frame, NetError, Peer};
 use tokio::sync::mpsc;
 
@@ -41,15 +42,19 @@ async fn serve_operation(
     mut recv: quinn::RecvStream,
 ) {
     let limits = *shared.node.limits();
-    let result = match exchange::read_operation(&mut recv, &limits).await {
+    let result = match exchange::read_operation::<ClientRequest>(&mut recv, &limits).await {
         Ok(Some((msg, payload))) => operation(&shared, msg, payload, &mut send, &mut recv).await,
         Ok(None) => return,
         Err(e) => Err(CoordinatorError::BadInput(e.to_string())),
     };
     if let Err(error) = result {
         tracing::debug!("client operation failed: {error}");
-        let sent =
-            exchange::send_failure(&mut send, None, error.kind(), error.to_string(), &limits);
+        let sent = exchange::send_failure::<ClientReply>(
+            &mut send,
+            error.kind(),
+            error.to_string(),
+            &limits,
+        );
         let _ = sent.await;
     }
     let _ = send.finish();
@@ -57,7 +62,7 @@ async fn serve_operation(
 
 async fn operation(
     shared: &Arc<Shared>,
-    msg: Control,
+    msg: ClientRequest,
     payload: bytes::Bytes,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
@@ -65,8 +70,8 @@ async fn operation(
     let limits = *shared.node.limits();
     let (msg, payload) = take_tokenizer(msg, payload)?;
     match msg {
-        Control::LoadNetwork(request) if request.dry_run => {
-            let (tx, rx) = mpsc::channel::<Control>(64);
+        ClientRequest::LoadNetwork(request) if request.dry_run => {
+            let (tx, rx) = mpsc::channel::<Progress>(64);
             let plan = with_progress(
                 planning::dry_run(shared, request, payload, tx),
                 rx,
@@ -75,10 +80,15 @@ async fn operation(
             )
             .await?;
             let plan = Box::new(plan);
-            write(send, &Control::NetworkLoaded { network: 0, plan }, &limits).await
+            write(
+                send,
+                &ClientReply::NetworkLoaded { network: 0, plan },
+                &limits,
+            )
+            .await
         }
-        Control::LoadNetwork(request) => {
-            let (tx, rx) = mpsc::channel::<Control>(64);
+        ClientRequest::LoadNetwork(request) => {
+            let (tx, rx) = mpsc::channel::<Progress>(64);
             let loaded = with_progress(
                 deploy::load_network(shared, request, payload, tx),
                 rx,
@@ -88,9 +98,9 @@ async fn operation(
             .await?;
             write(send, &network_loaded(&loaded), &limits).await
         }
-        Control::LoadModel { name, request } => {
+        ClientRequest::LoadModel { name, request } => {
             let new = request.map(|r| (crate::repository::Source::Bytes(payload), r));
-            let (tx, rx) = mpsc::channel::<Control>(64);
+            let (tx, rx) = mpsc::channel::<Progress>(64);
             let loaded = with_progress(
                 crate::repository::load(shared, &name, new, tx),
                 rx,
@@ -100,16 +110,16 @@ async fn operation(
             .await?;
             write(send, &network_loaded(&loaded), &limits).await
         }
-        Control::UnloadModel { name } => {
+        ClientRequest::UnloadModel { name } => {
             crate::repository::unload(shared, &name).await?;
-            write(send, &Control::ModelUnloaded { name }, &limits).await
+            write(send, &ClientReply::ModelUnloaded { name }, &limits).await
         }
-        Control::ListModels => {
+        ClientRequest::ListModels => {
             let models = crate::repository::statuses(shared);
-            write(send, &Control::Models { models }, &limits).await
+            write(send, &ClientReply::Models { models }, &limits).await
         }
-        Control::QueryNetwork { devices } => {
-            let (tx, rx) = mpsc::channel::<Control>(64);
+        ClientRequest::QueryNetwork { devices } => {
+            let (tx, rx) = mpsc::channel::<Progress>(64);
             let spec = devices.join(",");
             let answers = with_progress(
                 planning::query(shared, &spec, payload, tx),
@@ -118,10 +128,10 @@ async fn operation(
                 &limits,
             )
             .await?;
-            write(send, &Control::QueryResult { answers }, &limits).await
+            write(send, &ClientReply::QueryResult { answers }, &limits).await
         }
-        Control::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
-        Control::Infer {
+        ClientRequest::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
+        ClientRequest::Infer {
             network,
             request,
             inputs,
@@ -130,25 +140,24 @@ async fn operation(
             let deadline = (deadline_ms > 0).then(|| Duration::from_millis(deadline_ms));
             serve_infer(shared, network, request, inputs, deadline, send, recv).await
         }
-        Control::Generate {
+        ClientRequest::Generate {
             network,
             prompt,
             params,
         } => serve_generate(shared, network, prompt, params, send).await,
-        Control::Unload { network } => {
+        ClientRequest::Unload { network } => {
             deploy::unload(shared, network).await?;
-            write(send, &Control::Unloaded { network }, &limits).await
+            write(send, &ClientReply::Unloaded { network }, &limits).await
         }
-        other => Err(CoordinatorError::BadInput(format!(
-            "a client may not send {}",
-            other.name()
-        ))),
     }
 }
 
 /// A generative network's tokenizer follows its model in a load's payload:
 /// taken into the load's generation spec, the model left.
-fn take_tokenizer(msg: Control, payload: Bytes) -> Result<(Control, Bytes), CoordinatorError> {
+fn take_tokenizer(
+    msg: ClientRequest,
+    payload: Bytes,
+) -> Result<(ClientRequest, Bytes), CoordinatorError> {
     let split =
         |request: &mut tessera_common::wire::control::LoadRequest, payload: Bytes| match request
             .generation
@@ -158,17 +167,17 @@ fn take_tokenizer(msg: Control, payload: Bytes) -> Result<(Control, Bytes), Coor
             None => Ok(payload),
         };
     Ok(match msg {
-        Control::LoadNetwork(mut request) => {
+        ClientRequest::LoadNetwork(mut request) => {
             let payload = split(&mut request, payload)?;
-            (Control::LoadNetwork(request), payload)
+            (ClientRequest::LoadNetwork(request), payload)
         }
-        Control::LoadModel {
+        ClientRequest::LoadModel {
             name,
             request: Some(mut request),
         } => {
             let payload = split(&mut request, payload)?;
             let request = Some(request);
-            (Control::LoadModel { name, request }, payload)
+            (ClientRequest::LoadModel { name, request }, payload)
         }
         other => (other, payload),
     })
@@ -189,7 +198,7 @@ async fn serve_infer(
     let bad = |what: String| CoordinatorError::BadInput(format!("request {request}: {what}"));
     let mut tensors = HashMap::new();
     for _ in 0..inputs {
-        match recv_frame(recv, &limits).await {
+        match recv_frame::<ClientRequest>(recv, &limits).await {
             Ok(Some(Frame::Tensor(header, payload))) => {
                 let name = header.name.clone();
                 let t = header
@@ -206,7 +215,7 @@ async fn serve_infer(
         }
     }
     let done = requests::infer(shared, network, tensors, deadline).await?;
-    let reply = Control::InferDone {
+    let reply = ClientReply::InferDone {
         network,
         request,
         outputs: done.outputs.len() as u32,
@@ -243,7 +252,7 @@ async fn serve_generate(
             result = &mut work, if work_done.is_none() => work_done = Some(result),
             chunk = rx.recv() => match chunk {
                 Some(c) => {
-                    let msg = Control::Tokens { ids: c.ids, text: c.text };
+                    let msg = ClientReply::Tokens { ids: c.ids, text: c.text };
                     // A client gone: dropping the work ends the sequence.
                     write(send, &msg, &limits).await?;
                 }
@@ -255,11 +264,11 @@ async fn serve_generate(
         Some(result) => result?,
         None => work.await?,
     };
-    write(send, &Control::Generated(stats), &limits).await
+    write(send, &ClientReply::Generated(stats), &limits).await
 }
 
 /// The cluster's workers as clients see them (`tessera cluster`).
-fn cluster_state(shared: &Shared) -> Control {
+fn cluster_state(shared: &Shared) -> ClientReply {
     let in_use = crate::planning::memory_in_use(shared, None);
     let mut workers: Vec<WorkerState> = shared
         .workers
@@ -294,7 +303,7 @@ fn cluster_state(shared: &Shared) -> Control {
         })
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));
-    Control::ClusterState {
+    ClientReply::ClusterState {
         workers,
         networks: shared.networks.len() as u32,
         in_flight: shared.pending.len() as u32,
@@ -302,8 +311,8 @@ fn cluster_state(shared: &Shared) -> Control {
 }
 
 /// The answer to a load: the network's id and its current plan.
-fn network_loaded(loaded: &crate::network::Loaded) -> Control {
-    Control::NetworkLoaded {
+fn network_loaded(loaded: &crate::network::Loaded) -> ClientReply {
+    ClientReply::NetworkLoaded {
         network: loaded.id,
         plan: Box::new(loaded.plan()),
     }
@@ -312,7 +321,7 @@ fn network_loaded(loaded: &crate::network::Loaded) -> Control {
 /// Runs `work`, forwarding the progress it reports to the client.
 async fn with_progress<T>(
     work: impl std::future::Future<Output = Result<T, CoordinatorError>>,
-    mut progress: mpsc::Receiver<Control>,
+    mut progress: mpsc::Receiver<Progress>,
     send: &mut quinn::SendStream,
     limits: &Limits,
 ) -> Result<T, CoordinatorError> {
@@ -322,18 +331,18 @@ async fn with_progress<T>(
             result = &mut work => {
                 // What was reported just before the end still goes out.
                 while let Ok(p) = progress.try_recv() {
-                    write(send, &p, limits).await?;
+                    write(send, &ClientReply::Progress(p), limits).await?;
                 }
                 return result;
             }
-            Some(p) = progress.recv() => write(send, &p, limits).await?,
+            Some(p) = progress.recv() => write(send, &ClientReply::Progress(p), limits).await?,
         }
     }
 }
 
 async fn write(
     send: &mut quinn::SendStream,
-    msg: &Control,
+    msg: &ClientReply,
     limits: &Limits,
 ) -> Result<(), CoordinatorError> {
     Ok(exchange::send_message(send, msg, None, limits).await?)

@@ -16,10 +16,9 @@ use tessera_common::onnx::parts::{encode_parts, parts_len};
 use tessera_common::plan::{io_names, Stage};
 use tessera_common::schedule::predict::CopyCost;
 use tessera_common::schedule::Replicas;
-use tessera_common::wire::control::{
-    Control, DeploySpec, Destination, LoadRequest, Route, StatePair,
-};
-use tessera_common::wire::Limits;
+use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
+use tessera_common::wire::control::{DeploySpec, Destination, LoadRequest, Route, StatePair};
+use tessera_common::wire::{Limits, Message, Progress};
 use tessera_net::exchange;
 use tokio::sync::mpsc;
 
@@ -35,7 +34,7 @@ pub async fn load_network(
     shared: &Arc<Shared>,
     request: LoadRequest,
     model: Bytes,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
     let loaded = Arc::new(deploy_replicas(shared, network, request, model, &progress).await?);
@@ -54,7 +53,7 @@ async fn deploy_replicas(
     network: u64,
     request: LoadRequest,
     model: Bytes,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
 ) -> Result<Loaded, CoordinatorError> {
     let mut left_out: Vec<(String, String)> = Vec::new();
     loop {
@@ -102,7 +101,7 @@ async fn deploy_copies(
     network: u64,
     request: &LoadRequest,
     model: &Bytes,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
     only: Option<&[String]>,
 ) -> Result<Loaded, CoordinatorError> {
     let scope = Scope {
@@ -165,7 +164,7 @@ pub(crate) async fn deploy(
     request: &LoadRequest,
     model: &Bytes,
     scope: &Scope<'_>,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let network = scope.network.unwrap_or_default();
     let scheduled =
@@ -181,7 +180,7 @@ async fn deploy_planned(
     request: &LoadRequest,
     planned: Planned<'_>,
     cost: &CopyCost,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
     let specs = deploy_specs(&planned, deployment, request)?;
@@ -417,7 +416,7 @@ async fn ship(
     shared: &Arc<Shared>,
     by_host: &ByHost,
     specs: &[Shipment],
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
 ) -> Result<(), CoordinatorError> {
     let total = specs.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
@@ -433,9 +432,9 @@ async fn ship(
                 }
             })?;
             match deploy_one(&worker, &limits, shipment, progress).await? {
-                Control::Deployed { .. } => {
+                WorkerAnswer::Deployed { .. } => {
                     let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    let step = Control::Progress {
+                    let step = Progress {
                         what: "deployed subgraphs".into(),
                         done: n,
                         total,
@@ -463,8 +462,8 @@ async fn deploy_one(
     worker: &WorkerEntry,
     limits: &Limits,
     shipment: &Shipment,
-    progress: &mpsc::Sender<Control>,
-) -> Result<Control, CoordinatorError> {
+    progress: &mpsc::Sender<Progress>,
+) -> Result<WorkerAnswer, CoordinatorError> {
     let failed = |error: String| CoordinatorError::Deploy {
         host: worker.name.clone(),
         error,
@@ -473,17 +472,17 @@ async fn deploy_one(
     let (mut send, mut recv) = exchange::open(&worker.connection)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    let msg = Control::Deploy(shipment.spec.clone());
+    let msg = ToWorker::Deploy(shipment.spec.clone());
     exchange::send_message(&mut send, &msg, None, limits)
         .await
         .map_err(|e| failed(e.to_string()))?;
     loop {
-        let answer = exchange::answer(&mut recv, limits, |p| {
+        let answer = exchange::answer::<WorkerAnswer>(&mut recv, limits, |p| {
             let _ = progress.try_send(p);
         })
         .await
         .map_err(|e| failed(e.to_string()))?;
-        if answer != Control::NeedModel {
+        if answer != WorkerAnswer::NeedModel {
             let _ = send.finish();
             return Ok(answer);
         }
@@ -493,7 +492,7 @@ async fn deploy_one(
         let report = |done: u64| {
             if done == total || done >= reported + PROGRESS_EVERY {
                 reported = done;
-                let step = Control::Progress {
+                let step = Progress {
                     what: what.clone(),
                     done,
                     total,
@@ -503,7 +502,7 @@ async fn deploy_one(
         };
         let sent = exchange::send_message_parts(
             &mut send,
-            &Control::Model,
+            &ToWorker::Model,
             &shipment.model,
             limits,
             report,
@@ -513,7 +512,7 @@ async fn deploy_one(
             // The worker stopped reading: its answer says why, if it gave one.
             let why = tokio::time::timeout(
                 std::time::Duration::from_secs(2),
-                exchange::answer(&mut recv, limits, |_| {}),
+                exchange::answer::<WorkerAnswer>(&mut recv, limits, |_| {}),
             )
             .await;
             return Err(failed(match why {
@@ -531,7 +530,7 @@ pub async fn undeploy(shared: &Arc<Shared>, network: u64, hosts: &[String]) {
         let Some(worker) = shared.workers.get(host).map(|w| w.clone()) else {
             continue;
         };
-        let msg = Control::Undeploy { network };
+        let msg = ToWorker::Undeploy { network };
         if let Err(e) = worker.ask(shared.node.limits(), &msg, None, None).await {
             tracing::warn!("undeploy network {network}: {e}");
         }

@@ -6,13 +6,15 @@
 //! `worker_timeout_ms`, is dropped, and every request waiting on it fails
 //! with an error that names it.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, ErrorKind, MailboxDepth};
-use tessera_common::wire::Frame;
+use tessera_common::wire::cluster::{CoordinatorAnswer, WorkerReport};
+use tessera_common::wire::control::{ErrorKind, MailboxDepth};
+use tessera_common::wire::{Failure as WireFailure, Frame};
 use tessera_net::{exchange, recv_frame, serve_streams, Link, Peer};
 
 use crate::requests::Failure;
@@ -63,16 +65,16 @@ async fn register(
     recv: &mut quinn::RecvStream,
 ) -> Option<Arc<WorkerEntry>> {
     let limits = *shared.node.limits();
-    let (data_addr, devices) = match exchange::read_operation(recv, &limits).await {
+    let (data_addr, devices) = match exchange::read_operation::<WorkerReport>(recv, &limits).await {
         Ok(Some((
-            Control::Register {
+            WorkerReport::Register {
                 name: claimed,
                 data_addr,
                 devices,
             },
             _,
         ))) if claimed == name => (data_addr, devices),
-        Ok(Some((Control::Register { name: claimed, .. }, _))) => {
+        Ok(Some((WorkerReport::Register { name: claimed, .. }, _))) => {
             let why = format!("registered as '{claimed}' with the certificate of '{name}'");
             refuse(send, why, &limits).await;
             return None;
@@ -88,7 +90,7 @@ async fn register(
         lost(shared, name, "it registered again");
         tessera_net::CloseCode::RegisteredAgain.close(&old, "registered again");
     }
-    let registered = Control::Registered {
+    let registered = CoordinatorAnswer::Registered {
         heartbeat_ms: shared.config.heartbeat_ms,
     };
     exchange::send_message(send, &registered, None, &limits)
@@ -122,12 +124,15 @@ async fn register(
     Some(entry)
 }
 
-/// The worker's data streams: final outputs, timings (`Ran`), transfers
-/// (`Moved`).
+/// The worker's data streams: final outputs, and its reports (timings and
+/// transfers travel there, ordered with the outputs they concern).
 fn data_handler(
     shared: &Arc<Shared>,
     from: &str,
-) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+) -> impl Fn(
+    Frame<WorkerReport>,
+    Duration,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
        + Clone
        + Send
        + Sync
@@ -140,22 +145,10 @@ fn data_handler(
                 Frame::Tensor(header, payload) => {
                     crate::requests::output_arrived(&shared, &from, header, payload, took)
                 }
-                Frame::Control(
-                    Control::Ran {
-                        request,
-                        subgraph,
-                        micros,
-                        nodes,
-                    },
-                    _,
-                ) => crate::requests::ran(&shared, request, subgraph, micros, nodes),
-                Frame::Control(Control::Moved(transfer), _) => {
-                    if let Some(w) = shared.workers.get(&transfer.to) {
-                        w.observe(transfer.bytes, transfer.micros);
-                    }
-                    crate::requests::moved(&shared, transfer)
+                Frame::Control(report, _) => on_report(&shared, &from, report),
+                Frame::Handshake(_) => {
+                    tracing::warn!(worker = %from, "a handshake on a data stream")
                 }
-                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
             }
         })
     }
@@ -170,8 +163,8 @@ async fn read_control(
 ) -> String {
     let limits = *shared.node.limits();
     loop {
-        let msg = match recv_frame(&mut recv, &limits).await {
-            Ok(Some(Frame::Control(msg, _))) => msg,
+        let report = match recv_frame::<WorkerReport>(&mut recv, &limits).await {
+            Ok(Some(Frame::Control(report, _))) => report,
             Ok(Some(other)) => {
                 return format!("unexpected {:?} frame on its control stream", other.kind())
             }
@@ -181,30 +174,52 @@ async fn read_control(
         if let Ok(mut seen) = entry.last_seen.lock() {
             *seen = Instant::now();
         }
-        match msg {
-            Control::Heartbeat {
-                in_flight,
-                mailboxes,
-                rss_bytes,
-                ..
-            } => {
-                entry
-                    .running
-                    .store(in_flight, std::sync::atomic::Ordering::Relaxed);
-                entry
-                    .rss_bytes
-                    .store(rss_bytes, std::sync::atomic::Ordering::Relaxed);
-                mailbox_metrics(shared, &entry.name, mailboxes);
+        on_report(shared, &entry.name, report);
+    }
+}
+
+/// What a registered worker reports, on whichever of its streams.
+fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
+    match report {
+        WorkerReport::Heartbeat {
+            in_flight,
+            mailboxes,
+            rss_bytes,
+            ..
+        } => {
+            if let Some(entry) = shared.workers.get(worker) {
+                entry.running.store(in_flight, Ordering::Relaxed);
+                entry.rss_bytes.store(rss_bytes, Ordering::Relaxed);
             }
-            Control::Failed {
-                request: Some(request),
-                error,
-                ..
-            } => crate::requests::fail(shared, request, Failure::Error(error)),
-            Control::Unreachable { request, error } => {
-                crate::requests::fail(shared, request, Failure::Unreachable(error))
+            mailbox_metrics(shared, worker, mailboxes);
+        }
+        WorkerReport::Ran {
+            request,
+            subgraph,
+            micros,
+            nodes,
+        } => crate::requests::ran(shared, request, subgraph, micros, nodes),
+        WorkerReport::Moved(transfer) => {
+            if let Some(w) = shared.workers.get(&transfer.to) {
+                w.observe(transfer.bytes, transfer.micros);
             }
-            other => tracing::warn!(worker = %entry.name, "unexpected {}", other.name()),
+            crate::requests::moved(shared, transfer)
+        }
+        WorkerReport::Failed(WireFailure {
+            request: Some(request),
+            error,
+            ..
+        }) => crate::requests::fail(shared, request, Failure::Error(error)),
+        WorkerReport::Failed(WireFailure {
+            request: None,
+            error,
+            ..
+        }) => tracing::warn!(%worker, "worker failure: {error}"),
+        WorkerReport::Unreachable { request, error } => {
+            crate::requests::fail(shared, request, Failure::Unreachable(error))
+        }
+        WorkerReport::Register { name, .. } => {
+            tracing::warn!(%worker, "registered again as '{name}' on an open session; ignored")
         }
     }
 }
@@ -250,7 +265,7 @@ async fn refuse(
     limits: &tessera_common::wire::Limits,
 ) {
     tracing::warn!("refusing a worker: {error}");
-    if exchange::send_failure(send, None, ErrorKind::Refused, error, limits)
+    if exchange::send_failure::<CoordinatorAnswer>(send, ErrorKind::Refused, error, limits)
         .await
         .is_ok()
     {

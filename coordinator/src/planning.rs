@@ -18,7 +18,9 @@ use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::plan::{complete_types, prepare, Plan, PlanOptions, ReportedType};
 use tessera_common::schedule::predict::stage_costs;
 use tessera_common::schedule::{schedule, Cluster, Replicas, Schedule, ScheduleError};
-use tessera_common::wire::control::{Control, DeviceAnswer, LoadRequest};
+use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
+use tessera_common::wire::control::{DeviceAnswer, LoadRequest};
+use tessera_common::wire::{Message, Progress};
 use tokio::sync::mpsc;
 
 use crate::workers::WorkerEntry;
@@ -183,7 +185,7 @@ async fn query_all(
     shared: &Arc<Shared>,
     devices: &[(DeviceId, Arc<WorkerEntry>)],
     model: &Bytes,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
 ) -> Result<(ByHost, Vec<(DeviceId, DeviceAnswer)>), CoordinatorError> {
     let limits = *shared.node.limits();
     let mut by_host: ByHost = BTreeMap::new();
@@ -196,12 +198,12 @@ async fn query_all(
         }
     }
     let queries = by_host.values().map(|(w, kinds)| {
-        let msg = Control::QueryNetwork {
+        let msg = ToWorker::QueryNetwork {
             devices: kinds.clone(),
         };
         async move {
             let _ = progress
-                .send(Control::Progress {
+                .send(Progress {
                     what: format!("QueryNetwork on {}", w.name),
                     done: 0,
                     total: 1,
@@ -209,7 +211,7 @@ async fn query_all(
                 .await;
             let answer = w.ask(&limits, &msg, Some(model), None).await?;
             match answer {
-                Control::QueryResult { answers } => Ok((w.name.clone(), answers)),
+                WorkerAnswer::QueryResult { answers } => Ok((w.name.clone(), answers)),
                 other => Err(CoordinatorError::Worker(format!(
                     "worker {} answered QueryNetwork with {}",
                     w.name,
@@ -239,7 +241,7 @@ pub async fn query(
     shared: &Arc<Shared>,
     spec: &str,
     model: Bytes,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Vec<DeviceAnswer>, CoordinatorError> {
     let proto = decode_model_shared(model).map_err(|e| CoordinatorError::Model(e.to_string()))?;
     let bones = Bytes::from(encode_model(&skeleton(&proto)));
@@ -322,7 +324,7 @@ async fn prepare_request(
     shared: &Arc<Shared>,
     request: &LoadRequest,
     model: &Bytes,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
     scope: &Scope<'_>,
 ) -> Result<Prepared, CoordinatorError> {
     let (only, network) = (scope.only, scope.network);
@@ -435,7 +437,7 @@ pub(crate) async fn plan_request(
     shared: &Arc<Shared>,
     request: &LoadRequest,
     model: &Bytes,
-    progress: &mpsc::Sender<Control>,
+    progress: &mpsc::Sender<Progress>,
     replicas: Replicas,
     scope: &Scope<'_>,
 ) -> Result<Scheduled, CoordinatorError> {
@@ -526,7 +528,7 @@ pub async fn dry_run(
     shared: &Arc<Shared>,
     request: LoadRequest,
     model: Bytes,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<PlanReport, CoordinatorError> {
     let scheduled = plan_request(
         shared,

@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tessera_common::plan::{check_inputs, PlanError};
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Control, Counters, NodeTime, Transfer};
+use tessera_common::wire::cluster::ToWorker;
+use tessera_common::wire::control::{Counters, NodeTime, Transfer};
 use tessera_common::wire::generate::Steps;
+use tessera_common::wire::Message;
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tokio::sync::oneshot;
 
@@ -367,7 +369,7 @@ async fn cancel(shared: &Arc<Shared>, request: u64, hosts: &[String]) {
         let limits = *shared.node.limits();
         tokio::spawn(async move {
             if let Ok((mut send, _recv)) = conn.open_bi().await {
-                if let Ok(head) = (Control::Cancel { request }).encode(0, &limits) {
+                if let Ok(head) = (ToWorker::Cancel { request }).encode(0, &limits) {
                     let _ = tessera_net::send_frame(&mut send, &head, None).await;
                     let _ = send.finish();
                 }
@@ -388,7 +390,7 @@ pub async fn end_sequence(shared: &Arc<Shared>, network: u64, sequence: u64) {
             let Some(conn) = shared.workers.get(host).map(|w| w.connection.clone()) else {
                 continue;
             };
-            let msg = Control::EndSequence {
+            let msg = ToWorker::EndSequence {
                 network: deployed.id,
                 sequence,
             };

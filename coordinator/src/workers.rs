@@ -6,8 +6,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tessera_common::wire::control::{Control, DeviceInfo};
+use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
+use tessera_common::wire::control::DeviceInfo;
 use tessera_common::wire::Limits;
+use tessera_common::wire::Progress;
 use tessera_net::{exchange, Link};
 use tokio::sync::mpsc;
 
@@ -45,11 +47,11 @@ impl WorkerEntry {
     pub async fn ask(
         &self,
         limits: &Limits,
-        msg: &Control,
+        msg: &ToWorker,
         payload: Option<&Bytes>,
-        progress: Option<&mpsc::Sender<Control>>,
-    ) -> Result<Control, CoordinatorError> {
-        let forward = |p: Control| {
+        progress: Option<&mpsc::Sender<Progress>>,
+    ) -> Result<WorkerAnswer, CoordinatorError> {
+        let forward = |p: Progress| {
             if let Some(tx) = progress {
                 let _ = tx.try_send(p);
             }

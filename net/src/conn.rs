@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tessera_common::wire::handshake::{self, Handshake, Hello, Role};
-use tessera_common::wire::{chunks, Frame, FrameDecoder, Limits, WireError};
+use tessera_common::wire::message::NoMessage;
+use tessera_common::wire::{chunks, Frame, FrameDecoder, Limits, Message, WireError};
 
 use crate::certs::{NodeIdentity, CLUSTER_SAN};
 use crate::{tls, NetError};
@@ -149,7 +150,7 @@ impl Node {
         write_all(&mut send, &hello)
             .await
             .map_err(|e| failed(e.to_string()))?;
-        match recv_frame(&mut recv, &self.limits).await {
+        match recv_frame::<NoMessage>(&mut recv, &self.limits).await {
             Ok(Some(Frame::Handshake(Handshake::Welcome(theirs)))) => {
                 // The listener, too, must be who it says it is.
                 let cert = crate::certs::peer_identity(&connection)?;
@@ -233,7 +234,7 @@ impl Node {
             .accept_bi()
             .await
             .map_err(|e| connect(e.to_string()))?;
-        let hello = match recv_frame(&mut recv, &self.limits).await? {
+        let hello = match recv_frame::<NoMessage>(&mut recv, &self.limits).await? {
             Some(Frame::Handshake(Handshake::Hello(h))) => h,
             Some(other) => {
                 let reason = format!("expected a hello, got a {} frame", other.kind().name());
@@ -350,20 +351,20 @@ pub async fn send_frame_parts(
 /// Reads the next frame; `None` when the peer finished the stream cleanly
 /// between frames. A frame that breaks the protocol or the limits is an
 /// error (the caller closes the stream).
-pub async fn recv_frame(
+pub async fn recv_frame<M: Message>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
-) -> Result<Option<Frame>, NetError> {
+) -> Result<Option<Frame<M>>, NetError> {
     Ok(recv_frame_timed(recv, limits)
         .await?
         .map(|(frame, _)| frame))
 }
 
 /// [`recv_frame`], with the time from the frame's first byte to its last.
-pub async fn recv_frame_timed(
+pub async fn recv_frame_timed<M: Message>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
-) -> Result<Option<(Frame, std::time::Duration)>, NetError> {
+) -> Result<Option<(Frame<M>, std::time::Duration)>, NetError> {
     // One decoder per frame, fed at most what the frame still wants: the
     // stream's next frame stays in the stream.
     let mut decoder = FrameDecoder::new(*limits);

@@ -1,13 +1,14 @@
 //! Request/reply on one stream, both sides: the asker opens a stream,
-//! sends one control message (with its payload), reads `Progress` frames
-//! until the answer; the answerer reads that message and writes the answer
-//! or a `Failed` with its kind. Every operation between coordinator,
-//! workers and clients (load, deploy, query, unload, cluster state) goes
-//! through here; requests (`Infer`) add tensor frames on the same stream.
+//! sends one operation (with its payload), reads `Progress` until the
+//! answer; the answerer reads that operation and writes the answer or a
+//! failure with its kind. Every operation between coordinator, workers and
+//! clients (load, deploy, query, unload, cluster state) goes through here;
+//! requests (`Infer`) add tensor frames on the same stream. Operations and
+//! answers are each channel's own messages ([`Message`], [`Reply`]).
 
 use bytes::Bytes;
-use tessera_common::wire::control::{Control, ErrorKind};
-use tessera_common::wire::{Frame, Limits};
+use tessera_common::wire::control::ErrorKind;
+use tessera_common::wire::{Failure, Frame, Limits, Message, Progress, Reply, Status};
 
 use crate::{recv_frame, send_frame, NetError};
 
@@ -43,13 +44,13 @@ impl ExchangeError {
 /// returns the answer, handing each `Progress` on the way to `progress`.
 /// The stream's failure reads as the connection's close reason where it
 /// was closed (a shutdown, a lost peer).
-pub async fn request(
+pub async fn request<A: Reply>(
     connection: &quinn::Connection,
-    msg: &Control,
+    msg: &impl Message,
     payload: Option<&Bytes>,
     limits: &Limits,
-    progress: impl FnMut(Control),
-) -> Result<Control, ExchangeError> {
+    progress: impl FnMut(Progress),
+) -> Result<A, ExchangeError> {
     let (mut send, mut recv) = open(connection).await?;
     send_message(&mut send, msg, payload, limits).await?;
     let _ = send.finish();
@@ -68,19 +69,21 @@ pub async fn open(
 }
 
 /// Reads control frames until the answer to a message sent on this stream:
-/// `Progress` frames go to `progress`, `Failed` is an error.
-pub async fn answer(
+/// progress goes to `progress`, a failure is an error.
+pub async fn answer<A: Reply>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
-    mut progress: impl FnMut(Control),
-) -> Result<Control, ExchangeError> {
+    mut progress: impl FnMut(Progress),
+) -> Result<A, ExchangeError> {
     loop {
-        match recv_frame(recv, limits).await? {
-            Some(Frame::Control(p @ Control::Progress { .. }, _)) => progress(p),
-            Some(Frame::Control(Control::Failed { kind, error, .. }, _)) => {
-                return Err(ExchangeError::Failed { kind, error })
-            }
-            Some(Frame::Control(answer, _)) => return Ok(answer),
+        match recv_frame::<A>(recv, limits).await? {
+            Some(Frame::Control(reply, _)) => match reply.status() {
+                Status::Progress(p) => progress(p),
+                Status::Failed(Failure { kind, error, .. }) => {
+                    return Err(ExchangeError::Failed { kind, error })
+                }
+                Status::Answer(answer) => return Ok(answer),
+            },
             Some(other) => {
                 return Err(ExchangeError::Unexpected(format!(
                     "{} frame",
@@ -95,7 +98,7 @@ pub async fn answer(
 /// Writes one control message (and its payload) on `send`.
 pub async fn send_message(
     send: &mut quinn::SendStream,
-    msg: &Control,
+    msg: &impl Message,
     payload: Option<&Bytes>,
     limits: &Limits,
 ) -> Result<(), NetError> {
@@ -108,7 +111,7 @@ pub async fn send_message(
 /// `progress` with the bytes written so far.
 pub async fn send_message_parts(
     send: &mut quinn::SendStream,
-    msg: &Control,
+    msg: &impl Message,
     parts: &[Bytes],
     limits: &Limits,
     progress: impl FnMut(u64),
@@ -120,10 +123,10 @@ pub async fn send_message_parts(
 
 /// The operation a peer opened a stream with: its message and payload;
 /// `None` when it finished the stream without one.
-pub async fn read_operation(
+pub async fn read_operation<M: Message>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
-) -> Result<Option<(Control, Bytes)>, ExchangeError> {
+) -> Result<Option<(M, Bytes)>, ExchangeError> {
     match recv_frame(recv, limits).await? {
         Some(Frame::Control(msg, payload)) => Ok(Some((msg, payload))),
         Some(other) => Err(ExchangeError::Unexpected(format!(
@@ -134,18 +137,13 @@ pub async fn read_operation(
     }
 }
 
-/// Answers an operation with `Failed` (its kind and message).
-pub async fn send_failure(
+/// Answers an operation with the channel's failure (its kind and message).
+pub async fn send_failure<A: Reply>(
     send: &mut quinn::SendStream,
-    request: Option<u64>,
     kind: ErrorKind,
     error: String,
     limits: &Limits,
 ) -> Result<(), NetError> {
-    let msg = Control::Failed {
-        request,
-        kind,
-        error,
-    };
+    let msg = A::failed(Failure::of_operation(kind, error));
     send_message(send, &msg, None, limits).await
 }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::generate::Steps;
 use tessera_common::wire::tensor::TensorHeader;
-use tessera_common::wire::{Frame, Limits};
+use tessera_common::wire::{Frame, Limits, Message};
 use tokio::sync::mpsc;
 
 use crate::conn::{recv_frame_timed, send_frame};
@@ -156,10 +156,7 @@ impl Link {
     }
 
     /// Queues a control message without payload.
-    pub async fn send_control(
-        &self,
-        message: &tessera_common::wire::control::Control,
-    ) -> Result<(), NetError> {
+    pub async fn send_control(&self, message: &impl Message) -> Result<(), NetError> {
         self.send_control_on(Lane::Bulk, message).await
     }
 
@@ -167,7 +164,7 @@ impl Link {
     pub async fn send_control_on(
         &self,
         lane: Lane,
-        message: &tessera_common::wire::control::Control,
+        message: &impl Message,
     ) -> Result<(), NetError> {
         self.send_on(lane, message.encode(0, &self.limits)?, None)
             .await
@@ -267,14 +264,16 @@ impl Writer {
 /// task, handing frames to `on_frame` with the time each took to arrive
 /// (first byte to last). A stream that breaks the protocol is
 /// stopped and logged; the connection and its other streams go on. Returns
-/// when the connection closes, with its reason.
-pub async fn serve_streams<F, Fut>(
+/// when the connection closes, with its reason. Control frames decode as
+/// the channel's messages, `M`.
+pub async fn serve_streams<M, F, Fut>(
     connection: quinn::Connection,
     limits: Limits,
     on_frame: F,
 ) -> String
 where
-    F: Fn(Frame, std::time::Duration) -> Fut + Clone + Send + Sync + 'static,
+    M: Message,
+    F: Fn(Frame<M>, std::time::Duration) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     loop {

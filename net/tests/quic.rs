@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::Control;
+use tessera_common::wire::cluster::{ToWorker, WorkerReport};
 use tessera_common::wire::handshake::Role;
+use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::Message;
 use tessera_common::wire::{Frame, PROTOCOL_VERSION};
 use tessera_net::certs::{self, ClusterCa};
 use tessera_net::{recv_frame, send_frame, tls, NetError, Node, Peer};
@@ -77,7 +79,7 @@ async fn mutual_tls_carries_control_and_tensor_frames() {
     let t = Tensor::from_values(vec![2, 1_000_000], &values).unwrap();
     let limits = *worker.limits();
     let model = Bytes::from(vec![3u8; 4096]);
-    let query = Control::QueryNetwork {
+    let query = ToWorker::QueryNetwork {
         devices: vec!["CPU".into()],
     };
     // Sender and receiver run together: QUIC flow control holds the sender
@@ -98,7 +100,10 @@ async fn mutual_tls_carries_control_and_tensor_frames() {
     };
     let receiving = async {
         let mut frames = Vec::new();
-        while let Some(frame) = recv_frame(&mut theirs.recv, &limits).await.unwrap() {
+        while let Some(frame) = recv_frame::<ToWorker>(&mut theirs.recv, &limits)
+            .await
+            .unwrap()
+        {
             frames.push(frame);
         }
         frames
@@ -289,10 +294,12 @@ async fn a_garbled_stream_fails_alone() {
     send.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     send.finish().unwrap();
     let (_s, mut recv) = theirs.connection.accept_bi().await.unwrap();
-    let err = recv_frame(&mut recv, &limits).await.expect_err("garbage");
+    let err = recv_frame::<WorkerReport>(&mut recv, &limits)
+        .await
+        .expect_err("garbage");
     assert!(err.to_string().contains("not a Tessera frame"), "{err}");
     let (mut send, _recv) = peer.connection.open_bi().await.unwrap();
-    let mut huge = Control::Heartbeat {
+    let mut huge = WorkerReport::Heartbeat {
         seq: 1,
         in_flight: 0,
         mailboxes: vec![],
@@ -303,11 +310,13 @@ async fn a_garbled_stream_fails_alone() {
     huge[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     send.write_all(&huge).await.unwrap();
     let (_s, mut recv) = theirs.connection.accept_bi().await.unwrap();
-    let err = recv_frame(&mut recv, &limits).await.expect_err("oversized");
+    let err = recv_frame::<WorkerReport>(&mut recv, &limits)
+        .await
+        .expect_err("oversized");
     assert!(err.to_string().contains("exceeds the limit"), "{err}");
 
     // The control stream still works.
-    let beat = Control::Heartbeat {
+    let beat = WorkerReport::Heartbeat {
         seq: 7,
         in_flight: 0,
         mailboxes: vec![],
@@ -316,7 +325,9 @@ async fn a_garbled_stream_fails_alone() {
     send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)
         .await
         .unwrap();
-    let got = recv_frame(&mut theirs.recv, &limits).await.unwrap();
+    let got = recv_frame::<WorkerReport>(&mut theirs.recv, &limits)
+        .await
+        .unwrap();
     assert_eq!(got, Some(Frame::Control(beat, Bytes::new())));
 }
 
@@ -414,7 +425,7 @@ async fn a_sequence_steps_tensors_overtake_a_large_tensor_on_the_same_link() {
     tokio::spawn(tessera_net::serve_streams(
         theirs.connection.clone(),
         limits,
-        move |frame, _took| {
+        move |frame: Frame<PeerMessage>, _took| {
             let tx = tx.clone();
             async move {
                 if let Frame::Tensor(h, _) = frame {

@@ -72,6 +72,7 @@ use tessera_common::partition::Algorithm;
 use tessera_common::synth;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::handshake::Role;
+use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::Frame;
 use tessera_net::{certs, serve_streams, Link, Node};
 use tessera_worker::hetero;
@@ -191,7 +192,7 @@ async fn quic_pair() -> Result<(
     tokio::spawn(serve_streams(
         peer_b.connection.clone(),
         *b.limits(),
-        move |f, _| {
+        move |f: Frame<PeerMessage>, _| {
             let tx = tx.clone();
             async move {
                 if let Frame::Tensor(_, payload) = f {

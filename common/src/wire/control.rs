@@ -1,16 +1,11 @@
-//! Control messages, by family: membership (workers → coordinator),
-//! QueryNetwork and deployment (coordinator → workers), networks and
-//! requests (clients ↔ coordinator, and failures along the data plane).
-//! A message that describes a model carries it as the frame's payload.
+//! The records control messages carry (devices, deployment specs, load
+//! requests, counters, model states, error kinds). The messages themselves
+//! are per channel: [`super::client`], [`super::cluster`], [`super::peer`].
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::frame::{FrameKind, Limits};
-use super::generate::{GenerateParams, GenerateStats, GenerationSpec, Prompt};
-use super::{codec, WireError};
+use super::generate::GenerationSpec;
 use crate::affinity::Policy;
-use crate::dump::PlanReport;
 pub use crate::graph::StatePair;
 use crate::plan::ReportedType;
 pub use crate::schedule::Replicas;
@@ -47,7 +42,7 @@ pub struct Route {
 }
 
 /// A subgraph to compile and serve. Its model follows on the same stream
-/// only if the worker asks for it ([`Control::NeedModel`]): a worker whose
+/// only if the worker asks for it ([`super::cluster::WorkerAnswer::NeedModel`]): a worker whose
 /// compile cache holds the hash compiles nothing and receives nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeploySpec {
@@ -232,7 +227,7 @@ pub struct Counters {
     pub transfers: Vec<Transfer>,
 }
 
-/// What kind of failure a [`Control::Failed`] reports: what a caller can
+/// What kind of failure a [`super::message::Failure`] reports: what a caller can
 /// match on (the message says the rest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ErrorKind {
@@ -276,224 +271,5 @@ impl ErrorKind {
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Control messages.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Control {
-    // Membership.
-    /// A worker joins: its name, data-plane address and devices.
-    Register {
-        name: String,
-        data_addr: String,
-        devices: Vec<DeviceInfo>,
-    },
-    Registered {
-        heartbeat_ms: u64,
-    },
-    Heartbeat {
-        seq: u64,
-        in_flight: u32,
-        /// Requests waiting in or handed on by each subgraph actor's mailbox.
-        mailboxes: Vec<MailboxDepth>,
-        /// The process's resident memory, bytes (0: not known).
-        rss_bytes: u64,
-    },
-
-    // QueryNetwork and deployment.
-    /// Which nodes of the payload model can these devices run? (A client
-    /// asks the coordinator with `host/DEVICE` names or a priority string;
-    /// the coordinator asks each worker with its device kinds.)
-    QueryNetwork {
-        devices: Vec<String>,
-    },
-    QueryResult {
-        answers: Vec<DeviceAnswer>,
-    },
-    Deploy(DeploySpec),
-    /// Worker → coordinator, on a `Deploy` stream: its compile cache lacks
-    /// the subgraph; send the model.
-    NeedModel,
-    /// Coordinator → worker, after `NeedModel`: the subgraph's model is the
-    /// payload.
-    Model,
-    /// Long work under way (compiling, shipping a model).
-    Progress {
-        what: String,
-        done: u64,
-        total: u64,
-    },
-    Deployed {
-        network: u64,
-        subgraph: u32,
-        compile_ms: u64,
-        cached: bool,
-    },
-    Undeploy {
-        network: u64,
-    },
-
-    // Networks and requests.
-    LoadNetwork(LoadRequest),
-    /// The plan (the partition's report, with where each copy runs).
-    NetworkLoaded {
-        network: u64,
-        #[serde(with = "super::plan_json")]
-        plan: Box<PlanReport>,
-    },
-    /// A request; `inputs` tensor frames follow on the same stream.
-    Infer {
-        network: u64,
-        request: u64,
-        inputs: u32,
-        deadline_ms: u64,
-    },
-    /// A request's results; `outputs` tensor frames follow.
-    InferDone {
-        network: u64,
-        request: u64,
-        outputs: u32,
-        counters: Counters,
-        /// The deployment that answered (a network is re-deployed when it
-        /// loses a worker).
-        deployment: u64,
-        /// Tries it took (more than one: retried after a worker was lost).
-        attempts: u32,
-    },
-    Unload {
-        network: u64,
-    },
-    /// The answer to `Unload`.
-    Unloaded {
-        network: u64,
-    },
-    /// A worker ran one subgraph of a request (per-request counters);
-    /// `nodes` when its plugin counts per node (`PERF_COUNT`).
-    Ran {
-        request: u64,
-        subgraph: u32,
-        micros: u64,
-        nodes: Vec<NodeTime>,
-    },
-    /// A tensor of a request arrived (reported by its receiver).
-    Moved(Transfer),
-    /// Coordinator → workers: a request failed; drop what it left behind.
-    Cancel {
-        request: u64,
-    },
-    // Named models (the model repository).
-    /// Load model `name`: with a request, defined anew from the payload's
-    /// ONNX bytes (replacing a model of that name once deployed); without,
-    /// the repository's model of that name.
-    LoadModel {
-        name: String,
-        request: Option<LoadRequest>,
-    },
-    UnloadModel {
-        name: String,
-    },
-    /// The answer to `UnloadModel`.
-    ModelUnloaded {
-        name: String,
-    },
-    ListModels,
-    Models {
-        models: Vec<ModelStatus>,
-    },
-    /// Client → coordinator: the cluster's workers.
-    ClusterInfo,
-    ClusterState {
-        workers: Vec<WorkerState>,
-        networks: u32,
-        in_flight: u32,
-    },
-    // Text generation.
-    /// Client → coordinator: generate text on a generative network;
-    /// answered by `Tokens` as they come, then `Generated`.
-    Generate {
-        network: u64,
-        prompt: Prompt,
-        params: GenerateParams,
-    },
-    /// New tokens of a generation and their text.
-    Tokens {
-        ids: Vec<u32>,
-        text: String,
-    },
-    Generated(GenerateStats),
-    /// Coordinator → workers: a sequence ended; free its state.
-    EndSequence {
-        network: u64,
-        sequence: u64,
-    },
-    /// Worker → coordinator: a tensor of `request` could not be streamed to
-    /// its consumer (a peer unreachable); the coordinator retries the
-    /// request if the peer turns out to be lost.
-    Unreachable {
-        request: u64,
-        error: String,
-    },
-    /// Something failed: a request (if given) or the operation this stream
-    /// carried.
-    Failed {
-        request: Option<u64>,
-        kind: ErrorKind,
-        error: String,
-    },
-}
-
-impl Control {
-    /// The message's name, for errors and logs.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Control::Register { .. } => "Register",
-            Control::Registered { .. } => "Registered",
-            Control::Heartbeat { .. } => "Heartbeat",
-            Control::QueryNetwork { .. } => "QueryNetwork",
-            Control::QueryResult { .. } => "QueryResult",
-            Control::Deploy(_) => "Deploy",
-            Control::NeedModel => "NeedModel",
-            Control::Model => "Model",
-            Control::Progress { .. } => "Progress",
-            Control::Deployed { .. } => "Deployed",
-            Control::Undeploy { .. } => "Undeploy",
-            Control::LoadNetwork(_) => "LoadNetwork",
-            Control::NetworkLoaded { .. } => "NetworkLoaded",
-            Control::Infer { .. } => "Infer",
-            Control::InferDone { .. } => "InferDone",
-            Control::Unload { .. } => "Unload",
-            Control::Unloaded { .. } => "Unloaded",
-            Control::Ran { .. } => "Ran",
-            Control::Moved(_) => "Moved",
-            Control::Cancel { .. } => "Cancel",
-            Control::LoadModel { .. } => "LoadModel",
-            Control::UnloadModel { .. } => "UnloadModel",
-            Control::ModelUnloaded { .. } => "ModelUnloaded",
-            Control::ListModels => "ListModels",
-            Control::Models { .. } => "Models",
-            Control::ClusterInfo => "ClusterInfo",
-            Control::ClusterState { .. } => "ClusterState",
-            Control::Generate { .. } => "Generate",
-            Control::Tokens { .. } => "Tokens",
-            Control::Generated(_) => "Generated",
-            Control::EndSequence { .. } => "EndSequence",
-            Control::Unreachable { .. } => "Unreachable",
-            Control::Failed { .. } => "Failed",
-        }
-    }
-
-    /// The frame's prefix and header for a payload of `payload_len` bytes
-    /// (0 for messages without one).
-    pub fn encode(&self, payload_len: u64, limits: &Limits) -> Result<Vec<u8>, WireError> {
-        codec::encode_frame(FrameKind::Control, self, payload_len, limits)
-    }
-
-    /// The whole frame, payload included (for small payloads; large ones are
-    /// written after [`Control::encode`] in chunks).
-    pub fn encode_with(&self, payload: &Bytes, limits: &Limits) -> Result<Vec<u8>, WireError> {
-        let mut out = self.encode(payload.len() as u64, limits)?;
-        out.extend_from_slice(payload);
-        Ok(out)
     }
 }

@@ -7,11 +7,13 @@
 //! then header_len bytes of bincode header, then payload_len raw bytes
 //! ```
 
+use std::marker::PhantomData;
+
 use bytes::Bytes;
 
 use super::codec;
-use super::control::Control;
 use super::handshake::Handshake;
+use super::message::Message;
 use super::tensor::TensorHeader;
 use super::WireError;
 
@@ -24,8 +26,8 @@ pub const MAGIC: [u8; 2] = *b"TS";
 pub enum FrameKind {
     /// A [`Handshake`] message: the first frame each way on a connection.
     Handshake = 1,
-    /// A [`Control`] message; its payload, if any, is a model or blob the
-    /// message describes.
+    /// A control message of the stream's channel (a [`Message`]); its
+    /// payload, if any, is a model or blob the message describes.
     Control = 2,
     /// A [`TensorHeader`]; the payload is the tensor's bytes.
     Tensor = 3,
@@ -119,18 +121,18 @@ impl Prefix {
     }
 }
 
-/// A whole frame, decoded.
+/// A whole frame, decoded; `M` is the channel's control messages.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum Frame<M> {
     Handshake(Handshake),
     /// A control message and its payload (empty for most messages).
-    Control(Control, Bytes),
+    Control(M, Bytes),
     /// A tensor header and the tensor's bytes (checked against the header
     /// by [`TensorHeader::into_tensor`]).
     Tensor(TensorHeader, Bytes),
 }
 
-impl Frame {
+impl<M> Frame<M> {
     pub fn kind(&self) -> FrameKind {
         match self {
             Frame::Handshake(_) => FrameKind::Handshake,
@@ -156,24 +158,27 @@ pub fn chunks(payload: &Bytes, size: usize) -> impl Iterator<Item = Bytes> + '_ 
 /// send it before it is held in memory) and, once more arrives, the whole
 /// rest at once (growing by doubling would hold up to twice a large
 /// model). Memory this process cannot have is an error, not an abort.
+/// Control frames decode as the channel's messages, `M`.
 #[derive(Debug)]
-pub struct FrameDecoder {
+pub struct FrameDecoder<M> {
     limits: Limits,
     /// Bytes received and not yet returned in a frame: the current
     /// frame's (its prefix once decoded is dropped), then any that follow.
     buffer: Vec<u8>,
     prefix: Option<Prefix>,
+    channel: PhantomData<fn() -> M>,
 }
 
 /// What a decoder reserves for a frame before its bytes arrive.
 pub const RESERVE_AHEAD: usize = 64 << 20;
 
-impl FrameDecoder {
-    pub fn new(limits: Limits) -> FrameDecoder {
+impl<M: Message> FrameDecoder<M> {
+    pub fn new(limits: Limits) -> FrameDecoder<M> {
         FrameDecoder {
             limits,
             buffer: Vec::new(),
             prefix: None,
+            channel: PhantomData,
         }
     }
 
@@ -232,7 +237,7 @@ impl FrameDecoder {
 
     /// The next whole frame, `None` if more bytes are needed. After an
     /// error the stream is unusable (framing is lost).
-    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame<M>>, WireError> {
         let prefix = match self.prefix {
             Some(p) => p,
             None => {
@@ -277,12 +282,12 @@ impl FrameDecoder {
 }
 
 /// Decodes a frame's header and pairs it with its payload.
-pub fn decode_body(
+pub fn decode_body<M: Message>(
     kind: FrameKind,
     header: &[u8],
     payload: Bytes,
     limits: &Limits,
-) -> Result<Frame, WireError> {
+) -> Result<Frame<M>, WireError> {
     match kind {
         FrameKind::Handshake => {
             if !payload.is_empty() {
@@ -298,7 +303,7 @@ pub fn decode_body(
             )?))
         }
         FrameKind::Control => {
-            let message: Control = codec::decode(header, "control message", limits)?;
+            let message: M = codec::decode(header, M::WHAT, limits)?;
             Ok(Frame::Control(message, payload))
         }
         FrameKind::Tensor => {

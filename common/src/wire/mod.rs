@@ -13,14 +13,17 @@
 //!
 //! Layout: [`frame`] (prefix, limits, the incremental [`FrameDecoder`]),
 //! [`codec`] (the one bincode module), [`handshake`] (versioned hello),
-//! [`control`] (membership, QueryNetwork, deployment, requests),
-//! [`tensor`] (tensor frames), [`generate`] (text generation). See `docs/protocol.md`.
+//! [`message`] (what every channel's messages share), one module per
+//! channel — [`client`] (clients ↔ coordinator), [`cluster`] (coordinator
+//! ↔ workers), [`peer`] (workers' data streams) — and the records they
+//! carry ([`control`]), [`tensor`] (tensor frames), [`generate`] (text
+//! generation). See `docs/protocol.md`.
 //!
 //! # Example
 //!
 //! ```
 //! use tessera_common::tensor::Tensor;
-//! use tessera_common::wire::{tensor::TensorHeader, Frame, FrameDecoder, Limits};
+//! use tessera_common::wire::{peer::PeerMessage, tensor::TensorHeader, Frame, FrameDecoder, Limits};
 //!
 //! let limits = Limits::default();
 //! let t = Tensor::from_values(vec![2, 2], &[1f32, 2.0, 3.0, 4.0])?;
@@ -31,7 +34,8 @@
 //!     bytes.extend_from_slice(&chunk);
 //! }
 //! // A receiver feeds whatever arrives and gets whole frames back.
-//! let mut decoder = FrameDecoder::new(limits);
+//! // A worker's data stream: tensor frames, no control messages.
+//! let mut decoder = FrameDecoder::<PeerMessage>::new(limits);
 //! decoder.push(&bytes[..10])?;
 //! assert!(decoder.next_frame()?.is_none());
 //! decoder.push(&bytes[10..])?;
@@ -40,18 +44,24 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod client;
+pub mod cluster;
 pub mod codec;
 pub mod control;
 pub mod frame;
 pub mod generate;
 pub mod handshake;
+pub mod message;
+pub mod peer;
 pub mod plan_json;
 pub mod tensor;
 
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};
+pub use message::{Failure, Message, Progress, Reply, Status};
 
 /// The protocol version this build speaks. Peers must match exactly.
-pub const PROTOCOL_VERSION: u16 = 11;
+/// 12: one message type per channel (client, cluster, peer).
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

@@ -3,14 +3,18 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Batching, Control, DeploySpec, Destination, ErrorKind, Route};
+use tessera_common::wire::client::{ClientReply, ClientRequest};
+use tessera_common::wire::cluster::{CoordinatorAnswer, ToWorker, WorkerAnswer, WorkerReport};
+use tessera_common::wire::control::{Batching, DeploySpec, Destination, ErrorKind, Route};
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
+use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{
-    chunks, Frame, FrameDecoder, Limits, Prefix, WireError, PROTOCOL_VERSION,
+    chunks, Failure, Frame, FrameDecoder, Limits, Message, Prefix, Progress, WireError,
+    PROTOCOL_VERSION,
 };
 
-fn decode_all(bytes: &[u8], limits: Limits) -> Result<Vec<Frame>, WireError> {
+fn decode_all<M: Message>(bytes: &[u8], limits: Limits) -> Result<Vec<Frame<M>>, WireError> {
     let mut d = FrameDecoder::new(limits);
     d.push(bytes)?;
     let mut frames = Vec::new();
@@ -25,7 +29,7 @@ fn decode_all(bytes: &[u8], limits: Limits) -> Result<Vec<Frame>, WireError> {
 fn frames_round_trip_whatever_the_read_sizes() {
     let limits = Limits::default();
     let hello = Handshake::Hello(Hello::new("lab", "node-a", Role::Worker));
-    let deploy = Control::Deploy(DeploySpec {
+    let deploy = ToWorker::Deploy(DeploySpec {
         network: 3,
         subgraph: 1,
         device: "CPU".into(),
@@ -75,7 +79,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
         stream.extend_from_slice(&c);
     }
     for piece in [1usize, 7, 100, 65536] {
-        let mut d = FrameDecoder::new(limits);
+        let mut d = FrameDecoder::<ToWorker>::new(limits);
         let mut frames = Vec::new();
         for part in stream.chunks(piece) {
             d.push(part).unwrap();
@@ -156,11 +160,11 @@ fn oversized_frames_are_refused_from_the_prefix() {
         max_payload: 1024,
     };
     // A header over the limit is refused when encoding...
-    let big = Control::Failed {
+    let big = ClientReply::Failed(Failure {
         request: None,
         kind: ErrorKind::Internal,
         error: "x".repeat(100),
-    };
+    });
     assert!(matches!(
         big.encode(0, &small),
         Err(WireError::Encode { .. })
@@ -168,7 +172,7 @@ fn oversized_frames_are_refused_from_the_prefix() {
     // ... and when decoding, before reading the body.
     let bytes = big.encode(0, &Limits::default()).unwrap();
     assert!(matches!(
-        decode_all(&bytes, small),
+        decode_all::<ClientReply>(&bytes, small),
         Err(WireError::HeaderTooLarge { .. })
     ));
     let prefix = Prefix {
@@ -188,7 +192,7 @@ fn oversized_frames_are_refused_from_the_prefix() {
 #[test]
 fn garbled_and_truncated_frames_are_errors() {
     let limits = Limits::default();
-    let frame = Control::Heartbeat {
+    let frame = WorkerReport::Heartbeat {
         seq: 1,
         in_flight: 0,
         mailboxes: vec![],
@@ -199,20 +203,23 @@ fn garbled_and_truncated_frames_are_errors() {
     let mut bad = frame.clone();
     bad[0] = b'X';
     assert!(matches!(
-        decode_all(&bad, limits),
+        decode_all::<WorkerReport>(&bad, limits),
         Err(WireError::BadMagic(_))
     ));
     let mut bad = frame.clone();
     bad[2] = 99;
-    assert_eq!(decode_all(&bad, limits), Err(WireError::UnknownKind(99)));
+    assert_eq!(
+        decode_all::<WorkerReport>(&bad, limits),
+        Err(WireError::UnknownKind(99))
+    );
     let mut bad = frame.clone();
     bad[Prefix::LEN] = 200; // an enum variant that does not exist
     assert!(matches!(
-        decode_all(&bad, limits),
+        decode_all::<WorkerReport>(&bad, limits),
         Err(WireError::Decode { .. })
     ));
     assert!(matches!(
-        decode_all(&frame[..frame.len() - 1], limits),
+        decode_all::<WorkerReport>(&frame[..frame.len() - 1], limits),
         Err(WireError::Truncated(_))
     ));
     // A tensor payload that does not match its header (2 floats, 4 bytes).
@@ -226,7 +233,7 @@ fn garbled_and_truncated_frames_are_errors() {
     stream.extend_from_slice(&frame[Prefix::LEN..]);
     stream.extend_from_slice(&[0u8; 4]);
     assert!(matches!(
-        decode_all(&stream, limits),
+        decode_all::<WorkerReport>(&stream, limits),
         Err(WireError::Tensor { .. })
     ));
 }
@@ -244,7 +251,10 @@ fn string_and_packed_tensors_travel_and_bad_ones_are_refused() {
     for t in [&strings, &int4] {
         let mut stream = TensorHeader::new(1, 2, "s", t).encode(&limits).unwrap();
         stream.extend_from_slice(t.bytes());
-        match decode_all(&stream, limits).unwrap().as_slice() {
+        match decode_all::<PeerMessage>(&stream, limits)
+            .unwrap()
+            .as_slice()
+        {
             [Frame::Tensor(header, payload)] => {
                 let back = header.clone().into_tensor(payload.clone()).unwrap();
                 assert_eq!(&back, t);
@@ -300,7 +310,7 @@ fn reading_what_is_wanted_stops_at_each_frame() {
     let stream: Vec<u8> = first.iter().chain(&second).copied().collect();
     let mut at = 0;
     for (id, len) in [(1u64, first.len()), (2, second.len())] {
-        let mut d = FrameDecoder::new(limits);
+        let mut d = FrameDecoder::<PeerMessage>::new(limits);
         let start = at;
         let frame = loop {
             if let Some(f) = d.next_frame().unwrap() {
@@ -330,7 +340,7 @@ proptest! {
     /// Random bytes, fed in random pieces, never panic the decoder.
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), piece in 1usize..64) {
-        let mut d = FrameDecoder::new(Limits { max_header: 256, max_payload: 4096 });
+        let mut d = FrameDecoder::<ClientRequest>::new(Limits { max_header: 256, max_payload: 4096 });
         for part in bytes.chunks(piece) {
             d.push(part).unwrap();
             if d.next_frame().is_err() {
@@ -349,7 +359,7 @@ proptest! {
         frame.extend_from_slice(&(header.len() as u32).to_le_bytes());
         frame.extend_from_slice(&0u64.to_le_bytes());
         frame.extend_from_slice(&header);
-        let mut d = FrameDecoder::new(Limits::default());
+        let mut d = FrameDecoder::<WorkerReport>::new(Limits::default());
         d.push(&frame).unwrap();
         let _ = d.next_frame();
     }
@@ -363,7 +373,7 @@ proptest! {
         let limits = Limits::default();
         let mut bytes = TensorHeader::new(1, 2, "t", &t).encode(&limits).unwrap();
         bytes.extend_from_slice(t.bytes());
-        let frames = decode_all(&bytes, limits).unwrap();
+        let frames = decode_all::<PeerMessage>(&bytes, limits).unwrap();
         let Frame::Tensor(h, payload) = frames[0].clone() else { panic!("tensor") };
         prop_assert_eq!(h.into_tensor(payload).unwrap(), t);
     }
@@ -378,7 +388,6 @@ fn every_control_message_round_trips() {
         Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelState, ModelStatus,
         NodeTime, Transfer, TypeReport, WorkerState,
     };
-    let limits = Limits::default();
     let device = DeviceInfo {
         device: "CPU".into(),
         full_name: "EPYC".into(),
@@ -399,16 +408,13 @@ fn every_control_message_round_trips() {
         node: "conv1".into(),
         micros: 312,
     };
-    let messages = vec![
-        Control::Register {
+    round_trip(vec![
+        WorkerReport::Register {
             name: "node-a".into(),
             data_addr: "127.0.0.1:7501".into(),
             devices: vec![device.clone()],
         },
-        Control::Registered { heartbeat_ms: 1000 },
-        Control::NeedModel,
-        Control::Model,
-        Control::Heartbeat {
+        WorkerReport::Heartbeat {
             seq: 9,
             in_flight: 2,
             mailboxes: vec![MailboxDepth {
@@ -418,36 +424,77 @@ fn every_control_message_round_trips() {
             }],
             rss_bytes: 300 << 20,
         },
-        Control::QueryNetwork {
+        WorkerReport::Ran {
+            request: 2,
+            subgraph: 0,
+            micros: 1100,
+            nodes: vec![node.clone()],
+        },
+        WorkerReport::Moved(transfer.clone()),
+        WorkerReport::Unreachable {
+            request: 2,
+            error: "cannot reach worker node-b".into(),
+        },
+        WorkerReport::Failed(Failure {
+            request: Some(2),
+            kind: ErrorKind::WorkerLost,
+            error: "worker node-b was lost".into(),
+        }),
+    ]);
+    round_trip(vec![
+        CoordinatorAnswer::Registered { heartbeat_ms: 1000 },
+        CoordinatorAnswer::Failed(Failure::of_operation(ErrorKind::Refused, "name taken")),
+    ]);
+    round_trip(vec![
+        ToWorker::QueryNetwork {
             devices: vec!["CPU".into()],
         },
-        Control::QueryResult {
-            answers: vec![DeviceAnswer {
-                types: vec![TypeReport {
-                    tensor: "t".into(),
-                    found: ReportedType {
-                        elem: Some(ElemType::FLOAT),
-                        shape: Some(vec![Dim::Known(1), Dim::Unknown]),
-                    },
-                }],
-                device: "node-a/CPU".into(),
-                supported: vec!["conv1".into()],
-                unsupported: vec![("loop".into(), "Loop is not supported".into())],
-            }],
+        ToWorker::Model,
+        ToWorker::Undeploy { network: 1 },
+        ToWorker::Cancel { request: 2 },
+        ToWorker::EndSequence {
+            network: 1,
+            sequence: 9,
         },
-        Control::Progress {
-            what: "compiling".into(),
-            done: 1,
-            total: 2,
+    ]);
+    let answers = vec![DeviceAnswer {
+        types: vec![TypeReport {
+            tensor: "t".into(),
+            found: ReportedType {
+                elem: Some(ElemType::FLOAT),
+                shape: Some(vec![Dim::Known(1), Dim::Unknown]),
+            },
+        }],
+        device: "node-a/CPU".into(),
+        supported: vec!["conv1".into()],
+        unsupported: vec![("loop".into(), "Loop is not supported".into())],
+    }];
+    let progress = Progress {
+        what: "compiling".into(),
+        done: 1,
+        total: 2,
+    };
+    round_trip(vec![
+        WorkerAnswer::Progress(progress.clone()),
+        WorkerAnswer::Failed(Failure::of_operation(ErrorKind::Worker, "no such device")),
+        WorkerAnswer::QueryResult {
+            answers: answers.clone(),
         },
-        Control::Deployed {
+        WorkerAnswer::NeedModel,
+        WorkerAnswer::Deployed {
             network: 1,
             subgraph: 0,
             compile_ms: 12,
             cached: true,
         },
-        Control::Undeploy { network: 1 },
-        Control::LoadNetwork(LoadRequest {
+        WorkerAnswer::Undeployed { network: 1 },
+        WorkerAnswer::Done,
+    ]);
+    round_trip(vec![
+        ClientRequest::QueryNetwork {
+            devices: vec!["HETERO:node-a/CPU".into()],
+        },
+        ClientRequest::LoadNetwork(LoadRequest {
             name: "m".into(),
             devices: "HETERO:node-a/CPU".into(),
             policy: tessera_common::affinity::Policy::Cost,
@@ -459,20 +506,35 @@ fn every_control_message_round_trips() {
             batching: None,
             generation: None,
         }),
-        Control::Generate {
+        ClientRequest::LoadModel {
+            name: "rec".into(),
+            request: None,
+        },
+        ClientRequest::UnloadModel { name: "rec".into() },
+        ClientRequest::ListModels,
+        ClientRequest::ClusterInfo,
+        ClientRequest::Infer {
+            network: 1,
+            request: 2,
+            inputs: 1,
+            deadline_ms: 500,
+        },
+        ClientRequest::Generate {
             network: 1,
             prompt: tessera_common::wire::generate::Prompt::Text("hi".into()),
             params: tessera_common::wire::generate::GenerateParams::default(),
         },
-        Control::Tokens {
-            ids: vec![1, 2],
-            text: "hé".into(),
-        },
-        Control::EndSequence {
-            network: 1,
-            sequence: 9,
-        },
-        Control::NetworkLoaded {
+        ClientRequest::Unload { network: 1 },
+    ]);
+    round_trip(vec![
+        ClientReply::Progress(progress),
+        ClientReply::Failed(Failure {
+            request: Some(2),
+            kind: ErrorKind::Timeout,
+            error: "request 2 missed its deadline".into(),
+        }),
+        ClientReply::QueryResult { answers },
+        ClientReply::NetworkLoaded {
             network: 1,
             plan: Box::new(tessera_common::dump::PlanReport {
                 hosts: vec!["node-a".into()],
@@ -480,42 +542,8 @@ fn every_control_message_round_trips() {
                 ..Default::default()
             }),
         },
-        Control::Infer {
-            network: 1,
-            request: 2,
-            inputs: 1,
-            deadline_ms: 500,
-        },
-        Control::InferDone {
-            network: 1,
-            request: 2,
-            outputs: 1,
-            counters: Counters {
-                subgraphs: vec![(0, 1100)],
-                nodes: vec![(0, node.clone())],
-                transfers: vec![transfer.clone()],
-            },
-            deployment: 3,
-            attempts: 2,
-        },
-        Control::Unload { network: 1 },
-        Control::Unloaded { network: 1 },
-        Control::Ran {
-            request: 2,
-            subgraph: 0,
-            micros: 1100,
-            nodes: vec![node],
-        },
-        Control::Moved(transfer),
-        Control::Cancel { request: 2 },
-        Control::LoadModel {
-            name: "rec".into(),
-            request: None,
-        },
-        Control::UnloadModel { name: "rec".into() },
-        Control::ModelUnloaded { name: "rec".into() },
-        Control::ListModels,
-        Control::Models {
+        ClientReply::ModelUnloaded { name: "rec".into() },
+        ClientReply::Models {
             models: vec![ModelStatus {
                 name: "rec".into(),
                 state: ModelState::Ready,
@@ -523,8 +551,7 @@ fn every_control_message_round_trips() {
                 reason: String::new(),
             }],
         },
-        Control::ClusterInfo,
-        Control::ClusterState {
+        ClientReply::ClusterState {
             workers: vec![WorkerState {
                 name: "node-a".into(),
                 data_addr: "127.0.0.1:7501".into(),
@@ -540,19 +567,40 @@ fn every_control_message_round_trips() {
             networks: 1,
             in_flight: 0,
         },
-        Control::Unreachable {
+        ClientReply::InferDone {
+            network: 1,
             request: 2,
-            error: "cannot reach worker node-b".into(),
+            outputs: 1,
+            counters: Counters {
+                subgraphs: vec![(0, 1100)],
+                nodes: vec![(0, node)],
+                transfers: vec![transfer],
+            },
+            deployment: 3,
+            attempts: 2,
         },
-        Control::Failed {
-            request: Some(2),
-            kind: ErrorKind::WorkerLost,
-            error: "worker node-b was lost".into(),
+        ClientReply::Tokens {
+            ids: vec![1, 2],
+            text: "hé".into(),
         },
-    ];
+        ClientReply::Generated(tessera_common::wire::generate::GenerateStats {
+            prompt_tokens: 5,
+            generated_tokens: 3,
+            finish: tessera_common::wire::generate::FinishReason::Length,
+            first_token_us: 1200,
+            total_us: 9000,
+            replays: 1,
+        }),
+        ClientReply::Unloaded { network: 1 },
+    ]);
+}
+
+/// Each message of one channel encodes and decodes to itself.
+fn round_trip<M: Message + PartialEq + Clone>(messages: Vec<M>) {
+    let limits = Limits::default();
     for msg in messages {
         let bytes = msg.encode(0, &limits).unwrap();
-        let frames = decode_all(&bytes, limits).unwrap();
+        let frames = decode_all::<M>(&bytes, limits).unwrap();
         assert_eq!(
             frames,
             vec![Frame::Control(msg.clone(), Bytes::new())],
@@ -560,4 +608,30 @@ fn every_control_message_round_trips() {
             msg.name()
         );
     }
+}
+
+#[test]
+fn a_control_message_on_a_data_stream_is_refused() {
+    let limits = Limits::default();
+    let beat = WorkerReport::Heartbeat {
+        seq: 1,
+        in_flight: 0,
+        mailboxes: vec![],
+        rss_bytes: 0,
+    };
+    let bytes = beat.encode(0, &limits).unwrap();
+    match decode_all::<PeerMessage>(&bytes, limits) {
+        Err(WireError::Decode { what, .. }) => assert!(what.contains("none is taken"), "{what}"),
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+    // What a worker's data stream does carry still decodes.
+    let t = Tensor::from_values(vec![2], &[1f32, 2.0]).unwrap();
+    let mut bytes = TensorHeader::new(1, 1, "x", &t).encode(&limits).unwrap();
+    bytes.extend_from_slice(t.bytes());
+    assert!(matches!(
+        decode_all::<PeerMessage>(&bytes, limits)
+            .unwrap()
+            .as_slice(),
+        [Frame::Tensor(..)]
+    ));
 }

@@ -22,8 +22,9 @@ use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model_shared;
-use tessera_common::wire::control::{Batching, Control, LoadRequest, ModelState, ModelStatus};
+use tessera_common::wire::control::{Batching, LoadRequest, ModelState, ModelStatus};
 use tessera_common::wire::generate::GenerationSpec;
+use tessera_common::wire::Progress;
 use tokio::sync::mpsc;
 
 use crate::config::{valid_model_name, ModelConfig};
@@ -357,7 +358,7 @@ pub async fn load(
     shared: &Arc<Shared>,
     name: &str,
     new: Option<(Source, LoadRequest)>,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     load_entry(shared, name, new, Keep::No, progress).await
 }
@@ -379,7 +380,7 @@ async fn load_entry(
     name: &str,
     new: Option<(Source, LoadRequest)>,
     keep: Keep,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     if !valid_model_name(name) {
         return Err(CoordinatorError::Model(format!(
@@ -459,7 +460,7 @@ async fn load_now(
     shared: &Arc<Shared>,
     entry: &Entry,
     without_absent: bool,
-    progress: mpsc::Sender<Control>,
+    progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     let (source, mut request) = {
         let s = entry.lock();
@@ -531,14 +532,12 @@ fn worker_names(shared: &Shared) -> Vec<String> {
 
 /// A progress channel whose reports go to the debug log (loads nobody
 /// watches: at start, over HTTP).
-pub fn progress_log(model: &str) -> mpsc::Sender<Control> {
+pub fn progress_log(model: &str) -> mpsc::Sender<Progress> {
     let (tx, mut rx) = mpsc::channel(64);
     let model = model.to_string();
     tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if let Control::Progress { what, done, total } = msg {
-                tracing::debug!(%model, "[{done}/{total}] {what}");
-            }
+        while let Some(Progress { what, done, total }) = rx.recv().await {
+            tracing::debug!(%model, "[{done}/{total}] {what}");
         }
     });
     tx

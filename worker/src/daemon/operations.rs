@@ -8,9 +8,9 @@ use std::time::Instant;
 use actix::Actor;
 use bytes::Bytes;
 use tessera_common::onnx::decode_model;
-use tessera_common::wire::control::{
-    Control, DeploySpec, Destination, DeviceAnswer, ErrorKind, TypeReport,
-};
+use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
+use tessera_common::wire::control::{DeploySpec, Destination, DeviceAnswer, ErrorKind, TypeReport};
+use tessera_common::wire::{Message, Progress};
 use tessera_net::exchange;
 
 use super::actor::{Stop, SubgraphActor};
@@ -24,7 +24,7 @@ pub(super) async fn serve_operation(
     mut recv: quinn::RecvStream,
 ) {
     let limits = *state.node.limits();
-    let reply = match exchange::read_operation(&mut recv, &limits).await {
+    let reply = match exchange::read_operation::<ToWorker>(&mut recv, &limits).await {
         Ok(Some((msg, payload))) => operation(&state, msg, payload, &mut send, &mut recv).await,
         Ok(None) => return,
         Err(e) => Err(e.to_string()),
@@ -33,7 +33,8 @@ pub(super) async fn serve_operation(
         Ok(answer) => exchange::send_message(&mut send, &answer, None, &limits).await,
         Err(error) => {
             tracing::warn!("{error}");
-            exchange::send_failure(&mut send, None, ErrorKind::Worker, error, &limits).await
+            exchange::send_failure::<WorkerAnswer>(&mut send, ErrorKind::Worker, error, &limits)
+                .await
         }
     };
     if let Err(e) = sent {
@@ -44,13 +45,13 @@ pub(super) async fn serve_operation(
 
 async fn operation(
     state: &Arc<State>,
-    msg: Control,
+    msg: ToWorker,
     payload: Bytes,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<Control, String> {
+) -> Result<WorkerAnswer, String> {
     match msg {
-        Control::QueryNetwork { devices } => {
+        ToWorker::QueryNetwork { devices } => {
             let model = decode_model(&payload).map_err(|e| format!("QueryNetwork: {e}"))?;
             let state = state.clone();
             tokio::task::spawn_blocking(move || {
@@ -75,27 +76,27 @@ async fn operation(
                             .collect(),
                     });
                 }
-                Ok(Control::QueryResult { answers })
+                Ok(WorkerAnswer::QueryResult { answers })
             })
             .await
             .map_err(|e| e.to_string())?
         }
-        Control::Deploy(spec) => deploy(state, spec, send, recv).await,
-        Control::Undeploy { network } => {
+        ToWorker::Deploy(spec) => deploy(state, spec, send, recv).await,
+        ToWorker::Undeploy { network } => {
             for actor in state.router.remove(network) {
                 actor.do_send(Stop);
             }
-            Ok(Control::Unloaded { network })
+            Ok(WorkerAnswer::Undeployed { network })
         }
-        Control::Cancel { request } => {
+        ToWorker::Cancel { request } => {
             state.router.forget(request);
-            Ok(Control::Cancel { request })
+            Ok(WorkerAnswer::Done)
         }
-        Control::EndSequence { network, sequence } => {
+        ToWorker::EndSequence { network, sequence } => {
             state.router.end_sequence(network, sequence);
-            Ok(Control::EndSequence { network, sequence })
+            Ok(WorkerAnswer::Done)
         }
-        other => Err(format!("a worker does not take {}", other.name())),
+        ToWorker::Model => Err("a model came without a Deploy to ask for it".into()),
     }
 }
 
@@ -127,11 +128,11 @@ async fn receive_model(
     recv: &mut quinn::RecvStream,
 ) -> Result<Bytes, String> {
     let limits = *state.node.limits();
-    exchange::send_message(send, &Control::NeedModel, None, &limits)
+    exchange::send_message(send, &WorkerAnswer::NeedModel, None, &limits)
         .await
         .map_err(|e| format!("asking for the model: {e}"))?;
-    match exchange::read_operation(recv, &limits).await {
-        Ok(Some((Control::Model, model))) if model.len() as u64 == spec.model_bytes => {
+    match exchange::read_operation::<ToWorker>(recv, &limits).await {
+        Ok(Some((ToWorker::Model, model))) if model.len() as u64 == spec.model_bytes => {
             tracing::info!(
                 subgraph = spec.subgraph,
                 bytes = model.len(),
@@ -139,7 +140,7 @@ async fn receive_model(
             );
             Ok(model)
         }
-        Ok(Some((Control::Model, model))) => Err(format!(
+        Ok(Some((ToWorker::Model, model))) => Err(format!(
             "the model of subgraph {} came with {} bytes, {} were announced",
             spec.subgraph,
             model.len(),
@@ -159,14 +160,14 @@ async fn deploy(
     spec: DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<Control, String> {
+) -> Result<WorkerAnswer, String> {
     let started = Instant::now();
     let (compiled, cached) = compiled(state, &spec, send, recv).await?;
     let compile_ms = started.elapsed().as_millis() as u64;
     tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
     start_actor(state, &spec, compiled);
     dial_peers(state, &spec);
-    Ok(Control::Deployed {
+    Ok(WorkerAnswer::Deployed {
         network: spec.network,
         subgraph: spec.subgraph,
         compile_ms,
@@ -193,11 +194,11 @@ async fn compiled(
         return Ok((c, true));
     }
     let model = receive_model(state, spec, send, recv).await?;
-    let progress = Control::Progress {
+    let progress = WorkerAnswer::Progress(Progress {
         what: what.clone(),
         done: 0,
         total: 1,
-    };
+    });
     if let Err(e) = exchange::send_message(send, &progress, None, &limits).await {
         tracing::debug!("reporting progress: {e}");
     }

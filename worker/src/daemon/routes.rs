@@ -11,11 +11,11 @@ use std::time::Duration;
 use actix::Addr;
 use dashmap::DashMap;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{
-    Control, Destination, ErrorKind, MailboxDepth, NodeTime, Transfer,
-};
+use tessera_common::wire::cluster::WorkerReport;
+use tessera_common::wire::control::{Destination, ErrorKind, MailboxDepth, NodeTime, Transfer};
 use tessera_common::wire::generate::Steps;
 use tessera_common::wire::handshake::Role;
+use tessera_common::wire::Failure;
 use tessera_common::wire::Limits;
 use tessera_net::{Lane, Link, Node};
 
@@ -303,7 +303,7 @@ impl Router {
             request,
             sequence,
         } = ran;
-        let ran = Control::Ran {
+        let ran = WorkerReport::Ran {
             request,
             subgraph,
             micros: elapsed.as_micros() as u64,
@@ -372,7 +372,7 @@ impl Router {
         bytes: u64,
         took: Duration,
     ) {
-        let msg = Control::Moved(Transfer {
+        let msg = WorkerReport::Moved(Transfer {
             request,
             tensor: tensor.into(),
             from: from.into(),
@@ -389,11 +389,11 @@ impl Router {
     pub async fn fail(&self, request: u64, error: String) {
         tracing::warn!(request, "{error}");
         self.forget(request);
-        let msg = Control::Failed {
+        let msg = WorkerReport::Failed(Failure {
             request: Some(request),
             kind: ErrorKind::Worker,
             error,
-        };
+        });
         self.report(&msg).await;
     }
 
@@ -402,10 +402,11 @@ impl Router {
     pub async fn unreachable(&self, request: u64, error: String) {
         tracing::warn!(request, "{error}");
         self.forget(request);
-        self.report(&Control::Unreachable { request, error }).await;
+        self.report(&WorkerReport::Unreachable { request, error })
+            .await;
     }
 
-    async fn report(&self, msg: &Control) {
+    async fn report(&self, msg: &WorkerReport) {
         if let Err(e) = self.control.send_control(msg).await {
             tracing::warn!("cannot report to the coordinator: {e}");
         }

@@ -7,8 +7,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_common::wire::control::{Control, DeviceInfo};
+use tessera_common::wire::cluster::{CoordinatorAnswer, WorkerReport};
+use tessera_common::wire::control::DeviceInfo;
 use tessera_common::wire::handshake::Role;
+use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::{exchange, recv_frame, serve_streams, ExchangeError, Link, Node, Peer};
 
@@ -125,19 +127,18 @@ async fn register(
         None => advertised(node, &connection, coordinator)?,
     };
     let limits = *node.limits();
-    let register = Control::Register {
+    let register = WorkerReport::Register {
         name: options.name.clone(),
         data_addr: data_addr.clone(),
         devices: infos.to_vec(),
     };
     exchange::send_message(&mut send, &register, None, &limits).await?;
-    let heartbeat = match exchange::answer(&mut recv, &limits, |_| {}).await {
-        Ok(Control::Registered { heartbeat_ms }) => Duration::from_millis(heartbeat_ms.max(50)),
-        Ok(other) => {
-            return Err(WorkerError::Registration(format!(
-                "unexpected answer: {}",
-                other.name()
-            )))
+    let heartbeat = match exchange::answer::<CoordinatorAnswer>(&mut recv, &limits, |_| {}).await {
+        Ok(CoordinatorAnswer::Registered { heartbeat_ms }) => {
+            Duration::from_millis(heartbeat_ms.max(50))
+        }
+        Ok(CoordinatorAnswer::Failed(refused)) => {
+            return Err(WorkerError::Registration(refused.error))
         }
         Err(ExchangeError::Net(e)) => return Err(e.into()),
         Err(e) => return Err(WorkerError::Registration(e.to_string())),
@@ -180,7 +181,7 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
         loop {
             tokio::time::sleep(every).await;
             seq += 1;
-            let beat = Control::Heartbeat {
+            let beat = WorkerReport::Heartbeat {
                 seq,
                 in_flight: router.in_flight(),
                 mailboxes: router.mailbox_depths(),
@@ -238,7 +239,7 @@ async fn serve_operations(connection: quinn::Connection, state: Arc<State>) -> S
 /// returns why.
 async fn watch_control(mut recv: quinn::RecvStream, limits: Limits) -> String {
     loop {
-        match recv_frame(&mut recv, &limits).await {
+        match recv_frame::<CoordinatorAnswer>(&mut recv, &limits).await {
             Ok(Some(frame)) => tracing::debug!("control frame {:?}", frame.kind()),
             Ok(None) => return "it closed the control stream".to_string(),
             Err(e) => return e.to_string(),
@@ -264,7 +265,10 @@ fn local_ip_towards(remote: SocketAddr) -> Option<std::net::IpAddr> {
 fn tensor_handler(
     router: Arc<Router>,
     from: String,
-) -> impl Fn(Frame, Duration) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+) -> impl Fn(
+    Frame<PeerMessage>,
+    Duration,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
        + Clone
        + Send
        + Sync
@@ -300,7 +304,8 @@ fn tensor_handler(
                         Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
                     }
                 }
-                other => tracing::warn!("unexpected {:?} frame on a data stream", other.kind()),
+                Frame::Control(none, _) => match none {},
+                Frame::Handshake(_) => tracing::warn!("unexpected handshake on a data stream"),
             }
         })
     }
