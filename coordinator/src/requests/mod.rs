@@ -33,15 +33,17 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::cluster::ToWorker;
 use tessera_common::wire::control::{Counters, NodeTime, Transfer};
 use tessera_common::wire::generate::Steps;
-use tessera_common::wire::Message;
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
-use tokio::sync::oneshot;
+use tessera_common::wire::Message;
+use tokio::sync::{oneshot, Notify};
 
 use crate::network::{Deployed, Picked, Waited};
 use crate::{CoordinatorError, Shared};
+use pending::TryState;
+use tries::{Next, Outcome, Settled, Tries, Verdict};
 
-/// Tries of one request (each after a worker loss) before it fails.
-const MAX_ATTEMPTS: u32 = 4;
+mod pending;
+mod tries;
 
 /// A finished request.
 #[derive(Debug)]
@@ -67,17 +69,33 @@ pub enum Failure {
     Error(String),
 }
 
+impl From<Failure> for Outcome {
+    fn from(failure: Failure) -> Outcome {
+        match failure {
+            Failure::Lost(e) => Outcome::Lost(e),
+            Failure::Unreachable(e) => Outcome::Unreachable(e),
+            Failure::Error(e) => Outcome::Error(e),
+        }
+    }
+}
+
 type Produced = Result<HashMap<String, Tensor>, Failure>;
 
-/// A try of a request in flight.
+/// A try of a request in flight: its state, the channel its driver waits
+/// on, and the signal that every subgraph has reported its timing.
 pub struct Pending {
-    /// Workers it runs on.
-    pub hosts: Vec<String>,
-    /// Graph outputs still to come.
-    missing: Vec<String>,
-    outputs: HashMap<String, Tensor>,
-    counters: Counters,
+    state: TryState,
     done: Option<oneshot::Sender<Produced>>,
+    reported: Arc<Notify>,
+}
+
+impl Pending {
+    /// Sends what a transition settled the try with.
+    fn settle(&mut self, result: Option<Produced>) {
+        if let (Some(result), Some(done)) = (result, self.done.take()) {
+            let _ = done.send(result);
+        }
+    }
 }
 
 /// Runs one request on a loaded network, retrying it on the network's
@@ -153,79 +171,53 @@ async fn infer_on(
     let until = Instant::now() + deadline;
     // How long a lost peer takes to be noticed.
     let grace = Duration::from_millis(shared.config.worker_timeout_ms + shared.config.heartbeat_ms);
-    let timed_out = |request: u64, waiting: String| CoordinatorError::Deadline {
-        request,
-        deadline_ms: deadline.as_millis() as u64,
-        waiting,
+    let failed = |verdict: Verdict| match verdict {
+        Verdict::Worker(e) => CoordinatorError::Worker(e),
+        Verdict::WorkerLost(e) => CoordinatorError::WorkerLost(e),
+        Verdict::Deadline { request, waiting } => CoordinatorError::Deadline {
+            request,
+            deadline_ms: deadline.as_millis() as u64,
+            waiting,
+        },
     };
-    // Deployments a try failed on: the next try goes elsewhere.
-    let mut tried: Vec<u64> = Vec::new();
-    let mut last = String::new();
-    for attempt in 1..=MAX_ATTEMPTS {
-        let (replica, deployed) = match loaded.pick(&tried, until).await {
+    let mut tries = Tries::new(sequence.is_some(), loaded.replicas.len());
+    loop {
+        let (replica, deployed) = match loaded.pick(tries.tried(), until).await {
             Picked::Ready(r, d) => (r, d),
             Picked::Broken(e) => return Err(CoordinatorError::WorkerLost(e)),
-            Picked::TimedOut => {
-                return Err(timed_out(
-                    0,
-                    format!(" (waiting for network {network} to be re-planned after: {last})"),
-                ))
-            }
+            Picked::TimedOut => return Err(failed(tries.on_no_deployment(network))),
         };
         let _working = replica.start_work();
         let id = shared.next_request.fetch_add(1, Ordering::Relaxed);
-        match attempt_on(shared, &deployed, id, &inputs, sequence, until).await {
+        tries.start(id, deployed.id);
+        let outcome = match attempt_on(shared, &deployed, id, &inputs, sequence, until).await {
             Ok((outputs, counters)) => {
                 return Ok(Done {
                     outputs,
                     counters,
                     deployment: deployed.id,
-                    attempts: attempt,
+                    attempts: tries.attempts(),
                 })
             }
-            Err(Tried::Deadline(waiting)) => return Err(timed_out(id, waiting)),
-            Err(Tried::Failed(Failure::Error(e))) => return Err(CoordinatorError::Worker(e)),
-            Err(Tried::Failed(Failure::Lost(e))) => {
-                tracing::info!(network, request = id, "retrying: {e}");
-                last = e;
-            }
-            Err(Tried::Failed(Failure::Unreachable(e))) => {
-                // Retried only if the copy's deployment changes (its
-                // worker was lost) within the time a loss takes to be
-                // noticed.
-                let wait = until.min(Instant::now() + grace);
-                match replica.ready(Some(deployed.id), wait).await {
-                    Waited::Ready(_) => {
-                        tracing::info!(network, request = id, "retrying: {e}");
-                        last = e;
-                    }
-                    Waited::Broken(b) if loaded.replicas.len() > 1 => {
-                        tracing::info!(network, request = id, "retrying on another copy: {e}; {b}");
-                        last = e;
-                    }
-                    Waited::Broken(b) => {
-                        return Err(CoordinatorError::WorkerLost(format!("{e}; {b}")))
-                    }
-                    Waited::TimedOut => return Err(CoordinatorError::WorkerLost(e)),
-                }
-            }
+            Err(outcome) => outcome,
+        };
+        let mut next = tries.on_outcome(outcome);
+        if next == Next::AwaitLoss {
+            // Until the copy's deployment changes (its worker was lost)
+            // or the loss would have been noticed.
+            let wait = until.min(Instant::now() + grace);
+            next = tries.on_settled(match replica.ready(Some(deployed.id), wait).await {
+                Waited::Ready(_) => Settled::Redeployed,
+                Waited::Broken(why) => Settled::Broken(why),
+                Waited::TimedOut => Settled::Unchanged,
+            });
         }
-        if sequence.is_some() {
-            // Its state went with the worker: the generator replays it.
-            return Err(CoordinatorError::WorkerLost(last));
+        match next {
+            Next::Retry => tracing::info!(network, request = id, "retrying: {}", tries.last()),
+            Next::Fail(verdict) => return Err(failed(verdict)),
+            Next::AwaitLoss => return Err(CoordinatorError::WorkerLost(tries.last().into())),
         }
-        tried.push(deployed.id);
     }
-    Err(CoordinatorError::WorkerLost(format!(
-        "request failed {MAX_ATTEMPTS} times, the last: {last}"
-    )))
-}
-
-/// How a try ended, short of success.
-enum Tried {
-    Failed(Failure),
-    /// The deadline passed; what was still missing.
-    Deadline(String),
 }
 
 /// One try of a request on one deployment, as request `id`.
@@ -237,7 +229,7 @@ async fn attempt_on(
     inputs: &HashMap<String, Tensor>,
     sequence: Option<&Steps>,
     until: Instant,
-) -> Result<(Vec<(String, Tensor)>, Counters), Tried> {
+) -> Result<(Vec<(String, Tensor)>, Counters), Outcome> {
     let (tx, rx) = oneshot::channel();
     // A step of a sequence leaves its state outputs on their stages.
     let wanted: Vec<&String> = net
@@ -252,14 +244,13 @@ async fn attempt_on(
         .collect();
     // Registered before the workers are checked: a loss from here on
     // fails it (and it is retried).
+    let reported = Arc::new(Notify::new());
     shared.pending.insert(
         id,
         Pending {
-            hosts: net.hosts.clone(),
-            missing: computed.clone(),
-            outputs: HashMap::new(),
-            counters: Counters::default(),
+            state: TryState::new(net.hosts.clone(), computed.clone(), net.placements.len()),
             done: Some(tx),
+            reported: reported.clone(),
         },
     );
     let run = async {
@@ -274,7 +265,7 @@ async fn attempt_on(
             .await
             .map_err(|_| Failure::Error("the request was dropped".into()))
             .and_then(|r| r)?;
-        reports(shared, id, net.placements.len()).await;
+        reports(shared, id, &reported).await;
         Ok(produced)
     };
     let result = tokio::time::timeout_at(tokio::time::Instant::from_std(until), run).await;
@@ -291,21 +282,20 @@ async fn attempt_on(
                         .ok_or_else(|| format!("output '{name}' was not produced"))
                 })
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| Tried::Failed(Failure::Error(e)))?;
-            let mut counters = pending.map(|p| p.counters).unwrap_or_default();
-            counters.subgraphs.sort_unstable();
+                .map_err(Outcome::Error)?;
+            let counters = pending.map(|p| p.state.into_counters()).unwrap_or_default();
             tracing::debug!(outputs = outputs.len(), "done");
             return Ok((outputs, counters));
         }
         Ok(Err(failure)) => {
             tracing::debug!("failed: {failure:?}");
-            Tried::Failed(failure)
+            failure.into()
         }
-        Err(_) => Tried::Deadline(
+        Err(_) => Outcome::Deadline(
             pending
                 .as_ref()
-                .filter(|p| !p.missing.is_empty())
-                .map(|p| format!(" (still waiting for {})", p.missing.join(", ")))
+                .filter(|p| !p.state.missing().is_empty())
+                .map(|p| format!(" (still waiting for {})", p.state.missing().join(", ")))
                 .unwrap_or_default(),
         ),
     };
@@ -410,16 +400,15 @@ pub async fn end_sequence(shared: &Arc<Shared>, network: u64, sequence: u64) {
 /// worker sends its report to the coordinator on its own connection, and
 /// a stage early in a pipeline can be heard after the last stage's
 /// outputs (seen on a loaded machine). They nearly always have arrived.
-async fn reports(shared: &Shared, id: u64, subgraphs: usize) {
+async fn reports(shared: &Shared, id: u64, reported: &Notify) {
     const GRACE: Duration = Duration::from_millis(25);
-    let started = Instant::now();
-    while shared
+    if shared
         .pending
         .get(&id)
-        .is_some_and(|p| p.counters.subgraphs.len() < subgraphs)
-        && started.elapsed() < GRACE
+        .is_some_and(|p| !p.state.all_reported())
     {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // The last report's signal is kept if it came in between.
+        let _ = tokio::time::timeout(GRACE, reported.notified()).await;
     }
 }
 
@@ -446,57 +435,51 @@ pub fn output_arrived(
         tracing::debug!(request, "output of a finished request");
         return;
     };
-    p.counters.transfers.push(Transfer {
+    let transfer = Transfer {
         request,
         tensor: name.clone(),
         from: from.into(),
         to: shared.config.name.clone(),
         bytes,
         micros: took.as_micros() as u64,
-    });
-    p.missing.retain(|m| *m != name);
-    p.outputs.insert(name, tensor);
-    if p.missing.is_empty() {
-        let outputs = std::mem::take(&mut p.outputs);
-        if let Some(done) = p.done.take() {
-            let _ = done.send(Ok(outputs));
-        }
-    }
+    };
+    let settled = p.state.on_output(name, tensor, transfer).map(Ok);
+    p.settle(settled);
 }
 
 /// A subgraph's compute time (and its nodes') for a request.
 pub fn ran(shared: &Shared, request: u64, subgraph: u32, micros: u64, nodes: Vec<NodeTime>) {
     if let Some(mut p) = shared.pending.get_mut(&request) {
-        p.counters.subgraphs.push((subgraph, micros));
-        p.counters
-            .nodes
-            .extend(nodes.into_iter().map(|n| (subgraph, n)));
+        if p.state.on_ran(subgraph, micros, nodes) {
+            p.reported.notify_one();
+        }
     }
 }
 
 /// A tensor of a request moved between workers (or to one).
 pub fn moved(shared: &Shared, transfer: Transfer) {
     if let Some(mut p) = shared.pending.get_mut(&transfer.request) {
-        p.counters.transfers.push(transfer);
+        p.state.on_moved(transfer);
     }
 }
 
 /// Fails a try of a request.
 pub fn fail(shared: &Shared, request: u64, failure: Failure) {
     if let Some(mut p) = shared.pending.get_mut(&request) {
-        if let Some(done) = p.done.take() {
-            let _ = done.send(Err(failure));
-        }
+        let settled = p.state.on_failure(failure).map(Err);
+        p.settle(settled);
     }
 }
 
 /// Fails every try that runs on `worker`, which was lost.
 pub fn fail_on_worker(shared: &Shared, worker: &str, error: &str) {
     for mut p in shared.pending.iter_mut() {
-        if p.hosts.iter().any(|h| h == worker) {
-            if let Some(done) = p.done.take() {
-                let _ = done.send(Err(Failure::Lost(error.to_string())));
-            }
+        if p.state.runs_on(worker) {
+            let settled = p
+                .state
+                .on_failure(Failure::Lost(error.to_string()))
+                .map(Err);
+            p.settle(settled);
         }
     }
 }
