@@ -83,17 +83,25 @@ fn healthy(shared: &Shared, deployed: &Deployed) -> bool {
 }
 
 /// Re-plans and re-deploys one copy of `loaded` (over its own workers
-/// that remain) unless its deployment is healthy.
+/// that remain) unless its deployment is healthy; the rules are
+/// [`first_step`] and [`Tries`].
 async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, why: String) {
     let _one_at_a_time = replica.healing.lock().await;
     let started = Instant::now();
-    let mut last = String::new();
-    for _ in 0..HEAL_TRIES {
-        let old = match replica.current() {
-            Current::Ready(d) if healthy(&shared, &d) => return,
-            Current::Ready(d) | Current::Healing(Some(d)) => Some(d),
+    let mut tries = Tries::default();
+    loop {
+        let current = replica.current();
+        let old = match &current {
+            Current::Ready(d) | Current::Healing(Some(d)) => Some(d.clone()),
             Current::Healing(None) | Current::Broken(_) => None,
         };
+        let healthy = match &current {
+            Current::Ready(d) => healthy(&shared, d),
+            _ => false,
+        };
+        if first_step(Seen::of(&current, healthy)) == Step::Leave {
+            return;
+        }
         replica.current.send_replace(Current::Healing(old.clone()));
         if let Some(old) = &old {
             deploy::undeploy(&shared, old.id, &old.hosts).await;
@@ -113,7 +121,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
             }
             Err(e) => Err(e),
         };
-        match outcome {
+        let e = match outcome {
             Ok(deployed) => {
                 if !shared.networks.contains_key(&loaded.id) {
                     // Unloaded meanwhile.
@@ -133,35 +141,107 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
                 shared.metrics.replanned(&loaded.name);
                 return;
             }
-            Err(e) => {
-                tracing::warn!(
-                    network = loaded.id,
-                    replica = replica.index,
-                    "re-plan failed ({why}): {e}"
-                );
-                last = e.to_string();
-                if matches!(e, CoordinatorError::Devices(_) | CoordinatorError::Plan(_)) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(shared.config.heartbeat_ms)).await;
+            Err(e) => e,
+        };
+        tracing::warn!(
+            network = loaded.id,
+            replica = replica.index,
+            "re-plan failed ({why}): {e}"
+        );
+        let last = e.to_string();
+        let fixed = matches!(e, CoordinatorError::Devices(_) | CoordinatorError::Plan(_));
+        match tries.on_failed(fixed) {
+            AfterFailure::TryAgain => {
+                tokio::time::sleep(Duration::from_millis(shared.config.heartbeat_ms)).await
+            }
+            AfterFailure::GiveUp => {
+                let copy = (replica.index, loaded.replicas.len());
+                let error = broken(loaded.id, &loaded.name, copy, &why, &last);
+                replica.current.send_replace(Current::Broken(error));
+                return;
             }
         }
     }
-    let named = if loaded.name.is_empty() {
+}
+
+/// What a heal pass sees of its copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    /// It has a ready deployment...
+    ready: bool,
+    /// ... on workers all connected.
+    whole: bool,
+}
+
+impl Seen {
+    fn of(current: &Current, healthy: bool) -> Seen {
+        Seen {
+            ready: matches!(current, Current::Ready(_)),
+            whole: healthy,
+        }
+    }
+}
+
+/// A heal pass's first step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Its deployment is ready and whole (another pass healed it, or the
+    /// worker that joined changes nothing): nothing to do.
+    Leave,
+    /// Undeploy what it had and plan it again.
+    Replan,
+}
+
+fn first_step(seen: Seen) -> Step {
+    if seen.ready && seen.whole {
+        Step::Leave
+    } else {
+        Step::Replan
+    }
+}
+
+/// A copy's failed re-plans within one heal.
+#[derive(Debug, Default)]
+struct Tries {
+    failed: usize,
+}
+
+/// What follows a failed re-plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterFailure {
+    /// Pause a heartbeat (workers may be registering), then try again.
+    TryAgain,
+    /// The copy is broken until a worker joins.
+    GiveUp,
+}
+
+impl Tries {
+    /// A re-plan failed; `fixed`: for a reason waiting cannot change (its
+    /// devices or the plan itself).
+    fn on_failed(&mut self, fixed: bool) -> AfterFailure {
+        self.failed += 1;
+        if fixed || self.failed >= HEAL_TRIES {
+            AfterFailure::GiveUp
+        } else {
+            AfterFailure::TryAgain
+        }
+    }
+}
+
+/// Why a copy is broken: network `id` (named `name`), copy `(index,
+/// copies)`, after `why`, its last re-plan failing with `last`.
+fn broken(id: u64, name: &str, (index, copies): (usize, usize), why: &str, last: &str) -> String {
+    let named = if name.is_empty() {
         String::new()
     } else {
-        format!(" ({})", loaded.name)
+        format!(" ({name})")
     };
-    let copy = if loaded.replicas.len() > 1 {
-        format!(" replica {} of {}", replica.index, loaded.replicas.len())
+    let copy = if copies > 1 {
+        format!(" replica {index} of {copies}")
     } else {
         String::new()
     };
-    let error = format!(
-        "network {}{named}{copy} cannot run on the workers that remain ({why}): {last}",
-        loaded.id
-    );
-    replica.current.send_replace(Current::Broken(error));
+    format!("network {id}{named}{copy} cannot run on the workers that remain ({why}): {last}")
 }
 
 /// `request` without the devices and manual pins that name workers no
@@ -199,4 +279,44 @@ pub(crate) fn without_lost(
             Err(_) => true,
         });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ready_whole_copy_is_left_alone() {
+        let seen = |ready, whole| first_step(Seen { ready, whole });
+        assert_eq!(seen(true, true), Step::Leave);
+        assert_eq!(seen(true, false), Step::Replan);
+        assert_eq!(seen(false, false), Step::Replan);
+    }
+
+    #[test]
+    fn failed_replans_are_tried_again_a_few_times() {
+        let mut tries = Tries::default();
+        for _ in 1..HEAL_TRIES {
+            assert_eq!(tries.on_failed(false), AfterFailure::TryAgain);
+        }
+        assert_eq!(tries.on_failed(false), AfterFailure::GiveUp);
+    }
+
+    #[test]
+    fn a_replan_that_waiting_cannot_fix_gives_up_at_once() {
+        assert_eq!(Tries::default().on_failed(true), AfterFailure::GiveUp);
+    }
+
+    #[test]
+    fn a_broken_copy_says_which_and_why() {
+        assert_eq!(
+            broken(3, "rec", (2, 2), "worker b was lost", "no device fits"),
+            "network 3 (rec) replica 2 of 2 cannot run on the workers that remain \
+             (worker b was lost): no device fits"
+        );
+        assert_eq!(
+            broken(4, "", (1, 1), "worker b was lost", "none left"),
+            "network 4 cannot run on the workers that remain (worker b was lost): none left"
+        );
+    }
 }

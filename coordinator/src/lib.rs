@@ -28,7 +28,9 @@
 //! asking it), [`planning`] (QueryNetwork fan-out, cost model, plan),
 //! [`deploy`] (shipping subgraphs, unloading), [`network`] (a loaded
 //! network's state), [`heal`] (re-planning after a loss), [`requests`]
-//! (routing, retries, deadlines, results), [`clients`] (client sessions),
+//! (routing, retries, deadlines, results; its rules as pure state
+//! machines in `requests/tries.rs` and `requests/pending.rs`), [`clients`]
+//! (client sessions),
 //! [`repository`] (named models), [`http`] (KServe v2 over HTTP, and
 //! OpenAI-style generation), [`grpc`] (KServe v2 over gRPC), [`serving`]
 //! (what both listeners share: model control, tokens, TLS, connection
