@@ -163,7 +163,9 @@ fn take_tokenizer(
             .generation
             .as_mut()
         {
-            Some(g) => g.split_payload(payload).map_err(CoordinatorError::BadInput),
+            Some(g) => g
+                .split_payload(payload)
+                .map_err(|e| CoordinatorError::BadInput(e.to_string())),
             None => Ok(payload),
         };
     Ok(match msg {

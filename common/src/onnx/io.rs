@@ -81,7 +81,7 @@ pub fn read_generation_spec(
         tokenizer_config: tokenizer_config.as_deref(),
         genai_config: genai_config.as_deref(),
     };
-    GenerationSpec::from_files(&files, max_sequences).map_err(bad)
+    GenerationSpec::from_files(&files, max_sequences).map_err(|e| bad(e.to_string()))
 }
 
 /// Resolves external data of `model` relative to `base_dir` (the folder of the

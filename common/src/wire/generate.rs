@@ -60,30 +60,31 @@ impl Steps {
 
     /// Checks what a peer sent: at least one row, a fresh step alone,
     /// `positions` the longest row's `past`, no sequence twice.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), GenerationError> {
         if self.rows.is_empty() {
-            return Err("a sequence step without rows".into());
+            return Err(GenerationError::NoRows);
         }
         if self.fresh() && self.rows.len() > 1 {
-            return Err("a fresh step batched with others".into());
+            return Err(GenerationError::FreshBatched);
         }
         if let Some(r) = self.rows.iter().find(|r| r.past > self.positions) {
-            return Err(format!(
-                "sequence {} holds {} positions, more than the batch's {}",
-                r.id, r.past, self.positions
-            ));
+            return Err(GenerationError::RowPastBatch {
+                sequence: r.id,
+                past: r.past,
+                positions: self.positions,
+            });
         }
         let longest = self.rows.iter().map(|r| r.past).max().unwrap_or(0);
         if !self.fresh() && longest != self.positions {
-            return Err(format!(
-                "a batch padded to {} positions whose longest row holds {longest}",
-                self.positions
-            ));
+            return Err(GenerationError::BadPadding {
+                positions: self.positions,
+                longest,
+            });
         }
         let mut ids: Vec<u64> = self.rows.iter().map(|r| r.id).collect();
         ids.sort_unstable();
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err("a sequence twice in one batch".into());
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(GenerationError::SequenceTwice(w[0]));
         }
         Ok(())
     }
@@ -177,20 +178,17 @@ impl GenerationSpec {
 
     /// The model of a load's payload; the tokenizer at its end is taken
     /// into the spec.
-    pub fn split_payload(&mut self, payload: Bytes) -> Result<Bytes, String> {
+    pub fn split_payload(&mut self, payload: Bytes) -> Result<Bytes, GenerationError> {
         let len = usize::try_from(self.tokenizer_bytes)
             .ok()
             .filter(|&n| n <= payload.len())
-            .ok_or_else(|| {
-                format!(
-                    "the load announces a tokenizer of {} bytes in a payload of {}",
-                    self.tokenizer_bytes,
-                    payload.len()
-                )
+            .ok_or(GenerationError::TokenizerPastPayload {
+                tokenizer: self.tokenizer_bytes,
+                payload: payload.len() as u64,
             })?;
         let at = payload.len() - len;
         let tokenizer = std::str::from_utf8(&payload[at..])
-            .map_err(|e| format!("tokenizer.json is not UTF-8: {e}"))?;
+            .map_err(|e| GenerationError::TokenizerNotUtf8(e.to_string()))?;
         self.tokenizer_json = tokenizer.to_string();
         Ok(payload.slice(..at))
     }
@@ -199,30 +197,71 @@ impl GenerationSpec {
 impl GenerateParams {
     /// Checks the settings against themselves and a context of
     /// `context_length` positions.
-    pub fn check(&self, context_length: u32) -> Result<(), String> {
+    pub fn check(&self, context_length: u32) -> Result<(), GenerationError> {
         if self.max_tokens == 0 {
-            return Err("max tokens must be at least 1".into());
+            return Err(GenerationError::NoTokens);
         }
         if self.max_tokens >= context_length {
-            return Err(format!(
-                "max tokens {} is beyond the model's context of {context_length} positions",
-                self.max_tokens
-            ));
+            return Err(GenerationError::BeyondContext {
+                max_tokens: self.max_tokens,
+                context_length,
+            });
         }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be a number ≥ 0, not {}",
-                self.temperature
-            ));
+            return Err(GenerationError::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], not {}", self.top_p));
+            return Err(GenerationError::TopP(self.top_p));
         }
         if self.stop.iter().any(String::is_empty) {
-            return Err("a stop string is empty".into());
+            return Err(GenerationError::EmptyStop);
         }
         Ok(())
     }
+}
+
+/// What is wrong with a generation's settings, a generative model's files
+/// or a sequence step a peer sent.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GenerationError {
+    #[error("a sequence step without rows")]
+    NoRows,
+    #[error("a fresh step batched with others")]
+    FreshBatched,
+    #[error("sequence {sequence} holds {past} positions, more than the batch's {positions}")]
+    RowPastBatch {
+        sequence: u64,
+        past: u32,
+        positions: u32,
+    },
+    #[error("a batch padded to {positions} positions whose longest row holds {longest}")]
+    BadPadding { positions: u32, longest: u32 },
+    #[error("sequence {0} twice in one batch")]
+    SequenceTwice(u64),
+    #[error("the load announces a tokenizer of {tokenizer} bytes in a payload of {payload}")]
+    TokenizerPastPayload { tokenizer: u64, payload: u64 },
+    #[error("tokenizer.json is not UTF-8: {0}")]
+    TokenizerNotUtf8(String),
+    #[error("max tokens must be at least 1")]
+    NoTokens,
+    #[error("max tokens {max_tokens} is beyond the model's context of {context_length} positions")]
+    BeyondContext {
+        max_tokens: u32,
+        context_length: u32,
+    },
+    #[error("temperature must be a number ≥ 0, not {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], not {0}")]
+    TopP(f32),
+    #[error("a stop string is empty")]
+    EmptyStop,
+    #[error("{file} is not valid JSON: {reason}")]
+    Json { file: &'static str, reason: String },
+    #[error(
+        "no end-of-sequence token: genai_config.json has no model.eos_token_id and \
+         tokenizer_config.json no eos_token in the vocabulary"
+    )]
+    NoEndOfSequence,
 }
 
 /// Why a generation ended.
@@ -281,10 +320,12 @@ impl GenerationSpec {
     pub fn from_files(
         files: &FolderFiles<'_>,
         max_sequences: u32,
-    ) -> Result<GenerationSpec, String> {
-        let parse = |name: &str, text: &str| {
-            serde_json::from_str::<serde_json::Value>(text)
-                .map_err(|e| format!("{name} is not valid JSON: {e}"))
+    ) -> Result<GenerationSpec, GenerationError> {
+        let parse = |file: &'static str, text: &str| {
+            serde_json::from_str::<serde_json::Value>(text).map_err(|e| GenerationError::Json {
+                file,
+                reason: e.to_string(),
+            })
         };
         let tokenizer = parse("tokenizer.json", files.tokenizer_json)?;
         let tok_config = files
@@ -311,11 +352,7 @@ impl GenerationSpec {
             eos_token_ids.extend(eos_token.as_deref().and_then(|t| token_id(&tokenizer, t)));
         }
         if eos_token_ids.is_empty() {
-            return Err(
-                "no end-of-sequence token: genai_config.json has no model.eos_token_id and \
-                 tokenizer_config.json no eos_token in the vocabulary"
-                    .into(),
-            );
+            return Err(GenerationError::NoEndOfSequence);
         }
         let context_length = model["context_length"]
             .as_u64()
@@ -384,7 +421,14 @@ mod tests {
         let err = received
             .split_payload(Bytes::from_static(b"x"))
             .unwrap_err();
-        assert!(err.contains("announces a tokenizer"), "{err}");
+        assert_eq!(
+            err,
+            GenerationError::TokenizerPastPayload {
+                tokenizer: 1 << 40,
+                payload: 1
+            }
+        );
+        assert!(err.to_string().contains("announces a tokenizer"), "{err}");
     }
 
     #[test]
@@ -403,14 +447,24 @@ mod tests {
             genai_config: None,
         };
         let err = GenerationSpec::from_files(&none, 1).unwrap_err();
-        assert!(err.contains("no end-of-sequence token"), "{err}");
+        assert_eq!(err, GenerationError::NoEndOfSequence);
         let bad = FolderFiles {
             tokenizer_json: "{",
             tokenizer_config: None,
             genai_config: None,
         };
         let err = GenerationSpec::from_files(&bad, 1).unwrap_err();
-        assert!(err.contains("tokenizer.json is not valid JSON"), "{err}");
+        assert!(
+            matches!(
+                err,
+                GenerationError::Json {
+                    file: "tokenizer.json",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("tokenizer.json is not valid JSON"));
     }
 
     #[test]
@@ -421,21 +475,27 @@ mod tests {
             max_tokens: 0,
             ..ok.clone()
         };
-        assert!(zero.check(512).unwrap_err().contains("at least 1"));
+        assert_eq!(zero.check(512), Err(GenerationError::NoTokens));
         let long = GenerateParams {
             max_tokens: 512,
             ..ok.clone()
         };
-        assert!(long
-            .check(512)
-            .unwrap_err()
-            .contains("beyond the model's context"));
+        assert_eq!(
+            long.check(512),
+            Err(GenerationError::BeyondContext {
+                max_tokens: 512,
+                context_length: 512
+            })
+        );
         let hot = GenerateParams {
             temperature: f32::NAN,
             ..ok.clone()
         };
-        assert!(hot.check(512).unwrap_err().contains("temperature"));
+        assert!(matches!(
+            hot.check(512),
+            Err(GenerationError::Temperature(t)) if t.is_nan()
+        ));
         let p = GenerateParams { top_p: 0.0, ..ok };
-        assert!(p.check(512).unwrap_err().contains("top_p"));
+        assert_eq!(p.check(512), Err(GenerationError::TopP(0.0)));
     }
 }

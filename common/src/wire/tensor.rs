@@ -97,7 +97,7 @@ impl TensorHeader {
     /// Checks that a payload of `len` bytes is what the header announces.
     pub fn check_payload(&self, len: u64) -> Result<(), WireError> {
         if let Some(steps) = &self.sequence {
-            steps.check().map_err(|e| self.error(e))?;
+            steps.check().map_err(|e| self.error(e.to_string()))?;
         }
         let expected = self.byte_len()?;
         if expected != len {

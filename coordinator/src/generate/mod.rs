@@ -93,7 +93,9 @@ pub async fn generate(
         ))
     })?;
     let context = model.spec.context_length;
-    params.check(context).map_err(CoordinatorError::BadInput)?;
+    params
+        .check(context)
+        .map_err(|e| CoordinatorError::BadInput(e.to_string()))?;
     let prompt_ids = model
         .text
         .prompt_ids(prompt)
