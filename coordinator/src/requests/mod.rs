@@ -92,7 +92,8 @@ pub struct Pending {
 impl Pending {
     /// Sends what a transition settled the try with.
     fn settle(&mut self, result: Option<Produced>) {
-        if let (Some(result), Some(done)) = (result, self.done.take()) {
+        let Some(result) = result else { return };
+        if let Some(done) = self.done.take() {
             let _ = done.send(result);
         }
     }
