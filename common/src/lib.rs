@@ -13,6 +13,8 @@
 //! - [`partition`]: subgraph selection (`fast`, `reference`), the merge
 //!   pass and the validator.
 //! - [`export`]: each subgraph as a standalone ONNX model.
+//! - [`ops`]: one entry per op type joining its rules (types, shapes,
+//!   folding, decomposition, cost), which live in files by op family.
 //! - [`decompose`]: ops a backend lacks rewritten as standard ONNX ops (a
 //!   plugin's transformations before QueryNetwork and compilation).
 //! - [`memory`]: sizes, what nodes need in memory on a device (weights,
@@ -71,6 +73,7 @@ pub mod export;
 pub mod graph;
 pub mod memory;
 pub mod onnx;
+pub mod ops;
 pub mod partition;
 pub mod plan;
 pub mod schedule;

@@ -174,7 +174,92 @@ fn dims(graph: &Graph, t: Option<crate::graph::TensorId>) -> Vec<Option<i64>> {
         .unwrap_or_default()
 }
 
-/// FLOPs and bytes of a node, by op family.
+/// How an op's FLOPs follow from its tensors' shapes (unknown dims take
+/// the defaults noted).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CostRule {
+    /// 2 × output elements × the shared dim (input 0's last; 64 unknown).
+    MatMul,
+    /// 2 × output elements × A's second dim (64 unknown).
+    Gemm,
+    /// 2 × output elements × input channels per group × kernel volume
+    /// (16 and 3 per spatial dim unknown).
+    Conv,
+    /// 2 × input elements × output channels per group × kernel volume.
+    ConvTranspose,
+    /// Output elements × a 3×3 window.
+    Window,
+    /// This many FLOPs per input element.
+    PerInput(f64),
+    /// This many FLOPs per output element (1 for ops without a rule).
+    PerOutput(f64),
+    /// Moves or reinterprets data: no FLOPs, only bytes.
+    Free,
+}
+
+/// The op types with a cost rule other than one FLOP per output element.
+pub(crate) const RULES: &[(&str, CostRule)] = &[
+    ("MatMul", CostRule::MatMul),
+    ("MatMulInteger", CostRule::MatMul),
+    ("QLinearMatMul", CostRule::MatMul),
+    ("Gemm", CostRule::Gemm),
+    ("Conv", CostRule::Conv),
+    ("ConvInteger", CostRule::Conv),
+    ("QLinearConv", CostRule::Conv),
+    ("ConvTranspose", CostRule::ConvTranspose),
+    ("MaxPool", CostRule::Window),
+    ("AveragePool", CostRule::Window),
+    ("LpPool", CostRule::Window),
+    ("GlobalAveragePool", CostRule::PerInput(1.0)),
+    ("GlobalMaxPool", CostRule::PerInput(1.0)),
+    ("ReduceMean", CostRule::PerInput(1.0)),
+    ("ReduceSum", CostRule::PerInput(1.0)),
+    ("ReduceMax", CostRule::PerInput(1.0)),
+    ("ReduceMin", CostRule::PerInput(1.0)),
+    ("ReduceProd", CostRule::PerInput(1.0)),
+    ("ReduceL2", CostRule::PerInput(1.0)),
+    ("Softmax", CostRule::PerInput(5.0)),
+    ("LogSoftmax", CostRule::PerInput(5.0)),
+    ("LayerNormalization", CostRule::PerInput(5.0)),
+    ("BatchNormalization", CostRule::PerInput(5.0)),
+    ("InstanceNormalization", CostRule::PerInput(5.0)),
+    ("GroupNormalization", CostRule::PerInput(5.0)),
+    ("Sigmoid", CostRule::PerOutput(4.0)),
+    ("Tanh", CostRule::PerOutput(4.0)),
+    ("Erf", CostRule::PerOutput(4.0)),
+    ("Gelu", CostRule::PerOutput(4.0)),
+    ("Exp", CostRule::PerOutput(4.0)),
+    ("Log", CostRule::PerOutput(4.0)),
+    ("HardSwish", CostRule::PerOutput(4.0)),
+    ("Swish", CostRule::PerOutput(4.0)),
+    ("Mish", CostRule::PerOutput(4.0)),
+    ("Softplus", CostRule::PerOutput(4.0)),
+    ("Pow", CostRule::PerOutput(4.0)),
+    ("Sqrt", CostRule::PerOutput(4.0)),
+    ("Reshape", CostRule::Free),
+    ("Flatten", CostRule::Free),
+    ("Squeeze", CostRule::Free),
+    ("Unsqueeze", CostRule::Free),
+    ("Identity", CostRule::Free),
+    ("Shape", CostRule::Free),
+    ("Size", CostRule::Free),
+    ("Constant", CostRule::Free),
+    ("Transpose", CostRule::Free),
+    ("Concat", CostRule::Free),
+    ("Slice", CostRule::Free),
+    ("Split", CostRule::Free),
+    ("Gather", CostRule::Free),
+    ("Expand", CostRule::Free),
+    ("Tile", CostRule::Free),
+    ("Cast", CostRule::Free),
+    ("ConstantOfShape", CostRule::Free),
+    ("Pad", CostRule::Free),
+    ("Resize", CostRule::Free),
+    ("DepthToSpace", CostRule::Free),
+    ("SpaceToDepth", CostRule::Free),
+];
+
+/// FLOPs and bytes of a node, by its op's [`CostRule`].
 pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
     let n = graph.node(node);
     let input = |k: usize| n.inputs.get(k).copied().flatten();
@@ -194,8 +279,16 @@ pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
             .map(|d| d.unwrap_or(3) as f64)
             .product::<f64>()
     };
-    let flops = match n.op_type.as_str() {
-        "MatMul" | "MatMulInteger" | "QLinearMatMul" => {
+    let dim = |k: usize, at: usize, unknown: i64| {
+        dims(graph, input(k))
+            .get(at)
+            .copied()
+            .flatten()
+            .unwrap_or(unknown) as f64
+    };
+    let rule = crate::ops::entry(&n.op_type).map_or(CostRule::PerOutput(1.0), |e| e.cost);
+    let flops = match rule {
+        CostRule::MatMul => {
             let k = dims(graph, input(0))
                 .last()
                 .copied()
@@ -203,37 +296,15 @@ pub fn op_work(graph: &Graph, node: NodeId) -> OpWork {
                 .unwrap_or(64) as f64;
             2.0 * out_numel * k
         }
-        "Gemm" => {
-            let a = dims(graph, input(0));
-            let k = a.get(1).copied().flatten().unwrap_or(64) as f64;
-            2.0 * out_numel * k
+        CostRule::Gemm => 2.0 * out_numel * dim(0, 1, 64),
+        CostRule::Conv => 2.0 * out_numel * dim(1, 1, 16) * kernel_volume(&dims(graph, input(1))),
+        CostRule::ConvTranspose => {
+            2.0 * in_numel * dim(1, 1, 16) * kernel_volume(&dims(graph, input(1)))
         }
-        "Conv" | "ConvInteger" | "QLinearConv" => {
-            let w = dims(graph, input(1));
-            let cin_per_group = w.get(1).copied().flatten().unwrap_or(16) as f64;
-            2.0 * out_numel * cin_per_group * kernel_volume(&w)
-        }
-        "ConvTranspose" => {
-            let w = dims(graph, input(1));
-            let cout_per_group = w.get(1).copied().flatten().unwrap_or(16) as f64;
-            2.0 * in_numel * cout_per_group * kernel_volume(&w)
-        }
-        "MaxPool" | "AveragePool" | "LpPool" => out_numel * 9.0,
-        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax"
-        | "ReduceMin" | "ReduceProd" | "ReduceL2" => in_numel,
-        "Softmax"
-        | "LogSoftmax"
-        | "LayerNormalization"
-        | "BatchNormalization"
-        | "InstanceNormalization"
-        | "GroupNormalization" => in_numel * 5.0,
-        "Sigmoid" | "Tanh" | "Erf" | "Gelu" | "Exp" | "Log" | "HardSwish" | "Swish" | "Mish"
-        | "Softplus" | "Pow" | "Sqrt" => out_numel * 4.0,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Shape" | "Size"
-        | "Constant" | "Transpose" | "Concat" | "Slice" | "Split" | "Gather" | "Expand"
-        | "Tile" | "Cast" | "ConstantOfShape" | "Pad" | "Resize" | "DepthToSpace"
-        | "SpaceToDepth" => 0.0,
-        _ => out_numel,
+        CostRule::Window => out_numel * 9.0,
+        CostRule::PerInput(f) => in_numel * f,
+        CostRule::PerOutput(f) => out_numel * f,
+        CostRule::Free => 0.0,
     };
     OpWork {
         flops,

@@ -16,7 +16,7 @@
 //! Every placed node gets an [`Explanation`].
 
 pub(crate) mod collections;
-mod cost;
+pub(crate) mod cost;
 mod device;
 mod manual;
 
@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 pub use cost::{
-    op_work, tensor_bytes, AnalyticCostModel, CostModel, DeviceProfile, LinkProfile, OpWork,
-    DEFAULT_ELEM_BYTES, DEFAULT_NUMEL,
+    op_work, tensor_bytes, AnalyticCostModel, CostModel, CostRule, DeviceProfile, LinkProfile,
+    OpWork, DEFAULT_ELEM_BYTES, DEFAULT_NUMEL,
 };
 pub use device::{DeviceId, DeviceParseError, DevicePriority};
 pub(crate) use manual::unplaced_why;

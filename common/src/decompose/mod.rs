@@ -152,7 +152,7 @@ impl Context<'_> {
 
 /// A rule: writes the expansion of `node` into `emit`, or declines with a
 /// reason.
-type Rule = fn(&NodeProto, &Context, &mut Emit) -> Result<(), String>;
+pub(crate) type Rule = fn(&NodeProto, &Context, &mut Emit) -> Result<(), String>;
 
 /// The ops that have a decomposition rule, with their rules.
 const RULES: &[(&str, Rule)] = &[
@@ -207,6 +207,11 @@ const TRAINING_RULES: &[(&str, Rule)] = &[
 /// this import.
 const EXPANSION_OPSET: i64 = 13;
 
+/// The default domain's rules, by op type.
+pub(crate) fn rules() -> impl Iterator<Item = (&'static str, Rule)> {
+    RULES.iter().copied()
+}
+
 /// The op types [`decompose`] can rewrite.
 pub fn decomposable_ops() -> impl Iterator<Item = &'static str> {
     RULES
@@ -252,17 +257,15 @@ pub fn decompose_where(graph: &Graph, wanted: impl Fn(&NodeProto) -> bool) -> De
     let mut initializers = Vec::new();
     for node in &source.node {
         let op = node.op_type.as_deref().unwrap_or("");
-        let rules = match node.domain.as_deref() {
-            None | Some("") | Some("ai.onnx") => RULES,
-            Some("ai.onnx.ml") => ML_RULES,
-            Some("ai.onnx.preview.training") => TRAINING_RULES,
-            Some(_) => &[],
+        let in_domain =
+            |rules: &[(&str, Rule)]| rules.iter().find(|(name, _)| *name == op).map(|(_, r)| *r);
+        let rule = match node.domain.as_deref() {
+            None | Some("") | Some("ai.onnx") => crate::ops::entry(op).and_then(|e| e.decompose),
+            Some("ai.onnx.ml") => in_domain(ML_RULES),
+            Some("ai.onnx.preview.training") => in_domain(TRAINING_RULES),
+            Some(_) => None,
         };
-        let rule = rules
-            .iter()
-            .find(|(name, _)| *name == op)
-            .filter(|_| wanted(node));
-        let Some((_, rule)) = rule else {
+        let Some(rule) = rule.filter(|_| wanted(node)) else {
             nodes.push(node.clone());
             continue;
         };

@@ -10,12 +10,11 @@
 
 mod build;
 mod collections;
-mod infer;
+pub(crate) mod infer;
 mod state;
 
 pub use collections::{OPTIONAL_OP, SEQUENCE_OPS};
 
-pub use infer::has_type_rule;
 pub use state::{StateError, StatePair, STATE_PAIRS_KEY};
 
 use std::collections::HashMap;

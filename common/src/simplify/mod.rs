@@ -376,7 +376,7 @@ impl Folder<'_> {
         if let Some(v) = shape_value(self.graph, node, proto) {
             return Some(v);
         }
-        let rule = fold::rule(&node.op_type)?;
+        let rule = crate::ops::entry(&node.op_type)?.fold?;
         // Checked before any initializer is read (an embedding table under
         // a Gather with variable indices is never decoded).
         let graph = self.graph;

@@ -6,10 +6,8 @@
 //! [`shapes`] the static-shape rules (one file per op family, each with
 //! its table by op type).
 
-mod shapes;
-mod types;
-
-pub use types::has_rule as has_type_rule;
+pub(crate) mod shapes;
+pub(crate) mod types;
 
 use std::collections::HashMap;
 

@@ -9,7 +9,7 @@ use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
 /// What a rule sees.
-pub(super) struct TypeArgs<'a> {
+pub(crate) struct TypeArgs<'a> {
     pub node: &'a NodeProto,
     pub in_type: &'a dyn Fn(usize) -> Option<ElemType>,
 }
@@ -32,7 +32,8 @@ impl TypeArgs<'_> {
     }
 }
 
-type Rule = fn(&TypeArgs) -> Vec<Option<ElemType>>;
+/// A type rule: each output's element type, where known.
+pub(crate) type Rule = fn(&TypeArgs) -> Vec<Option<ElemType>>;
 
 /// Ops whose every output has the type of input 0.
 const SAME_AS_INPUT0: &[&str] = &[
@@ -373,23 +374,23 @@ fn body_types(a: &TypeArgs, body: &str, skip: usize) -> Vec<Option<ElemType>> {
         .collect()
 }
 
+/// Every op's type rule, by op type (the ops whose outputs all have input
+/// 0's type share one rule).
+pub(crate) fn rules() -> impl Iterator<Item = (&'static str, Rule)> {
+    let same: Rule = |a| a.all((a.in_type)(0));
+    let same = SAME_AS_INPUT0.iter().map(move |&op| (op, same));
+    // An op in both lists keeps its own rule (later entries win).
+    same.chain(RULES.iter().copied())
+}
+
 /// Element type of each output, where a rule knows it.
 pub(super) fn output_types(
     node: &NodeProto,
     in_type: &dyn Fn(usize) -> Option<ElemType>,
 ) -> Vec<Option<ElemType>> {
     let op = node.op_type.as_deref().unwrap_or("");
-    let args = TypeArgs { node, in_type };
-    if let Some((_, rule)) = RULES.iter().find(|(o, _)| *o == op) {
-        return rule(&args);
+    match crate::ops::entry(op).and_then(|e| e.types) {
+        Some(rule) => rule(&TypeArgs { node, in_type }),
+        None => vec![None; node.output.len()],
     }
-    if SAME_AS_INPUT0.contains(&op) {
-        return args.all(in_type(0));
-    }
-    vec![None; node.output.len()]
-}
-
-/// Whether a rule covers `op` (for tests of the table's coverage).
-pub fn has_rule(op: &str) -> bool {
-    SAME_AS_INPUT0.contains(&op) || RULES.iter().any(|(o, _)| *o == op)
 }

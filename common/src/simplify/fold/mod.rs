@@ -45,21 +45,16 @@ impl<'a> Args<'a> {
 /// A folding rule.
 pub(crate) type Rule = fn(&Args) -> Option<Vec<Value>>;
 
-/// The rule for `op_type` in the default domain, if there is one.
-pub(crate) fn rule(op_type: &str) -> Option<Rule> {
+/// Every folding rule, by op type.
+pub(crate) fn rules() -> impl Iterator<Item = (&'static str, Rule)> {
     elementwise::RULES
         .iter()
         .chain(shape::RULES)
         .chain(reduce::RULES)
-        .find(|(op, _)| *op == op_type)
-        .map(|(_, rule)| *rule)
+        .copied()
 }
 
 /// Every op type with a folding rule.
 pub fn foldable_ops() -> impl Iterator<Item = &'static str> {
-    elementwise::RULES
-        .iter()
-        .chain(shape::RULES)
-        .chain(reduce::RULES)
-        .map(|(op, _)| *op)
+    rules().map(|(op, _)| op)
 }

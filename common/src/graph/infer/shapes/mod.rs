@@ -21,15 +21,12 @@ mod linalg;
 mod movement;
 mod reduce;
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
-
 use crate::graph::Dim;
 use crate::onnx::proto::NodeProto;
 
 /// What a shape rule reads: the node, its inputs' shapes and the values of
 /// inputs that are small integer constants.
-pub(super) struct ShapeArgs<'a> {
+pub(crate) struct ShapeArgs<'a> {
     pub node: &'a NodeProto,
     pub op: &'a str,
     in_shape: &'a dyn Fn(usize) -> Option<Vec<Dim>>,
@@ -60,7 +57,7 @@ impl ShapeArgs<'_> {
 
 /// A shape rule.
 #[derive(Clone, Copy)]
-pub(super) enum Rule {
+pub(crate) enum Rule {
     /// Output 0's shape; the other outputs stay unknown.
     First(fn(&ShapeArgs) -> Option<Vec<Dim>>),
     /// Every output's shape, in order (missing entries stay unknown).
@@ -78,10 +75,9 @@ const FAMILIES: &[&[(&str, Rule)]] = &[
     control::RULES,
 ];
 
-/// The families' tables in one, by op type.
-fn rules() -> &'static HashMap<&'static str, Rule> {
-    static RULES: OnceLock<HashMap<&'static str, Rule>> = OnceLock::new();
-    RULES.get_or_init(|| FAMILIES.iter().copied().flatten().copied().collect())
+/// Every family's rules, by op type.
+pub(crate) fn rules() -> impl Iterator<Item = (&'static str, Rule)> {
+    FAMILIES.iter().copied().flatten().copied()
 }
 
 /// Static shape of every output of `node` (default domain), where a rule
@@ -98,7 +94,7 @@ pub(super) fn output_shapes(
         in_shape,
         const_ints,
     };
-    let shapes = match rules().get(op) {
+    let shapes = match crate::ops::entry(op).and_then(|e| e.shape) {
         Some(Rule::First(rule)) => vec![rule(&args)],
         Some(Rule::All(rule)) => rule(&args),
         None => Vec::new(),
@@ -162,6 +158,7 @@ mod tests {
     #[test]
     fn every_op_has_one_rule() {
         let listed: usize = FAMILIES.iter().map(|t| t.len()).sum();
-        assert_eq!(listed, rules().len(), "an op type is listed twice");
+        let ops: std::collections::HashSet<&str> = rules().map(|(op, _)| op).collect();
+        assert_eq!(listed, ops.len(), "an op type is listed twice");
     }
 }
