@@ -76,15 +76,17 @@ fn decode(
     let mut tensors = HashMap::with_capacity(inputs.len());
     for input in inputs {
         let name = input.name;
-        let elem = tensors::input_elem(graph, &name, &input.datatype)?;
-        let shape = tensors::dims(&name, &input.shape)?;
+        let elem = tensors::input_elem(graph, &name, &input.datatype).map_err(|e| e.to_string())?;
+        let shape = tensors::dims(&name, &input.shape).map_err(|e| e.to_string())?;
         let tensor = match (raw.next(), input.contents) {
             (Some(_), Some(_)) => {
                 return Err(format!(
                     "input '{name}' has both contents and raw_input_contents"
                 ))
             }
-            (Some(bytes), None) => tensors::from_binary(&name, elem, shape, bytes)?,
+            (Some(bytes), None) => {
+                tensors::from_binary(&name, elem, shape, bytes).map_err(|e| e.to_string())?
+            }
             (None, Some(contents)) => from_contents(&name, elem, shape, &contents)?,
             (None, None) => {
                 return Err(format!(

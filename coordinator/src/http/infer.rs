@@ -237,9 +237,9 @@ fn decode_inputs(
     let mut tensors = HashMap::new();
     let mut at = 0usize;
     for input in inputs {
-        let elem = tensors::input_elem(graph, &input.name, &input.datatype).map_err(bad)?;
-        let shape = tensors::dims(&input.name, &input.shape).map_err(bad)?;
-        let tensor = match tensors::binary_size(input.parameters.as_ref()).map_err(bad)? {
+        let elem = tensors::input_elem(graph, &input.name, &input.datatype)?;
+        let shape = tensors::dims(&input.name, &input.shape)?;
+        let tensor = match tensors::binary_size(input.parameters.as_ref())? {
             Some(size) => {
                 let end = at.checked_add(size).filter(|&e| e <= binary.len()).ok_or_else(|| {
                     bad(format!(
@@ -248,8 +248,7 @@ fn decode_inputs(
                         binary.len()
                     ))
                 })?;
-                let t = tensors::from_binary(&input.name, elem, shape, binary.slice(at..end))
-                    .map_err(bad)?;
+                let t = tensors::from_binary(&input.name, elem, shape, binary.slice(at..end))?;
                 at = end;
                 t
             }
@@ -260,7 +259,7 @@ fn decode_inputs(
                         input.name
                     ))
                 })?;
-                tensors::from_json(&input.name, elem, shape, data).map_err(bad)?
+                tensors::from_json(&input.name, elem, shape, data)?
             }
         };
         if tensors.insert(input.name.clone(), tensor).is_some() {
@@ -353,7 +352,7 @@ fn respond(
             out["parameters"] = json!({ "binary_data_size": t.bytes().len() });
             binary_parts.push(t);
         } else {
-            out["data"] = tensors::to_json(t).map_err(HttpError::bad_request)?;
+            out["data"] = tensors::to_json(t)?;
         }
         described.push(out);
     }

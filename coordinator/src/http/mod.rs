@@ -116,6 +116,13 @@ impl HttpError {
     }
 }
 
+impl From<tensors::CodecError> for HttpError {
+    /// A request's tensor that is wrong: 400.
+    fn from(e: tensors::CodecError) -> HttpError {
+        HttpError::bad_request(e.to_string())
+    }
+}
+
 impl From<CoordinatorError> for HttpError {
     fn from(e: CoordinatorError) -> HttpError {
         let status = match e.kind() {

@@ -7,6 +7,51 @@ use tessera_common::graph::{Dim, Graph, TensorId};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
+/// What is wrong with a request's tensor (an HTTP 400, gRPC
+/// INVALID_ARGUMENT), or why an output cannot be sent as JSON.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CodecError {
+    #[error("unknown input '{name}'; the model's inputs are: {}", inputs.join(", "))]
+    UnknownInput { name: String, inputs: Vec<String> },
+    #[error("input '{name}': unknown datatype '{datatype}'")]
+    UnknownDatatype { name: String, datatype: String },
+    #[error("input '{name}' is {model} in the model, got {datatype}")]
+    WrongDatatype {
+        name: String,
+        model: &'static str,
+        datatype: String,
+    },
+    #[error("binary_data_size must be a non-negative integer, got {0}")]
+    BinarySize(String),
+    #[error("input '{name}': shape {shape:?} has a negative dimension")]
+    NegativeDim { name: String, shape: Vec<i64> },
+    #[error("input '{name}': shape {shape:?} has more elements than can be addressed")]
+    Unaddressable { name: String, shape: Vec<i64> },
+    #[error("input '{name}': shape {shape:?} holds {want} elements, data has {got}")]
+    Count {
+        name: String,
+        shape: Vec<usize>,
+        want: usize,
+        got: usize,
+    },
+    #[error("input '{name}': {value} is not a valid {datatype} value")]
+    Value {
+        name: String,
+        value: String,
+        datatype: &'static str,
+    },
+    /// The bytes do not make a tensor of the shape and type given.
+    #[error("input '{name}': {reason}")]
+    Tensor { name: String, reason: String },
+    /// An output's bytes do not hold its strings.
+    #[error("output: {0}")]
+    Output(String),
+    #[error("a BYTES element that is not UTF-8 cannot be sent as JSON (ask for binary_data)")]
+    NotUtf8,
+    #[error("{0} tensors cannot be sent as JSON")]
+    NotJson(String),
+}
+
 /// v2 datatype names and their ONNX element types.
 const DATATYPES: [(&str, i32); 14] = [
     ("BOOL", 9),
@@ -43,30 +88,30 @@ pub fn elem_type(datatype: &str) -> Option<ElemType> {
 
 /// The element type of the model's input `name` sent as `datatype`: the
 /// input must exist and (when the model types it) have that datatype.
-pub fn input_elem(graph: &Graph, name: &str, datatype: &str) -> Result<ElemType, String> {
+pub fn input_elem(graph: &Graph, name: &str, datatype: &str) -> Result<ElemType, CodecError> {
     let spec = graph
         .inputs
         .iter()
         .map(|&t| graph.tensor(t))
         .find(|t| t.name == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = graph
+        .ok_or_else(|| CodecError::UnknownInput {
+            name: name.into(),
+            inputs: graph
                 .inputs
                 .iter()
-                .map(|&t| graph.tensor(t).name.as_str())
-                .collect();
-            format!(
-                "unknown input '{name}'; the model's inputs are: {}",
-                names.join(", ")
-            )
+                .map(|&t| graph.tensor(t).name.clone())
+                .collect(),
         })?;
-    let elem = elem_type(datatype)
-        .ok_or_else(|| format!("input '{name}': unknown datatype '{datatype}'"))?;
+    let elem = elem_type(datatype).ok_or_else(|| CodecError::UnknownDatatype {
+        name: name.into(),
+        datatype: datatype.into(),
+    })?;
     if let Some(want) = spec.elem_type.filter(|&e| e != elem) {
-        return Err(format!(
-            "input '{name}' is {} in the model, got {datatype}",
-            datatype_name(want)
-        ));
+        return Err(CodecError::WrongDatatype {
+            name: name.into(),
+            model: datatype_name(want),
+            datatype: datatype.into(),
+        });
     }
     Ok(elem)
 }
@@ -99,25 +144,27 @@ pub fn metadata(graph: &Graph, tensors: &[TensorId]) -> Vec<(String, &'static st
 }
 
 /// The `binary_data_size` parameter, if given.
-pub fn binary_size(parameters: Option<&Map<String, Value>>) -> Result<Option<usize>, String> {
+pub fn binary_size(parameters: Option<&Map<String, Value>>) -> Result<Option<usize>, CodecError> {
     match parameters.and_then(|p| p.get("binary_data_size")) {
         None => Ok(None),
         Some(v) => v
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| format!("binary_data_size must be a non-negative integer, got {v}")),
+            .ok_or_else(|| CodecError::BinarySize(v.to_string())),
     }
 }
 
 /// `shape` as tensor dims: every dim ≥ 0, and an element count this
 /// machine can address (a request's shape must not overflow it).
-pub fn dims(name: &str, shape: &[i64]) -> Result<Vec<usize>, String> {
+pub fn dims(name: &str, shape: &[i64]) -> Result<Vec<usize>, CodecError> {
     let dims: Vec<usize> = shape
         .iter()
         .map(|&d| {
-            usize::try_from(d)
-                .map_err(|_| format!("input '{name}': shape {shape:?} has a negative dimension"))
+            usize::try_from(d).map_err(|_| CodecError::NegativeDim {
+                name: name.into(),
+                shape: shape.to_vec(),
+            })
         })
         .collect::<Result<_, _>>()?;
     if dims
@@ -125,9 +172,10 @@ pub fn dims(name: &str, shape: &[i64]) -> Result<Vec<usize>, String> {
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .is_none()
     {
-        return Err(format!(
-            "input '{name}': shape {shape:?} has more elements than can be addressed"
-        ));
+        return Err(CodecError::Unaddressable {
+            name: name.into(),
+            shape: shape.to_vec(),
+        });
     }
     Ok(dims)
 }
@@ -138,8 +186,16 @@ pub fn from_binary(
     elem: ElemType,
     shape: Vec<usize>,
     bytes: bytes::Bytes,
-) -> Result<Tensor, String> {
-    Tensor::new(elem, shape, bytes).map_err(|e| format!("input '{name}': {e}"))
+) -> Result<Tensor, CodecError> {
+    Tensor::new(elem, shape, bytes).map_err(|e| tensor_error(name, e))
+}
+
+/// Bytes that do not make a tensor of input `name`.
+pub fn tensor_error(name: &str, reason: impl std::fmt::Display) -> CodecError {
+    CodecError::Tensor {
+        name: name.into(),
+        reason: reason.to_string(),
+    }
 }
 
 /// A tensor from JSON `data`, flat or nested in row-major order.
@@ -148,23 +204,28 @@ pub fn from_json(
     elem: ElemType,
     shape: Vec<usize>,
     data: &Value,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, CodecError> {
     let mut flat = Vec::new();
     flatten(data, &mut flat);
     let want: usize = shape.iter().product();
     if flat.len() != want {
-        return Err(format!(
-            "input '{name}': shape {shape:?} holds {want} elements, data has {}",
-            flat.len()
-        ));
+        return Err(CodecError::Count {
+            name: name.into(),
+            shape,
+            want,
+            got: flat.len(),
+        });
     }
-    let dt = datatype(elem).unwrap_or("?");
-    let bad = |v: &Value| format!("input '{name}': {v} is not a valid {dt} value");
+    let bad = |v: &Value| CodecError::Value {
+        name: name.into(),
+        value: v.to_string(),
+        datatype: datatype_name(elem),
+    };
     let mut bytes = Vec::with_capacity(want * elem.size_bytes().unwrap_or(1) as usize);
     for v in flat {
         encode_value(elem, v, &mut bytes).ok_or_else(|| bad(v))?;
     }
-    Tensor::new(elem, shape, bytes).map_err(|e| format!("input '{name}': {e}"))
+    Tensor::new(elem, shape, bytes).map_err(|e| tensor_error(name, e))
 }
 
 fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
@@ -216,7 +277,7 @@ fn encode_value(elem: ElemType, v: &Value, out: &mut Vec<u8>) -> Option<()> {
 }
 
 /// A tensor's elements as a flat JSON array.
-pub fn to_json(t: &Tensor) -> Result<Value, String> {
+pub fn to_json(t: &Tensor) -> Result<Value, CodecError> {
     let b = t.bytes();
     macro_rules! each {
         ($n:expr, $f:expr) => {
@@ -249,16 +310,14 @@ pub fn to_json(t: &Tensor) -> Result<Value, String> {
         )),
         ElemType::STRING => t
             .strings()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| CodecError::Output(e.to_string()))?
             .into_iter()
             .map(|s| match std::str::from_utf8(s) {
                 Ok(text) => Ok(Value::from(text)),
-                Err(_) => Err("a BYTES element that is not UTF-8 cannot be sent as JSON \
-                     (ask for binary_data)"
-                    .to_string()),
+                Err(_) => Err(CodecError::NotUtf8),
             })
             .collect::<Result<_, _>>()?,
-        _ => return Err(format!("{} tensors cannot be sent as JSON", t.elem())),
+        _ => return Err(CodecError::NotJson(t.elem().to_string())),
     };
     Ok(Value::Array(values))
 }
@@ -328,13 +387,32 @@ mod tests {
     #[test]
     fn bad_values_and_lengths_are_clear_errors() {
         let e = from_json("ids", ElemType::INT64, vec![3], &json!([1, 2])).unwrap_err();
-        assert!(e.contains("holds 3 elements, data has 2"), "{e}");
+        assert!(
+            matches!(
+                e,
+                CodecError::Count {
+                    want: 3,
+                    got: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("holds 3 elements, data has 2"),
+            "{e}"
+        );
+        let value = |e: CodecError| match e {
+            CodecError::Value { datatype, .. } => datatype,
+            other => panic!("not a value error: {other}"),
+        };
         let e = from_json("ids", ElemType::INT64, vec![1], &json!([1.5])).unwrap_err();
-        assert!(e.contains("not a valid INT64"), "{e}");
+        assert!(e.to_string().contains("not a valid INT64"), "{e}");
+        assert_eq!(value(e), "INT64");
         let e = from_json("b", ElemType::UINT8, vec![1], &json!([256])).unwrap_err();
-        assert!(e.contains("not a valid UINT8"), "{e}");
+        assert_eq!(value(e), "UINT8");
         let e = from_json("s", ElemType::STRING, vec![1], &json!([1])).unwrap_err();
-        assert!(e.contains("not a valid BYTES"), "{e}");
+        assert_eq!(value(e), "BYTES");
         let s = from_json("s", ElemType::STRING, vec![2], &json!(["a", "héllo"])).unwrap();
         assert_eq!(to_json(&s).unwrap(), json!(["a", "héllo"]));
         // The v2 binary layout of BYTES is the tensor's own.
@@ -342,11 +420,11 @@ mod tests {
         assert_eq!(b, s);
         assert!(from_binary("s", ElemType::STRING, vec![2], vec![1, 0, 0].into()).is_err());
         let e = from_binary("x", ElemType::FLOAT, vec![2], vec![0u8; 7].into()).unwrap_err();
-        assert!(e.contains("needs 8 bytes, got 7"), "{e}");
+        assert!(e.to_string().contains("needs 8 bytes, got 7"), "{e}");
         assert!(dims("x", &[1, -1]).is_err());
         // 2^62 × 2^62 elements: refused, not overflowed.
         let e = dims("x", &[1 << 62, 1 << 62]).unwrap_err();
-        assert!(e.contains("more elements than can be addressed"), "{e}");
+        assert!(matches!(e, CodecError::Unaddressable { .. }), "{e}");
         assert_eq!(dims("x", &[0, 1 << 62, 1 << 62]).unwrap().len(), 3);
         assert!(binary_size(json!({"binary_data_size": -3}).as_object()).is_err());
         assert_eq!(
