@@ -49,7 +49,7 @@ impl GenerativeModel {
         let bad = |e: String| CoordinatorError::Model(format!("not generative: {e}"));
         let pairs = graph.state_pairs().map_err(|e| bad(e.to_string()))?;
         Ok(GenerativeModel {
-            text: text::Text::new(spec).map_err(bad)?,
+            text: text::Text::new(spec).map_err(|e| bad(e.to_string()))?,
             feed: Arc::new(feed::Feed::new(graph, &pairs).map_err(bad)?),
             spec: spec.clone(),
             rounds: OnceLock::new(),
@@ -99,7 +99,7 @@ pub async fn generate(
     let prompt_ids = model
         .text
         .prompt_ids(prompt)
-        .map_err(CoordinatorError::BadInput)?;
+        .map_err(|e| CoordinatorError::BadInput(e.to_string()))?;
     if prompt_ids.len() as u64 + u64::from(params.max_tokens) > u64::from(context) {
         return Err(CoordinatorError::BadInput(format!(
             "a prompt of {} tokens and {} new tokens exceed the model's context of {context} positions",
@@ -175,7 +175,10 @@ impl Run<'_> {
             }
             self.tokens.push(next);
             let generated = self.tokens.len() - prompt_tokens;
-            written.push_str(&text::piece(&mut pieces, next).map_err(CoordinatorError::Worker)?);
+            written.push_str(
+                &text::piece(&mut pieces, next)
+                    .map_err(|e| CoordinatorError::Worker(e.to_string()))?,
+            );
             let (new, stopped) = text::releasable(&written, sent, &self.params.stop);
             sent += new.len();
             let chunk = Chunk {

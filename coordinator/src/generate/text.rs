@@ -6,6 +6,29 @@ use minijinja::Environment;
 use tessera_common::wire::generate::{GenerationSpec, Prompt};
 use tokenizers::Tokenizer;
 
+/// Why text could not become tokens, or tokens text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TextError {
+    #[error("tokenizer.json: {0}")]
+    Tokenizer(String),
+    #[error("the chat template does not parse: {0}")]
+    TemplateSyntax(String),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("cannot tokenize the prompt: {0}")]
+    Tokenize(String),
+    #[error("the prompt has no tokens")]
+    NoTokens,
+    #[error("the chat has no messages")]
+    NoMessages,
+    #[error("the model has no chat template (tokenizer_config.json chat_template)")]
+    NoTemplate,
+    #[error("the chat template failed: {0}")]
+    Template(String),
+    #[error("cannot decode token {token}: {reason}")]
+    Decode { token: u32, reason: String },
+}
+
 pub struct Text {
     tokenizer: Tokenizer,
     template: Option<Environment<'static>>,
@@ -14,9 +37,9 @@ pub struct Text {
 }
 
 impl Text {
-    pub fn new(spec: &GenerationSpec) -> Result<Text, String> {
+    pub fn new(spec: &GenerationSpec) -> Result<Text, TextError> {
         let tokenizer = Tokenizer::from_bytes(spec.tokenizer_json.as_bytes())
-            .map_err(|e| format!("tokenizer.json: {e}"))?;
+            .map_err(|e| TextError::Tokenizer(e.to_string()))?;
         let template = match &spec.chat_template {
             Some(source) => {
                 let mut env = Environment::new();
@@ -27,7 +50,7 @@ impl Text {
                     ))
                 });
                 env.add_template_owned("chat", source.clone())
-                    .map_err(|e| format!("the chat template does not parse: {e}"))?;
+                    .map_err(|e| TextError::TemplateSyntax(e.to_string()))?;
                 Some(env)
             }
             None => None,
@@ -41,21 +64,21 @@ impl Text {
     }
 
     /// The prompt's token ids (an empty prompt is an error).
-    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, String> {
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, TextError> {
         let (text, special) = match prompt {
             Prompt::Text(text) => (text.clone(), true),
             Prompt::Chat(messages) => (self.render_chat(messages)?, false),
         };
         if text.is_empty() {
-            return Err("the prompt is empty".into());
+            return Err(TextError::EmptyPrompt);
         }
         let encoding = self
             .tokenizer
             .encode(text.as_str(), special)
-            .map_err(|e| format!("cannot tokenize the prompt: {e}"))?;
+            .map_err(|e| TextError::Tokenize(e.to_string()))?;
         let ids = encoding.get_ids().to_vec();
         if ids.is_empty() {
-            return Err("the prompt has no tokens".into());
+            return Err(TextError::NoTokens);
         }
         Ok(ids)
     }
@@ -64,15 +87,14 @@ impl Text {
     fn render_chat(
         &self,
         messages: &[tessera_common::wire::generate::ChatMessage],
-    ) -> Result<String, String> {
+    ) -> Result<String, TextError> {
         if messages.is_empty() {
-            return Err("the chat has no messages".into());
+            return Err(TextError::NoMessages);
         }
-        let env = self
-            .template
-            .as_ref()
-            .ok_or("the model has no chat template (tokenizer_config.json chat_template)")?;
-        let template = env.get_template("chat").map_err(|e| e.to_string())?;
+        let env = self.template.as_ref().ok_or(TextError::NoTemplate)?;
+        let template = env
+            .get_template("chat")
+            .map_err(|e| TextError::Template(e.to_string()))?;
         let messages: Vec<minijinja::Value> = messages
             .iter()
             .map(|m| {
@@ -86,7 +108,7 @@ impl Text {
                 bos_token => self.bos_token.clone(),
                 eos_token => self.eos_token.clone(),
             })
-            .map_err(|e| format!("the chat template failed: {e}"))
+            .map_err(|e| TextError::Template(e.to_string()))
     }
 
     /// Text as tokens come, each token's new text once (special tokens
@@ -107,11 +129,14 @@ pub type Pieces<'a> = tokenizers::DecodeStream<
 >;
 
 /// The new text `token` adds (empty while a character is unfinished).
-pub fn piece(pieces: &mut Pieces<'_>, token: u32) -> Result<String, String> {
+pub fn piece(pieces: &mut Pieces<'_>, token: u32) -> Result<String, TextError> {
     pieces
         .step(token)
         .map(Option::unwrap_or_default)
-        .map_err(|e| format!("cannot decode token {token}: {e}"))
+        .map_err(|e| TextError::Decode {
+            token,
+            reason: e.to_string(),
+        })
 }
 
 /// Text that can go out now: what is new since `sent` bytes, holding back
