@@ -2,6 +2,7 @@
 //! the default domain up to opset 21 (and the common `com.microsoft`
 //! contrib ops), as a table from op type to rule. An op with no rule keeps
 //! its outputs untyped (never guessed), and the planner asks a plugin.
+//! Lookups go through the op's entry in [`crate::ops`].
 
 use super::super::build::tensor_type;
 use super::{attr, attr_i};

@@ -1,6 +1,7 @@
 //! Static-shape rules: the shapes of an op's outputs, where a rule can
 //! derive them. One file per op family, each with a table from op type to
-//! its rule; [`output_shapes`] looks the op up in their union.
+//! its rule; [`output_shapes`] finds an op's rule through its entry in
+//! [`crate::ops`], which joins these tables with the other concerns'.
 //!
 //! - [`elementwise`]: same shape as input 0 (unary ops, normalizations,
 //!   Dropout's mask), broadcasting (binary ops, variadic Max/Min/Sum, Where)
