@@ -14,10 +14,10 @@ use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::cluster::{CoordinatorAnswer, WorkerReport};
 use tessera_common::wire::control::{ErrorKind, MailboxDepth};
-use tessera_common::wire::{Failure as WireFailure, Frame};
+use tessera_common::wire::{Failure, Frame};
 use tessera_net::{exchange, recv_frame, serve_streams, Link, Peer};
 
-use crate::requests::Failure;
+use crate::requests::Outcome;
 use crate::workers::{WorkerEntry, PROBE_BYTES};
 use crate::Shared;
 
@@ -205,18 +205,18 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
             }
             crate::requests::moved(shared, transfer)
         }
-        WorkerReport::Failed(WireFailure {
+        WorkerReport::Failed(Failure {
             request: Some(request),
             error,
             ..
-        }) => crate::requests::fail(shared, request, Failure::Error(error)),
-        WorkerReport::Failed(WireFailure {
+        }) => crate::requests::fail(shared, request, Outcome::Error(error)),
+        WorkerReport::Failed(Failure {
             request: None,
             error,
             ..
         }) => tracing::warn!(%worker, "worker failure: {error}"),
         WorkerReport::Unreachable { request, error } => {
-            crate::requests::fail(shared, request, Failure::Unreachable(error))
+            crate::requests::fail(shared, request, Outcome::Unreachable(error))
         }
         WorkerReport::Register { name, .. } => {
             tracing::warn!(%worker, "registered again as '{name}' on an open session; ignored")

@@ -40,7 +40,8 @@ use tokio::sync::{oneshot, Notify};
 use crate::network::{Deployed, Picked, Waited};
 use crate::{CoordinatorError, Shared};
 use pending::TryState;
-use tries::{Next, Outcome, Settled, Tries, Verdict};
+pub use tries::Outcome;
+use tries::{Next, Settled, Tries, Verdict};
 
 mod pending;
 mod tries;
@@ -57,29 +58,7 @@ pub struct Done {
     pub attempts: u32,
 }
 
-/// Why a try of a request failed.
-#[derive(Debug)]
-pub enum Failure {
-    /// A worker it ran on was lost: retried on the next deployment.
-    Lost(String),
-    /// A tensor could not reach a worker: retried if that worker turns
-    /// out to be lost, an error otherwise.
-    Unreachable(String),
-    /// A worker reported an error running it: final.
-    Error(String),
-}
-
-impl From<Failure> for Outcome {
-    fn from(failure: Failure) -> Outcome {
-        match failure {
-            Failure::Lost(e) => Outcome::Lost(e),
-            Failure::Unreachable(e) => Outcome::Unreachable(e),
-            Failure::Error(e) => Outcome::Error(e),
-        }
-    }
-}
-
-type Produced = Result<HashMap<String, Tensor>, Failure>;
+type Produced = Result<HashMap<String, Tensor>, Outcome>;
 
 /// A try of a request in flight: its state, the channel its driver waits
 /// on, and the signal that every subgraph has reported its timing.
@@ -256,7 +235,7 @@ async fn attempt_on(
     );
     let run = async {
         if let Some(gone) = net.hosts.iter().find(|h| !shared.workers.contains_key(*h)) {
-            return Err(Failure::Lost(format!("worker {gone} is not connected")));
+            return Err(Outcome::Lost(format!("worker {gone} is not connected")));
         }
         if computed.is_empty() {
             return Ok(HashMap::new());
@@ -264,7 +243,7 @@ async fn attempt_on(
         send_inputs(shared, net, id, inputs, sequence).await?;
         let produced = rx
             .await
-            .map_err(|_| Failure::Error("the request was dropped".into()))
+            .map_err(|_| Outcome::Error("the request was dropped".into()))
             .and_then(|r| r)?;
         reports(shared, id, &reported).await;
         Ok(produced)
@@ -290,7 +269,7 @@ async fn attempt_on(
         }
         Ok(Err(failure)) => {
             tracing::debug!("failed: {failure:?}");
-            failure.into()
+            failure
         }
         Err(_) => Outcome::Deadline(
             pending
@@ -312,15 +291,15 @@ async fn send_inputs(
     id: u64,
     inputs: &HashMap<String, Tensor>,
     sequence: Option<&Steps>,
-) -> Result<(), Failure> {
+) -> Result<(), Outcome> {
     let network = net.id;
     let link_to = |host: &str| {
         let link = shared.workers.get(host).map(|w| w.tensors.clone());
-        link.ok_or_else(|| Failure::Lost(format!("worker {host} is not connected")))
+        link.ok_or_else(|| Outcome::Lost(format!("worker {host} is not connected")))
     };
-    let unreachable = |what: String| Failure::Unreachable(what);
+    let unreachable = |what: String| Outcome::Unreachable(what);
     let trigger = Tensor::new(tessera_common::onnx::ElemType::UINT8, vec![0], Vec::new())
-        .map_err(|e| Failure::Error(e.to_string()))?;
+        .map_err(|e| Outcome::Error(e.to_string()))?;
     // A later step also triggers the subgraphs that read only state.
     let mut triggered = net.trigger_hosts.clone();
     if sequence.is_some_and(|s| !s.fresh()) {
@@ -428,7 +407,7 @@ pub fn output_arrived(
         Ok(t) => t,
         Err(e) => {
             let error = format!("bad output tensor from {from}: {e}");
-            return fail(shared, request, Failure::Error(error));
+            return fail(shared, request, Outcome::Error(error));
         }
     };
     tracing::debug!(request, tensor = %name, %from, bytes, "output arrived");
@@ -465,7 +444,7 @@ pub fn moved(shared: &Shared, transfer: Transfer) {
 }
 
 /// Fails a try of a request.
-pub fn fail(shared: &Shared, request: u64, failure: Failure) {
+pub fn fail(shared: &Shared, request: u64, failure: Outcome) {
     if let Some(mut p) = shared.pending.get_mut(&request) {
         let settled = p.state.on_failure(failure).map(Err);
         p.settle(settled);
@@ -478,7 +457,7 @@ pub fn fail_on_worker(shared: &Shared, worker: &str, error: &str) {
         if p.state.runs_on(worker) {
             let settled = p
                 .state
-                .on_failure(Failure::Lost(error.to_string()))
+                .on_failure(Outcome::Lost(error.to_string()))
                 .map(Err);
             p.settle(settled);
         }
