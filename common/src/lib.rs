@@ -17,6 +17,8 @@
 //!   folding, decomposition, cost), which live in files by op family.
 //! - [`decompose`]: ops a backend lacks rewritten as standard ONNX ops (a
 //!   plugin's transformations before QueryNetwork and compilation).
+//! - [`declined`]: why a rule (a decomposition, a backend's lowering or
+//!   probe) does not handle a node, as a typed reason.
 //! - [`memory`]: sizes, what nodes need in memory on a device (weights,
 //!   activations, state), and the placement that cuts a model too big for
 //!   one device into pipelined stages that each fit.
@@ -67,6 +69,7 @@
 //! ```
 
 pub mod affinity;
+pub mod declined;
 pub mod decompose;
 pub mod dump;
 pub mod export;

@@ -98,13 +98,13 @@ pub struct QueryResult {
 
 impl QueryResult {
     /// Records one node's answer: supported, or why not.
-    pub fn record(&mut self, node: String, outcome: Result<(), String>) {
+    pub fn record(&mut self, node: String, outcome: Result<(), impl std::fmt::Display>) {
         match outcome {
             Ok(()) => {
                 self.supported.insert(node);
             }
             Err(why) => {
-                self.unsupported.insert(node, why);
+                self.unsupported.insert(node, why.to_string());
             }
         }
     }

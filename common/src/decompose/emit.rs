@@ -3,6 +3,7 @@
 //! the opset-dependent forms of the ops rules use (Squeeze, Unsqueeze and the
 //! Reduce ops take their axes as an input from opset 13 / 18 on).
 
+use crate::declined::{unsupported, Declined};
 use crate::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto};
 use crate::onnx::ElemType;
 use crate::tensor::{Element, Tensor};
@@ -101,9 +102,14 @@ impl Emit {
     }
 
     /// A constant initializer.
-    pub fn constant<T: Element>(&mut self, dims: &[usize], values: &[T]) -> Result<String, String> {
+    pub fn constant<T: Element>(
+        &mut self,
+        dims: &[usize],
+        values: &[T],
+    ) -> Result<String, Declined> {
         let name = format!("{}.c{}", self.origin, self.constants.len());
-        let t = Tensor::from_values(dims.to_vec(), values).map_err(|e| e.to_string())?;
+        let t =
+            Tensor::from_values(dims.to_vec(), values).map_err(|e| unsupported(e.to_string()))?;
         self.constants.push(t.to_proto(&name));
         Ok(name)
     }
@@ -133,18 +139,18 @@ impl Emit {
     }
 
     /// A float scalar of element type `elem` (a float32 constant, cast).
-    pub fn float_scalar(&mut self, v: f32, elem: ElemType) -> Result<String, String> {
+    pub fn float_scalar(&mut self, v: f32, elem: ElemType) -> Result<String, Declined> {
         let c = self.constant::<f32>(&[], &[v])?;
         Ok(self.from_f32(c, elem))
     }
 
     /// `Unsqueeze(x, axes)` in the model's opset.
-    pub fn unsqueeze(&mut self, x: &str, axes: &[i64]) -> Result<String, String> {
+    pub fn unsqueeze(&mut self, x: &str, axes: &[i64]) -> Result<String, Declined> {
         self.with_axes("Unsqueeze", x, axes, 13, &[])
     }
 
     /// `Squeeze(x, axes)` in the model's opset.
-    pub fn squeeze(&mut self, x: &str, axes: &[i64]) -> Result<String, String> {
+    pub fn squeeze(&mut self, x: &str, axes: &[i64]) -> Result<String, Declined> {
         self.with_axes("Squeeze", x, axes, 13, &[])
     }
 
@@ -161,7 +167,7 @@ impl Emit {
         x: &str,
         axes: &[i64],
         keepdims: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, Declined> {
         self.with_axes(
             op,
             x,
@@ -178,7 +184,7 @@ impl Emit {
         axes: &[i64],
         input_since: i64,
         attrs: &[Attr],
-    ) -> Result<String, String> {
+    ) -> Result<String, Declined> {
         if self.opset >= input_since {
             let a = self.constant::<i64>(&[axes.len()], axes)?;
             Ok(self.op(op, &[x, &a], attrs))

@@ -3,6 +3,7 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr_i, attr_ints, data_io, input, output, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::proto::NodeProto;
 
 /// CenterCropPad: per axis, a centred Slice where the input is larger than
@@ -12,13 +13,15 @@ pub(super) fn center_crop_pad(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let shape_input = input(node, 1).ok_or("no shape")?;
+    let shape_input = input(node, 1).ok_or_else(|| invalid("no shape"))?;
     let target = ctx
         .const_ints(shape_input)
-        .ok_or("the target shape is not a constant")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+        .ok_or_else(|| unknown("the target shape is not a constant"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     let rank = dims.len() as i64;
     let axes: Vec<i64> = match attr_ints(node, "axes") {
         Some(a) => a
@@ -28,7 +31,7 @@ pub(super) fn center_crop_pad(
         None => (0..rank).collect(),
     };
     if axes.len() != target.len() || axes.iter().any(|&a| a < 0 || a >= rank) {
-        return Err("axes do not match the target shape".into());
+        return Err(invalid("axes do not match the target shape"));
     }
     let (mut starts, mut ends, mut slice_axes) = (Vec::new(), Vec::new(), Vec::new());
     let mut pads = vec![0i64; 2 * dims.len()];
@@ -86,20 +89,26 @@ pub(super) fn coordinates(len: i64, align_corners: bool) -> Vec<f64> {
 
 /// AffineGrid: `grid[n, (d,) h, w] = theta[n] · (x_w, y_h, (z_d,) 1)` as one
 /// MatMul of a constant base grid with `theta` transposed, then a Reshape.
-pub(super) fn affine_grid(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
-    let theta = input(node, 0).ok_or("no theta")?;
-    let y = output(node, 0).ok_or("no output")?;
+pub(super) fn affine_grid(
+    node: &NodeProto,
+    ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), Declined> {
+    let theta = input(node, 0).ok_or_else(|| invalid("no theta"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     let size = ctx
-        .const_ints(input(node, 1).ok_or("no size")?)
-        .ok_or("size is not a constant")?;
-    let elem = ctx.elem(theta).ok_or("theta of unknown type")?;
+        .const_ints(input(node, 1).ok_or_else(|| invalid("no size"))?)
+        .ok_or_else(|| unknown("size is not a constant"))?;
+    let elem = ctx
+        .elem(theta)
+        .ok_or_else(|| unknown("theta of unknown type"))?;
     let align = attr_i(node, "align_corners").unwrap_or(0) != 0;
     let spatial: Vec<i64> = match size.len() {
         4 | 5 => size[2..].to_vec(),
-        n => return Err(format!("size of length {n}")),
+        n => return Err(unsupported(format!("size of length {n}"))),
     };
     if spatial.iter().chain(&size[..1]).any(|&d| d < 1) {
-        return Err("empty grid".into());
+        return Err(invalid("empty grid"));
     }
     // Coordinates per spatial axis, innermost (x, along W) first.
     let axes: Vec<Vec<f64>> = spatial
@@ -140,20 +149,24 @@ pub(super) fn reverse_sequence(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     let lens = ctx
-        .const_ints(input(node, 1).ok_or("no sequence_lens")?)
-        .ok_or("sequence_lens is not a constant")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+        .const_ints(input(node, 1).ok_or_else(|| invalid("no sequence_lens"))?)
+        .ok_or_else(|| unknown("sequence_lens is not a constant"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     let batch_axis = attr_i(node, "batch_axis").unwrap_or(1) as usize;
     let time_axis = attr_i(node, "time_axis").unwrap_or(0) as usize;
     if dims.len() < 2 || batch_axis > 1 || time_axis > 1 || batch_axis == time_axis {
-        return Err("batch and time axes must be 0 and 1".into());
+        return Err(unsupported("batch and time axes must be 0 and 1"));
     }
     let total: i64 = dims.iter().product();
     if total > MAX_TABLE || lens.len() as i64 != dims[batch_axis] {
-        return Err("input too large or sequence_lens of the wrong length".into());
+        return Err(invalid(
+            "input too large or sequence_lens of the wrong length",
+        ));
     }
     let inner: i64 = dims[2..].iter().product();
     let time = dims[time_axis];
@@ -185,23 +198,27 @@ pub(super) fn reverse_sequence(
 /// `[N, C·K, L_1, ..]`, transposed-convolved (one group per channel) with a
 /// constant one-hot kernel that puts column `k` at block position `k`; the
 /// overlapping sums are Col2Im's.
-pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     let image = ctx
-        .const_ints(input(node, 1).ok_or("no image_shape")?)
-        .ok_or("image_shape is not a constant")?;
+        .const_ints(input(node, 1).ok_or_else(|| invalid("no image_shape"))?)
+        .ok_or_else(|| unknown("image_shape is not a constant"))?;
     let block = ctx
-        .const_ints(input(node, 2).ok_or("no block_shape")?)
-        .ok_or("block_shape is not a constant")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+        .const_ints(input(node, 2).ok_or_else(|| invalid("no block_shape"))?)
+        .ok_or_else(|| unknown("block_shape is not a constant"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
     let n = image.len();
     let ones = vec![1; n];
     let dilations = attr_ints(node, "dilations").map_or(ones.clone(), <[i64]>::to_vec);
     let strides = attr_ints(node, "strides").map_or(ones, <[i64]>::to_vec);
     let pads = attr_ints(node, "pads").map_or(vec![0; 2 * n], <[i64]>::to_vec);
     if dims.len() != 3 || block.len() != n || dilations.len() != n || strides.len() != n {
-        return Err("inconsistent ranks".into());
+        return Err(invalid("inconsistent ranks"));
     }
     if pads.len() != 2 * n
         || block
@@ -210,11 +227,11 @@ pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result
             .chain(&dilations)
             .any(|&v| v < 1)
     {
-        return Err("bad pads, strides, dilations or block".into());
+        return Err(invalid("bad pads, strides, dilations or block"));
     }
     let k: i64 = block.iter().product();
     if dims[1] % k != 0 {
-        return Err("channels not a multiple of the block size".into());
+        return Err(invalid("channels not a multiple of the block size"));
     }
     let channels = dims[1] / k;
     let mut counts = Vec::with_capacity(n);
@@ -222,7 +239,7 @@ pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result
     for d in 0..n {
         let span = image[d] + pads[d] + pads[n + d] - dilations[d] * (block[d] - 1) - 1;
         if span < 0 {
-            return Err("block larger than the padded image".into());
+            return Err(invalid("block larger than the padded image"));
         }
         let count = span / strides[d] + 1;
         let full =
@@ -231,10 +248,10 @@ pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result
         output_padding.push(image[d] - full);
     }
     if counts.iter().product::<i64>() != dims[2] {
-        return Err("the number of blocks does not match the input".into());
+        return Err(invalid("the number of blocks does not match the input"));
     }
     if channels * k * k > MAX_TABLE {
-        return Err("kernel too large".into());
+        return Err(unsupported("kernel too large"));
     }
     // Weight [C·K, 1, b_1, ..]: one-hot at the column's block position.
     let mut weight = vec![0f32; (channels * k * k) as usize];
@@ -272,7 +289,7 @@ fn gather_axes(
     x: &str,
     tables: &[Option<Vec<i64>>],
     y: &str,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let last = tables.iter().rposition(Option::is_some);
     let Some(last) = last else {
         emit.op_into("Identity", &[x], &[], &[Some(y)]);
@@ -301,26 +318,30 @@ pub(super) fn upsample_nearest(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     if super::attr_s(node, "mode").unwrap_or("nearest") != "nearest" {
-        return Err("only nearest mode".into());
+        return Err(unsupported("only nearest mode"));
     }
     let scales = match input(node, 1) {
-        Some(s) => ctx.const_floats(s).ok_or("scales are not a constant")?,
+        Some(s) => ctx
+            .const_floats(s)
+            .ok_or_else(|| unknown("scales are not a constant"))?,
         None => super::attr(node, "scales")
             .map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
-            .ok_or("no scales")?,
+            .ok_or_else(|| invalid("no scales"))?,
     };
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     if scales.len() != dims.len() || scales.iter().any(|&s| s <= 0.0) {
-        return Err("scales do not match the input".into());
+        return Err(invalid("scales do not match the input"));
     }
     let mut tables = Vec::with_capacity(dims.len());
     for (&d, &s) in dims.iter().zip(&scales) {
         let out = (d as f64 * s).floor() as i64;
         if out > MAX_TABLE {
-            return Err("output too large".into());
+            return Err(unsupported("output too large"));
         }
         tables.push((s != 1.0).then(|| {
             (0..out)
@@ -333,27 +354,29 @@ pub(super) fn upsample_nearest(
 
 /// Pad in `wrap` mode with constant pads: source index `(i - begin) mod d`
 /// along each padded axis (negative pads crop).
-pub(super) fn wrap_pad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn wrap_pad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     if super::attr_s(node, "mode") != Some("wrap") {
-        return Err("only wrap mode is rewritten".into());
+        return Err(native("only wrap mode is rewritten"));
     }
     let (x, y) = data_io(node)?;
     let pads = ctx
-        .const_ints(input(node, 1).ok_or("no pads")?)
-        .ok_or("pads are not a constant")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+        .const_ints(input(node, 1).ok_or_else(|| invalid("no pads"))?)
+        .ok_or_else(|| unknown("pads are not a constant"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     let rank = dims.len() as i64;
     let axes: Vec<i64> = match input(node, 3) {
         Some(a) => ctx
             .const_ints(a)
-            .ok_or("axes are not a constant")?
+            .ok_or_else(|| unknown("axes are not a constant"))?
             .into_iter()
             .map(|a| if a < 0 { a + rank } else { a })
             .collect(),
         None => (0..rank).collect(),
     };
     if pads.len() != 2 * axes.len() || axes.iter().any(|&a| !(0..rank).contains(&a)) {
-        return Err("pads do not match the axes".into());
+        return Err(invalid("pads do not match the axes"));
     }
     let mut tables = vec![None; dims.len()];
     for (k, &axis) in axes.iter().enumerate() {
@@ -361,7 +384,7 @@ pub(super) fn wrap_pad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resu
         let d = dims[axis as usize];
         let out = d + begin + end;
         if d < 1 || !(0..=MAX_TABLE).contains(&out) {
-            return Err("empty or too large".into());
+            return Err(unsupported("empty or too large"));
         }
         if begin != 0 || end != 0 {
             tables[axis as usize] = Some((0..out).map(|i| (i - begin).rem_euclid(d)).collect());

@@ -14,15 +14,16 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr_i, attr_s, input, output, Context};
+use crate::declined::{invalid, unknown, unsupported, Declined};
 use crate::onnx::ElemType;
 
 pub(super) fn negative_log_likelihood(
     node: &crate::onnx::proto::NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let out = output(node, 0).ok_or("no output")?;
+) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let out = output(node, 0).ok_or_else(|| invalid("no output"))?;
     nll(node, ctx, emit, x, out)
 }
 
@@ -30,13 +31,17 @@ pub(super) fn softmax_cross_entropy(
     node: &crate::onnx::proto::NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let scores = input(node, 0).ok_or("no scores")?;
-    let out = output(node, 0).ok_or("no output")?;
-    let rank = ctx.rank(scores).ok_or("scores of unknown rank")?;
+) -> Result<(), Declined> {
+    let scores = input(node, 0).ok_or_else(|| invalid("no scores"))?;
+    let out = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let rank = ctx
+        .rank(scores)
+        .ok_or_else(|| unknown("scores of unknown rank"))?;
     // Before opset 13, LogSoftmax flattens from `axis` on.
     if ctx.opset < 13 && rank > 2 {
-        return Err("LogSoftmax over axis 1 of a rank > 2 tensor needs opset 13".into());
+        return Err(unsupported(
+            "LogSoftmax over axis 1 of a rank > 2 tensor needs opset 13",
+        ));
     }
     let log_prob = emit.op_into(
         "LogSoftmax",
@@ -56,18 +61,20 @@ fn nll(
     emit: &mut Emit,
     x: &str,
     out: &str,
-) -> Result<(), String> {
-    let target = input(node, 1).ok_or("no target")?;
+) -> Result<(), Declined> {
+    let target = input(node, 1).ok_or_else(|| invalid("no target"))?;
     let weight = input(node, 2);
     let reduction = attr_s(node, "reduction").unwrap_or("mean");
     if !matches!(reduction, "none" | "sum" | "mean") {
-        return Err(format!("reduction '{reduction}'"));
+        return Err(unsupported(format!("reduction '{reduction}'")));
     }
     let elem = ctx.elem(x).or(ctx.elem(node.input[0].as_str()));
-    let elem = elem.ok_or("input of unknown type")?;
-    let target_elem = ctx.elem(target).ok_or("target of unknown type")?;
+    let elem = elem.ok_or_else(|| unknown("input of unknown type"))?;
+    let target_elem = ctx
+        .elem(target)
+        .ok_or_else(|| unknown("target of unknown type"))?;
     if !matches!(target_elem, ElemType::INT64 | ElemType::INT32) {
-        return Err(format!("target of type {target_elem}"));
+        return Err(unsupported(format!("target of type {target_elem}")));
     }
     let ignore = attr_i(node, "ignore_index");
     let (t, ignored) = match ignore {
@@ -78,7 +85,7 @@ fn nll(
                     emit.constant::<i64>(&[], &[0])?,
                 )
             } else {
-                let ig = i32::try_from(ig).map_err(|_| "ignore_index out of int32")?;
+                let ig = i32::try_from(ig).map_err(|_| unsupported("ignore_index out of int32"))?;
                 (
                     emit.constant::<i32>(&[], &[ig])?,
                     emit.constant::<i32>(&[], &[0])?,

@@ -5,27 +5,30 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr, attr_i, data_io, input, output, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
 /// Compress with a constant condition: a Gather of the selected positions
 /// (of the flattened input when there is no axis).
-pub(super) fn compress(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn compress(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     let condition = ctx
-        .const_floats(input(node, 1).ok_or("no condition")?)
-        .ok_or("condition is not a constant")?;
+        .const_floats(input(node, 1).ok_or_else(|| invalid("no condition"))?)
+        .ok_or_else(|| unknown("condition is not a constant"))?;
     let picked: Vec<i64> = (0..condition.len() as i64)
         .filter(|&i| condition[i as usize] != 0.0)
         .collect();
     let index = emit.constant::<i64>(&[picked.len()], &picked)?;
     match attr_i(node, "axis") {
         Some(axis) => {
-            let rank = ctx.rank(x).ok_or("input of unknown rank")? as i64;
+            let rank = ctx
+                .rank(x)
+                .ok_or_else(|| unknown("input of unknown rank"))? as i64;
             let axis = if axis < 0 { axis + rank } else { axis };
             let dims = ctx.static_shape(x);
             if dims.is_some_and(|d| (condition.len() as i64) > d[axis as usize]) {
-                return Err("condition longer than the axis".into());
+                return Err(unsupported("condition longer than the axis"));
             }
             emit.op_into(
                 "Gather",
@@ -50,12 +53,14 @@ pub(super) fn compress(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resu
 
 /// Det of 2×2 and 3×3 matrices (batched): the Leibniz formula over the
 /// gathered entries.
-pub(super) fn det(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn det(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     let r = dims.len();
     if r < 2 || dims[r - 1] != dims[r - 2] || !(2..=3).contains(&dims[r - 1]) {
-        return Err("only 2×2 and 3×3 matrices".into());
+        return Err(unsupported("only 2×2 and 3×3 matrices"));
     }
     let n = dims[r - 1];
     let mut shape: Vec<i64> = dims[..r - 2].to_vec();
@@ -97,23 +102,25 @@ pub(super) fn det(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<()
 
 /// Dropout in training mode with a constant ratio of 0 drops nothing: the
 /// input, and an all-true mask.
-pub(super) fn dropout(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn dropout(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     let Some(training) = input(node, 2) else {
-        return Err("inference mode runs natively".into());
+        return Err(native("inference mode runs natively"));
     };
     let training = ctx
         .const_floats(training)
-        .ok_or("training_mode is not a constant")?;
+        .ok_or_else(|| unknown("training_mode is not a constant"))?;
     let ratio = match input(node, 1) {
-        Some(r) => ctx.const_floats(r).ok_or("ratio is not a constant")?,
+        Some(r) => ctx
+            .const_floats(r)
+            .ok_or_else(|| unknown("ratio is not a constant"))?,
         None => vec![0.5],
     };
     if training.first() == Some(&0.0) {
-        return Err("inference mode runs natively".into());
+        return Err(native("inference mode runs natively"));
     }
     if ratio.first() != Some(&0.0) {
-        return Err("random dropout".into());
+        return Err(unsupported("random dropout"));
     }
     emit.op_into("Identity", &[x], &[], &[Some(y)]);
     if let Some(mask) = output(node, 1) {
@@ -129,12 +136,12 @@ pub(super) fn optional_has_element(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let y = output(node, 0).ok_or("no output")?;
+) -> Result<(), Declined> {
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     let has = match input(node, 0) {
         None => false,
         Some(x) if ctx.elem(x).is_some() && ctx.rank(x).is_some() => true,
-        Some(_) => return Err("an optional or sequence input".into()),
+        Some(_) => return Err(unsupported("an optional or sequence input")),
     };
     let c = emit.constant::<bool>(&[], &[has])?;
     emit.op_into("Identity", &[&c], &[], &[Some(y)]);
@@ -146,10 +153,10 @@ pub(super) fn optional_get_element(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     if ctx.elem(x).is_none() || ctx.rank(x).is_none() {
-        return Err("an optional or sequence input".into());
+        return Err(unsupported("an optional or sequence input"));
     }
     emit.op_into("Identity", &[x], &[], &[Some(y)]);
     Ok(())
@@ -162,17 +169,21 @@ pub(super) fn batch_norm_training(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     if attr_i(node, "training_mode").unwrap_or(0) == 0 {
-        return Err("inference mode runs natively".into());
+        return Err(native("inference mode runs natively"));
     }
-    let name = |k: usize| input(node, k).ok_or_else(|| format!("no input {k}"));
+    let name = |k: usize| input(node, k).ok_or_else(|| invalid(format!("no input {k}")));
     let (x, scale, bias, mean, var) = (name(0)?, name(1)?, name(2)?, name(3)?, name(4)?);
-    let y = output(node, 0).ok_or("no output")?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let rank = ctx.rank(x).ok_or("input of unknown rank")? as i64;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let rank = ctx
+        .rank(x)
+        .ok_or_else(|| unknown("input of unknown rank"))? as i64;
     if rank < 2 {
-        return Err("rank below 2".into());
+        return Err(unsupported("rank below 2"));
     }
     let epsilon = attr(node, "epsilon").and_then(|a| a.f).unwrap_or(1e-5);
     let momentum = attr(node, "momentum").and_then(|a| a.f).unwrap_or(0.9);
@@ -206,11 +217,13 @@ pub(super) fn batch_norm_training(
 }
 
 /// Binarizer (`ai.onnx.ml`): 1 where the input exceeds the threshold.
-pub(super) fn binarizer(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn binarizer(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
     if !matches!(elem.0, 1 | 11) {
-        return Err(format!("input of type {elem}"));
+        return Err(unsupported(format!("input of type {elem}")));
     }
     let threshold = attr(node, "threshold").and_then(|a| a.f).unwrap_or(0.0);
     let t = emit.float_scalar(threshold, elem)?;
@@ -224,15 +237,15 @@ pub(super) fn array_feature_extractor(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let indices = input(node, 1).ok_or("no indices")?;
-    let y = output(node, 0).ok_or("no output")?;
+) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let indices = input(node, 1).ok_or_else(|| invalid("no indices"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     if ctx.rank(x).is_none_or(|r| r < 2) || ctx.rank(indices) != Some(1) {
-        return Err("only rank ≥ 2 inputs with 1-D indices".into());
+        return Err(unsupported("only rank ≥ 2 inputs with 1-D indices"));
     }
     if ctx.elem(indices) != Some(ElemType::INT64) {
-        return Err("indices must be int64".into());
+        return Err(invalid("indices must be int64"));
     }
     emit.op_into(
         "Gather",

@@ -62,6 +62,7 @@ mod resize;
 mod training;
 mod types;
 
+use crate::declined::{invalid, Declined};
 use std::collections::HashMap;
 
 use crate::graph::{Dim, Graph};
@@ -79,7 +80,7 @@ pub struct Decomposed {
     /// Expansion node name → the original node it replaces.
     pub origin: HashMap<String, String>,
     /// Nodes a rule declined, with the reason (they are left as they are).
-    pub declined: HashMap<String, String>,
+    pub declined: HashMap<String, Declined>,
 }
 
 impl Decomposed {
@@ -152,7 +153,7 @@ impl Context<'_> {
 
 /// A rule: writes the expansion of `node` into `emit`, or declines with a
 /// reason.
-pub(crate) type Rule = fn(&NodeProto, &Context, &mut Emit) -> Result<(), String>;
+pub(crate) type Rule = fn(&NodeProto, &Context, &mut Emit) -> Result<(), Declined>;
 
 /// The ops that have a decomposition rule, with their rules.
 const RULES: &[(&str, Rule)] = &[
@@ -281,7 +282,7 @@ pub fn decompose_where(graph: &Graph, wanted: impl Fn(&NodeProto) -> bool) -> De
                 initializers.extend(constants);
             }
             Err(why) => {
-                declined.insert(name, format!("{op} not decomposed: {why}"));
+                declined.insert(name, why.map(|why| format!("{op} not decomposed: {why}")));
                 nodes.push(node.clone());
             }
         }
@@ -305,9 +306,9 @@ pub fn decompose_where(graph: &Graph, wanted: impl Fn(&NodeProto) -> bool) -> De
 }
 
 /// The data input (0) and output (0) of `node`.
-pub(crate) fn data_io(node: &NodeProto) -> Result<(&str, &str), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let y = output(node, 0).ok_or("no output")?;
+pub(crate) fn data_io(node: &NodeProto) -> Result<(&str, &str), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     Ok((x, y))
 }
 

@@ -5,16 +5,19 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr, attr_i, attr_ints, attr_s, data_io, input, output, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
-pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let kernel = attr_ints(node, "kernel_shape").ok_or("no kernel_shape")?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let kernel = attr_ints(node, "kernel_shape").ok_or_else(|| invalid("no kernel_shape"))?;
     let p = attr_i(node, "p").unwrap_or(2);
     if p < 1 {
-        return Err(format!("p = {p}"));
+        return Err(unsupported(format!("p = {p}")));
     }
     let window: i64 = kernel.iter().product();
     let mut pool = vec![
@@ -42,7 +45,9 @@ pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resul
     let powed = emit.op("Pow", &[&abs, &pc], &[]);
     let sum = if dilated {
         // tract's pools are wrong with dilations: sum with a Conv.
-        let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+        let dims = ctx
+            .static_shape(x)
+            .ok_or_else(|| unknown("input shape is not static"))?;
         Window::of(node, &dims)?.sum(emit, &powed, dims[1], elem)?
     } else {
         let avg = emit.op("AveragePool", &[&powed], &pool);
@@ -57,23 +62,27 @@ pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resul
 /// MaxUnpool: the values scattered to their (flat) indices in a zero tensor
 /// of the inferred shape, zero-padded at the end to `output_shape` when it
 /// is given (the indices refer to the inferred shape).
-pub(super) fn max_unpool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let indices = input(node, 1).ok_or("no indices")?;
-    let y = output(node, 0).ok_or("no output")?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
-    let kernel = attr_ints(node, "kernel_shape").ok_or("no kernel_shape")?;
+pub(super) fn max_unpool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let indices = input(node, 1).ok_or_else(|| invalid("no indices"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
+    let kernel = attr_ints(node, "kernel_shape").ok_or_else(|| invalid("no kernel_shape"))?;
     let n = kernel.len();
     if dims.len() != n + 2 {
-        return Err("kernel rank does not match the input".into());
+        return Err(invalid("kernel rank does not match the input"));
     }
     let strides = attr_ints(node, "strides").map(<[i64]>::to_vec);
     let strides = strides.unwrap_or_else(|| vec![1; n]);
     let pads = attr_ints(node, "pads").map(<[i64]>::to_vec);
     let pads = pads.unwrap_or_else(|| vec![0; 2 * n]);
     if strides.len() != n || pads.len() != 2 * n {
-        return Err("strides or pads of the wrong length".into());
+        return Err(invalid("strides or pads of the wrong length"));
     }
     let mut inferred = dims[..2].to_vec();
     for d in 0..n {
@@ -82,14 +91,14 @@ pub(super) fn max_unpool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Re
     let wanted = match input(node, 2) {
         Some(shape) => ctx
             .const_ints(shape)
-            .ok_or("output_shape is not a constant")?,
+            .ok_or_else(|| unknown("output_shape is not a constant"))?,
         None => inferred.clone(),
     };
     if wanted.len() != inferred.len() || wanted.iter().zip(&inferred).any(|(w, i)| w < i) {
-        return Err("output_shape smaller than the inferred shape".into());
+        return Err(invalid("output_shape smaller than the inferred shape"));
     }
     if inferred.iter().any(|&d| d < 1) {
-        return Err("empty output".into());
+        return Err(invalid("empty output"));
     }
     let total: i64 = inferred.iter().product();
     let flat = emit.constant::<i64>(&[1], &[-1])?;
@@ -122,13 +131,17 @@ pub(super) fn dilated_average_pool(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     if attr_ints(node, "dilations").is_none_or(|d| d.iter().all(|&d| d == 1)) {
-        return Err("no dilations: runs natively".into());
+        return Err(native("no dilations: runs natively"));
     }
     let (x, y) = data_io(node)?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let dims = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape is not static"))?;
     let include_pad = attr_i(node, "count_include_pad").unwrap_or(0) != 0;
     let window = Window::of(node, &dims)?;
     let scale = window.inverse_counts(&dims, include_pad)?;
@@ -153,9 +166,9 @@ struct Window {
 }
 
 impl Window {
-    fn of(node: &NodeProto, dims: &[i64]) -> Result<Window, String> {
+    fn of(node: &NodeProto, dims: &[i64]) -> Result<Window, Declined> {
         let kernel = attr_ints(node, "kernel_shape")
-            .ok_or("no kernel_shape")?
+            .ok_or_else(|| invalid("no kernel_shape"))?
             .to_vec();
         let n = kernel.len();
         let ones = vec![1; n];
@@ -164,7 +177,7 @@ impl Window {
         let mut pads = attr_ints(node, "pads").map_or(vec![0; 2 * n], <[i64]>::to_vec);
         if dims.len() != n + 2 || dilations.len() != n || strides.len() != n || pads.len() != 2 * n
         {
-            return Err("kernel rank does not match the input".into());
+            return Err(invalid("kernel rank does not match the input"));
         }
         if strides
             .iter()
@@ -172,10 +185,10 @@ impl Window {
             .chain(&kernel)
             .any(|&s| s < 1)
         {
-            return Err("bad kernel, strides or dilations".into());
+            return Err(invalid("bad kernel, strides or dilations"));
         }
         if attr_s(node, "auto_pad").is_some_and(|a| a != "NOTSET") {
-            return Err("auto_pad".into());
+            return Err(unsupported("auto_pad"));
         }
         let ceil = attr_i(node, "ceil_mode").unwrap_or(0) != 0;
         let spatial = &dims[2..];
@@ -184,7 +197,7 @@ impl Window {
             let window = (kernel[d] - 1) * dilations[d] + 1;
             let span = spatial[d] + pads[d] + pads[n + d] - window;
             if span < 0 {
-                return Err("window larger than the padded input".into());
+                return Err(invalid("window larger than the padded input"));
             }
             let o = if ceil {
                 (span + strides[d] - 1) / strides[d] + 1
@@ -200,7 +213,7 @@ impl Window {
         }
         let positions: i64 = out.iter().product();
         if positions > 1 << 22 || kernel.iter().product::<i64>() > 1 << 16 {
-            return Err("too large".into());
+            return Err(unsupported("too large"));
         }
         Ok(Window {
             kernel,
@@ -214,7 +227,7 @@ impl Window {
     /// `1 / count` per output position: the window positions inside the
     /// input, or all of them with `count_include_pad` (the reference's
     /// windows never leave the padded input).
-    fn inverse_counts(&self, dims: &[i64], include_pad: bool) -> Result<Vec<f32>, String> {
+    fn inverse_counts(&self, dims: &[i64], include_pad: bool) -> Result<Vec<f32>, Declined> {
         let n = self.kernel.len();
         let spatial = &dims[2..];
         let positions: i64 = self.out.iter().product();
@@ -243,7 +256,7 @@ impl Window {
         x: &str,
         channels: i64,
         elem: ElemType,
-    ) -> Result<String, String> {
+    ) -> Result<String, Declined> {
         let mut wdims = vec![channels as usize, 1];
         wdims.extend(self.kernel.iter().map(|&k| k as usize));
         let ones = vec![1f32; wdims.iter().product()];

@@ -7,6 +7,7 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr_i, input, output, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
@@ -31,24 +32,30 @@ fn broadcastable(
     x: &str,
     axis: i64,
     block: i64,
-) -> Result<String, String> {
-    let shape = ctx.static_shape(value).ok_or("scale shape is not static")?;
+) -> Result<String, Declined> {
+    let shape = ctx
+        .static_shape(value)
+        .ok_or_else(|| unknown("scale shape is not static"))?;
     if shape.iter().product::<i64>() == 1 && block == 0 {
         return Ok(value.to_string());
     }
-    let rank = ctx.rank(x).ok_or("input of unknown rank")? as i64;
+    let rank = ctx
+        .rank(x)
+        .ok_or_else(|| unknown("input of unknown rank"))? as i64;
     let axis = if axis < 0 { axis + rank } else { axis };
     if !(0..rank).contains(&axis) {
-        return Err(format!("axis {axis} out of range"));
+        return Err(invalid(format!("axis {axis} out of range")));
     }
     if block > 0 {
-        let dims = ctx.static_shape(x).ok_or("input shape is not static")?;
+        let dims = ctx
+            .static_shape(x)
+            .ok_or_else(|| unknown("input shape is not static"))?;
         let index: Vec<i64> = (0..dims[axis as usize]).map(|i| i / block).collect();
         let index = emit.constant::<i64>(&[index.len()], &index)?;
         return Ok(emit.op("Gather", &[value, &index], &[Attr::Int("axis", axis)]));
     }
     if shape.len() != 1 {
-        return Err("per-axis scale must be 1-D".into());
+        return Err(invalid("per-axis scale must be 1-D"));
     }
     let mut dims = vec![1i64; rank as usize];
     dims[axis as usize] = -1;
@@ -57,8 +64,14 @@ fn broadcastable(
 }
 
 /// `Cast(Clip(Round(v), range of to), to)`, with `v` of float type `elem`.
-fn saturate(emit: &mut Emit, v: &str, elem: ElemType, to: ElemType, y: &str) -> Result<(), String> {
-    let (lo, hi) = range(to).ok_or_else(|| format!("output type {to}"))?;
+fn saturate(
+    emit: &mut Emit,
+    v: &str,
+    elem: ElemType,
+    to: ElemType,
+    y: &str,
+) -> Result<(), Declined> {
+    let (lo, hi) = range(to).ok_or_else(|| unsupported(format!("output type {to}")))?;
     let rounded = emit.op("Round", &[v], &[]);
     let lo = emit.float_scalar(lo, elem)?;
     let hi = emit.float_scalar(hi, elem)?;
@@ -71,23 +84,27 @@ pub(super) fn quantize_linear(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let scale = input(node, 1).ok_or("no scale")?;
+) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
     let zero = input(node, 2);
-    let y = output(node, 0).ok_or("no output")?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
     let to = match zero {
-        Some(z) => ctx.elem(z).ok_or("zero point of unknown type")?,
+        Some(z) => ctx
+            .elem(z)
+            .ok_or_else(|| unknown("zero point of unknown type"))?,
         None => attr_i(node, "output_dtype")
             .filter(|&t| t != 0)
             .map_or(ElemType::UINT8, |t| ElemType(t as i32)),
     };
     let block = attr_i(node, "block_size").unwrap_or(0);
     if matches!(to, ElemType::UINT8 | ElemType::INT8) && block == 0 && ctx.is_constant(scale) {
-        return Err("8-bit with a constant scale runs natively".into());
+        return Err(native("8-bit with a constant scale runs natively"));
     }
-    range(to).ok_or_else(|| format!("output type {to}"))?;
+    range(to).ok_or_else(|| unsupported(format!("output type {to}")))?;
     let axis = attr_i(node, "axis").unwrap_or(1);
     let s = broadcastable(emit, ctx, scale, x, axis, block)?;
     // x / scale correctly rounded to x's type: divided in f64 (exact
@@ -114,18 +131,22 @@ pub(super) fn dequantize_linear(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let scale = input(node, 1).ok_or("no scale")?;
+) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
     let zero = input(node, 2);
-    let y = output(node, 0).ok_or("no output")?;
-    let from = ctx.elem(x).ok_or("input of unknown type")?;
-    let out = ctx.elem(scale).ok_or("scale of unknown type")?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let from = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let out = ctx
+        .elem(scale)
+        .ok_or_else(|| unknown("scale of unknown type"))?;
     let block = attr_i(node, "block_size").unwrap_or(0);
     if matches!(from, ElemType::UINT8 | ElemType::INT8) && block == 0 && ctx.is_constant(scale) {
-        return Err("8-bit with a constant scale runs natively".into());
+        return Err(native("8-bit with a constant scale runs natively"));
     }
-    range(from).ok_or_else(|| format!("input type {from}"))?;
+    range(from).ok_or_else(|| unsupported(format!("input type {from}")))?;
     let axis = attr_i(node, "axis").unwrap_or(1);
     let mut v = emit.cast(x, ElemType::FLOAT);
     if let Some(z) = zero {
@@ -153,8 +174,8 @@ pub(super) fn qlinear_matmul(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let name = |k: usize| input(node, k).ok_or_else(|| format!("no input {k}"));
+) -> Result<(), Declined> {
+    let name = |k: usize| input(node, k).ok_or_else(|| invalid(format!("no input {k}")));
     let (a, sa, za, b, sb, zb, sy, zy) = (
         name(0)?,
         name(1)?,
@@ -165,12 +186,16 @@ pub(super) fn qlinear_matmul(
         name(6)?,
         name(7)?,
     );
-    let y = output(node, 0).ok_or("no output")?;
-    let a_elem = ctx.elem(a).ok_or("a of unknown type")?;
-    let scale_elem = ctx.elem(sa).ok_or("scale of unknown type")?;
-    let to = ctx.elem(zy).ok_or("y_zero_point of unknown type")?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let a_elem = ctx.elem(a).ok_or_else(|| unknown("a of unknown type"))?;
+    let scale_elem = ctx
+        .elem(sa)
+        .ok_or_else(|| unknown("scale of unknown type"))?;
+    let to = ctx
+        .elem(zy)
+        .ok_or_else(|| unknown("y_zero_point of unknown type"))?;
     if a_elem == ElemType::UINT8 && scale_elem == ElemType::FLOAT {
-        return Err("uint8 with float scales runs natively".into());
+        return Err(native("uint8 with float scales runs natively"));
     }
     let shifted = |emit: &mut Emit, v: &str, z: &str| {
         let v = emit.cast(v, ElemType::INT32);

@@ -4,6 +4,7 @@
 
 use super::emit::Emit;
 use super::{attr_i, input, output, Context};
+use crate::declined::{native, Declined};
 use crate::onnx::proto::NodeProto;
 
 /// Transposes that take layout 1 to layout 0: X, initial_h and initial_c
@@ -22,9 +23,13 @@ fn batched_inputs(op: &str) -> &'static [usize] {
     }
 }
 
-pub(super) fn batch_first(node: &NodeProto, _ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn batch_first(
+    node: &NodeProto,
+    _ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), Declined> {
     if attr_i(node, "layout") != Some(1) {
-        return Err("only layout 1 (batch first) is rewritten".into());
+        return Err(native("only layout 1 (batch first) is rewritten"));
     }
     let op = node.op_type.as_deref().unwrap_or("");
     let perm = |p: &[i64]| [super::emit::Attr::Ints("perm", p.to_vec())];

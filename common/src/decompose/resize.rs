@@ -16,6 +16,7 @@
 
 use super::emit::{Attr, Emit};
 use super::{attr_i, attr_ints, attr_s, data_io, input, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::attr::attr_f;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
@@ -82,12 +83,14 @@ fn output_sizes(
     node: &NodeProto,
     ctx: &Context,
     shape: &[i64],
-) -> Result<(Vec<i64>, Vec<f64>), String> {
+) -> Result<(Vec<i64>, Vec<f64>), Declined> {
     let rank = shape.len() as i64;
     let axes: Vec<usize> = match attr_ints(node, "axes") {
         Some(a) => a
             .iter()
-            .map(|&d| usize::try_from(if d < 0 { d + rank } else { d }).map_err(|_| "bad axes"))
+            .map(|&d| {
+                usize::try_from(if d < 0 { d + rank } else { d }).map_err(|_| invalid("bad axes"))
+            })
             .collect::<Result<_, _>>()?,
         None => (0..shape.len()).collect(),
     };
@@ -95,30 +98,34 @@ fn output_sizes(
     let mut lengths: Vec<f64> = shape.iter().map(|&d| d as f64).collect();
     if let Some(sizes) = input(node, 3) {
         if attr_s(node, "keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
-            return Err("keep_aspect_ratio_policy other than stretch".into());
+            return Err(unsupported("keep_aspect_ratio_policy other than stretch"));
         }
-        let sizes = ctx.const_ints(sizes).ok_or("sizes not constant")?;
+        let sizes = ctx
+            .const_ints(sizes)
+            .ok_or_else(|| unknown("sizes not constant"))?;
         if sizes.len() != axes.len() {
-            return Err("sizes do not match the axes".into());
+            return Err(invalid("sizes do not match the axes"));
         }
         for (&a, &s) in axes.iter().zip(&sizes) {
-            *out.get_mut(a).ok_or("axis out of range")? = s;
+            *out.get_mut(a).ok_or_else(|| invalid("axis out of range"))? = s;
             lengths[a] = s as f64;
         }
     } else {
-        let scales = input(node, 2).ok_or("neither scales nor sizes")?;
-        let scales = ctx.const_floats(scales).ok_or("scales not constant")?;
+        let scales = input(node, 2).ok_or_else(|| invalid("neither scales nor sizes"))?;
+        let scales = ctx
+            .const_floats(scales)
+            .ok_or_else(|| unknown("scales not constant"))?;
         if scales.len() != axes.len() {
-            return Err("scales do not match the axes".into());
+            return Err(invalid("scales do not match the axes"));
         }
         for (&a, &s) in axes.iter().zip(&scales) {
-            let d = out.get_mut(a).ok_or("axis out of range")?;
+            let d = out.get_mut(a).ok_or_else(|| invalid("axis out of range"))?;
             lengths[a] = *d as f64 * s;
             *d = lengths[a].floor() as i64;
         }
     }
     if out.iter().any(|&d| d < 1) {
-        return Err(format!("an empty output {out:?}"));
+        return Err(invalid(format!("an empty output {out:?}")));
     }
     Ok((out, lengths))
 }
@@ -127,25 +134,31 @@ pub(super) fn align_corners_by_matrices(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     let cubic = match attr_s(node, "mode").unwrap_or("nearest") {
         "linear" => None,
         "cubic" => Some(f64::from(attr_f(node, "cubic_coeff_a").unwrap_or(-0.75))),
-        other => return Err(format!("mode {other}")),
+        other => return Err(unsupported(format!("mode {other}"))),
     };
     if attr_s(node, "coordinate_transformation_mode") != Some("align_corners") {
-        return Err("coordinate_transformation_mode other than align_corners".into());
+        return Err(native(
+            "coordinate_transformation_mode other than align_corners",
+        ));
     }
     if attr_i(node, "antialias").unwrap_or(0) != 0 {
-        return Err("antialias".into());
+        return Err(unsupported("antialias"));
     }
     if ctx.opset < 11 {
-        return Err("Resize before opset 11 has no align_corners".into());
+        return Err(unsupported("Resize before opset 11 has no align_corners"));
     }
     let exclude_outside = attr_i(node, "exclude_outside").unwrap_or(0) != 0;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
-    let shape = ctx.static_shape(x).ok_or("input shape not static")?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
+    let shape = ctx
+        .static_shape(x)
+        .ok_or_else(|| unknown("input shape not static"))?;
     let (sizes, lengths) = output_sizes(node, ctx, &shape)?;
     let rank = shape.len();
     let mut current = x.to_string();
@@ -167,7 +180,7 @@ pub(super) fn align_corners_by_matrices(
                 emit.constant::<f32>(&[n_in, n_out], &v)?
             }
             ElemType::DOUBLE => emit.constant::<f64>(&[n_in, n_out], &mt)?,
-            other => return Err(format!("input of type {other}")),
+            other => return Err(unsupported(format!("input of type {other}"))),
         };
         let target = (k + 1 == resized.len()).then_some(y);
         current = if a + 1 == rank {

@@ -181,7 +181,11 @@ fn unwanted_ops_and_declined_nodes_stay_as_they_are() {
     let dynamic = vec![tensor_info("x", 1, &[1, 1, -1, 5])];
     let d = decompose(&model(dilated, dynamic, 18), |_| true);
     assert_eq!(ops(&d), ["LpPool"]);
-    assert!(d.declined["pool"].contains("not static"));
+    assert!(
+        matches!(&d.declined["pool"], Declined::Unknown(why) if why.contains("not static")),
+        "{:?}",
+        d.declined
+    );
 }
 
 #[test]
@@ -392,7 +396,7 @@ fn training_optimizers_write_every_output_and_decline_what_they_cannot() {
     let g = model(n, training_inputs(&["X1", "G1", "V1"]), 17);
     let d = decompose(&g, |op| op == "Momentum");
     assert!(
-        d.declined["opt"].contains("mode 'heavy'"),
+        matches!(&d.declined["opt"], Declined::Unsupported(why) if why.contains("mode 'heavy'")),
         "{:?}",
         d.declined
     );
@@ -400,7 +404,7 @@ fn training_optimizers_write_every_output_and_decline_what_they_cannot() {
     let g = model(n, training_inputs(&["X1", "G1"]), 17);
     let d = decompose(&g, |op| op == "Adagrad");
     assert!(
-        d.declined["opt"].contains("groups of 3"),
+        d.declined["opt"].to_string().contains("groups of 3"),
         "{:?}",
         d.declined
     );

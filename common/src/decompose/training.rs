@@ -19,6 +19,7 @@
 
 use super::emit::Emit;
 use super::{input, output, Context};
+use crate::declined::{invalid, unknown, unsupported, Declined};
 use crate::onnx::attr::attr_f;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
@@ -38,23 +39,23 @@ impl<'a> Update<'a> {
         ctx: &Context,
         emit: &mut Emit,
         groups: usize,
-    ) -> Result<Update<'a>, String> {
+    ) -> Result<Update<'a>, Declined> {
         let count = node.input.len().saturating_sub(2);
         if count == 0 || count % groups != 0 || node.output.len() != count / groups * (groups - 1) {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "{} inputs and {} outputs do not make groups of {groups}",
                 node.input.len(),
                 node.output.len()
-            ));
+            )));
         }
         let n = count / groups;
-        let x = input(node, 2).ok_or("no X")?;
-        let elem = ctx.elem(x).ok_or("X of unknown type")?;
+        let x = input(node, 2).ok_or_else(|| invalid("no X"))?;
+        let elem = ctx.elem(x).ok_or_else(|| unknown("X of unknown type"))?;
         if !matches!(elem, ElemType::FLOAT | ElemType::DOUBLE) {
-            return Err(format!("X of type {elem}"));
+            return Err(unsupported(format!("X of type {elem}")));
         }
-        let rate = emit.cast(input(node, 0).ok_or("no R")?, elem);
-        let step = emit.cast(input(node, 1).ok_or("no T")?, elem);
+        let rate = emit.cast(input(node, 0).ok_or_else(|| invalid("no R"))?, elem);
+        let step = emit.cast(input(node, 1).ok_or_else(|| invalid("no T"))?, elem);
         Ok(Update {
             elem,
             rate,
@@ -65,9 +66,9 @@ impl<'a> Update<'a> {
     }
 
     /// Input `k` of group `group` (0: X, 1: G, then the state).
-    fn input(&self, group: usize, k: usize) -> Result<&'a str, String> {
+    fn input(&self, group: usize, k: usize) -> Result<&'a str, Declined> {
         input(self.node, 2 + group * self.n + k)
-            .ok_or_else(|| format!("input {} is missing", 2 + group * self.n + k))
+            .ok_or_else(|| invalid(format!("input {} is missing", 2 + group * self.n + k)))
     }
 
     /// Output `k` of output group `group` (0: X', then the state).
@@ -75,19 +76,19 @@ impl<'a> Update<'a> {
         output(self.node, group * self.n + k)
     }
 
-    fn scalar(&self, emit: &mut Emit, v: f32) -> Result<String, String> {
+    fn scalar(&self, emit: &mut Emit, v: f32) -> Result<String, Declined> {
         emit.float_scalar(v, self.elem)
     }
 
     /// `norm_coefficient · X + G` for tensor `k`.
-    fn regularized(&self, emit: &mut Emit, k: usize) -> Result<String, String> {
+    fn regularized(&self, emit: &mut Emit, k: usize) -> Result<String, Declined> {
         let norm = self.scalar(emit, attr_f(self.node, "norm_coefficient").unwrap_or(0.0))?;
         let scaled = emit.op("Mul", &[&norm, self.input(0, k)?], &[]);
         Ok(emit.op("Add", &[&scaled, self.input(1, k)?], &[]))
     }
 
     /// `T > 0`.
-    fn started(&self, emit: &mut Emit) -> Result<String, String> {
+    fn started(&self, emit: &mut Emit) -> Result<String, Declined> {
         let zero = self.scalar(emit, 0.0)?;
         Ok(emit.op("Greater", &[&self.step, &zero], &[]))
     }
@@ -100,7 +101,7 @@ impl<'a> Update<'a> {
     }
 }
 
-pub(super) fn adagrad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn adagrad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let u = Update::new(node, ctx, emit, 3)?;
     let one = u.scalar(emit, 1.0)?;
     let decay = u.scalar(emit, attr_f(node, "decay_factor").unwrap_or(0.0))?;
@@ -121,13 +122,14 @@ pub(super) fn adagrad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resul
     Ok(())
 }
 
-pub(super) fn momentum(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn momentum(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let nesterov = match super::attr_s(node, "mode").unwrap_or("standard") {
         "standard" => false,
         "nesterov" => true,
-        other => return Err(format!("mode '{other}'")),
+        other => return Err(unsupported(format!("mode '{other}'"))),
     };
-    let required = |name: &str| attr_f(node, name).ok_or(format!("no {name} attribute"));
+    let required =
+        |name: &str| attr_f(node, name).ok_or_else(|| invalid(format!("no {name} attribute")));
     let (alpha, beta) = (required("alpha")?, required("beta")?);
     let u = Update::new(node, ctx, emit, 3)?;
     let alpha = u.scalar(emit, alpha)?;
@@ -152,7 +154,7 @@ pub(super) fn momentum(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resu
     Ok(())
 }
 
-pub(super) fn adam(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn adam(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let u = Update::new(node, ctx, emit, 4)?;
     let f = |name: &str, default: f32| attr_f(node, name).unwrap_or(default);
     let (alpha, beta) = (f("alpha", 0.9), f("beta", 0.999));

@@ -2,15 +2,20 @@
 
 use super::emit::Emit;
 use super::{data_io, input, output, Context};
+use crate::declined::{invalid, native, unknown, unsupported, Declined};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
 /// ReduceMax / ReduceMin over booleans: the same reduction over int32 (any
 /// for max, all for min), cast back.
-pub(super) fn reduce_bool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
+pub(super) fn reduce_bool(
+    node: &NodeProto,
+    ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
     if ctx.elem(x) != Some(ElemType::BOOL) {
-        return Err("only boolean inputs are rewritten".into());
+        return Err(native("only boolean inputs are rewritten"));
     }
     let op = node.op_type.as_deref().unwrap_or("");
     let as_int = emit.cast(x, ElemType::INT32);
@@ -25,19 +30,21 @@ pub(super) fn reduce_bool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> R
 /// BitShift with ONNX's meaning for shifts of the bit width or more (the
 /// result is 0) instead of the machine's: `Where(y < bits, x ⋘ min(y,
 /// bits - 1), 0)`.
-pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let amount = input(node, 1).ok_or("no shift")?;
-    let y = output(node, 0).ok_or("no output")?;
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let amount = input(node, 1).ok_or_else(|| invalid("no shift"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
     let bits: i64 = match elem {
         ElemType::UINT8 => 8,
         ElemType::UINT16 => 16,
         ElemType::UINT32 => 32,
         ElemType::UINT64 => 64,
-        _ => return Err(format!("type {elem}")),
+        _ => return Err(unsupported(format!("type {elem}"))),
     };
-    let to = |emit: &mut Emit, v: i64| -> Result<String, String> {
+    let to = |emit: &mut Emit, v: i64| -> Result<String, Declined> {
         let c = emit.constant::<i64>(&[], &[v])?;
         Ok(emit.cast(&c, elem))
     };
@@ -54,15 +61,19 @@ pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Res
 
 /// Max / Min over 16-bit integers: the same over int32 (every int16 and
 /// uint16 value fits), cast back.
-pub(super) fn widen_16bit(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), String> {
-    let y = output(node, 0).ok_or("no output")?;
+pub(super) fn widen_16bit(
+    node: &NodeProto,
+    ctx: &Context,
+    emit: &mut Emit,
+) -> Result<(), Declined> {
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     let elem = node
         .input
         .first()
         .and_then(|x| ctx.elem(x))
-        .ok_or("input of unknown type")?;
+        .ok_or_else(|| unknown("input of unknown type"))?;
     if !matches!(elem, ElemType::INT16 | ElemType::UINT16) {
-        return Err("only 16-bit integer inputs are rewritten".into());
+        return Err(native("only 16-bit integer inputs are rewritten"));
     }
     let wide: Vec<String> = node
         .input
@@ -82,16 +93,16 @@ pub(super) fn signed_exponent(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no base")?;
-    let e = input(node, 1).ok_or("no exponent")?;
-    let y = output(node, 0).ok_or("no output")?;
+) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no base"))?;
+    let e = input(node, 1).ok_or_else(|| invalid("no exponent"))?;
+    let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
     let unsigned = matches!(
         ctx.elem(e),
         Some(ElemType::UINT8 | ElemType::UINT16 | ElemType::UINT32 | ElemType::UINT64)
     );
     if !unsigned {
-        return Err("only unsigned exponents are rewritten".into());
+        return Err(native("only unsigned exponents are rewritten"));
     }
     let signed = emit.cast(e, ElemType::INT64);
     emit.op_into("Pow", &[x, &signed], &[], &[Some(y)]);
@@ -105,24 +116,26 @@ pub(super) fn saturating_cast_4bit(
     node: &NodeProto,
     ctx: &Context,
     emit: &mut Emit,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let to = super::attr_i(node, "to").ok_or("no target type")?;
+    let to = super::attr_i(node, "to").ok_or_else(|| invalid("no target type"))?;
     let (lo, hi) = match i32::try_from(to).map(ElemType) {
         Ok(ElemType::INT4) => (-8.0f32, 7.0f32),
         Ok(ElemType::UINT4) => (0.0, 15.0),
-        _ => return Err("only casts to INT4 and UINT4 are rewritten".into()),
+        _ => return Err(native("only casts to INT4 and UINT4 are rewritten")),
     };
-    let elem = ctx.elem(x).ok_or("input of unknown type")?;
+    let elem = ctx
+        .elem(x)
+        .ok_or_else(|| unknown("input of unknown type"))?;
     let float = matches!(
         elem,
         ElemType::FLOAT | ElemType::FLOAT16 | ElemType::DOUBLE | ElemType::BFLOAT16
     );
     let integer = ElemType::NUMERIC.contains(&elem) && elem != ElemType::BOOL;
     if !(float || integer) {
-        return Err(format!("input of type {elem}"));
+        return Err(unsupported(format!("input of type {elem}")));
     }
-    let bound = |emit: &mut Emit, v: f32| -> Result<String, String> {
+    let bound = |emit: &mut Emit, v: f32| -> Result<String, Declined> {
         let c = emit.constant::<f32>(&[], &[v])?;
         Ok(if elem == ElemType::FLOAT {
             c

@@ -11,13 +11,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 use prost::Message;
+use tessera_common::declined::{invalid, unknown, Declined};
 use tessera_common::graph::{Dim, Graph, NodeId, NodeKind};
 use tessera_common::onnx::proto::{GraphProto, ModelProto, ValueInfoProto};
 use tessera_common::onnx::ElemType;
 
 /// Probe outcomes by op signature.
 #[derive(Default)]
-pub struct ProbeCache(Mutex<HashMap<u64, Result<(), String>>>);
+pub struct ProbeCache(Mutex<HashMap<u64, Result<(), Declined>>>);
 
 impl ProbeCache {
     /// Whether `build` accepts node `id` of `model` alone (cached).
@@ -26,8 +27,8 @@ impl ProbeCache {
         model: &ModelProto,
         graph: &Graph,
         id: NodeId,
-        build: impl FnOnce(&ModelProto) -> Result<(), String>,
-    ) -> Result<(), String> {
+        build: impl FnOnce(&ModelProto) -> Result<(), Declined>,
+    ) -> Result<(), Declined> {
         let (probe_model, key) = probe_model(model, graph, id)?;
         if let Some(r) = self.0.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return r;
@@ -54,13 +55,13 @@ pub fn probe_model(
     model: &ModelProto,
     graph: &Graph,
     id: NodeId,
-) -> Result<(ModelProto, u64), String> {
-    let source = model.graph.as_ref().ok_or("no graph")?;
+) -> Result<(ModelProto, u64), Declined> {
+    let source = model.graph.as_ref().ok_or_else(|| invalid("no graph"))?;
     let ir = graph.node(id);
     let node = ir
         .onnx_index
         .and_then(|i| source.node.get(i))
-        .ok_or("node not in model")?;
+        .ok_or_else(|| invalid("node not in model"))?;
     let mut g = GraphProto {
         name: Some("probe".into()),
         ..Default::default()
@@ -94,11 +95,11 @@ pub fn probe_model(
         }
         let elem = tensor
             .elem_type
-            .ok_or_else(|| format!("input '{}' has an unknown type", tensor.name))?;
+            .ok_or_else(|| unknown(format!("input '{}' has an unknown type", tensor.name)))?;
         let shape = tensor
             .shape
             .as_ref()
-            .ok_or_else(|| format!("input '{}' has an unknown rank", tensor.name))?;
+            .ok_or_else(|| unknown(format!("input '{}' has an unknown rank", tensor.name)))?;
         (elem.0, shape).hash(&mut key);
         g.input.push(value_info(&tensor.name, elem, shape));
     }

@@ -15,6 +15,8 @@ use tessera_common::onnx::proto::{
 use tessera_common::onnx::ElemType;
 use tract_onnx::prelude::*;
 
+use tessera_common::declined::{refused, Declined};
+
 use crate::plugin::{PluginError, QueryResult};
 use crate::plugins::probe::ProbeCache;
 
@@ -234,7 +236,7 @@ fn analysed_types(
     }
 }
 
-fn probe(model: &ModelProto) -> Result<(), String> {
+fn probe(model: &ModelProto) -> Result<(), Declined> {
     let bytes = model.encode_to_vec();
     let result = std::panic::catch_unwind(|| -> TractResult<()> {
         tract_onnx::onnx()
@@ -245,8 +247,8 @@ fn probe(model: &ModelProto) -> Result<(), String> {
     });
     match result {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e}")),
-        Err(_) => Err("tract panicked while building it".into()),
+        Ok(Err(e)) => Err(refused(e)),
+        Err(_) => Err(refused("tract panicked while building it")),
     }
 }
 
@@ -370,6 +372,6 @@ fn probe_node(
     graph: &Graph,
     id: NodeId,
     cache: &ProbeCache,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     cache.probe(model, graph, id, probe)
 }

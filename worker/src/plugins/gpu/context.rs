@@ -191,11 +191,11 @@ impl Gpu {
     }
 
     /// Runs `f` inside a validation error scope: wgpu's errors become ours.
-    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, PluginError> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
         match pollster::block_on(scope.pop()) {
-            Some(e) => Err(format!("{what}: {e}")),
+            Some(e) => Err(compile_error(format!("{what}: {e}"))),
             None => Ok(out),
         }
     }
@@ -234,27 +234,25 @@ impl Gpu {
         } else {
             source.to_string()
         };
-        let pipeline = self
-            .scoped(&format!("kernel {key}"), || {
-                let module = self
-                    .device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+        let pipeline = self.scoped(&format!("kernel {key}"), || {
+            let module = self
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(key),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                });
+            Arc::new(
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(key),
-                        source: wgpu::ShaderSource::Wgsl(source.into()),
-                    });
-                Arc::new(
-                    self.device
-                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                            label: Some(key),
-                            layout: None,
-                            module: &module,
-                            entry_point: Some("main"),
-                            compilation_options: Default::default(),
-                            cache: None,
-                        }),
-                )
-            })
-            .map_err(compile_error)?;
+                        layout: None,
+                        module: &module,
+                        entry_point: Some("main"),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }),
+            )
+        })?;
         cache.insert((*key, half), pipeline.clone());
         Ok(pipeline)
     }

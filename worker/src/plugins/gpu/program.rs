@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tessera_common::declined::{refused, unknown, unsupported, Declined};
 
 use tessera_common::onnx::proto::{ModelProto, NodeProto};
 use tessera_common::onnx::ElemType;
@@ -154,14 +155,14 @@ impl<'a> Builder<'a> {
     }
 
     /// The shape of tensor `name`.
-    pub fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>, Declined> {
         if let Some(s) = self.shapes.get(name) {
             return Ok(s.clone());
         }
         self.consts
             .get(name)
             .map(|t| t.shape().to_vec())
-            .ok_or_else(|| format!("tensor '{name}' is unknown"))
+            .ok_or_else(|| unknown(format!("tensor '{name}' is unknown")))
     }
 
     /// The values of a constant integer input.
@@ -175,16 +176,19 @@ impl<'a> Builder<'a> {
     }
 
     /// The buffer slot of tensor `name` (constants uploaded on first use).
-    pub fn slot(&mut self, name: &str) -> Result<usize, String> {
+    pub fn slot(&mut self, name: &str) -> Result<usize, Declined> {
         if let Some(&s) = self.slots.get(name) {
             return Ok(s);
         }
         let t = self
             .consts
             .get(name)
-            .ok_or_else(|| format!("tensor '{name}' has no buffer"))?;
+            .ok_or_else(|| unknown(format!("tensor '{name}' has no buffer")))?;
         if t.elem() != ElemType::FLOAT && t.elem() != ElemType::FLOAT16 {
-            return Err(format!("'{name}' is {}, not float", t.elem().name()));
+            return Err(unsupported(format!(
+                "'{name}' is {}, not float",
+                t.elem().name()
+            )));
         }
         let buffer = self.gpu.buffer_with(t.bytes());
         self.elems.insert(name.into(), t.elem());
@@ -200,13 +204,13 @@ impl<'a> Builder<'a> {
     }
 
     /// A new buffer for output `name` of `shape`, stored as `self.elem`.
-    pub fn output(&mut self, name: &str, shape: Vec<usize>) -> Result<usize, String> {
+    pub fn output(&mut self, name: &str, shape: Vec<usize>) -> Result<usize, Declined> {
         let bytes = shape.iter().product::<usize>() * elem_size(self.elem);
         if bytes as u64 > self.gpu.max_binding {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "'{name}' ({} MB) exceeds the device's largest storage binding",
                 bytes >> 20
-            ));
+            )));
         }
         let buffer = self.gpu.buffer(bytes);
         self.elems.insert(name.into(), self.elem);
@@ -214,7 +218,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Output `name` is a view of input `from` with another shape.
-    pub fn alias(&mut self, name: &str, from: &str, shape: Vec<usize>) -> Result<(), String> {
+    pub fn alias(&mut self, name: &str, from: &str, shape: Vec<usize>) -> Result<(), Declined> {
         let slot = self.slot(from)?;
         if let Some(elem) = self.elem_of(from) {
             self.elems.insert(name.into(), elem);
@@ -232,11 +236,11 @@ impl<'a> Builder<'a> {
         slots: &[usize],
         params: &[u32],
         groups: (u32, u32, u32),
-    ) -> Result<(), String> {
+    ) -> Result<(), Declined> {
         let pipeline = self
             .gpu
             .pipeline(kernel, self.elem == ElemType::FLOAT16)
-            .map_err(|e| e.to_string())?;
+            .map_err(refused)?;
         let params = self.gpu.buffer_with(bytemuck::cast_slice(params));
         let layout = pipeline.get_bind_group_layout(0);
         let mut entries: Vec<wgpu::BindGroupEntry> = slots
@@ -251,15 +255,18 @@ impl<'a> Builder<'a> {
             binding: slots.len() as u32,
             resource: params.as_entire_binding(),
         });
-        let bind_group = self.gpu.scoped(kernel, || {
-            self.gpu
-                .device
-                .create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(kernel),
-                    layout: &layout,
-                    entries: &entries,
-                })
-        })?;
+        let bind_group = self
+            .gpu
+            .scoped(kernel, || {
+                self.gpu
+                    .device
+                    .create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(kernel),
+                        layout: &layout,
+                        entries: &entries,
+                    })
+            })
+            .map_err(refused)?;
         self.steps.push(Step {
             pipeline,
             bind_group,
@@ -316,7 +323,7 @@ impl Program {
         let mut nodes = Vec::new();
         for node in &graph.node {
             if node.op_type() == "Constant" && node.input.is_empty() {
-                let t = ops::constant_value(node).map_err(bad)?;
+                let t = ops::constant_value(node).map_err(|e| bad(e.to_string()))?;
                 consts.insert(node.output.first().cloned().unwrap_or_default(), t);
                 continue;
             }
@@ -396,12 +403,12 @@ impl Program {
             b.elem = spec.elem;
             inputs.push(
                 b.output(&spec.name, shape.clone())
-                    .map_err(PluginError::BadInput)?,
+                    .map_err(|e| PluginError::BadInput(e.to_string()))?,
             );
         }
         for (i, node) in self.nodes.iter().enumerate() {
             b.node = i;
-            let failed = |e: String| {
+            let failed = |e: Declined| {
                 PluginError::Infer(format!("{} ({}): {e}", node.name(), node.op_type()))
             };
             b.elem = ops::storage(&b, node).map_err(failed)?;
@@ -409,8 +416,9 @@ impl Program {
         }
         let mut outputs = Vec::new();
         for spec in &self.outputs {
-            let slot = b.slot(&spec.name).map_err(PluginError::Infer)?;
-            let shape = b.shape(&spec.name).map_err(PluginError::Infer)?;
+            let infer = |e: Declined| PluginError::Infer(e.to_string());
+            let slot = b.slot(&spec.name).map_err(infer)?;
+            let shape = b.shape(&spec.name).map_err(infer)?;
             let elem = b.elem_of(&spec.name).unwrap_or(ElemType::FLOAT);
             let bytes = (shape.iter().product::<usize>() * elem_size(elem)) as u64;
             outputs.push(Output {
@@ -571,7 +579,7 @@ impl Program {
 pub fn calibrate(gpu: &Gpu) -> Result<(f64, f64), PluginError> {
     let consts = HashMap::new();
     let mut b = Builder::new(gpu, 17, &consts);
-    let err = PluginError::Infer;
+    let err = |e: Declined| PluginError::Infer(e.to_string());
     let n = 512usize;
     let a = b.output("a", vec![n, n]).map_err(err)?;
     let w = b.output("w", vec![n, n]).map_err(err)?;

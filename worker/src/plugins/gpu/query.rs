@@ -3,6 +3,7 @@
 //! (f32, or f16 with shader-f16; one per node except Cast) and constant
 //! shape-like inputs.
 
+use tessera_common::declined::{unknown, unsupported, Declined};
 use tessera_common::graph::{Graph, Node, NodeKind, Tensor};
 use tessera_common::onnx::proto::NodeProto;
 use tessera_common::onnx::ElemType;
@@ -23,13 +24,13 @@ pub(super) struct Query<'g> {
 
 impl Query<'_> {
     /// Why `node` cannot run on the adapter, or `Ok`.
-    pub fn verdict(&self, node: &Node) -> Result<(), String> {
+    pub fn verdict(&self, node: &Node) -> Result<(), Declined> {
         let proto = node
             .onnx_index
             .and_then(|i| self.nodes.get(i))
-            .ok_or("not an ONNX node")?;
+            .ok_or_else(|| unsupported("not an ONNX node"))?;
         if node.has_subgraphs {
-            return Err("control flow".into());
+            return Err(unsupported("control flow"));
         }
         ops::check(proto, self.opset)?;
         let first = node.inputs.first().copied().flatten();
@@ -37,14 +38,14 @@ impl Query<'_> {
         ops::check_rank(proto, shape.map(|s| s.len()))?;
         let empty = shape.is_some_and(|s| s.iter().any(|d| d.known() == Some(0)));
         if empty && proto.op_type().starts_with("Reduce") {
-            return Err("a reduction over an empty tensor".into());
+            return Err(unsupported("a reduction over an empty tensor"));
         }
         self.check_bindings(node)?;
         self.check_inputs_and_types(node, proto)
     }
 
     /// Every tensor is one storage binding.
-    fn check_bindings(&self, node: &Node) -> Result<(), String> {
+    fn check_bindings(&self, node: &Node) -> Result<(), Declined> {
         for t in node
             .inputs
             .iter()
@@ -53,12 +54,12 @@ impl Query<'_> {
         {
             let tensor = self.graph.tensor(*t);
             if let Some(bytes) = tensor.size_bytes().filter(|&b| b > self.max_binding) {
-                return Err(format!(
+                return Err(unsupported(format!(
                     "'{}' ({} MB) exceeds the device's largest storage binding ({} MB)",
                     tensor.name,
                     bytes >> 20,
                     self.max_binding >> 20
-                ));
+                )));
             }
         }
         Ok(())
@@ -67,13 +68,13 @@ impl Query<'_> {
     /// Shape-like inputs constant; the other inputs and the outputs of one
     /// float type (Cast: any float in, any float out), ranks within
     /// [`ops::MAX_RANK`].
-    fn check_inputs_and_types(&self, node: &Node, proto: &NodeProto) -> Result<(), String> {
+    fn check_inputs_and_types(&self, node: &Node, proto: &NodeProto) -> Result<(), Declined> {
         let consts = ops::const_inputs(proto);
         let is_cast = proto.op_type() == "Cast";
         let mut node_elem: Option<ElemType> = None;
         let mut same_type = |elem: ElemType| match node_elem {
             _ if is_cast => Ok(()),
-            Some(e) if e != elem => Err("float and float16 tensors mixed".to_string()),
+            Some(e) if e != elem => Err(unsupported("float and float16 tensors mixed")),
             _ => {
                 node_elem = Some(elem);
                 Ok(())
@@ -84,7 +85,10 @@ impl Query<'_> {
             let tensor = self.graph.tensor(*t);
             if consts.contains(&i) {
                 if self.graph.node(tensor.producer).kind != NodeKind::Constant {
-                    return Err(format!("input '{}' is not a constant", tensor.name));
+                    return Err(unknown(format!(
+                        "input '{}' is not a constant",
+                        tensor.name
+                    )));
                 }
                 continue;
             }
@@ -94,7 +98,7 @@ impl Query<'_> {
                 .as_ref()
                 .is_some_and(|s| s.len() > ops::MAX_RANK)
             {
-                return Err(format!("rank above {}", ops::MAX_RANK));
+                return Err(unsupported(format!("rank above {}", ops::MAX_RANK)));
             }
         }
         for t in node.outputs.iter().flatten() {
@@ -104,7 +108,7 @@ impl Query<'_> {
     }
 
     /// The tensor's element type, if a float type the adapter stores.
-    fn float_type(&self, what: &str, tensor: &Tensor) -> Result<ElemType, String> {
+    fn float_type(&self, what: &str, tensor: &Tensor) -> Result<ElemType, Declined> {
         let floats: &[ElemType] = if self.half {
             &[ElemType::FLOAT, ElemType::FLOAT16]
         } else {
@@ -114,7 +118,7 @@ impl Query<'_> {
             .elem_type
             .filter(|e| floats.contains(e))
             .ok_or_else(|| {
-                format!(
+                unsupported(format!(
                     "{what} '{}' is {} ({})",
                     tensor.name,
                     tensor.type_string(),
@@ -123,7 +127,7 @@ impl Query<'_> {
                     } else {
                         "f32 only: no shader-f16"
                     }
-                )
+                ))
             })
     }
 }

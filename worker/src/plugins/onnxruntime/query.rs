@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use prost::Message;
+use tessera_common::declined::{refused, unsupported, Declined};
 use tessera_common::decompose::{decompose_where, Decomposed};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::attr;
@@ -122,12 +123,14 @@ fn known_wrong(node: &NodeProto, model: &ModelProto) -> Option<String> {
         .map(|why| format!("{why}: onnxruntime computes it differently from the specification"))
 }
 
-fn builds(runtime: &Runtime, model: &ModelProto) -> Result<(), String> {
-    build_session(runtime, &model.encode_to_vec(), &PROBE, false, None).map(|_| ())
+fn builds(runtime: &Runtime, model: &ModelProto) -> Result<(), Declined> {
+    build_session(runtime, &model.encode_to_vec(), &PROBE, false, None)
+        .map(|_| ())
+        .map_err(refused)
 }
 
 /// A node's name and whether onnxruntime runs it (or why not).
-type Outcome = (String, Result<(), String>);
+type Outcome = (String, Result<(), Declined>);
 
 /// Each op node of `graph` (in order) with whether onnxruntime runs it:
 /// refused where it computes the node differently from the specification,
@@ -161,7 +164,7 @@ fn node_outcomes(
             .filter(|_| !written_by_us(&name))
             .and_then(|n| known_wrong(n, named));
         let outcome = match (wrong, &whole) {
-            (Some(why), _) => Err(why),
+            (Some(why), _) => Err(unsupported(why)),
             (None, Ok(())) => Ok(()),
             (None, Err(_)) => cache.probe(named, graph, id, |m| builds(runtime, m)),
         };
@@ -173,7 +176,7 @@ fn node_outcomes(
 /// The nodes onnxruntime refuses rewritten, where a rule exists, as
 /// standard ops (an ONNX function body, a wider type, transposes around
 /// a batch-first layer); `None` when nothing was rewritten.
-fn decomposed(graph: &Graph, outcomes: &[(String, Result<(), String>)]) -> Option<Decomposed> {
+fn decomposed(graph: &Graph, outcomes: &[Outcome]) -> Option<Decomposed> {
     let refused: HashSet<&str> = outcomes
         .iter()
         .filter(|(_, o)| o.is_err())
@@ -207,13 +210,15 @@ pub(super) fn query_network(
     // An original node runs when every node of its expansion does.
     let expanded = Graph::from_model(d.model.clone())
         .map_err(|e| PluginError::InvalidModel(format!("after decomposition: {e}")))?;
-    let mut merged: BTreeMap<String, Result<(), String>> = BTreeMap::new();
+    let mut merged: BTreeMap<String, Result<(), Declined>> = BTreeMap::new();
     for (node, outcome) in node_outcomes(runtime, &expanded, cache, |n| d.origin.contains_key(n))? {
         let original = d.original(&node).to_string();
-        let outcome = outcome.map_err(|why| match d.declined.get(&original) {
-            Some(declined) => format!("{why} ({declined})"),
-            None if original != node => format!("{node} of its expansion: {why}"),
-            None => why,
+        let outcome = outcome.map_err(|why| {
+            why.map(|why| match d.declined.get(&original) {
+                Some(declined) => format!("{why} ({declined})"),
+                None if original != node => format!("{node} of its expansion: {why}"),
+                None => why,
+            })
         });
         let entry = merged.entry(original).or_insert(Ok(()));
         if entry.is_ok() {

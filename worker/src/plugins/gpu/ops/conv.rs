@@ -1,12 +1,13 @@
 //! Conv (1-D and 2-D, groups, strides, dilations, pads, auto_pad) and
 //! pooling (MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool).
 
+use tessera_common::declined::{invalid, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::{attr_i, attr_ints, attr_s, input, unknown_attrs};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
-pub fn check(node: &NodeProto) -> Result<(), String> {
+pub fn check(node: &NodeProto) -> Result<(), Declined> {
     match node.op_type() {
         "Conv" => unknown_attrs(
             node,
@@ -21,10 +22,10 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
         ),
         "MaxPool" => {
             if node.output.iter().filter(|o| !o.is_empty()).count() > 1 {
-                return Err("the Indices output".into());
+                return Err(unsupported("the Indices output"));
             }
             if attr_i(node, "storage_order").unwrap_or(0) != 0 {
-                return Err("storage_order 1".into());
+                return Err(unsupported("storage_order 1"));
             }
             unknown_attrs(
                 node,
@@ -41,10 +42,10 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
         }
         "ConvTranspose" => {
             if attr_ints(node, "output_shape").is_some() {
-                return Err("output_shape".into());
+                return Err(unsupported("output_shape"));
             }
             if !matches!(attr_s(node, "auto_pad"), None | Some("NOTSET")) {
-                return Err("auto_pad".into());
+                return Err(unsupported("auto_pad"));
             }
             unknown_attrs(
                 node,
@@ -75,7 +76,7 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
     }?;
     match attr_s(node, "auto_pad") {
         None | Some("NOTSET") | Some("VALID") | Some("SAME_UPPER") | Some("SAME_LOWER") => Ok(()),
-        Some(other) => Err(format!("auto_pad '{other}'")),
+        Some(other) => Err(unsupported(format!("auto_pad '{other}'"))),
     }
 }
 
@@ -88,9 +89,9 @@ fn axis_out(
     d: usize,
     pads: (usize, usize),
     ceil: bool,
-) -> Result<(usize, usize, usize), String> {
+) -> Result<(usize, usize, usize), Declined> {
     if size == 0 || k == 0 || s == 0 {
-        return Err("an empty input, kernel or stride".into());
+        return Err(invalid("an empty input, kernel or stride"));
     }
     let eff = d * (k - 1) + 1;
     match attr_s(node, "auto_pad") {
@@ -107,14 +108,14 @@ fn axis_out(
         }
         Some("VALID") => {
             if size < eff {
-                return Err("kernel larger than the input".into());
+                return Err(invalid("kernel larger than the input"));
             }
             Ok(((size - eff) / s + 1, 0, 0))
         }
         _ => {
             let padded = size + pads.0 + pads.1;
             if padded < eff {
-                return Err("kernel larger than the padded input".into());
+                return Err(invalid("kernel larger than the padded input"));
             }
             let mut out = if ceil {
                 (padded - eff).div_ceil(s) + 1
@@ -131,11 +132,14 @@ fn axis_out(
 }
 
 /// An NC(H)W input as (N, C, H, W): 1-D as 2-D with H = 1.
-fn nchw(sx: &[usize]) -> Result<(usize, usize, usize, usize), String> {
+fn nchw(sx: &[usize]) -> Result<(usize, usize, usize, usize), Declined> {
     match *sx {
         [n, c, h, w] => Ok((n, c, h, w)),
         [n, c, w] => Ok((n, c, 1, w)),
-        _ => Err(format!("input of rank {} (1-D and 2-D only)", sx.len())),
+        _ => Err(unsupported(format!(
+            "input of rank {} (1-D and 2-D only)",
+            sx.len()
+        ))),
     }
 }
 
@@ -147,20 +151,20 @@ fn pair(
     spatial: usize,
     default: usize,
     min: i64,
-) -> Result<(usize, usize), String> {
+) -> Result<(usize, usize), Declined> {
     match attr_ints(node, name) {
         Some(v) if v.len() == spatial && v.iter().all(|&x| x >= min) => Ok(if spatial == 2 {
             (v[0] as usize, v[1] as usize)
         } else {
             (default, v[0] as usize)
         }),
-        Some(_) => Err(format!("bad {name}")),
+        Some(_) => Err(invalid(format!("bad {name}"))),
         None => Ok((default, default)),
     }
 }
 
 /// `pads` as [(top, bottom), (left, right)].
-fn pads(node: &NodeProto, spatial: usize) -> Result<[(usize, usize); 2], String> {
+fn pads(node: &NodeProto, spatial: usize) -> Result<[(usize, usize); 2], Declined> {
     match attr_ints(node, "pads") {
         Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => {
             let p: Vec<usize> = p.iter().map(|&v| v as usize).collect();
@@ -170,25 +174,25 @@ fn pads(node: &NodeProto, spatial: usize) -> Result<[(usize, usize); 2], String>
                 [(0, 0), (p[0], p[1])]
             })
         }
-        Some(_) => Err("bad pads".into()),
+        Some(_) => Err(invalid("bad pads")),
         None => Ok([(0, 0), (0, 0)]),
     }
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     if node.op_type() == "ConvTranspose" {
         return conv_transpose(b, node);
     }
-    let x = input(node, 0).ok_or("no input")?;
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let sx = b.shape(x)?;
     let (n, c, h, w) = nchw(&sx)?;
     let spatial = sx.len() - 2;
     let global = node.op_type().starts_with("Global");
     let (kh, kw, kernel) = if node.op_type() == "Conv" {
-        let wname = input(node, 1).ok_or("no weights")?;
+        let wname = input(node, 1).ok_or_else(|| invalid("no weights"))?;
         let sw = b.shape(wname)?;
         if sw.len() != sx.len() {
-            return Err("weights and input ranks differ".into());
+            return Err(invalid("weights and input ranks differ"));
         }
         (
             if spatial == 2 { sw[2] } else { 1 },
@@ -198,9 +202,9 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     } else if global {
         (h, w, None)
     } else {
-        let k = attr_ints(node, "kernel_shape").ok_or("no kernel_shape")?;
+        let k = attr_ints(node, "kernel_shape").ok_or_else(|| invalid("no kernel_shape"))?;
         if k.len() != spatial || k.iter().any(|&v| v < 1) {
-            return Err("bad kernel_shape".into());
+            return Err(invalid("bad kernel_shape"));
         }
         (
             if spatial == 2 { k[0] as usize } else { 1 },
@@ -227,9 +231,9 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         let m = sw[0];
         let group = attr_i(node, "group").unwrap_or(1).max(1) as usize;
         if c % group != 0 || m % group != 0 || sw[1] * group != c {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "weights {sw:?} do not fit {c} channels in {group} groups"
-            ));
+            )));
         }
         let shape = [
             n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl,
@@ -275,13 +279,13 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
 }
 
 /// ConvTranspose: output (in - 1)·s + (k - 1)·d + 1 - pads + output_padding.
-fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
-    let wname = input(node, 1).ok_or("no weights")?;
+fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
+    let wname = input(node, 1).ok_or_else(|| invalid("no weights"))?;
     let (sx, sw) = (b.shape(x)?, b.shape(wname)?);
     let (n, c, h, w) = nchw(&sx)?;
     if sw.len() != sx.len() {
-        return Err("weights and input ranks differ".into());
+        return Err(invalid("weights and input ranks differ"));
     }
     let spatial = sx.len() - 2;
     let (kh, kw) = if spatial == 2 {
@@ -291,9 +295,9 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     };
     let group = attr_i(node, "group").unwrap_or(1).max(1) as usize;
     if sw[0] != c || c % group != 0 {
-        return Err(format!(
+        return Err(unsupported(format!(
             "weights {sw:?} do not fit {c} channels in {group} groups"
-        ));
+        )));
     }
     let m = sw[1] * group;
     let (sh, sw_) = pair(node, "strides", spatial, 1, 1)?;
@@ -301,13 +305,15 @@ fn conv_transpose(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let (oph, opw) = pair(node, "output_padding", spatial, 0, 0)?;
     let [(pt, pb), (pl, pr)] = pads(node, spatial)?;
     if h == 0 || w == 0 || kh == 0 || kw == 0 {
-        return Err("an empty input or kernel".into());
+        return Err(invalid("an empty input or kernel"));
     }
     let size = |i: usize, s: usize, k: usize, d: usize, b0: usize, b1: usize, op: usize| {
         ((i - 1) * s + (k - 1) * d + 1 + op).checked_sub(b0 + b1)
     };
-    let oh = size(h, sh, kh, dh, pt, pb, oph).ok_or("pads larger than the output")?;
-    let ow = size(w, sw_, kw, dw, pl, pr, opw).ok_or("pads larger than the output")?;
+    let oh =
+        size(h, sh, kh, dh, pt, pb, oph).ok_or_else(|| invalid("pads larger than the output"))?;
+    let ow =
+        size(w, sw_, kw, dw, pl, pr, opw).ok_or_else(|| invalid("pads larger than the output"))?;
     let xs = b.slot(x)?;
     let shape = [
         n, c, h, w, m, oh, ow, kh, kw, group, sh, sw_, dh, dw, pt, pl,
@@ -325,9 +331,9 @@ fn launch(
     xs: usize,
     spatial: usize,
     shape: [usize; 16],
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     let [n, _, _, _, m, oh, ow, ..] = shape;
-    let ws = b.slot(input(node, 1).ok_or("no weights")?)?;
+    let ws = b.slot(input(node, 1).ok_or_else(|| invalid("no weights"))?)?;
     let (bs, has_bias) = match input(node, 2) {
         Some(bias) => (b.slot(bias)?, 1),
         None => (ws, 0),

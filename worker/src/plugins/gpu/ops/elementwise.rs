@@ -1,20 +1,21 @@
 //! Elementwise ops: binary arithmetic with numpy broadcasting, unary
 //! activations, BatchNormalization (inference).
 
+use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::codes::{BinaryOp, UnaryOp};
 use super::{attr_f, attr_i, attr_s, input, padded, strides, unknown_attrs, MAX_RANK};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
-pub fn check(node: &NodeProto, _opset: i64) -> Result<(), String> {
+pub fn check(node: &NodeProto, _opset: i64) -> Result<(), Declined> {
     match node.op_type() {
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Relu" | "Sigmoid" | "Tanh" | "HardSwish"
         | "Erf" | "Exp" | "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Log" | "Floor" | "Ceil"
         | "Identity" => unknown_attrs(node, &[]),
         "Max" | "Min" => {
             if node.input.len() > 2 {
-                return Err("more than two inputs".into());
+                return Err(unsupported("more than two inputs"));
             }
             unknown_attrs(node, &[])
         }
@@ -24,30 +25,30 @@ pub fn check(node: &NodeProto, _opset: i64) -> Result<(), String> {
         "Gelu" => {
             match attr_s(node, "approximate") {
                 None | Some("none") | Some("tanh") => {}
-                Some(other) => return Err(format!("approximate '{other}'")),
+                Some(other) => return Err(unsupported(format!("approximate '{other}'"))),
             }
             unknown_attrs(node, &["approximate"])
         }
         "BatchNormalization" => {
             if node.output.iter().filter(|o| !o.is_empty()).count() > 1 {
-                return Err("training mode (running statistics outputs)".into());
+                return Err(unsupported("training mode (running statistics outputs)"));
             }
             if attr_i(node, "training_mode").unwrap_or(0) != 0 {
-                return Err("training mode".into());
+                return Err(unsupported("training mode"));
             }
             unknown_attrs(node, &["epsilon", "momentum", "training_mode", "spatial"]).and_then(
                 |()| match attr_i(node, "spatial") {
-                    Some(0) => Err("spatial = 0".into()),
+                    Some(0) => Err(unsupported("spatial = 0")),
                     _ => Ok(()),
                 },
             )
         }
-        other => Err(format!("{other} is not elementwise")),
+        other => Err(unsupported(format!("{other} is not elementwise"))),
     }
 }
 
 /// Broadcast shape of `a` and `b` (numpy rules).
-pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, Declined> {
     let rank = a.len().max(b.len());
     let at = |s: &[usize], i: usize| {
         let off = rank - s.len();
@@ -62,9 +63,9 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
             (x, y) if x == y => Ok(x),
             (1, y) => Ok(y),
             (x, 1) => Ok(x),
-            (x, y) => Err(format!(
+            (x, y) => Err(invalid(format!(
                 "shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"
-            )),
+            ))),
         })
         .collect()
 }
@@ -86,7 +87,7 @@ pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<u32> {
 
 /// The unary kernel's op and its (alpha, beta) for `node`; an op type
 /// without one is an error, never a silent Identity.
-fn unary_code(node: &NodeProto) -> Result<(UnaryOp, f32, f32), String> {
+fn unary_code(node: &NodeProto) -> Result<(UnaryOp, f32, f32), Declined> {
     let a = |name: &str, default: f32| attr_f(node, name).unwrap_or(default);
     Ok(match node.op_type() {
         "Relu" => (UnaryOp::Relu, 0.0, 0.0),
@@ -109,12 +110,12 @@ fn unary_code(node: &NodeProto) -> Result<(UnaryOp, f32, f32), String> {
         "Log" => (UnaryOp::Log, 0.0, 0.0),
         "Floor" => (UnaryOp::Floor, 0.0, 0.0),
         "Ceil" => (UnaryOp::Ceil, 0.0, 0.0),
-        other => return Err(format!("{other} has no elementwise kernel")),
+        other => return Err(unsupported(format!("{other} has no elementwise kernel"))),
     })
 }
 
-fn unary(b: &mut Builder, node: &NodeProto, code: (UnaryOp, f32, f32)) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
+fn unary(b: &mut Builder, node: &NodeProto, code: (UnaryOp, f32, f32)) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let shape = b.shape(x)?;
     let n: usize = shape.iter().product();
     let xs = b.slot(x)?;
@@ -123,7 +124,7 @@ fn unary(b: &mut Builder, node: &NodeProto, code: (UnaryOp, f32, f32)) -> Result
     b.dispatch("unary", &[xs, ys], &params, groups_1d(n))
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     let op = match node.op_type() {
         "BatchNormalization" => return batchnorm(b, node),
         "Clip" => {
@@ -131,8 +132,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             // Opset 11+: bounds as (constant) inputs.
             for (i, bound) in [(1, &mut lo), (2, &mut hi)] {
                 if let Some(name) = input(node, i) {
-                    let v = b.floats(name).ok_or("clip bounds must be constants")?;
-                    *bound = *v.first().ok_or("empty clip bound")?;
+                    let v = b
+                        .floats(name)
+                        .ok_or_else(|| unknown("clip bounds must be constants"))?;
+                    *bound = *v.first().ok_or_else(|| invalid("empty clip bound"))?;
                 }
             }
             return unary(b, node, (code, lo, hi));
@@ -147,13 +150,13 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         return unary(b, node, (UnaryOp::Identity, 0.0, 0.0));
     }
     let (x, z) = (
-        input(node, 0).ok_or("no input A")?,
-        input(node, 1).ok_or("no input B")?,
+        input(node, 0).ok_or_else(|| invalid("no input A"))?,
+        input(node, 1).ok_or_else(|| invalid("no input B"))?,
     );
     let (sx, sz) = (b.shape(x)?, b.shape(z)?);
     let out = broadcast(&sx, &sz)?;
     if out.len() > MAX_RANK {
-        return Err(format!("rank {} above {MAX_RANK}", out.len()));
+        return Err(unsupported(format!("rank {} above {MAX_RANK}", out.len())));
     }
     let n: usize = out.iter().product();
     let (dims, sa, sb) = collapse(
@@ -198,18 +201,18 @@ fn collapse(dims: &[usize], sa: &[u32], sb: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<
     (d, a, b)
 }
 
-fn batchnorm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+fn batchnorm(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     let names: Vec<&str> = (0..5)
-        .map(|i| input(node, i).ok_or("BatchNormalization needs five inputs"))
+        .map(|i| input(node, i).ok_or_else(|| invalid("BatchNormalization needs five inputs")))
         .collect::<Result<_, _>>()?;
     let shape = b.shape(names[0])?;
     if shape.len() < 2 {
-        return Err("input of rank below 2".into());
+        return Err(invalid("input of rank below 2"));
     }
     let c = shape[1];
     for name in &names[1..] {
         if b.shape(name)?.iter().product::<usize>() != c {
-            return Err(format!("'{name}' does not have {c} channels"));
+            return Err(invalid(format!("'{name}' does not have {c} channels")));
         }
     }
     let n: usize = shape.iter().product();
@@ -253,6 +256,9 @@ mod tests {
         }
         assert!(seen >= UnaryOp::ALL.len(), "{seen} elementwise ops");
         let err = unary_code(&node("Softplus")).unwrap_err();
-        assert!(err.contains("Softplus"), "{err}");
+        assert!(
+            matches!(&err, Declined::Unsupported(why) if why.contains("Softplus")),
+            "{err}"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! strided copies (Transpose, Concat, Slice, Split, Expand), Softmax /
 //! LogSoftmax along an axis, and Cast between f32 and f16.
 
+use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 use tessera_common::onnx::ElemType;
 
@@ -9,12 +10,12 @@ use super::elementwise::{broadcast, broadcast_strides};
 use super::{attr_i, attr_ints, axis, input, padded, strides, unknown_attrs, MAX_RANK};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
-pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
+pub fn check(node: &NodeProto, opset: i64) -> Result<(), Declined> {
     match node.op_type() {
         "Softmax" | "LogSoftmax" | "Flatten" | "Concat" => unknown_attrs(node, &["axis"]),
         "Reshape" => {
             if attr_i(node, "allowzero").unwrap_or(0) != 0 {
-                return Err("allowzero".into());
+                return Err(unsupported("allowzero"));
             }
             unknown_attrs(node, &["allowzero"])
         }
@@ -25,7 +26,7 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
         "Split" => unknown_attrs(node, &["axis", "split", "num_outputs"]),
         // saturate only matters for float8 targets.
         "Cast" => cast_target(node).and_then(|_| unknown_attrs(node, &["to", "saturate"])),
-        other => Err(format!("{other} is not a layout op")),
+        other => Err(unsupported(format!("{other} is not a layout op"))),
     }
 }
 
@@ -34,18 +35,20 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
 const ROW_PARALLEL_SOFTMAX: usize = 256;
 
 /// Cast's target: float or float16.
-pub fn cast_target(node: &NodeProto) -> Result<ElemType, String> {
+pub fn cast_target(node: &NodeProto) -> Result<ElemType, Declined> {
     match attr_i(node, "to").map(|t| ElemType(t as i32)) {
         Some(e) if e == ElemType::FLOAT || e == ElemType::FLOAT16 => Ok(e),
-        Some(e) => Err(format!("Cast to {}", e.name())),
-        None => Err("Cast without 'to'".into()),
+        Some(e) => Err(unsupported(format!("Cast to {}", e.name()))),
+        None => Err(invalid("Cast without 'to'")),
     }
 }
 
 /// Cast (`b.elem` is its target): a view where the type does not change,
 /// else a conversion kernel.
-fn cast(b: &mut Builder, x: &str, out: &str, shape: Vec<usize>) -> Result<(), String> {
-    let from = b.elem_of(x).ok_or("an input without a buffer")?;
+fn cast(b: &mut Builder, x: &str, out: &str, shape: Vec<usize>) -> Result<(), Declined> {
+    let from = b
+        .elem_of(x)
+        .ok_or_else(|| unknown("an input without a buffer"))?;
     if from == b.elem {
         return b.alias(out, x, shape);
     }
@@ -66,12 +69,12 @@ fn ints_of(
     node: &NodeProto,
     i: usize,
     attr: &str,
-) -> Result<Option<Vec<i64>>, String> {
+) -> Result<Option<Vec<i64>>, Declined> {
     match input(node, i) {
         Some(name) => b
             .ints(name)
             .map(Some)
-            .ok_or_else(|| format!("input '{name}' must be a constant")),
+            .ok_or_else(|| unknown(format!("input '{name}' must be a constant"))),
         None => Ok(attr_ints(node, attr).map(<[i64]>::to_vec)),
     }
 }
@@ -88,9 +91,9 @@ fn copy(
     src_off: i64,
     dst: &[usize],
     dst_off: usize,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     if dims.len() > MAX_RANK {
-        return Err(format!("rank {} above {MAX_RANK}", dims.len()));
+        return Err(unsupported(format!("rank {} above {MAX_RANK}", dims.len())));
     }
     let n: usize = dims.iter().product();
     if n == 0 {
@@ -127,13 +130,17 @@ struct Op<'n> {
     out: String,
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let op = Op {
         node,
         x,
         sx: b.shape(x)?,
-        out: node.output.first().ok_or("no output")?.clone(),
+        out: node
+            .output
+            .first()
+            .ok_or_else(|| invalid("no output"))?
+            .clone(),
     };
     match node.op_type() {
         "Cast" => cast(b, op.x, &op.out, op.sx),
@@ -151,43 +158,47 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
 }
 
 /// A view with the target shape (0 copies the input's dim, one -1 is inferred).
-fn reshape(b: &mut Builder, op: Op) -> Result<(), String> {
+fn reshape(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let sx = &op.sx;
-    let want = ints_of(b, op.node, 1, "shape")?.ok_or("no shape")?;
+    let want = ints_of(b, op.node, 1, "shape")?.ok_or_else(|| invalid("no shape"))?;
     let total: usize = op.sx.iter().product();
     let mut shape = Vec::new();
     let mut infer = None;
     for (i, &d) in want.iter().enumerate() {
         match d {
-            0 => shape.push(*op.sx.get(i).ok_or("0 beyond the input's rank")?),
+            0 => shape.push(
+                *op.sx
+                    .get(i)
+                    .ok_or_else(|| invalid("0 beyond the input's rank"))?,
+            ),
             -1 if infer.is_none() => {
                 infer = Some(i);
                 shape.push(1);
             }
             d if d > 0 => shape.push(d as usize),
-            _ => return Err(format!("bad shape {want:?}")),
+            _ => return Err(invalid(format!("bad shape {want:?}"))),
         }
     }
     let known: usize = shape.iter().product();
     if let Some(i) = infer {
         if known == 0 || total % known != 0 {
-            return Err(format!("cannot reshape {sx:?} to {want:?}"));
+            return Err(invalid(format!("cannot reshape {sx:?} to {want:?}")));
         }
         shape[i] = total / known;
     }
     if shape.iter().product::<usize>() != total {
-        return Err(format!("cannot reshape {sx:?} to {want:?}"));
+        return Err(invalid(format!("cannot reshape {sx:?} to {want:?}")));
     }
     b.alias(&op.out, op.x, shape)
 }
 
 /// A 2-D view split at the axis.
-fn flatten(b: &mut Builder, op: Op) -> Result<(), String> {
+fn flatten(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
     let a = attr_i(op.node, "axis").unwrap_or(1);
     let a = if a < 0 { a + rank as i64 } else { a };
     if a < 0 || a as usize > rank {
-        return Err(format!("axis {a} out of range"));
+        return Err(invalid(format!("axis {a} out of range")));
     }
     let outer: usize = op.sx[..a as usize].iter().product();
     let inner: usize = op.sx[a as usize..].iter().product();
@@ -195,7 +206,7 @@ fn flatten(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// A view without the given axes of 1 (every axis of 1 without axes).
-fn squeeze(b: &mut Builder, op: Op) -> Result<(), String> {
+fn squeeze(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
     let axes = match ints_of(b, op.node, 1, "axes")? {
         Some(a) => a
@@ -205,7 +216,7 @@ fn squeeze(b: &mut Builder, op: Op) -> Result<(), String> {
         None => (0..rank).filter(|&i| op.sx[i] == 1).collect(),
     };
     if axes.iter().any(|&a| op.sx[a] != 1) {
-        return Err("squeezing an axis that is not 1".into());
+        return Err(invalid("squeezing an axis that is not 1"));
     }
     let shape = (0..rank)
         .filter(|i| !axes.contains(i))
@@ -215,9 +226,9 @@ fn squeeze(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// A view with axes of 1 inserted.
-fn unsqueeze(b: &mut Builder, op: Op) -> Result<(), String> {
+fn unsqueeze(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
-    let axes = ints_of(b, op.node, 1, "axes")?.ok_or("no axes")?;
+    let axes = ints_of(b, op.node, 1, "axes")?.ok_or_else(|| invalid("no axes"))?;
     let out_rank = rank + axes.len();
     let axes: Vec<usize> = axes
         .iter()
@@ -237,7 +248,7 @@ fn unsqueeze(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// A strided copy in the permuted order.
-fn transpose(b: &mut Builder, op: Op) -> Result<(), String> {
+fn transpose(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
     let perm: Vec<usize> = match attr_ints(op.node, "perm") {
         Some(p) => p.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
@@ -246,7 +257,7 @@ fn transpose(b: &mut Builder, op: Op) -> Result<(), String> {
     let mut seen = perm.clone();
     seen.sort_unstable();
     if seen != (0..rank).collect::<Vec<_>>() {
-        return Err(format!("bad perm {perm:?}"));
+        return Err(invalid(format!("bad perm {perm:?}")));
     }
     let out: Vec<usize> = perm.iter().map(|&p| op.sx[p]).collect();
     let st = strides(&op.sx);
@@ -256,10 +267,10 @@ fn transpose(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// A strided copy broadcast to the target shape.
-fn expand(b: &mut Builder, op: Op) -> Result<(), String> {
-    let want = ints_of(b, op.node, 1, "shape")?.ok_or("no shape")?;
+fn expand(b: &mut Builder, op: Op) -> Result<(), Declined> {
+    let want = ints_of(b, op.node, 1, "shape")?.ok_or_else(|| invalid("no shape"))?;
     if want.iter().any(|&d| d < 0) {
-        return Err("negative dimension".into());
+        return Err(invalid("negative dimension"));
     }
     let want: Vec<usize> = want.iter().map(|&d| d as usize).collect();
     let out = broadcast(&op.sx, &want)?;
@@ -272,17 +283,22 @@ fn expand(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// Each input copied into its place along the axis.
-fn concat(b: &mut Builder, op: Op) -> Result<(), String> {
+fn concat(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let sx = &op.sx;
     let rank = op.sx.len();
-    let a = axis(attr_i(op.node, "axis").ok_or("no axis")?, rank)?;
+    let a = axis(
+        attr_i(op.node, "axis").ok_or_else(|| invalid("no axis"))?,
+        rank,
+    )?;
     let mut out = op.sx.clone();
     out[a] = 0;
     let mut parts = Vec::new();
     for name in op.node.input.iter().filter(|n| !n.is_empty()) {
         let s = b.shape(name)?;
         if s.len() != rank || (0..rank).any(|i| i != a && s[i] != op.sx[i]) {
-            return Err(format!("'{name}' {s:?} does not concatenate with {sx:?}"));
+            return Err(invalid(format!(
+                "'{name}' {s:?} does not concatenate with {sx:?}"
+            )));
         }
         out[a] += s[a];
         parts.push((name.clone(), s));
@@ -308,15 +324,15 @@ fn concat(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// A strided copy of the selected range along each axis.
-fn slice(b: &mut Builder, op: Op) -> Result<(), String> {
+fn slice(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
-    let starts = ints_of(b, op.node, 1, "starts")?.ok_or("no starts")?;
-    let ends = ints_of(b, op.node, 2, "ends")?.ok_or("no ends")?;
+    let starts = ints_of(b, op.node, 1, "starts")?.ok_or_else(|| invalid("no starts"))?;
+    let ends = ints_of(b, op.node, 2, "ends")?.ok_or_else(|| invalid("no ends"))?;
     let axes =
         ints_of(b, op.node, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = ints_of(b, op.node, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-        return Err("starts, ends, axes and steps differ in length".into());
+        return Err(invalid("starts, ends, axes and steps differ in length"));
     }
     let st = strides(&op.sx);
     let mut out = op.sx.clone();
@@ -327,7 +343,7 @@ fn slice(b: &mut Builder, op: Op) -> Result<(), String> {
         let dim = op.sx[a] as i64;
         let step = steps[i];
         if step == 0 {
-            return Err("step 0".into());
+            return Err(invalid("step 0"));
         }
         let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
         let norm = |v: i64| if v < 0 { v + dim } else { v };
@@ -353,7 +369,7 @@ fn slice(b: &mut Builder, op: Op) -> Result<(), String> {
 }
 
 /// Each output a strided copy of its range along the axis.
-fn split(b: &mut Builder, op: Op) -> Result<(), String> {
+fn split(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
     let a = axis(attr_i(op.node, "axis").unwrap_or(0), rank)?;
     let outputs: Vec<&String> = op.node.output.iter().collect();
@@ -368,7 +384,10 @@ fn split(b: &mut Builder, op: Op) -> Result<(), String> {
         }
     };
     if sizes.len() != outputs.len() || sizes.iter().sum::<usize>() != op.sx[a] {
-        return Err(format!("split {sizes:?} does not fit {}", op.sx[a]));
+        return Err(invalid(format!(
+            "split {sizes:?} does not fit {}",
+            op.sx[a]
+        )));
     }
     let st = strides(&op.sx);
     let xs = b.slot(op.x)?;
@@ -394,7 +413,7 @@ fn split(b: &mut Builder, op: Op) -> Result<(), String> {
 
 /// Softmax / LogSoftmax along the axis: a thread per row, or a workgroup
 /// per long row.
-fn softmax(b: &mut Builder, op: Op) -> Result<(), String> {
+fn softmax(b: &mut Builder, op: Op) -> Result<(), Declined> {
     let rank = op.sx.len();
     // Softmax / LogSoftmax.
     let default = if b.opset >= 13 { -1 } else { 1 };

@@ -1,5 +1,6 @@
 //! MatMul (numpy semantics, batched with broadcasting) and Gemm.
 
+use tessera_common::declined::{invalid, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::elementwise::broadcast;
@@ -9,24 +10,24 @@ use crate::plugins::gpu::program::Builder;
 /// Batch dimensions a kernel launch takes.
 const MAX_BATCH_RANK: usize = 4;
 
-pub fn check(node: &NodeProto) -> Result<(), String> {
+pub fn check(node: &NodeProto) -> Result<(), Declined> {
     match node.op_type() {
         "MatMul" => unknown_attrs(node, &[]),
         _ => unknown_attrs(node, &["alpha", "beta", "transA", "transB"]),
     }
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     if node.op_type() == "Gemm" {
         return gemm(b, node);
     }
     let (x, w) = (
-        input(node, 0).ok_or("no input A")?,
-        input(node, 1).ok_or("no input B")?,
+        input(node, 0).ok_or_else(|| invalid("no input A"))?,
+        input(node, 1).ok_or_else(|| invalid("no input B"))?,
     );
     let (mut sa, mut sb) = (b.shape(x)?, b.shape(w)?);
     if sa.is_empty() || sb.is_empty() {
-        return Err("MatMul of a scalar".into());
+        return Err(invalid("MatMul of a scalar"));
     }
     // 1-D operands: a row (A) or a column (B), removed from the result.
     let (a_vec, b_vec) = (sa.len() == 1, sb.len() == 1);
@@ -39,12 +40,14 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
     let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
     if k != k2 {
-        return Err(format!("inner dimensions differ: {sa:?} x {sb:?}"));
+        return Err(invalid(format!("inner dimensions differ: {sa:?} x {sb:?}")));
     }
     let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
     let batch = broadcast(ba, bb)?;
     if batch.len() > MAX_BATCH_RANK {
-        return Err(format!("more than {MAX_BATCH_RANK} batch dimensions"));
+        return Err(unsupported(format!(
+            "more than {MAX_BATCH_RANK} batch dimensions"
+        )));
     }
     let mut out: Vec<usize> = batch.clone();
     if !a_vec {
@@ -86,21 +89,21 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     )
 }
 
-fn gemm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+fn gemm(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     let (x, w) = (
-        input(node, 0).ok_or("no input A")?,
-        input(node, 1).ok_or("no input B")?,
+        input(node, 0).ok_or_else(|| invalid("no input A"))?,
+        input(node, 1).ok_or_else(|| invalid("no input B"))?,
     );
     let (sa, sb) = (b.shape(x)?, b.shape(w)?);
     if sa.len() != 2 || sb.len() != 2 {
-        return Err("Gemm takes 2-D A and B".into());
+        return Err(invalid("Gemm takes 2-D A and B"));
     }
     let ta = attr_i(node, "transA").unwrap_or(0) != 0;
     let tb = attr_i(node, "transB").unwrap_or(0) != 0;
     let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
     let (k2, n) = if tb { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
     if k != k2 {
-        return Err(format!("inner dimensions differ: {sa:?} x {sb:?}"));
+        return Err(invalid(format!("inner dimensions differ: {sa:?} x {sb:?}")));
     }
     let alpha = attr_f(node, "alpha").unwrap_or(1.0);
     let beta = attr_f(node, "beta").unwrap_or(1.0);
@@ -110,7 +113,9 @@ fn gemm(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
             let sc = b.shape(c)?;
             let full = broadcast(&sc, &[m, n])?;
             if full != [m, n] {
-                return Err(format!("C {sc:?} does not broadcast to [{m}, {n}]"));
+                return Err(invalid(format!(
+                    "C {sc:?} does not broadcast to [{m}, {n}]"
+                )));
             }
             // Strides of C's (row, column) as broadcast to [M, N].
             let (rows, cols) = match sc.len() {
@@ -153,9 +158,9 @@ fn launch(
     a_str: &[u32],
     b_str: &[u32],
     count: usize,
-) -> Result<(), String> {
+) -> Result<(), Declined> {
     if count > 65535 {
-        return Err(format!("{count} batches exceed one launch"));
+        return Err(unsupported(format!("{count} batches exceed one launch")));
     }
     let mut params = vec![
         m as u32,
@@ -183,7 +188,7 @@ fn launch(
         count.max(1) as u32,
     );
     if groups.0 > 65535 || groups.1 > 65535 {
-        return Err(format!("a {m}x{n} result exceeds one launch"));
+        return Err(unsupported(format!("a {m}x{n} result exceeds one launch")));
     }
     b.dispatch("gemm", &slots, &params, groups)
 }

@@ -10,6 +10,7 @@ mod linear;
 mod reduce;
 mod resize;
 
+use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::{NodeProto, ValueInfoProto};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
@@ -110,12 +111,12 @@ pub fn value_type(v: &ValueInfoProto) -> (ElemType, Vec<Option<usize>>) {
 }
 
 /// The value of an input-less `Constant` node.
-pub fn constant_value(node: &NodeProto) -> Result<Tensor, String> {
+pub fn constant_value(node: &NodeProto) -> Result<Tensor, Declined> {
     let attr = node
         .attribute
         .first()
-        .ok_or_else(|| format!("Constant {} has no value", node.name()))?;
-    let err = |e: tessera_common::tensor::TensorError| e.to_string();
+        .ok_or_else(|| invalid(format!("Constant {} has no value", node.name())))?;
+    let err = |e: tessera_common::tensor::TensorError| invalid(e.to_string());
     match (attr.name(), &attr.t) {
         ("value", Some(t)) => Tensor::from_proto(t).map_err(err),
         ("value_float", _) => {
@@ -142,23 +143,31 @@ pub fn constant_value(node: &NodeProto) -> Result<Tensor, String> {
                 .collect::<Vec<u8>>(),
         )
         .map_err(err),
-        (other, _) => Err(format!("Constant with '{other}' is not supported")),
+        (other, _) => Err(unsupported(format!(
+            "Constant with '{other}' is not supported"
+        ))),
     }
 }
 
 /// The node's attributes not in `known`: any is a reason to refuse it.
-fn unknown_attrs(node: &NodeProto, known: &[&str]) -> Result<(), String> {
+fn unknown_attrs(node: &NodeProto, known: &[&str]) -> Result<(), Declined> {
     match node.attribute.iter().find(|a| !known.contains(&a.name())) {
-        Some(a) => Err(format!("attribute '{}' is not supported", a.name())),
+        Some(a) => Err(unsupported(format!(
+            "attribute '{}' is not supported",
+            a.name()
+        ))),
         None => Ok(()),
     }
 }
 
 /// Whether this plugin runs `node` exactly (element types are checked by
 /// QueryNetwork, which knows them; constants by [`plan`]).
-pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
+pub fn check(node: &NodeProto, opset: i64) -> Result<(), Declined> {
     if !node.domain().is_empty() && node.domain() != "ai.onnx" {
-        return Err(format!("domain '{}' is not supported", node.domain()));
+        return Err(unsupported(format!(
+            "domain '{}' is not supported",
+            node.domain()
+        )));
     }
     match node.op_type() {
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Relu" | "LeakyRelu"
@@ -178,13 +187,15 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
             reduce::check(node)
         }
         "Resize" => resize::check(node, opset),
-        other => Err(format!("{other} is not implemented on the GPU")),
+        other => Err(unsupported(format!(
+            "{other} is not implemented on the GPU"
+        ))),
     }
 }
 
 /// Whether the ranks of `node`'s first input (`None`: unknown) fit its
 /// kernels.
-pub fn check_rank(node: &NodeProto, rank: Option<usize>) -> Result<(), String> {
+pub fn check_rank(node: &NodeProto, rank: Option<usize>) -> Result<(), Declined> {
     let fits = match node.op_type() {
         "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "GlobalAveragePool"
         | "GlobalMaxPool" => rank.is_some_and(|r| r == 3 || r == 4),
@@ -197,8 +208,8 @@ pub fn check_rank(node: &NodeProto, rank: Option<usize>) -> Result<(), String> {
         Ok(())
     } else {
         Err(match rank {
-            Some(r) => format!("input of rank {r} is not supported"),
-            None => "input of unknown rank".into(),
+            Some(r) => unsupported(format!("input of rank {r} is not supported")),
+            None => unknown("input of unknown rank"),
         })
     }
 }
@@ -219,7 +230,7 @@ pub fn const_inputs(node: &NodeProto) -> &'static [usize] {
 
 /// How `node` stores its outputs: like its float inputs (f32 or f16, all
 /// alike; shape-like constants are read on the host), or Cast's `to`.
-pub fn storage(b: &Builder, node: &NodeProto) -> Result<ElemType, String> {
+pub fn storage(b: &Builder, node: &NodeProto) -> Result<ElemType, Declined> {
     if node.op_type() == "Cast" {
         return layout::cast_target(node);
     }
@@ -232,7 +243,7 @@ pub fn storage(b: &Builder, node: &NodeProto) -> Result<ElemType, String> {
         match b.elem_of(name) {
             Some(e) if e == ElemType::FLOAT || e == ElemType::FLOAT16 => {
                 if elem.is_some_and(|x| x != e) {
-                    return Err("float and float16 inputs mixed".into());
+                    return Err(unsupported("float and float16 inputs mixed"));
                 }
                 elem = Some(e);
             }
@@ -243,7 +254,7 @@ pub fn storage(b: &Builder, node: &NodeProto) -> Result<ElemType, String> {
 }
 
 /// Plans `node` for the shapes known to `b`.
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     match node.op_type() {
         "MatMul" | "Gemm" => linear::plan(b, node),
         "Conv" | "MaxPool" | "AveragePool" | "GlobalAveragePool" | "GlobalMaxPool" => {
@@ -261,10 +272,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
 }
 
 /// `axis` (possibly negative) of a rank-`rank` tensor.
-pub fn axis(axis: i64, rank: usize) -> Result<usize, String> {
+pub fn axis(axis: i64, rank: usize) -> Result<usize, Declined> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     if a < 0 || a as usize >= rank.max(1) {
-        return Err(format!("axis {axis} out of range for rank {rank}"));
+        return Err(invalid(format!("axis {axis} out of range for rank {rank}")));
     }
     Ok(a as usize)
 }

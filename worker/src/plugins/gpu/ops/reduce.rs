@@ -1,17 +1,18 @@
 //! Reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin over any axes)
 //! and LayerNormalization.
 
+use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::codes::UnaryOp;
 use super::{attr_f, attr_i, attr_ints, axis, input, padded, strides, unknown_attrs, MAX_RANK};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
-pub fn check(node: &NodeProto) -> Result<(), String> {
+pub fn check(node: &NodeProto) -> Result<(), Declined> {
     match node.op_type() {
         "LayerNormalization" => {
             if attr_i(node, "stash_type").unwrap_or(1) != 1 {
-                return Err("stash_type other than float".into());
+                return Err(unsupported("stash_type other than float"));
             }
             unknown_attrs(node, &["axis", "epsilon", "stash_type"])
         }
@@ -19,21 +20,21 @@ pub fn check(node: &NodeProto) -> Result<(), String> {
     }
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let sx = b.shape(x)?;
     let rank = sx.len();
     if node.op_type() == "LayerNormalization" {
         let a = axis(attr_i(node, "axis").unwrap_or(-1), rank)?;
         let len: usize = sx[a..].iter().product();
         let rows: usize = sx[..a].iter().product();
-        let scale = input(node, 1).ok_or("no scale")?;
+        let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
         if b.shape(scale)?.iter().product::<usize>() != len {
-            return Err("scale does not match the normalized axes".into());
+            return Err(invalid("scale does not match the normalized axes"));
         }
         let (bias, has_bias) = match input(node, 2) {
             Some(bias) if b.shape(bias)?.iter().product::<usize>() == len => (Some(bias), 1),
-            Some(_) => return Err("bias does not match the normalized axes".into()),
+            Some(_) => return Err(invalid("bias does not match the normalized axes")),
             None => (None, 0),
         };
         let xs = b.slot(x)?;
@@ -68,7 +69,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
     };
     // Axes: an input from opset 13 (ReduceSum) or 18 (the others).
     let axes = match input(node, 1) {
-        Some(name) => Some(b.ints(name).ok_or("axes must be a constant")?),
+        Some(name) => Some(
+            b.ints(name)
+                .ok_or_else(|| unknown("axes must be a constant"))?,
+        ),
         None => attr_ints(node, "axes").map(<[i64]>::to_vec),
     };
     let axes: Vec<usize> = match axes {
@@ -87,10 +91,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         _ => (0..rank).collect(),
     };
     if rank > MAX_RANK {
-        return Err(format!("rank {rank} above {MAX_RANK}"));
+        return Err(unsupported(format!("rank {rank} above {MAX_RANK}")));
     }
     if axes.iter().any(|&a| sx[a] == 0) {
-        return Err("a reduction over an empty axis".into());
+        return Err(unsupported("a reduction over an empty axis"));
     }
     let keep = attr_i(node, "keepdims").unwrap_or(1) != 0;
     let kept: Vec<usize> = (0..rank)

@@ -3,12 +3,13 @@
 //! pytorch_half_pixel coordinate transformations; scales or sizes given as
 //! constants.
 
+use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::{attr_i, attr_s, input, unknown_attrs};
 use crate::plugins::gpu::program::{groups_1d, Builder};
 
-pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
+pub fn check(node: &NodeProto, opset: i64) -> Result<(), Declined> {
     unknown_attrs(
         node,
         &[
@@ -24,7 +25,7 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
     )?;
     match attr_s(node, "mode") {
         None | Some("nearest") | Some("linear") => {}
-        Some(other) => return Err(format!("mode '{other}'")),
+        Some(other) => return Err(unsupported(format!("mode '{other}'"))),
     }
     if opset >= 11 {
         coord(node)?;
@@ -33,39 +34,46 @@ pub fn check(node: &NodeProto, opset: i64) -> Result<(), String> {
     if attr_i(node, "exclude_outside").unwrap_or(0) != 0
         || attr_i(node, "antialias").unwrap_or(0) != 0
     {
-        return Err("exclude_outside / antialias".into());
+        return Err(unsupported("exclude_outside / antialias"));
     }
     match attr_s(node, "keep_aspect_ratio_policy") {
         None | Some("stretch") => Ok(()),
-        Some(other) => Err(format!("keep_aspect_ratio_policy '{other}'")),
+        Some(other) => Err(unsupported(format!("keep_aspect_ratio_policy '{other}'"))),
     }
 }
 
-fn coord(node: &NodeProto) -> Result<u32, String> {
+fn coord(node: &NodeProto) -> Result<u32, Declined> {
     Ok(match attr_s(node, "coordinate_transformation_mode") {
         None | Some("half_pixel") => 0,
         Some("asymmetric") => 1,
         Some("align_corners") => 2,
         Some("pytorch_half_pixel") => 3,
-        Some(other) => return Err(format!("coordinate_transformation_mode '{other}'")),
+        Some(other) => {
+            return Err(unsupported(format!(
+                "coordinate_transformation_mode '{other}'"
+            )))
+        }
     })
 }
 
-fn nearest(node: &NodeProto) -> Result<u32, String> {
+fn nearest(node: &NodeProto) -> Result<u32, Declined> {
     Ok(match attr_s(node, "nearest_mode") {
         None | Some("round_prefer_floor") => 0,
         Some("round_prefer_ceil") => 1,
         Some("floor") => 2,
         Some("ceil") => 3,
-        Some(other) => return Err(format!("nearest_mode '{other}'")),
+        Some(other) => return Err(unsupported(format!("nearest_mode '{other}'"))),
     })
 }
 
-pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
-    let x = input(node, 0).ok_or("no input")?;
+pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
+    let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let sx = b.shape(x)?;
     if sx.len() != 4 {
-        return Err(format!("input of rank {} (4-D only)", sx.len()));
+        return Err(unsupported(format!(
+            "input of rank {} (4-D only)",
+            sx.len()
+        )));
     }
     // Opset 10: (X, scales); 11+: (X, roi, scales, sizes).
     let (scales_at, sizes_at) = if b.opset < 11 {
@@ -74,12 +82,18 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
         (2, 3)
     };
     let scales = match input(node, scales_at) {
-        Some(name) => Some(b.floats(name).ok_or("scales must be a constant")?),
+        Some(name) => Some(
+            b.floats(name)
+                .ok_or_else(|| unknown("scales must be a constant"))?,
+        ),
         None => None,
     }
     .filter(|s| !s.is_empty());
     let sizes = match input(node, sizes_at) {
-        Some(name) => Some(b.ints(name).ok_or("sizes must be a constant")?),
+        Some(name) => Some(
+            b.ints(name)
+                .ok_or_else(|| unknown("sizes must be a constant"))?,
+        ),
         None => None,
     }
     .filter(|s| !s.is_empty());
@@ -101,10 +115,10 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), String> {
                 .collect();
             (out, s)
         }
-        _ => return Err("needs four scales or four sizes".into()),
+        _ => return Err(invalid("needs four scales or four sizes")),
     };
     if out[0] != sx[0] || out[1] != sx[1] {
-        return Err("resizing the batch or channel axes".into());
+        return Err(unsupported("resizing the batch or channel axes"));
     }
     let mode = u32::from(attr_s(node, "mode") == Some("linear"));
     let (coord, nearest) = if b.opset < 11 {
