@@ -43,7 +43,7 @@ fn chain_input(batch: usize) -> Result<Vec<(String, Tensor)>> {
 pub(super) fn spec(limit: Option<&str>) -> Result<WorkerSpec> {
     Ok(WorkerSpec {
         memory_limit: match limit {
-            Some(l) => l.parse::<MemoryLimits>().map_err(anyhow::Error::msg)?,
+            Some(l) => l.parse::<MemoryLimits>()?,
             None => MemoryLimits::default(),
         },
         ..WorkerSpec::new(

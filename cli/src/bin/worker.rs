@@ -77,7 +77,7 @@ fn parse_addr(what: &str, text: &str) -> Result<SocketAddr> {
 
 fn run(args: Args) -> Result<()> {
     let file = match &args.config {
-        Some(path) => WorkerConfig::load(path).map_err(anyhow::Error::msg)?,
+        Some(path) => WorkerConfig::load(path)?,
         None => WorkerConfig::default(),
     };
     let devices = if args.devices.is_empty() {

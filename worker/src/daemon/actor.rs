@@ -348,7 +348,7 @@ impl ComputeThread {
     }
 
     /// Runs the subgraph on `inputs` (or gives its constants).
-    fn infer(&mut self, inputs: &[Tensor]) -> (Result<InferResult, String>, Duration) {
+    fn infer(&mut self, inputs: &[Tensor]) -> (Result<InferResult, RunError>, Duration) {
         self.router.running(true);
         let started = Instant::now();
         let result = match &self.constants {
@@ -359,8 +359,8 @@ impl ComputeThread {
             None => {
                 let compiled = &self.compiled;
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compiled.infer(inputs)))
-                    .map_err(|_| "the backend panicked".to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()))
+                    .map_err(|_| RunError::Panicked)
+                    .and_then(|r| r.map_err(RunError::Backend))
             }
         };
         let elapsed = started.elapsed();
@@ -429,30 +429,29 @@ impl ComputeThread {
     fn keep_state(
         &self,
         steps: &Steps,
-        result: Result<InferResult, String>,
-    ) -> Result<InferResult, String> {
+        result: Result<InferResult, RunError>,
+    ) -> Result<InferResult, RunError> {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let kept = match &result {
-            Ok(_) if self.state.writes.is_empty() => Ok(()),
-            Ok(r) => store.keep(steps, &self.state, &r.outputs),
-            Err(e) => Err(e.clone()),
-        };
-        match kept {
-            Ok(()) => {
-                tracing::debug!(
-                    sequences = store.len(),
-                    state_bytes = store.bytes(),
-                    "state kept"
-                );
-                result
+        let kept = match result {
+            Ok(r) if self.state.writes.is_empty() => Ok(r),
+            Ok(r) => {
+                (store.keep(steps, &self.state, &r.outputs).map(|()| r)).map_err(RunError::from)
             }
-            Err(e) => {
+            Err(e) => Err(e),
+        };
+        match &kept {
+            Ok(_) => tracing::debug!(
+                sequences = store.len(),
+                state_bytes = store.bytes(),
+                "state kept"
+            ),
+            Err(_) => {
                 for row in &steps.rows {
                     store.end(row.id);
                 }
-                Err(e)
             }
         }
+        kept
     }
 
     /// Runs `requests` as one batch and answers each with its own rows; a
@@ -494,7 +493,7 @@ impl ComputeThread {
             }
             Err(e) => {
                 for &r in requests {
-                    self.fail(r, e.clone());
+                    self.fail(r, &e);
                 }
             }
         }
@@ -521,12 +520,23 @@ impl ComputeThread {
             .spawn(async move { router.deliver(ran, outputs, took, nodes).await });
     }
 
-    fn fail(&self, request: u64, error: String) {
+    fn fail(&self, request: u64, error: impl std::fmt::Display) {
         let error = format!("subgraph {} on {}: {error}", self.subgraph, self.device);
         let router = self.router.clone();
         self.runtime
             .spawn(async move { router.fail(request, error).await });
     }
+}
+
+/// Why a run of a subgraph failed.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("the backend panicked")]
+    Panicked,
+    #[error(transparent)]
+    Backend(crate::plugin::PluginError),
+    #[error(transparent)]
+    Sequence(#[from] super::sequences::SequenceError),
 }
 
 impl Actor for SubgraphActor {

@@ -6,7 +6,22 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use tessera_common::tensor::Tensor;
+use tessera_common::tensor::{Tensor, TensorError};
+
+/// Why requests cannot run as one batch (they then run one by one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("an input without a batch dimension")]
+    NoBatchDimension,
+    #[error("output {output} has shape {shape:?}, not {rows} rows: it cannot be split by request")]
+    NotSplittable {
+        output: usize,
+        shape: Vec<usize>,
+        rows: usize,
+    },
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
 
 /// A request whose inputs have all arrived.
 pub struct Ready {
@@ -63,10 +78,10 @@ pub fn batchable(ready: &VecDeque<Ready>, max: usize) -> usize {
 
 /// Each input slot of `requests` concatenated along the first dimension,
 /// and each request's rows.
-pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), String> {
+pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), BatchError> {
     let rows: Vec<usize> = requests
         .iter()
-        .map(|inputs| rows(inputs).ok_or("an input without a batch dimension"))
+        .map(|inputs| rows(inputs).ok_or(BatchError::NoBatchDimension))
         .collect::<Result<_, _>>()?;
     let total: usize = rows.iter().sum();
     let Some(first) = requests.first() else {
@@ -81,7 +96,7 @@ pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), Str
             }
             let mut shape = first[slot].shape().to_vec();
             shape[0] = total;
-            Tensor::new(first[slot].elem(), shape, data.freeze()).map_err(|e| e.to_string())
+            Ok::<_, BatchError>(Tensor::new(first[slot].elem(), shape, data.freeze())?)
         })
         .collect::<Result<_, _>>()?;
     Ok((joined, rows))
@@ -91,15 +106,16 @@ pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), Str
 /// list per request. An output whose first dimension is not the batch's
 /// total rows cannot be split (the model mixes rows, or drops the batch
 /// dimension): an error.
-pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, String> {
+pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, BatchError> {
     let total: usize = rows.iter().sum();
     let mut per_request: Vec<Vec<Tensor>> = vec![Vec::with_capacity(outputs.len()); rows.len()];
     for (i, out) in outputs.into_iter().enumerate() {
         if out.shape().first() != Some(&total) {
-            return Err(format!(
-                "output {i} has shape {:?}, not {total} rows: it cannot be split by request",
-                out.shape()
-            ));
+            return Err(BatchError::NotSplittable {
+                output: i,
+                shape: out.shape().to_vec(),
+                rows: total,
+            });
         }
         let row_bytes = out.bytes().len() / total.max(1);
         let data = out.shared_bytes();
@@ -109,7 +125,7 @@ pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, S
             shape[0] = n;
             let part = data.slice(at..at + n * row_bytes);
             at += n * row_bytes;
-            per_request[r].push(Tensor::new(out.elem(), shape, part).map_err(|e| e.to_string())?);
+            per_request[r].push(Tensor::new(out.elem(), shape, part)?);
         }
     }
     Ok(per_request)
@@ -164,6 +180,14 @@ mod tests {
     #[test]
     fn an_output_without_the_batch_rows_is_not_split() {
         let err = split(vec![t(&[4], 0.0)], &[1, 2]).unwrap_err();
-        assert!(err.contains("not 3 rows"), "{err}");
+        assert_eq!(
+            err,
+            BatchError::NotSplittable {
+                output: 0,
+                shape: vec![4],
+                rows: 3
+            }
+        );
+        assert!(err.to_string().contains("not 3 rows"), "{err}");
     }
 }

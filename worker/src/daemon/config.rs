@@ -39,18 +39,44 @@ pub struct WorkerConfig {
     pub plugin: BTreeMap<String, String>,
 }
 
+/// Why `worker.toml` cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerConfigError {
+    #[error("{0}: no such file")]
+    NoFile(PathBuf),
+    /// Not TOML, an unknown key or a value of the wrong type.
+    #[error("{path}: {source}")]
+    Invalid {
+        path: PathBuf,
+        source: config::ConfigError,
+    },
+}
+
 impl WorkerConfig {
-    pub fn load(path: &Path) -> Result<WorkerConfig, String> {
-        let origin = path.display();
+    pub fn load(path: &Path) -> Result<WorkerConfig, WorkerConfigError> {
         if !path.exists() {
-            return Err(format!("{origin}: no such file"));
+            return Err(WorkerConfigError::NoFile(path.to_path_buf()));
         }
         config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .build()
             .and_then(|c| c.try_deserialize())
-            .map_err(|e| format!("{origin}: {e}"))
+            .map_err(|source| WorkerConfigError::Invalid {
+                path: path.to_path_buf(),
+                source,
+            })
     }
+}
+
+/// Why a memory limit does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryLimitError {
+    #[error("memory limit: {0}")]
+    Size(#[from] tessera_common::memory::SizeError),
+    #[error("memory limit: '{0}' is neither SIZE nor KIND=SIZE (e.g. CPU=2GiB,GPU=8GiB)")]
+    NotSizeOrKind(String),
+    #[error("memory limit: '{0}' names no device kind")]
+    NoKind(String),
 }
 
 /// Memory limits of a worker's devices: one size for every device
@@ -69,24 +95,23 @@ impl MemoryLimits {
 }
 
 impl std::str::FromStr for MemoryLimits {
-    type Err = String;
+    type Err = MemoryLimitError;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         use tessera_common::memory::parse_limit;
-        let bad = |e: tessera_common::memory::SizeError| format!("memory limit: {e}");
         let mut limits = MemoryLimits::default();
         if !text.contains('=') {
-            limits.all = Some(parse_limit(text).map_err(bad)?);
+            limits.all = Some(parse_limit(text)?);
             return Ok(limits);
         }
         for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let (kind, size) = entry.split_once('=').ok_or_else(|| {
-                format!("memory limit: '{entry}' is neither SIZE nor KIND=SIZE (e.g. CPU=2GiB,GPU=8GiB)")
-            })?;
+            let (kind, size) = entry
+                .split_once('=')
+                .ok_or_else(|| MemoryLimitError::NotSizeOrKind(entry.to_string()))?;
             let kind = kind.trim().to_ascii_uppercase();
             if kind.is_empty() {
-                return Err(format!("memory limit: '{entry}' names no device kind"));
+                return Err(MemoryLimitError::NoKind(entry.to_string()));
             }
-            limits.by_kind.insert(kind, parse_limit(size).map_err(bad)?);
+            limits.by_kind.insert(kind, parse_limit(size)?);
         }
         Ok(limits)
     }
@@ -108,7 +133,15 @@ mod tests {
         assert_eq!(by.of("NPU"), None);
         for bad in ["0", "lots", "CPU=0", "=2GiB", "CPU=2GiB,GPU"] {
             let e = bad.parse::<MemoryLimits>().unwrap_err();
-            assert!(e.starts_with("memory limit"), "{bad}: {e}");
+            assert!(e.to_string().starts_with("memory limit"), "{bad}: {e}");
         }
+        assert_eq!(
+            "=2GiB".parse::<MemoryLimits>(),
+            Err(MemoryLimitError::NoKind("=2GiB".into()))
+        );
+        assert_eq!(
+            "CPU=2GiB,GPU".parse::<MemoryLimits>(),
+            Err(MemoryLimitError::NotSizeOrKind("GPU".into()))
+        );
     }
 }

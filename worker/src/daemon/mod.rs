@@ -308,14 +308,13 @@ async fn serve_sessions(
 }
 
 impl State {
-    pub(super) fn device(&self, kind: &str) -> Result<&Device, String> {
+    pub(super) fn device(&self, kind: &str) -> Result<&Device, operations::OperationError> {
         self.devices.iter().find(|d| d.kind == kind).ok_or_else(|| {
-            let have: Vec<&str> = self.devices.iter().map(|d| d.kind.as_str()).collect();
-            format!(
-                "{} has no device {kind}; it serves {}",
-                self.name,
-                have.join(", ")
-            )
+            operations::OperationError::NoDevice {
+                worker: self.name.clone(),
+                device: kind.to_string(),
+                serves: self.devices.iter().map(|d| d.kind.clone()).collect(),
+            }
         })
     }
 }

@@ -7,11 +7,14 @@ use std::time::Instant;
 
 use actix::Actor;
 use bytes::Bytes;
-use tessera_common::onnx::decode_model;
+use tessera_common::onnx::{decode_model, OnnxError};
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
 use tessera_common::wire::control::{DeploySpec, Destination, DeviceAnswer, ErrorKind, TypeReport};
 use tessera_common::wire::{Message, Progress};
-use tessera_net::exchange;
+use tessera_net::exchange::{self, ExchangeError};
+use tessera_net::NetError;
+
+use crate::plugin::PluginError;
 
 use super::actor::{Stop, SubgraphActor};
 use super::sequences::StateSlots;
@@ -27,14 +30,19 @@ pub(super) async fn serve_operation(
     let reply = match exchange::read_operation::<ToWorker>(&mut recv, &limits).await {
         Ok(Some((msg, payload))) => operation(&state, msg, payload, &mut send, &mut recv).await,
         Ok(None) => return,
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(OperationError::Read(e)),
     };
     let sent = match reply {
         Ok(answer) => exchange::send_message(&mut send, &answer, None, &limits).await,
         Err(error) => {
             tracing::warn!("{error}");
-            exchange::send_failure::<WorkerAnswer>(&mut send, ErrorKind::Worker, error, &limits)
-                .await
+            exchange::send_failure::<WorkerAnswer>(
+                &mut send,
+                ErrorKind::Worker,
+                error.to_string(),
+                &limits,
+            )
+            .await
         }
     };
     if let Err(e) = sent {
@@ -49,19 +57,22 @@ async fn operation(
     payload: Bytes,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<WorkerAnswer, String> {
+) -> Result<WorkerAnswer, OperationError> {
     match msg {
         ToWorker::QueryNetwork { devices } => {
-            let model = decode_model(&payload).map_err(|e| format!("QueryNetwork: {e}"))?;
+            let model = decode_model(&payload).map_err(OperationError::BadModel)?;
             let state = state.clone();
             tokio::task::spawn_blocking(move || {
                 let mut answers = Vec::new();
                 for kind in &devices {
                     let device = state.device(kind)?;
-                    let r = device
-                        .plugin
-                        .query_network(&model)
-                        .map_err(|e| format!("{}/{kind} QueryNetwork: {e}", state.name))?;
+                    let r = device.plugin.query_network(&model).map_err(|source| {
+                        OperationError::Query {
+                            worker: state.name.clone(),
+                            device: kind.clone(),
+                            source,
+                        }
+                    })?;
                     answers.push(DeviceAnswer {
                         device: kind.clone(),
                         supported: r.supported.into_iter().collect(),
@@ -79,7 +90,7 @@ async fn operation(
                 Ok(WorkerAnswer::QueryResult { answers })
             })
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(OperationError::Task)?
         }
         ToWorker::Deploy(spec) => deploy(state, spec, send, recv).await,
         ToWorker::Undeploy { network } => {
@@ -96,8 +107,52 @@ async fn operation(
             state.router.end_sequence(network, sequence);
             Ok(WorkerAnswer::Done)
         }
-        ToWorker::Model => Err("a model came without a Deploy to ask for it".into()),
+        ToWorker::Model => Err(OperationError::UnaskedModel),
     }
+}
+
+/// Why an operation of the coordinator failed here (its answer is a
+/// `Failed` that says so).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum OperationError {
+    /// The operation's frame could not be read.
+    #[error(transparent)]
+    Read(ExchangeError),
+    #[error("QueryNetwork: {0}")]
+    BadModel(OnnxError),
+    #[error("{worker} has no device {device}; it serves {}", serves.join(", "))]
+    NoDevice {
+        worker: String,
+        device: String,
+        serves: Vec<String>,
+    },
+    #[error("{worker}/{device} QueryNetwork: {source}")]
+    Query {
+        worker: String,
+        device: String,
+        source: PluginError,
+    },
+    #[error("a model came without a Deploy to ask for it")]
+    UnaskedModel,
+    #[error("asking for the model: {0}")]
+    AskModel(NetError),
+    #[error("the model of subgraph {subgraph} came with {got} bytes, {announced} were announced")]
+    ModelSize {
+        subgraph: u32,
+        got: u64,
+        announced: u64,
+    },
+    #[error("expected the model, got {0}")]
+    NotTheModel(&'static str),
+    #[error("the coordinator sent no model")]
+    NoModel,
+    #[error("receiving the model: {0}")]
+    ReceiveModel(ExchangeError),
+    #[error("{what}: {source}")]
+    Compile { what: String, source: PluginError },
+    /// A blocking task of the operation panicked or was cancelled.
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
 }
 
 /// The subgraph from the compile cache, if it holds a usable one.
@@ -126,11 +181,11 @@ async fn receive_model(
     spec: &DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, OperationError> {
     let limits = *state.node.limits();
     exchange::send_message(send, &WorkerAnswer::NeedModel, None, &limits)
         .await
-        .map_err(|e| format!("asking for the model: {e}"))?;
+        .map_err(OperationError::AskModel)?;
     match exchange::read_operation::<ToWorker>(recv, &limits).await {
         Ok(Some((ToWorker::Model, model))) if model.len() as u64 == spec.model_bytes => {
             tracing::info!(
@@ -140,15 +195,14 @@ async fn receive_model(
             );
             Ok(model)
         }
-        Ok(Some((ToWorker::Model, model))) => Err(format!(
-            "the model of subgraph {} came with {} bytes, {} were announced",
-            spec.subgraph,
-            model.len(),
-            spec.model_bytes
-        )),
-        Ok(Some((other, _))) => Err(format!("expected the model, got {}", other.name())),
-        Ok(None) => Err("the coordinator sent no model".into()),
-        Err(e) => Err(format!("receiving the model: {e}")),
+        Ok(Some((ToWorker::Model, model))) => Err(OperationError::ModelSize {
+            subgraph: spec.subgraph,
+            got: model.len() as u64,
+            announced: spec.model_bytes,
+        }),
+        Ok(Some((other, _))) => Err(OperationError::NotTheModel(other.name())),
+        Ok(None) => Err(OperationError::NoModel),
+        Err(e) => Err(OperationError::ReceiveModel(e)),
     }
 }
 
@@ -160,7 +214,7 @@ async fn deploy(
     spec: DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<WorkerAnswer, String> {
+) -> Result<WorkerAnswer, OperationError> {
     let started = Instant::now();
     let (compiled, cached) = compiled(state, &spec, send, recv).await?;
     let compile_ms = started.elapsed().as_millis() as u64;
@@ -182,7 +236,7 @@ async fn compiled(
     spec: &DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<(Arc<dyn crate::plugin::CompiledSubgraph>, bool), String> {
+) -> Result<(Arc<dyn crate::plugin::CompiledSubgraph>, bool), OperationError> {
     let limits = *state.node.limits();
     let what = format!(
         "compiling subgraph {} on {}/{}",
@@ -204,7 +258,7 @@ async fn compiled(
     }
     let (cache, config) = (state.cache.clone(), state.config.clone());
     let compiled = tokio::task::spawn_blocking(move || {
-        let compiled = plugin.compile(&model, &config).map_err(|e| e.to_string())?;
+        let compiled = plugin.compile(&model, &config)?;
         // The model's bytes go with this closure: the worker keeps what
         // the compiled subgraph holds, nothing more.
         drop(model);
@@ -214,11 +268,11 @@ async fn compiled(
                 Err(e) => tracing::debug!("not caching {key}: {e}"),
             }
         }
-        Ok::<_, String>(compiled)
+        Ok::<_, PluginError>(compiled)
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("{what}: {e}"))?;
+    .map_err(OperationError::Task)?
+    .map_err(|source| OperationError::Compile { what, source })?;
     Ok((compiled, false))
 }
 

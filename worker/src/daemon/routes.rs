@@ -249,28 +249,36 @@ impl Router {
 
     /// The link to worker `name` at `addr`, dialled on first use (and again
     /// when the worker's address changed or its link closed).
-    pub async fn peer(&self, name: &str, addr: &str) -> Result<Link, String> {
+    pub async fn peer(&self, name: &str, addr: &str) -> Result<Link, PeerError> {
         let mut peers = self.peers.lock().await;
         if let Some((_, link)) = peers.get(name).filter(|(at, l)| at == addr && l.is_open()) {
             return Ok(link.clone());
         }
         let socket = tessera_net::resolve(addr)
             .await
-            .map_err(|e| format!("worker {name}: {e}"))?;
+            .map_err(|source| PeerError::Resolve {
+                name: name.to_string(),
+                source,
+            })?;
         let peer = self
             .node
             .dial(socket)
             .await
-            .map_err(|e| format!("cannot reach worker {name}: {e}"))?;
+            .map_err(|source| PeerError::Unreachable {
+                name: name.to_string(),
+                source,
+            })?;
         // The address must be the worker the route names (its certificate
         // proved the name it answered with).
         if peer.hello.node != name || peer.hello.role != Role::Worker {
             tessera_net::CloseCode::Refused
                 .close(&peer.connection, "not the worker the route names");
-            return Err(format!(
-                "{addr} is the {} '{}', not worker {name}",
-                peer.hello.role, peer.hello.node
-            ));
+            return Err(PeerError::NotThatWorker {
+                addr: addr.to_string(),
+                role: peer.hello.role,
+                node: peer.hello.node.clone(),
+                name: name.to_string(),
+            });
         }
         let link = Link::open(peer.connection, name, self.limits, LINK_DEPTH);
         peers.insert(name.to_string(), (addr.to_string(), link.clone()));
@@ -343,7 +351,7 @@ impl Router {
                             .send_step_tensor(network, request, sequence.as_ref(), &name, &tensor)
                             .await
                             .map_err(|e| e.to_string()),
-                        Err(e) => Err(e),
+                        Err(e) => Err(e.to_string()),
                     },
                     Destination::Coordinator => self
                         .coordinator
@@ -419,4 +427,27 @@ impl Router {
             self.consumers.iter().map(|e| e.key().0).collect();
         networks.into_iter().flat_map(|n| self.remove(n)).collect()
     }
+}
+
+/// Why the link to another worker cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("worker {name}: {source}")]
+    Resolve {
+        name: String,
+        source: tessera_net::NetError,
+    },
+    #[error("cannot reach worker {name}: {source}")]
+    Unreachable {
+        name: String,
+        source: tessera_net::NetError,
+    },
+    /// The address answered with another identity (its certificate's).
+    #[error("{addr} is the {role} '{node}', not worker {name}")]
+    NotThatWorker {
+        addr: String,
+        role: Role,
+        node: String,
+        name: String,
+    },
 }

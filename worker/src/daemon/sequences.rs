@@ -135,7 +135,7 @@ impl SequenceStore {
         steps: &Steps,
         slots: &StateSlots,
         given: Vec<Tensor>,
-    ) -> Result<Vec<Tensor>, String> {
+    ) -> Result<Vec<Tensor>, SequenceError> {
         if steps.fresh() {
             for row in &steps.rows {
                 self.start(row.id)?;
@@ -163,10 +163,12 @@ impl SequenceStore {
                 for (row, t) in steps.rows.iter().zip(&rows) {
                     let held = t.shape().get(axis).copied();
                     if held != Some(row.past as usize) {
-                        return Err(format!(
-                            "sequence {} holds {held:?} positions of '{}' here, the step says {}",
-                            row.id, slot.past, row.past
-                        ));
+                        return Err(SequenceError::Positions {
+                            sequence: row.id,
+                            state: slot.past.to_string(),
+                            held,
+                            step_says: row.past,
+                        });
                     }
                 }
             }
@@ -178,9 +180,7 @@ impl SequenceStore {
         (0..total)
             .map(|at| match state.iter().position(|(s, _)| *s == at) {
                 Some(i) => Ok(state.swap_remove(i).1),
-                None => given
-                    .next()
-                    .ok_or_else(|| "a step lacks an input".to_string()),
+                None => given.next().ok_or(SequenceError::LacksInput),
             })
             .collect()
     }
@@ -203,15 +203,12 @@ impl SequenceStore {
     }
 
     /// Makes room for a sequence that starts (or starts again).
-    fn start(&mut self, sequence: u64) -> Result<(), String> {
+    fn start(&mut self, sequence: u64) -> Result<(), SequenceError> {
         if self.kept.contains_key(&sequence) {
             return Ok(());
         }
         if self.max_sequences > 0 && self.kept.len() >= self.max_sequences {
-            return Err(format!(
-                "this stage keeps state for {} sequences already (its limit); try again when one ends",
-                self.kept.len()
-            ));
+            return Err(SequenceError::Full(self.kept.len()));
         }
         self.kept.insert(
             sequence,
@@ -231,7 +228,7 @@ impl SequenceStore {
         steps: &Steps,
         slots: &StateSlots,
         outputs: &[Tensor],
-    ) -> Result<(), String> {
+    ) -> Result<(), SequenceError> {
         for (b, row) in steps.rows.iter().enumerate() {
             let Some(kept) = self.kept.get_mut(&row.id) else {
                 continue;
@@ -243,7 +240,7 @@ impl SequenceStore {
             for slot in &slots.writes {
                 let t = outputs
                     .get(slot.at)
-                    .ok_or_else(|| format!("the step made no output {}", slot.at))?;
+                    .ok_or(SequenceError::NoOutput(slot.at))?;
                 let rows = steps.rows.len();
                 let value = Value {
                     tensor: state_rows::unstack(t, b, rows, slot.axis, padding)?,
@@ -288,11 +285,37 @@ impl SequenceStore {
 }
 
 /// The error for a row whose state is not here.
-fn missing(row: &SequenceStep) -> String {
-    format!(
-        "sequence {} has no state for step {} on this worker (ended, idle too long, or started on another)",
-        row.id, row.step
-    )
+fn missing(row: &SequenceStep) -> SequenceError {
+    SequenceError::NoState {
+        sequence: row.id,
+        step: row.step,
+    }
+}
+
+/// Why a step of a sequence cannot take or keep its state here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SequenceError {
+    #[error("sequence {sequence} has no state for step {step} on this worker (ended, idle too long, or started on another)")]
+    NoState { sequence: u64, step: u32 },
+    #[error(
+        "sequence {sequence} holds {held:?} positions of '{state}' here, the step says {step_says}"
+    )]
+    Positions {
+        sequence: u64,
+        state: String,
+        held: Option<usize>,
+        step_says: u32,
+    },
+    #[error(
+        "this stage keeps state for {0} sequences already (its limit); try again when one ends"
+    )]
+    Full(usize),
+    #[error("a step lacks an input")]
+    LacksInput,
+    #[error("the step made no output {0}")]
+    NoOutput(usize),
+    #[error(transparent)]
+    Rows(#[from] super::state_rows::StateRowsError),
 }
 
 #[cfg(test)]
@@ -357,7 +380,10 @@ mod tests {
         let err = s
             .inputs(&step(7, 1, false), &slots, vec![t(5.0, 1)])
             .unwrap_err();
-        assert!(err.contains("no state for step 1"), "{err}");
+        assert!(
+            matches!(err, SequenceError::NoState { step: 1, .. }),
+            "{err}"
+        );
         // A step that finishes after its sequence ended keeps nothing.
         s.keep(&step(7, 1, false), &slots, &[t(3.0, 4), t(9.0, 1)])
             .expect("nothing to keep");
@@ -402,7 +428,11 @@ mod tests {
         let err = s
             .inputs(&step(2, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .unwrap_err();
-        assert!(err.contains("keeps state for 1 sequences"), "{err}");
+        assert_eq!(err, SequenceError::Full(1));
+        assert!(
+            err.to_string().contains("keeps state for 1 sequences"),
+            "{err}"
+        );
         // A replay of a known sequence starts afresh in its own place.
         s.inputs(&step(1, 5, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .expect("replay");
@@ -466,7 +496,13 @@ mod tests {
                 vec![],
             )
             .unwrap_err();
-        assert!(err.contains("sequence 1 has no state for step 2"), "{err}");
+        assert_eq!(
+            err,
+            SequenceError::NoState {
+                sequence: 1,
+                step: 2
+            }
+        );
     }
 
     #[test]
@@ -476,6 +512,9 @@ mod tests {
         let err = s
             .inputs(&Steps::one(row(1, 1, false, 1000)), &slots, vec![t(0.0, 1)])
             .unwrap_err();
-        assert!(err.contains("holds Some(3) positions"), "{err}");
+        assert!(
+            matches!(err, SequenceError::Positions { held: Some(3), .. }),
+            "{err}"
+        );
     }
 }

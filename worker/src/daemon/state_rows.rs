@@ -10,7 +10,34 @@
 //! step's new one).
 
 use bytes::{Bytes, BytesMut};
-use tessera_common::tensor::Tensor;
+use tessera_common::onnx::ElemType;
+use tessera_common::tensor::{Tensor, TensorError};
+
+/// Why sequences' state cannot be stacked into a batch or cut back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateRowsError {
+    #[error("no rows to stack")]
+    NoRows,
+    #[error("state of shape {shape:?} has no positions axis {axis}")]
+    NoPositionsAxis { shape: Vec<usize>, axis: usize },
+    #[error("state of type {0} cannot be padded")]
+    NotPaddable(ElemType),
+    #[error("sequence states of shapes {first:?} and {other:?} do not batch")]
+    DoNotBatch {
+        first: Vec<usize>,
+        other: Vec<usize>,
+    },
+    #[error("a sequence's state holds {own} positions, more than the batch's {positions}")]
+    TooManyPositions { own: usize, positions: usize },
+    #[error("a state output of shape {shape:?} has not the request's {rows} rows")]
+    WrongRows { shape: Vec<usize>, rows: usize },
+    #[error("a state output of {rows} rows has no row {row}")]
+    NoSuchRow { rows: usize, row: usize },
+    #[error("{padding} padded positions of {positions}")]
+    Overpadded { padding: usize, positions: usize },
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
 
 /// A tensor's layout around its positions axis, in bytes: `outer` blocks
 /// (the dimensions between the batch and the axis) of `positions` runs of
@@ -20,21 +47,20 @@ struct Layout {
     inner: usize,
 }
 
-fn layout(t: &Tensor, axis: usize) -> Result<Layout, String> {
+fn layout(t: &Tensor, axis: usize) -> Result<Layout, StateRowsError> {
     let shape = t.shape();
     if axis == 0 || axis >= shape.len() {
-        return Err(format!(
-            "state of shape {shape:?} has no positions axis {axis}"
-        ));
-    }
-    if !t.elem().is_byte_aligned() {
-        return Err(format!("state of type {} cannot be padded", t.elem()));
+        return Err(StateRowsError::NoPositionsAxis {
+            shape: shape.to_vec(),
+            axis,
+        });
     }
     let elem = t
         .elem()
         .size_bytes()
+        .filter(|_| t.elem().is_byte_aligned())
         .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| format!("state of type {} has no element size", t.elem()))?;
+        .ok_or(StateRowsError::NotPaddable(t.elem()))?;
     Ok(Layout {
         outer: shape[1..axis].iter().product(),
         inner: shape[axis + 1..].iter().product::<usize>() * elem,
@@ -46,11 +72,15 @@ fn layout(t: &Tensor, axis: usize) -> Result<Layout, String> {
 /// `axis` to `positions`. Without an axis every row must already hold
 /// `positions` (they are only stacked). One row that needs no padding is
 /// passed through without a copy.
-pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result<Tensor, String> {
-    let first = rows.first().ok_or("no rows to stack")?;
+pub fn stack(
+    rows: Vec<Tensor>,
+    axis: Option<usize>,
+    positions: usize,
+) -> Result<Tensor, StateRowsError> {
+    let first = rows.first().ok_or(StateRowsError::NoRows)?;
     let own = |t: &Tensor| axis.and_then(|a| t.shape().get(a).copied());
     if rows.len() == 1 && axis.is_none_or(|_| own(first) == Some(positions)) {
-        return rows.into_iter().next().ok_or_else(|| "no rows".to_string());
+        return rows.into_iter().next().ok_or(StateRowsError::NoRows);
     }
     // Every row one sequence's, agreeing with the first but along `axis`.
     let agrees = |t: &Tensor| {
@@ -61,11 +91,10 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
                 .all(|(i, (a, b))| Some(i) == axis || a == b)
     };
     if let Some(t) = rows.iter().find(|t| !agrees(t)) {
-        return Err(format!(
-            "sequence states of shapes {:?} and {:?} do not batch",
-            first.shape(),
-            t.shape()
-        ));
+        return Err(StateRowsError::DoNotBatch {
+            first: first.shape().to_vec(),
+            other: t.shape().to_vec(),
+        });
     }
     let mut shape = first.shape().to_vec();
     let Some(axis) = axis else {
@@ -75,7 +104,7 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
         for t in &rows {
             data.extend_from_slice(t.bytes());
         }
-        return Tensor::new(first.elem(), shape, data.freeze()).map_err(|e| e.to_string());
+        return Ok(Tensor::new(first.elem(), shape, data.freeze())?);
     };
     let Layout { outer, inner } = layout(first, axis)?;
     shape[0] = rows.len();
@@ -84,9 +113,7 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
     for (b, t) in rows.iter().enumerate() {
         let own = t.shape()[axis];
         if own > positions {
-            return Err(format!(
-                "a sequence's state holds {own} positions, more than the batch's {positions}"
-            ));
+            return Err(StateRowsError::TooManyPositions { own, positions });
         }
         let run = own * inner;
         for o in 0..outer {
@@ -95,7 +122,7 @@ pub fn stack(rows: Vec<Tensor>, axis: Option<usize>, positions: usize) -> Result
             data[to..to + run].copy_from_slice(&t.bytes()[from..from + run]);
         }
     }
-    Tensor::new(first.elem(), shape, data.freeze()).map_err(|e| e.to_string())
+    Ok(Tensor::new(first.elem(), shape, data.freeze())?)
 }
 
 /// Row `row` of a state output of a request of `rows` rows, its first
@@ -108,18 +135,19 @@ pub fn unstack(
     rows: usize,
     axis: Option<usize>,
     padding: usize,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, StateRowsError> {
     if rows == 1 && padding == 0 {
         return Ok(t.clone());
     }
     let shape = t.shape();
     if shape.first() != Some(&rows) {
-        return Err(format!(
-            "a state output of shape {shape:?} has not the request's {rows} rows"
-        ));
+        return Err(StateRowsError::WrongRows {
+            shape: shape.to_vec(),
+            rows,
+        });
     }
     if row >= rows {
-        return Err(format!("a state output of {rows} rows has no row {row}"));
+        return Err(StateRowsError::NoSuchRow { rows, row });
     }
     let data: Bytes = t.shared_bytes();
     let Some(axis) = axis.filter(|_| padding > 0) else {
@@ -127,14 +155,17 @@ pub fn unstack(
         let each = data.len() / rows;
         let mut one = shape.to_vec();
         one[0] = 1;
-        return Tensor::new(t.elem(), one, data.slice(row * each..(row + 1) * each))
-            .map_err(|e| e.to_string());
+        return Ok(Tensor::new(
+            t.elem(),
+            one,
+            data.slice(row * each..(row + 1) * each),
+        )?);
     };
     let Layout { outer, inner } = layout(t, axis)?;
     let positions = shape[axis];
     let kept = positions
         .checked_sub(padding)
-        .ok_or_else(|| format!("{padding} padded positions of {positions}"))?;
+        .ok_or(StateRowsError::Overpadded { padding, positions })?;
     let mut out = BytesMut::with_capacity(outer * kept * inner);
     for o in 0..outer {
         let from = ((row * outer + o) * positions + padding) * inner;
@@ -143,7 +174,7 @@ pub fn unstack(
     let mut one = shape.to_vec();
     one[0] = 1;
     one[axis] = kept;
-    Tensor::new(t.elem(), one, out.freeze()).map_err(|e| e.to_string())
+    Ok(Tensor::new(t.elem(), one, out.freeze())?)
 }
 
 #[cfg(test)]
@@ -186,22 +217,41 @@ mod tests {
         assert_eq!(batch.shape(), [2, 2, 3, 2]);
         assert_eq!(unstack(&batch, 1, 2, None, 0).expect("row"), b);
         let err = stack(vec![a, state(2, 4, 0.0)], None, 4).unwrap_err();
-        assert!(err.contains("do not batch"), "{err}");
+        assert!(matches!(err, StateRowsError::DoNotBatch { .. }), "{err}");
     }
 
     #[test]
     fn states_that_cannot_batch_are_errors_not_panics() {
         let err = stack(vec![state(2, 5, 0.0)], Some(2), 4).unwrap_err();
-        assert!(err.contains("more than the batch's 4"), "{err}");
+        assert_eq!(
+            err,
+            StateRowsError::TooManyPositions {
+                own: 5,
+                positions: 4
+            }
+        );
+        assert!(err.to_string().contains("more than the batch's 4"), "{err}");
         let err = stack(vec![state(2, 2, 0.0), state(3, 2, 0.0)], Some(2), 2).unwrap_err();
-        assert!(err.contains("do not batch"), "{err}");
+        assert!(matches!(err, StateRowsError::DoNotBatch { .. }), "{err}");
         let err = unstack(&state(2, 2, 0.0), 3, 1, Some(2), 1).unwrap_err();
-        assert!(err.contains("no row 3"), "{err}");
+        assert_eq!(err, StateRowsError::NoSuchRow { rows: 1, row: 3 });
         let err = unstack(&state(2, 2, 0.0), 0, 2, Some(2), 0).unwrap_err();
-        assert!(err.contains("has not the request's 2 rows"), "{err}");
+        assert!(
+            matches!(err, StateRowsError::WrongRows { rows: 2, .. }),
+            "{err}"
+        );
         let err = unstack(&state(2, 2, 0.0), 0, 1, Some(2), 5).unwrap_err();
-        assert!(err.contains("5 padded positions of 2"), "{err}");
+        assert_eq!(
+            err,
+            StateRowsError::Overpadded {
+                padding: 5,
+                positions: 2
+            }
+        );
         let err = stack(vec![state(2, 2, 0.0), state(2, 2, 0.0)], Some(7), 2).unwrap_err();
-        assert!(err.contains("no positions axis 7"), "{err}");
+        assert!(
+            matches!(err, StateRowsError::NoPositionsAxis { axis: 7, .. }),
+            "{err}"
+        );
     }
 }

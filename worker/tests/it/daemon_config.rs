@@ -21,7 +21,14 @@ fn unknown_keys_are_an_error() {
     let path = std::env::temp_dir().join(format!("tessera-worker-{}.toml", std::process::id()));
     std::fs::write(&path, "name = \"node-a\"\ndevice = [\"CPU\"]\n").unwrap();
     let err = WorkerConfig::load(&path).unwrap_err();
-    assert!(err.contains("device"), "{err}");
+    assert!(
+        matches!(
+            err,
+            tessera_worker::daemon::config::WorkerConfigError::Invalid { .. }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("device"), "{err}");
 }
 
 #[test]
