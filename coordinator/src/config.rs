@@ -211,17 +211,38 @@ fn default_queue_delay_us() -> u64 {
     DEFAULT_QUEUE_DELAY_US
 }
 
+/// What is wrong with a model's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ModelConfigError {
+    #[error("a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')")]
+    BadName,
+    #[error("the model's file (or generative folder) is required")]
+    NoPath,
+}
+
+impl ModelConfigError {
+    /// The key at fault below `models.NAME` (`""`: the name itself).
+    pub fn key(&self) -> &'static str {
+        match self {
+            ModelConfigError::BadName => "",
+            ModelConfigError::NoPath => ".path",
+        }
+    }
+
+    /// The error as a config file shows it: `models.NAME.key: why`.
+    pub fn at(&self, name: &str) -> String {
+        format!("models.{name}{}: {self}", self.key())
+    }
+}
+
 impl ModelConfig {
-    /// Checks the model's name; the error starts with the key at fault
-    /// (`: ...`).
-    pub fn check(&self, name: &str) -> Result<(), String> {
+    /// Checks the model's name and that it has a path.
+    pub fn check(&self, name: &str) -> Result<(), ModelConfigError> {
         if !valid_model_name(name) {
-            return Err(
-                ": a model name is 1-128 of A-Z a-z 0-9 _ . - (not starting with '.')".into(),
-            );
+            return Err(ModelConfigError::BadName);
         }
         if self.path.as_os_str().is_empty() {
-            return Err(".path: the model's file (or generative folder) is required".into());
+            return Err(ModelConfigError::NoPath);
         }
         Ok(())
     }
@@ -359,8 +380,8 @@ impl CoordinatorConfig {
         if cfg.inter_host_gbps <= 0.0 {
             return Err(err("inter_host_gbps must be positive".into()));
         }
-        cfg.http_addr().map_err(err)?;
-        cfg.grpc_addr().map_err(err)?;
+        cfg.http_addr().map_err(|e| err(e.to_string()))?;
+        cfg.grpc_addr().map_err(|e| err(e.to_string()))?;
         if cfg.serving.tls_cert.as_os_str().is_empty() != cfg.serving.tls_key.as_os_str().is_empty()
         {
             return Err(err(
@@ -374,31 +395,47 @@ impl CoordinatorConfig {
             return Err(err("http_max_body_bytes must be positive".into()));
         }
         for (name, model) in &cfg.models {
-            model
-                .check(name)
-                .map_err(|e| err(format!("models.{name}{e}")))?;
+            model.check(name).map_err(|e| err(e.at(name)))?;
         }
         Ok(cfg)
     }
 
     /// The HTTP listener's address, `None` when off.
-    pub fn http_addr(&self) -> Result<Option<SocketAddr>, String> {
+    pub fn http_addr(&self) -> Result<Option<SocketAddr>, ListenAddrError> {
         listen_addr("http_listen", &self.http_listen, 8000)
     }
 
     /// The gRPC listener's address, `None` when off.
-    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, String> {
+    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, ListenAddrError> {
         listen_addr("grpc_listen", &self.grpc_listen, 8001)
     }
 }
 
+/// A listener key that is not `IP:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key} '{text}': {source} (expected IP:PORT, e.g. 127.0.0.1:{example})")]
+pub struct ListenAddrError {
+    pub key: &'static str,
+    pub text: String,
+    /// A port the example shows.
+    pub example: u16,
+    pub source: std::net::AddrParseError,
+}
+
 /// `IP:PORT` of a listener key, `None` when empty.
-fn listen_addr(key: &str, text: &str, example: u16) -> Result<Option<SocketAddr>, String> {
+fn listen_addr(
+    key: &'static str,
+    text: &str,
+    example: u16,
+) -> Result<Option<SocketAddr>, ListenAddrError> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(None);
     }
-    text.parse()
-        .map(Some)
-        .map_err(|e| format!("{key} '{text}': {e} (expected IP:PORT, e.g. 127.0.0.1:{example})"))
+    text.parse().map(Some).map_err(|source| ListenAddrError {
+        key,
+        text: text.to_string(),
+        example,
+        source,
+    })
 }

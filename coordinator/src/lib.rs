@@ -200,9 +200,9 @@ struct Listeners {
 /// bound address.
 fn bind_listener(
     what: &'static str,
-    addr: Result<Option<SocketAddr>, String>,
+    addr: Result<Option<SocketAddr>, config::ListenAddrError>,
 ) -> Result<(Option<tokio::net::TcpListener>, Option<SocketAddr>), CoordinatorError> {
-    let Some(addr) = addr.map_err(CoordinatorError::Http)? else {
+    let Some(addr) = addr.map_err(|e| CoordinatorError::Http(e.to_string()))? else {
         return Ok((None, None));
     };
     let listener = serving::listener::bind(what, addr)?;

@@ -7,7 +7,43 @@ use std::collections::HashMap;
 
 use tessera_common::graph::{Dim, Graph, StatePair};
 use tessera_common::onnx::ElemType;
-use tessera_common::tensor::Tensor;
+use tessera_common::tensor::{Tensor, TensorError};
+
+/// Why a model cannot be fed for generation, or a step's inputs or
+/// outputs do not fit it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeedError {
+    #[error(
+        "the model has no state pairs (outputs present.* fed back as past_key_values.*, \
+         or metadata tessera.state_pairs)"
+    )]
+    NoStatePairs,
+    #[error("state input '{0}' has no known rank")]
+    StateRank(String),
+    #[error(
+        "generation feeds {INPUT_IDS}, {ATTENTION_MASK}, {POSITION_IDS} and state \
+         inputs; it does not know how to feed '{0}'"
+    )]
+    UnknownInput(String),
+    #[error("the model has no '{INPUT_IDS}' input")]
+    NoInputIds,
+    #[error("the model has no '{LOGITS}' output")]
+    NoLogits,
+    #[error("token inputs of type {0} are not supported")]
+    TokenType(ElemType),
+    #[error("a row past the batch's positions")]
+    RowPastBatch,
+    #[error("the step gave no logits")]
+    NoLogitsOutput,
+    #[error("the logits' shape {shape:?} holds no row for each of {rows} sequences")]
+    LogitsRows { shape: Vec<usize>, rows: usize },
+    #[error("the logits are {0}, not floats")]
+    LogitsType(ElemType),
+    #[error("state input '{name}': {source}")]
+    EmptyState { name: String, source: TensorError },
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+}
 
 /// A state input's type, to make it empty.
 struct PastInput {
@@ -35,13 +71,9 @@ const LOGITS: &str = "logits";
 impl Feed {
     /// The feed of `graph`, whose state pairs are `pairs`; an error names
     /// an input it would not know how to feed.
-    pub fn new(graph: &Graph, pairs: &[StatePair]) -> Result<Feed, String> {
+    pub fn new(graph: &Graph, pairs: &[StatePair]) -> Result<Feed, FeedError> {
         if pairs.is_empty() {
-            return Err(
-                "the model has no state pairs (outputs present.* fed back as past_key_values.*, \
-                 or metadata tessera.state_pairs)"
-                    .into(),
-            );
+            return Err(FeedError::NoStatePairs);
         }
         let mut feed = Feed {
             input_ids: (String::new(), ElemType::INT64),
@@ -59,7 +91,7 @@ impl Feed {
                 let shape = tensor
                     .shape
                     .clone()
-                    .ok_or_else(|| format!("state input '{name}' has no known rank"))?;
+                    .ok_or_else(|| FeedError::StateRank(name.clone()))?;
                 feed.past.push(PastInput { name, elem, shape });
                 continue;
             }
@@ -71,23 +103,18 @@ impl Feed {
                 }
                 ATTENTION_MASK => feed.attention_mask = Some((name, elem)),
                 POSITION_IDS => feed.position_ids = Some((name, elem)),
-                _ => {
-                    return Err(format!(
-                        "generation feeds {INPUT_IDS}, {ATTENTION_MASK}, {POSITION_IDS} and state \
-                         inputs; it does not know how to feed '{name}'"
-                    ))
-                }
+                _ => return Err(FeedError::UnknownInput(name)),
             }
         }
         if feed.input_ids.0.is_empty() {
-            return Err(format!("the model has no '{INPUT_IDS}' input"));
+            return Err(FeedError::NoInputIds);
         }
         if !graph
             .outputs
             .iter()
             .any(|&t| graph.tensor(t).name == LOGITS)
         {
-            return Err(format!("the model has no '{LOGITS}' output"));
+            return Err(FeedError::NoLogits);
         }
         Ok(feed)
     }
@@ -107,7 +134,7 @@ impl Feed {
 
     /// The inputs of a fresh step over `tokens` (the whole sequence so
     /// far, a prompt or a replay): all of them, and empty state.
-    pub fn fresh(&self, tokens: &[u32]) -> Result<HashMap<String, Tensor>, String> {
+    pub fn fresh(&self, tokens: &[u32]) -> Result<HashMap<String, Tensor>, FeedError> {
         let n = tokens.len();
         let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
         let mut inputs = HashMap::new();
@@ -133,7 +160,7 @@ impl Feed {
         &self,
         rows: &[(u32, u32)],
         positions: u32,
-    ) -> Result<HashMap<String, Tensor>, String> {
+    ) -> Result<HashMap<String, Tensor>, FeedError> {
         let b = rows.len();
         let ids: Vec<i64> = rows.iter().map(|&(t, _)| i64::from(t)).collect();
         let mut inputs = HashMap::new();
@@ -142,9 +169,7 @@ impl Feed {
             let width = positions as usize + 1;
             let mut mask = Vec::with_capacity(b * width);
             for &(_, past) in rows {
-                let padding = positions
-                    .checked_sub(past)
-                    .ok_or("a row past the batch's positions")?;
+                let padding = positions.checked_sub(past).ok_or(FeedError::RowPastBatch)?;
                 mask.extend(std::iter::repeat_n(0, padding as usize));
                 mask.extend(std::iter::repeat_n(1, width - padding as usize));
             }
@@ -163,15 +188,16 @@ impl Feed {
         &self,
         outputs: &[(String, Tensor)],
         rows: usize,
-    ) -> Result<Vec<Vec<f32>>, String> {
+    ) -> Result<Vec<Vec<f32>>, FeedError> {
         let (_, logits) = outputs
             .iter()
             .find(|(n, _)| n == LOGITS)
-            .ok_or("the step gave no logits")?;
-        let vocab = *logits
-            .shape()
-            .last()
-            .ok_or("the logits have no dimensions")?;
+            .ok_or(FeedError::NoLogitsOutput)?;
+        let shape_error = || FeedError::LogitsRows {
+            shape: logits.shape().to_vec(),
+            rows,
+        };
+        let vocab = *logits.shape().last().ok_or_else(shape_error)?;
         let bytes = logits.shared_bytes();
         let per_row = bytes.len() / rows.max(1);
         let last = logits
@@ -180,26 +206,20 @@ impl Feed {
             .and_then(|b| usize::try_from(b).ok())
             .map(|b| b * vocab)
             .filter(|&last| last > 0 && last <= per_row && per_row * rows == bytes.len())
-            .ok_or_else(|| {
-                format!(
-                    "the logits' shape {:?} holds no row for each of {rows} sequences",
-                    logits.shape()
-                )
-            })?;
+            .ok_or_else(shape_error)?;
         (1..=rows)
             .map(|r| {
                 let end = r * per_row;
-                let row = Tensor::new(logits.elem(), vec![vocab], bytes.slice(end - last..end))
-                    .map_err(|e| e.to_string())?;
+                let row = Tensor::new(logits.elem(), vec![vocab], bytes.slice(end - last..end))?;
                 row.float_values()
-                    .ok_or_else(|| format!("the logits are {}, not floats", logits.elem()))
+                    .ok_or(FeedError::LogitsType(logits.elem()))
             })
             .collect()
     }
 }
 
 /// A `[rows, n / rows]` tensor of integers in `elem` (int64 or int32).
-fn ints(elem: ElemType, rows: usize, values: &[i64]) -> Result<Tensor, String> {
+fn ints(elem: ElemType, rows: usize, values: &[i64]) -> Result<Tensor, FeedError> {
     let shape = vec![rows, values.len() / rows.max(1)];
     let t = if elem == ElemType::INT32 {
         let narrow: Vec<i32> = values.iter().map(|&v| v as i32).collect();
@@ -207,14 +227,14 @@ fn ints(elem: ElemType, rows: usize, values: &[i64]) -> Result<Tensor, String> {
     } else if elem == ElemType::INT64 {
         Tensor::from_values(shape, values)
     } else {
-        return Err(format!("token inputs of type {elem} are not supported"));
+        return Err(FeedError::TokenType(elem));
     };
-    t.map_err(|e| e.to_string())
+    Ok(t?)
 }
 
 /// A state input with no positions yet: batch 1, the growing (symbolic)
 /// dimensions 0, the others as declared.
-fn empty_state(past: &PastInput) -> Result<Tensor, String> {
+fn empty_state(past: &PastInput) -> Result<Tensor, FeedError> {
     let shape: Vec<usize> = past
         .shape
         .iter()
@@ -225,6 +245,8 @@ fn empty_state(past: &PastInput) -> Result<Tensor, String> {
             None => 0,
         })
         .collect();
-    Tensor::new(past.elem, shape, bytes::Bytes::new())
-        .map_err(|e| format!("state input '{}': {e}", past.name))
+    Tensor::new(past.elem, shape, bytes::Bytes::new()).map_err(|source| FeedError::EmptyState {
+        name: past.name.clone(),
+        source,
+    })
 }

@@ -50,7 +50,7 @@ impl GenerativeModel {
         let pairs = graph.state_pairs().map_err(|e| bad(e.to_string()))?;
         Ok(GenerativeModel {
             text: text::Text::new(spec).map_err(|e| bad(e.to_string()))?,
-            feed: Arc::new(feed::Feed::new(graph, &pairs).map_err(bad)?),
+            feed: Arc::new(feed::Feed::new(graph, &pairs).map_err(|e| bad(e.to_string()))?),
             spec: spec.clone(),
             rounds: OnceLock::new(),
         })

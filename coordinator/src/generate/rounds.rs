@@ -318,9 +318,9 @@ async fn run_batch(shared: &Arc<Shared>, network: u64, feed: &Feed, batch: Vec<W
             .await
             .and_then(|done| {
                 feed.last_logits(&done.outputs, asks.len())
-                    .map_err(CoordinatorError::Worker)
+                    .map_err(|e| CoordinatorError::Worker(e.to_string()))
             }),
-        Err(e) => Err(CoordinatorError::BadInput(e)),
+        Err(e) => Err(CoordinatorError::BadInput(e.to_string())),
     };
     Landed { batch, result }
 }

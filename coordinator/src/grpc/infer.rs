@@ -16,7 +16,8 @@ use tonic::{Request, Status};
 
 use super::proto::{self, infer_parameter::ParameterChoice, InferTensorContents};
 use super::{check_version, status};
-use crate::http::{tensors, VERSION};
+use crate::http::tensors::{self, CodecError};
+use crate::http::VERSION;
 use crate::{repository, requests, Shared};
 
 /// Typed contents larger than this are converted on a blocking thread.
@@ -50,7 +51,7 @@ pub async fn run(
         Err(e) => {
             // Refused before it reached the cluster: counted here.
             shared.metrics.failed(&loaded.name, "bad_input");
-            return Err(Status::invalid_argument(e));
+            return Err(Status::invalid_argument(e.to_string()));
         }
     };
     let done = requests::infer(shared, loaded.id, inputs, deadline)
@@ -64,38 +65,27 @@ fn decode(
     graph: &Graph,
     inputs: Vec<proto::model_infer_request::InferInputTensor>,
     raw: Vec<bytes::Bytes>,
-) -> Result<HashMap<String, Tensor>, String> {
+) -> Result<HashMap<String, Tensor>, CodecError> {
     if !raw.is_empty() && raw.len() != inputs.len() {
-        return Err(format!(
-            "{} raw_input_contents for {} inputs: give one per input, in order, or none",
-            raw.len(),
-            inputs.len()
-        ));
+        return Err(CodecError::RawCount {
+            raw: raw.len(),
+            inputs: inputs.len(),
+        });
     }
     let mut raw = raw.into_iter();
     let mut tensors = HashMap::with_capacity(inputs.len());
     for input in inputs {
         let name = input.name;
-        let elem = tensors::input_elem(graph, &name, &input.datatype).map_err(|e| e.to_string())?;
-        let shape = tensors::dims(&name, &input.shape).map_err(|e| e.to_string())?;
+        let elem = tensors::input_elem(graph, &name, &input.datatype)?;
+        let shape = tensors::dims(&name, &input.shape)?;
         let tensor = match (raw.next(), input.contents) {
-            (Some(_), Some(_)) => {
-                return Err(format!(
-                    "input '{name}' has both contents and raw_input_contents"
-                ))
-            }
-            (Some(bytes), None) => {
-                tensors::from_binary(&name, elem, shape, bytes).map_err(|e| e.to_string())?
-            }
+            (Some(_), Some(_)) => return Err(CodecError::BothContents(name)),
+            (Some(bytes), None) => tensors::from_binary(&name, elem, shape, bytes)?,
             (None, Some(contents)) => from_contents(&name, elem, shape, &contents)?,
-            (None, None) => {
-                return Err(format!(
-                    "input '{name}' has neither contents nor raw_input_contents"
-                ))
-            }
+            (None, None) => return Err(CodecError::NoContents(name)),
         };
         if tensors.insert(name.clone(), tensor).is_some() {
-            return Err(format!("input '{name}' is given twice"));
+            return Err(CodecError::Twice(name));
         }
     }
     Ok(tensors)
@@ -121,17 +111,23 @@ fn from_contents(
     elem: ElemType,
     shape: Vec<usize>,
     c: &InferTensorContents,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, CodecError> {
     let dt = tensors::datatype(elem).unwrap_or("?");
     // The narrow integer types come in a wider field: each value checked.
-    fn narrow<S, T>(values: &[S], name: &str, dt: &str) -> Result<Vec<T>, String>
+    fn narrow<S, T>(values: &[S], name: &str, datatype: &'static str) -> Result<Vec<T>, CodecError>
     where
         S: Copy + std::fmt::Display,
         T: TryFrom<S>,
     {
         values
             .iter()
-            .map(|&v| T::try_from(v).map_err(|_| format!("input '{name}': {v} is not a {dt}")))
+            .map(|&v| {
+                T::try_from(v).map_err(|_| CodecError::Value {
+                    name: name.into(),
+                    value: v.to_string(),
+                    datatype,
+                })
+            })
             .collect()
     }
     match elem {
@@ -149,35 +145,45 @@ fn from_contents(
         ElemType::STRING => {
             let strings = &c.bytes_contents;
             check_count(name, &shape, strings.len())?;
-            Tensor::from_strings(shape, strings).map_err(|e| format!("input '{name}': {e}"))
+            Tensor::from_strings(shape, strings).map_err(|e| CodecError::Tensor {
+                name: name.into(),
+                reason: e.to_string(),
+            })
         }
-        _ => Err(format!(
-            "input '{name}': {dt} has no typed contents; send it in raw_input_contents"
-        )),
+        _ => Err(CodecError::NoTypedContents {
+            name: name.into(),
+            datatype: dt,
+        }),
     }
 }
 
 /// A tensor of `values`, as many as `shape` holds.
-fn typed<T: Element>(name: &str, shape: Vec<usize>, values: &[T]) -> Result<Tensor, String> {
+fn typed<T: Element>(name: &str, shape: Vec<usize>, values: &[T]) -> Result<Tensor, CodecError> {
     check_count(name, &shape, values.len())?;
-    Tensor::from_values(shape, values).map_err(|e| format!("input '{name}': {e}"))
+    Tensor::from_values(shape, values).map_err(|e| CodecError::Tensor {
+        name: name.into(),
+        reason: e.to_string(),
+    })
 }
 
-fn check_count(name: &str, shape: &[usize], count: usize) -> Result<(), String> {
+fn check_count(name: &str, shape: &[usize], count: usize) -> Result<(), CodecError> {
     let want: usize = shape.iter().product();
     if count == want {
         Ok(())
     } else {
-        Err(format!(
-            "input '{name}': shape {shape:?} holds {want} elements, contents have {count}"
-        ))
+        Err(CodecError::Count {
+            name: name.into(),
+            shape: shape.to_vec(),
+            want,
+            got: count,
+        })
     }
 }
 
 /// The request's `timeout` parameter (µs, as Triton's clients send it).
 fn timeout(
     parameters: &HashMap<String, proto::InferParameter>,
-) -> Result<Option<Duration>, String> {
+) -> Result<Option<Duration>, CodecError> {
     let Some(p) = parameters.get("timeout") else {
         return Ok(None);
     };
@@ -186,7 +192,7 @@ fn timeout(
             Ok(Some(Duration::from_micros(us.unsigned_abs())))
         }
         Some(ParameterChoice::Uint64Param(us)) if us > 0 => Ok(Some(Duration::from_micros(us))),
-        _ => Err("timeout must be a positive int64 number of microseconds".into()),
+        _ => Err(CodecError::Timeout),
     }
 }
 
@@ -273,15 +279,38 @@ mod tests {
             ..Default::default()
         };
         let e = from_contents("x", ElemType::INT8, vec![1], &c).unwrap_err();
-        assert!(e.contains("128 is not a INT8"), "{e}");
+        assert!(
+            matches!(&e, CodecError::Value { value, datatype: "INT8", .. } if value == "128"),
+            "{e}"
+        );
         let c = InferTensorContents {
             fp32_contents: vec![1.5, 2.0],
             ..Default::default()
         };
         let e = from_contents("x", ElemType::FLOAT, vec![3], &c).unwrap_err();
-        assert!(e.contains("holds 3 elements, contents have 2"), "{e}");
+        assert!(
+            matches!(
+                e,
+                CodecError::Count {
+                    want: 3,
+                    got: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = from_contents("x", ElemType::FLOAT16, vec![2], &c).unwrap_err();
-        assert!(e.contains("raw_input_contents"), "{e}");
+        assert!(
+            matches!(
+                e,
+                CodecError::NoTypedContents {
+                    datatype: "FP16",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("raw_input_contents"), "{e}");
         let c = InferTensorContents {
             bytes_contents: vec![b"ab".to_vec(), b"".to_vec()],
             ..Default::default()

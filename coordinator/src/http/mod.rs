@@ -174,7 +174,7 @@ async fn live() -> StatusCode {
 async fn ready(State(shared): State<Arc<Shared>>) -> Result<StatusCode, HttpError> {
     crate::serving::readiness(&shared)
         .map(|()| StatusCode::OK)
-        .map_err(|why| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why))
+        .map_err(|why| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why.to_string()))
 }
 
 async fn server_metadata() -> Json<Value> {

@@ -50,6 +50,22 @@ pub enum CodecError {
     NotUtf8,
     #[error("{0} tensors cannot be sent as JSON")]
     NotJson(String),
+    #[error("input '{0}' is given twice")]
+    Twice(String),
+    /// gRPC: `raw_input_contents` must be one per input or none.
+    #[error("{raw} raw_input_contents for {inputs} inputs: give one per input, in order, or none")]
+    RawCount { raw: usize, inputs: usize },
+    #[error("input '{0}' has both contents and raw_input_contents")]
+    BothContents(String),
+    #[error("input '{0}' has neither contents nor raw_input_contents")]
+    NoContents(String),
+    #[error("input '{name}': {datatype} has no typed contents; send it in raw_input_contents")]
+    NoTypedContents {
+        name: String,
+        datatype: &'static str,
+    },
+    #[error("timeout must be a positive int64 number of microseconds")]
+    Timeout,
 }
 
 /// v2 datatype names and their ONNX element types.

@@ -44,7 +44,7 @@ pub async fn load(
             };
             config
                 .check(name)
-                .map_err(|e| ServingError::BadRequest(format!("model {name}{e}")))?;
+                .map_err(|e| ServingError::BadRequest(format!("model {name}{}: {e}", e.key())))?;
             Some(repository::definition(name, &config))
         }
     };

@@ -170,21 +170,39 @@ pub async fn reload_tokens_on_sighup(shared: Arc<Shared>) {
     }
 }
 
+/// Why the server is not ready.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    #[error("no worker is registered")]
+    NoWorker,
+    /// Models wanted but not deployed yet, each with its state.
+    #[error("models not deployed yet: {}", waiting_list(.0))]
+    Deploying(Vec<(String, ModelState)>),
+}
+
+fn waiting_list(models: &[(String, ModelState)]) -> String {
+    let named: Vec<String> = models
+        .iter()
+        .map(|(name, state)| format!("{name} ({})", state.as_str().to_lowercase()))
+        .collect();
+    named.join(", ")
+}
+
 /// Whether the server is ready: a worker registered and every wanted
 /// model deployed (else why not).
-pub fn readiness(shared: &Shared) -> Result<(), String> {
+pub fn readiness(shared: &Shared) -> Result<(), NotReady> {
     if shared.workers.is_empty() {
-        return Err("no worker is registered".into());
+        return Err(NotReady::NoWorker);
     }
-    let waiting: Vec<String> = repository::statuses(shared)
+    let waiting: Vec<(String, ModelState)> = repository::statuses(shared)
         .into_iter()
         .filter(|s| !matches!(s.state, ModelState::Ready | ModelState::Unloaded))
-        .map(|s| format!("{} ({})", s.name, s.state.as_str().to_lowercase()))
+        .map(|s| (s.name, s.state))
         .collect();
     if waiting.is_empty() {
         Ok(())
     } else {
-        Err(format!("models not deployed yet: {}", waiting.join(", ")))
+        Err(NotReady::Deploying(waiting))
     }
 }
 
