@@ -28,7 +28,7 @@ impl ModelFolder {
     /// sequences at once.
     pub fn read(dir: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
         let generation = tessera_common::onnx::read_generation_spec(dir, max_sequences)
-            .map_err(ClientError::Model)?;
+            .map_err(|e| ClientError::Model(e.to_string()))?;
         let model = tessera_common::onnx::load_model(dir.join("model.onnx"))
             .map_err(|e| ClientError::Model(format!("{}: {e}", dir.display())))?;
         Ok(ModelFolder {

@@ -369,27 +369,57 @@ fn check(
     Outcome::Passed
 }
 
+/// How an output differs from the expected value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("type {got} instead of {want}")]
+    Type { got: ElemType, want: ElemType },
+    #[error("shape {got:?} instead of {want:?}")]
+    Shape { got: Vec<usize>, want: Vec<usize> },
+    /// The first element that differs (beyond the tolerance), each as
+    /// written in the message.
+    #[error("element {index}: {got} instead of {want}")]
+    Element {
+        index: usize,
+        got: String,
+        want: String,
+    },
+    #[error("a string tensor that does not decode")]
+    Undecodable,
+    #[error("a sequence of {got} tensors, expected {want}")]
+    SequenceLength { got: usize, want: usize },
+    #[error("item {index}: {source}")]
+    Item { index: usize, source: Box<Mismatch> },
+    /// A value of another kind (a tensor for a sequence, an empty optional).
+    #[error("{got} instead of {want}")]
+    Kind { got: String, want: String },
+}
+
 /// Compares values: tensors as [`compare`] does, sequences item by item,
 /// optionals by presence then contents.
-pub fn compare_values(got: &Value, want: &Value) -> Result<(), String> {
+pub fn compare_values(got: &Value, want: &Value) -> Result<(), Mismatch> {
     match (got, want) {
         (Value::Tensor(g), Value::Tensor(w)) => compare(g, w),
         (Value::Sequence { items: g, .. }, Value::Sequence { items: w, .. }) => {
             if g.len() != w.len() {
-                return Err(format!(
-                    "a sequence of {} tensors, expected {}",
-                    g.len(),
-                    w.len()
-                ));
+                return Err(Mismatch::SequenceLength {
+                    got: g.len(),
+                    want: w.len(),
+                });
             }
-            g.iter()
-                .zip(w)
-                .enumerate()
-                .try_for_each(|(k, (g, w))| compare(g, w).map_err(|e| format!("item {k}: {e}")))
+            g.iter().zip(w).enumerate().try_for_each(|(index, (g, w))| {
+                compare(g, w).map_err(|e| Mismatch::Item {
+                    index,
+                    source: Box::new(e),
+                })
+            })
         }
         (Value::Optional(None), Value::Optional(None)) => Ok(()),
         (Value::Optional(Some(g)), Value::Optional(Some(w))) => compare_values(g, w),
-        (g, w) => Err(format!("{g} instead of {w}")),
+        (g, w) => Err(Mismatch::Kind {
+            got: g.to_string(),
+            want: w.to_string(),
+        }),
     }
 }
 
@@ -451,16 +481,18 @@ fn as_f64(t: &Tensor) -> Option<Vec<f64>> {
 }
 
 /// Compares an output with the expected tensor (see the module doc).
-pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
+pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), Mismatch> {
     if got.elem() != want.elem() {
-        return Err(format!("type {} instead of {}", got.elem(), want.elem()));
+        return Err(Mismatch::Type {
+            got: got.elem(),
+            want: want.elem(),
+        });
     }
     if got.shape() != want.shape() {
-        return Err(format!(
-            "shape {:?} instead of {:?}",
-            got.shape(),
-            want.shape()
-        ));
+        return Err(Mismatch::Shape {
+            got: got.shape().to_vec(),
+            want: want.shape().to_vec(),
+        });
     }
     match (as_f64(got), as_f64(want)) {
         (Some(g), Some(w)) => {
@@ -473,7 +505,11 @@ pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
                     || a == b
                     || (a - b).abs() <= 1e-4 * scale + 1e-3 * b.abs();
                 if !close {
-                    return Err(format!("element {i}: {a} instead of {b}"));
+                    return Err(Mismatch::Element {
+                        index: i,
+                        got: a.to_string(),
+                        want: b.to_string(),
+                    });
                 }
             }
             Ok(())
@@ -482,17 +518,17 @@ pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
         _ if got.elem() == ElemType::STRING => {
             let (g, w) = (got.strings(), want.strings());
             let (Ok(g), Ok(w)) = (g, w) else {
-                return Err("a string tensor that does not decode".into());
+                return Err(Mismatch::Undecodable);
             };
             let first = g.iter().zip(&w).position(|(a, b)| a != b).unwrap_or(0);
             let text = |v: &[&[u8]]| {
                 String::from_utf8_lossy(v.get(first).copied().unwrap_or(b"")).into_owned()
             };
-            Err(format!(
-                "element {first}: {:?} instead of {:?}",
-                text(&g),
-                text(&w)
-            ))
+            Err(Mismatch::Element {
+                index: first,
+                got: format!("{:?}", text(&g)),
+                want: format!("{:?}", text(&w)),
+            })
         }
         _ => {
             let width = got.elem().size_bytes().unwrap_or(1).max(1) as usize;
@@ -507,11 +543,11 @@ pub fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
                     .get(first * width..(first + 1) * width)
                     .map(<[u8]>::to_vec)
             };
-            Err(format!(
-                "element {first}: bytes {:?} instead of {:?}",
-                at(got).unwrap_or_default(),
-                at(want).unwrap_or_default()
-            ))
+            Err(Mismatch::Element {
+                index: first,
+                got: format!("bytes {:?}", at(got).unwrap_or_default()),
+                want: format!("bytes {:?}", at(want).unwrap_or_default()),
+            })
         }
     }
 }

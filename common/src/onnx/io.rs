@@ -57,6 +57,24 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<ModelProto, OnnxError> {
     Ok(model)
 }
 
+/// Why a generative model folder cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("{}: cannot read {file}: {source}", dir.display())]
+    Read {
+        dir: std::path::PathBuf,
+        file: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{}: no tokenizer.json: a generative model needs its tokenizer", .0.display())]
+    NoTokenizer(std::path::PathBuf),
+    #[error("{}: {source}", dir.display())]
+    Spec {
+        dir: std::path::PathBuf,
+        source: crate::wire::generate::GenerationError,
+    },
+}
+
 /// A generative model folder's tokenizer, chat template and limits (the
 /// Hugging Face / onnxruntime-genai layout: `tokenizer.json`, and where
 /// present `tokenizer_config.json` and `genai_config.json`), each stage
@@ -64,16 +82,19 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<ModelProto, OnnxError> {
 pub fn read_generation_spec(
     dir: &Path,
     max_sequences: u32,
-) -> Result<crate::wire::generate::GenerationSpec, String> {
+) -> Result<crate::wire::generate::GenerationSpec, FolderError> {
     use crate::wire::generate::{FolderFiles, GenerationSpec};
-    let bad = |what: String| format!("{}: {what}", dir.display());
-    let text = |name: &str| match std::fs::read_to_string(dir.join(name)) {
+    let text = |file: &'static str| match std::fs::read_to_string(dir.join(file)) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(bad(format!("cannot read {name}: {e}"))),
+        Err(source) => Err(FolderError::Read {
+            dir: dir.to_path_buf(),
+            file,
+            source,
+        }),
     };
-    let tokenizer_json = text("tokenizer.json")?
-        .ok_or_else(|| bad("no tokenizer.json: a generative model needs its tokenizer".into()))?;
+    let tokenizer_json =
+        text("tokenizer.json")?.ok_or_else(|| FolderError::NoTokenizer(dir.to_path_buf()))?;
     let (tokenizer_config, genai_config) =
         (text("tokenizer_config.json")?, text("genai_config.json")?);
     let files = FolderFiles {
@@ -81,7 +102,10 @@ pub fn read_generation_spec(
         tokenizer_config: tokenizer_config.as_deref(),
         genai_config: genai_config.as_deref(),
     };
-    GenerationSpec::from_files(&files, max_sequences).map_err(|e| bad(e.to_string()))
+    GenerationSpec::from_files(&files, max_sequences).map_err(|source| FolderError::Spec {
+        dir: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// Resolves external data of `model` relative to `base_dir` (the folder of the

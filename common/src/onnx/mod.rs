@@ -9,7 +9,7 @@ pub mod skeleton;
 
 pub use io::{
     decode_model, decode_model_shared, encode_model, load_model, load_model_with_base_dir,
-    read_generation_spec, save_model, ExternalDataPolicy,
+    read_generation_spec, save_model, ExternalDataPolicy, FolderError,
 };
 
 /// Types generated from the upstream `onnx-ml.proto`.

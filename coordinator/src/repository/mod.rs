@@ -339,7 +339,7 @@ async fn folder_spec(
     let (max_sequences, context) = (wanted.max_sequences, wanted.context_length);
     tokio::task::spawn_blocking(move || {
         let mut spec = tessera_common::onnx::read_generation_spec(&dir, max_sequences)
-            .map_err(CoordinatorError::Model)?;
+            .map_err(|e| CoordinatorError::Model(e.to_string()))?;
         spec.context_length = match context {
             0 => spec.context_length.min(DEFAULT_CONTEXT),
             c => c.min(spec.context_length),

@@ -35,10 +35,18 @@ pub struct Runtime {
 static LOADED: Mutex<Option<Arc<Runtime>>> = Mutex::new(None);
 
 /// The message for a missing or unusable library.
-fn not_found(detail: &str) -> String {
-    format!(
-        "onnxruntime {VERSION} not found: set ORT_DYLIB_PATH or install onnxruntime=={VERSION} ({detail})"
-    )
+/// Why onnxruntime cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// No candidate is a usable library of this version: what each was.
+    #[error("onnxruntime {VERSION} not found: set ORT_DYLIB_PATH or install onnxruntime=={VERSION} ({})", .0.join("; "))]
+    NotFound(Vec<String>),
+    #[error("onnxruntime is already loaded from {} in this process; cannot also load {}", loaded.display(), wanted.display())]
+    AlreadyLoaded { loaded: PathBuf, wanted: PathBuf },
+    #[error("onnxruntime at {} failed to start: {reason}", path.display())]
+    Start { path: PathBuf, reason: String },
+    #[error("onnxruntime loader poisoned")]
+    Poisoned,
 }
 
 /// Candidate paths, in order, each with where it came from.
@@ -131,23 +139,22 @@ fn library_version(path: &Path) -> Result<String, String> {
 
 /// Loads onnxruntime (once per process) from `explicit` or the usual
 /// places; a library of another version is refused.
-pub fn load(explicit: Option<&Path>) -> Result<Arc<Runtime>, String> {
-    let mut loaded = LOADED.lock().map_err(|_| "onnxruntime loader poisoned")?;
+pub fn load(explicit: Option<&Path>) -> Result<Arc<Runtime>, LoadError> {
+    let mut loaded = LOADED.lock().map_err(|_| LoadError::Poisoned)?;
     if let Some(rt) = loaded.as_ref() {
         return match explicit {
-            Some(p) if p != rt.path => Err(format!(
-                "onnxruntime is already loaded from {} in this process; cannot also load {}",
-                rt.path.display(),
-                p.display()
-            )),
+            Some(p) if p != rt.path => Err(LoadError::AlreadyLoaded {
+                loaded: rt.path.clone(),
+                wanted: p.to_path_buf(),
+            }),
             _ => Ok(rt.clone()),
         };
     }
     let candidates = candidates(explicit);
     if candidates.is_empty() {
-        return Err(not_found(
-            "no library path given and no Python package found",
-        ));
+        return Err(LoadError::NotFound(vec![
+            "no library path given and no Python package found".into(),
+        ]));
     }
     let mut tried = Vec::new();
     for (path, origin) in candidates {
@@ -157,9 +164,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Arc<Runtime>, String> {
         }
         match library_version(&path) {
             Ok(v) if v == VERSION => {
-                let rt = init(&path, v).map_err(|e| {
-                    format!("onnxruntime at {} failed to start: {e}", path.display())
-                })?;
+                let rt = init(&path, v)?;
                 tracing::info!(path = %rt.path.display(), version = %rt.version, "onnxruntime loaded");
                 let rt = Arc::new(rt);
                 *loaded = Some(rt.clone());
@@ -172,16 +177,20 @@ pub fn load(explicit: Option<&Path>) -> Result<Arc<Runtime>, String> {
             Err(e) => tried.push(format!("{} (from {origin}): {e}", path.display())),
         }
     }
-    Err(not_found(&tried.join("; ")))
+    Err(LoadError::NotFound(tried))
 }
 
-fn init(path: &Path, version: String) -> Result<Runtime, String> {
+fn init(path: &Path, version: String) -> Result<Runtime, LoadError> {
+    let failed = |e: &dyn std::fmt::Display| LoadError::Start {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
     let env = ort::init_from(path)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| failed(&e))?
         .with_name("tessera")
         .with_telemetry(false)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(&e))?;
     Ok(Runtime {
         path: path.to_path_buf(),
         version,

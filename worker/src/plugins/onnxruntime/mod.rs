@@ -58,7 +58,7 @@ impl OrtPlugin {
     pub fn named(name: &str, library: Option<&Path>) -> Result<OrtPlugin, PluginError> {
         let runtime = library::load(library).map_err(|reason| PluginError::Unavailable {
             plugin: name.into(),
-            reason,
+            reason: reason.to_string(),
         })?;
         Ok(OrtPlugin {
             name: name.into(),
