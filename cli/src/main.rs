@@ -8,7 +8,8 @@
 //! checked steady load for fault drills) against a cluster
 //! (`--coordinator ADDR`) or an embedded local one; `load`, `models`,
 //! `unload`, the named models of a running cluster; `generate`, text from
-//! a language model folder; `certs init`,
+//! a language model folder; `ops`, what Tessera knows about each op type
+//! and which backends run it; `certs init`,
 //! the cluster CA and node certificates; `example-model`.
 //!
 //! ```text
@@ -19,6 +20,7 @@
 //! tessera bench model.onnx --requests 64 --concurrency 16 --shape x=1,3,48,320
 //! tessera generate .cache/models/smollm2-135m-instruct --prompt "The capital of France is" --max-tokens 16
 //! tessera load rec rec.onnx --coordinator 127.0.0.1:7400 --devices HETERO:node-a/CPU,node-b/CPU
+//! tessera ops Conv LpPool
 //! tessera certs init --dir certs --cluster lab --nodes coordinator,node-a,node-b,client
 //! ```
 
@@ -26,6 +28,7 @@ mod certs;
 mod cluster_cmds;
 mod generate_cmd;
 mod models_cmds;
+mod ops_cmd;
 mod partition;
 mod progress;
 mod remote;
@@ -85,6 +88,9 @@ enum Command {
     /// A steady load of checked requests (for fault drills): counts sent,
     /// succeeded, failed, lost and wrong answers.
     Soak(soak::SoakArgs),
+    /// What Tessera knows about each op type (type and shape inference,
+    /// folding, decomposition, cost) and which backends run it.
+    Ops(ops_cmd::OpsArgs),
     /// Cluster certificates (mutual TLS between all nodes).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -143,6 +149,7 @@ fn main() -> std::process::ExitCode {
         Command::Models(args) => models_cmds::models(args),
         Command::Unload(args) => models_cmds::unload(args),
         Command::Soak(args) => soak::soak(args),
+        Command::Ops(args) => ops_cmd::ops(args),
         Command::Certs(command) => certs::run(command),
         Command::ExampleModel {
             out,

@@ -5,8 +5,11 @@
 //! (`graph/infer/shapes/`), constant folding (`simplify/fold/`),
 //! decomposition into other ops (`decompose/`) and cost
 //! (`affinity/cost.rs`) — and this registry joins them by op type, once.
-//! Every lookup of a rule by op type goes through [`entry`]; which
-//! backends run an op is each plugin's QueryNetwork answer.
+//! Every lookup of a rule by op type goes through [`entry`]. Which
+//! backends run an op is worker-side knowledge (`common` knows no
+//! backend): `tessera_worker::plugins::support` joins this entry with the
+//! backends' op tables, and each node's answer is its device's
+//! QueryNetwork.
 //!
 //! # Example
 //!

@@ -2,8 +2,9 @@
 //! QueryNetwork, compiles the subgraphs it is given and runs them.
 //!
 //! Layout: [`plugin`] is the `DevicePlugin` API; [`plugins`] holds one
-//! folder per backend (`plugins/cpu` on tract, `plugins/gpu` on wgpu) and
-//! the registry;
+//! folder per backend (`plugins/onnxruntime`, `plugins/cpu` on tract,
+//! `plugins/gpu` on wgpu), the registry, and `plugins::support` (which
+//! backends run each op type);
 //! [`hetero`] runs a model split across plugins in one process;
 //! [`daemon`] serves the plugins to a cluster (registration, QueryNetwork,
 //! deployment, one actix actor per subgraph, worker-to-worker streaming);

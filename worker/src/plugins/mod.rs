@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod onnxruntime;
 #[cfg(any(feature = "cpu", feature = "onnxruntime"))]
 pub mod probe;
+pub mod support;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -37,16 +38,19 @@ pub enum CpuBackend {
     OnnxRuntime,
 }
 
+/// A CPU backend name that is none of `auto`, `tract`, `onnxruntime`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown CPU backend '{0}'; known: auto, tract, onnxruntime")]
+pub struct UnknownCpuBackend(pub String);
+
 impl std::str::FromStr for CpuBackend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<CpuBackend, String> {
+    type Err = UnknownCpuBackend;
+    fn from_str(s: &str) -> Result<CpuBackend, UnknownCpuBackend> {
         match s {
             "auto" => Ok(CpuBackend::Auto),
             "tract" => Ok(CpuBackend::Tract),
             "onnxruntime" => Ok(CpuBackend::OnnxRuntime),
-            other => Err(format!(
-                "unknown CPU backend '{other}'; known: auto, tract, onnxruntime"
-            )),
+            other => Err(UnknownCpuBackend(other.to_string())),
         }
     }
 }
