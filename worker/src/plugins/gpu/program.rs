@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tessera_common::declined::{refused, unknown, unsupported, Declined};
 
+use tessera_common::declined::{refused, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::{ModelProto, NodeProto};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
