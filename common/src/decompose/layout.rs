@@ -19,9 +19,7 @@ pub(super) fn center_crop_pad(
     let target = ctx
         .const_ints(shape_input)
         .ok_or_else(|| unknown("the target shape is not a constant"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let dims = ctx.input_shape(x)?;
     let rank = dims.len() as i64;
     let axes: Vec<i64> = match attr_ints(node, "axes") {
         Some(a) => a
@@ -154,9 +152,7 @@ pub(super) fn reverse_sequence(
     let lens = ctx
         .const_ints(input(node, 1).ok_or_else(|| invalid("no sequence_lens"))?)
         .ok_or_else(|| unknown("sequence_lens is not a constant"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let dims = ctx.input_shape(x)?;
     let batch_axis = attr_i(node, "batch_axis").unwrap_or(1) as usize;
     let time_axis = attr_i(node, "time_axis").unwrap_or(0) as usize;
     if dims.len() < 2 || batch_axis > 1 || time_axis > 1 || batch_axis == time_axis {
@@ -206,12 +202,8 @@ pub(super) fn col2im(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result
     let block = ctx
         .const_ints(input(node, 2).ok_or_else(|| invalid("no block_shape"))?)
         .ok_or_else(|| unknown("block_shape is not a constant"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let dims = ctx.input_shape(x)?;
+    let elem = ctx.input_elem(x)?;
     let n = image.len();
     let ones = vec![1; n];
     let dilations = attr_ints(node, "dilations").map_or(ones.clone(), <[i64]>::to_vec);
@@ -331,9 +323,7 @@ pub(super) fn upsample_nearest(
             .map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
             .ok_or_else(|| invalid("no scales"))?,
     };
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let dims = ctx.input_shape(x)?;
     if scales.len() != dims.len() || scales.iter().any(|&s| s <= 0.0) {
         return Err(invalid("scales do not match the input"));
     }
@@ -362,9 +352,7 @@ pub(super) fn wrap_pad(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resu
     let pads = ctx
         .const_ints(input(node, 1).ok_or_else(|| invalid("no pads"))?)
         .ok_or_else(|| unknown("pads are not a constant"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let dims = ctx.input_shape(x)?;
     let rank = dims.len() as i64;
     let axes: Vec<i64> = match input(node, 3) {
         Some(a) => ctx

@@ -55,9 +55,7 @@ pub(super) fn compress(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resu
 /// gathered entries.
 pub(super) fn det(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let dims = ctx.input_shape(x)?;
     let r = dims.len();
     if r < 2 || dims[r - 1] != dims[r - 2] || !(2..=3).contains(&dims[r - 1]) {
         return Err(unsupported("only 2×2 and 3×3 matrices"));
@@ -176,9 +174,7 @@ pub(super) fn batch_norm_training(
     let name = |k: usize| input(node, k).ok_or_else(|| invalid(format!("no input {k}")));
     let (x, scale, bias, mean, var) = (name(0)?, name(1)?, name(2)?, name(3)?, name(4)?);
     let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let rank = ctx
         .rank(x)
         .ok_or_else(|| unknown("input of unknown rank"))? as i64;
@@ -219,9 +215,7 @@ pub(super) fn batch_norm_training(
 /// Binarizer (`ai.onnx.ml`): 1 where the input exceeds the threshold.
 pub(super) fn binarizer(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     if !matches!(elem.0, 1 | 11) {
         return Err(unsupported(format!("input of type {elem}")));
     }

@@ -62,7 +62,7 @@ mod resize;
 mod training;
 mod types;
 
-use crate::declined::{invalid, Declined};
+use crate::declined::{invalid, unknown, Declined};
 use std::collections::HashMap;
 
 use crate::graph::{Dim, Graph};
@@ -110,6 +110,20 @@ impl Context<'_> {
     pub fn static_shape(&self, name: &str) -> Option<Vec<i64>> {
         let t = self.graph.tensor(self.graph.tensor_by_name(name)?);
         t.shape.as_ref()?.iter().map(Dim::known).collect()
+    }
+
+    /// The element type of input `name`, or the reason a rule that needs
+    /// it declines.
+    pub fn input_elem(&self, name: &str) -> Result<ElemType, Declined> {
+        self.elem(name)
+            .ok_or_else(|| unknown("input of unknown type"))
+    }
+
+    /// The static shape of input `name`, or the reason a rule that needs
+    /// it declines.
+    pub fn input_shape(&self, name: &str) -> Result<Vec<i64>, Declined> {
+        self.static_shape(name)
+            .ok_or_else(|| unknown("input shape is not static"))
     }
 
     /// The rank of tensor `name`, where known.

@@ -11,9 +11,7 @@ use crate::onnx::ElemType;
 
 pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Result<(), Declined> {
     let (x, y) = data_io(node)?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let kernel = attr_ints(node, "kernel_shape").ok_or_else(|| invalid("no kernel_shape"))?;
     let p = attr_i(node, "p").unwrap_or(2);
     if p < 1 {
@@ -45,9 +43,7 @@ pub(super) fn lp_pool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Resul
     let powed = emit.op("Pow", &[&abs, &pc], &[]);
     let sum = if dilated {
         // tract's pools are wrong with dilations: sum with a Conv.
-        let dims = ctx
-            .static_shape(x)
-            .ok_or_else(|| unknown("input shape is not static"))?;
+        let dims = ctx.input_shape(x)?;
         Window::of(node, &dims)?.sum(emit, &powed, dims[1], elem)?
     } else {
         let avg = emit.op("AveragePool", &[&powed], &pool);
@@ -66,12 +62,8 @@ pub(super) fn max_unpool(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Re
     let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let indices = input(node, 1).ok_or_else(|| invalid("no indices"))?;
     let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let elem = ctx.input_elem(x)?;
+    let dims = ctx.input_shape(x)?;
     let kernel = attr_ints(node, "kernel_shape").ok_or_else(|| invalid("no kernel_shape"))?;
     let n = kernel.len();
     if dims.len() != n + 2 {
@@ -136,12 +128,8 @@ pub(super) fn dilated_average_pool(
         return Err(native("no dilations: runs natively"));
     }
     let (x, y) = data_io(node)?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
-    let dims = ctx
-        .static_shape(x)
-        .ok_or_else(|| unknown("input shape is not static"))?;
+    let elem = ctx.input_elem(x)?;
+    let dims = ctx.input_shape(x)?;
     let include_pad = attr_i(node, "count_include_pad").unwrap_or(0) != 0;
     let window = Window::of(node, &dims)?;
     let scale = window.inverse_counts(&dims, include_pad)?;

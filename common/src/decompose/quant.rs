@@ -47,9 +47,7 @@ fn broadcastable(
         return Err(invalid(format!("axis {axis} out of range")));
     }
     if block > 0 {
-        let dims = ctx
-            .static_shape(x)
-            .ok_or_else(|| unknown("input shape is not static"))?;
+        let dims = ctx.input_shape(x)?;
         let index: Vec<i64> = (0..dims[axis as usize]).map(|i| i / block).collect();
         let index = emit.constant::<i64>(&[index.len()], &index)?;
         return Ok(emit.op("Gather", &[value, &index], &[Attr::Int("axis", axis)]));
@@ -89,9 +87,7 @@ pub(super) fn quantize_linear(
     let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
     let zero = input(node, 2);
     let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let to = match zero {
         Some(z) => ctx
             .elem(z)
@@ -136,9 +132,7 @@ pub(super) fn dequantize_linear(
     let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
     let zero = input(node, 2);
     let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
-    let from = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let from = ctx.input_elem(x)?;
     let out = ctx
         .elem(scale)
         .ok_or_else(|| unknown("scale of unknown type"))?;

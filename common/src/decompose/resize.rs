@@ -153,9 +153,7 @@ pub(super) fn align_corners_by_matrices(
         return Err(unsupported("Resize before opset 11 has no align_corners"));
     }
     let exclude_outside = attr_i(node, "exclude_outside").unwrap_or(0) != 0;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let shape = ctx
         .static_shape(x)
         .ok_or_else(|| unknown("input shape not static"))?;

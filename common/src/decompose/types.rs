@@ -34,9 +34,7 @@ pub(super) fn bit_shift(node: &NodeProto, ctx: &Context, emit: &mut Emit) -> Res
     let x = input(node, 0).ok_or_else(|| invalid("no input"))?;
     let amount = input(node, 1).ok_or_else(|| invalid("no shift"))?;
     let y = output(node, 0).ok_or_else(|| invalid("no output"))?;
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let bits: i64 = match elem {
         ElemType::UINT8 => 8,
         ElemType::UINT16 => 16,
@@ -124,9 +122,7 @@ pub(super) fn saturating_cast_4bit(
         Ok(ElemType::UINT4) => (0.0, 15.0),
         _ => return Err(native("only casts to INT4 and UINT4 are rewritten")),
     };
-    let elem = ctx
-        .elem(x)
-        .ok_or_else(|| unknown("input of unknown type"))?;
+    let elem = ctx.input_elem(x)?;
     let float = matches!(
         elem,
         ElemType::FLOAT | ElemType::FLOAT16 | ElemType::DOUBLE | ElemType::BFLOAT16
