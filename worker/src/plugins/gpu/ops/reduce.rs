@@ -25,41 +25,7 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     let sx = b.shape(x)?;
     let rank = sx.len();
     if node.op_type() == "LayerNormalization" {
-        let a = axis(attr_i(node, "axis").unwrap_or(-1), rank)?;
-        let len: usize = sx[a..].iter().product();
-        let rows: usize = sx[..a].iter().product();
-        let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
-        if b.shape(scale)?.iter().product::<usize>() != len {
-            return Err(invalid("scale does not match the normalized axes"));
-        }
-        let (bias, has_bias) = match input(node, 2) {
-            Some(bias) if b.shape(bias)?.iter().product::<usize>() == len => (Some(bias), 1),
-            Some(_) => return Err(invalid("bias does not match the normalized axes")),
-            None => (None, 0),
-        };
-        let xs = b.slot(x)?;
-        let ss = b.slot(scale)?;
-        let bs = match bias {
-            Some(bias) => b.slot(bias)?,
-            None => ss,
-        };
-        let ys = b.output(&node.output[0], sx.clone())?;
-        // Mean and InvStdDev: the input's shape with the normalized axes
-        // set to 1 (kept internal when not asked for).
-        let stats: Vec<usize> = (0..rank).map(|i| if i < a { sx[i] } else { 1 }).collect();
-        let mut extra = Vec::new();
-        for (i, what) in [(1, "mean"), (2, "inv_std_dev")] {
-            let name = match node.output.get(i).filter(|o| !o.is_empty()) {
-                Some(o) => o.clone(),
-                None => format!("{}::{what}", node.name()),
-            };
-            extra.push(b.output(&name, stats.clone())?);
-        }
-        let eps = attr_f(node, "epsilon").unwrap_or(1e-5);
-        let params = [rows as u32, len as u32, eps.to_bits(), has_bias];
-        let groups = (rows.div_ceil(64).clamp(1, 65535) as u32, 1, 1);
-        let slots = [xs, ss, bs, ys, extra[0], extra[1]];
-        return b.dispatch("layernorm", &slots, &params, groups);
+        return layer_norm(b, node, x, sx);
     }
     let mode = match node.op_type() {
         "ReduceSum" => 0,
@@ -121,4 +87,46 @@ pub fn plan(b: &mut Builder, node: &NodeProto) -> Result<(), Declined> {
     let xs = b.slot(x)?;
     let ys = b.output(&node.output[0], out)?;
     b.dispatch("reduce", &[xs, ys], &params, groups_1d(n))
+}
+
+/// LayerNormalization over the axes from `axis` on: one row per workgroup
+/// thread, with its Mean and InvStdDev outputs (kept internal when not
+/// asked for).
+fn layer_norm(b: &mut Builder, node: &NodeProto, x: &str, sx: Vec<usize>) -> Result<(), Declined> {
+    let rank = sx.len();
+    let a = axis(attr_i(node, "axis").unwrap_or(-1), rank)?;
+    let len: usize = sx[a..].iter().product();
+    let rows: usize = sx[..a].iter().product();
+    let scale = input(node, 1).ok_or_else(|| invalid("no scale"))?;
+    if b.shape(scale)?.iter().product::<usize>() != len {
+        return Err(invalid("scale does not match the normalized axes"));
+    }
+    let (bias, has_bias) = match input(node, 2) {
+        Some(bias) if b.shape(bias)?.iter().product::<usize>() == len => (Some(bias), 1),
+        Some(_) => return Err(invalid("bias does not match the normalized axes")),
+        None => (None, 0),
+    };
+    let xs = b.slot(x)?;
+    let ss = b.slot(scale)?;
+    let bs = match bias {
+        Some(bias) => b.slot(bias)?,
+        None => ss,
+    };
+    let ys = b.output(&node.output[0], sx.clone())?;
+    // Mean and InvStdDev: the input's shape with the normalized axes
+    // set to 1 (kept internal when not asked for).
+    let stats: Vec<usize> = (0..rank).map(|i| if i < a { sx[i] } else { 1 }).collect();
+    let mut extra = Vec::new();
+    for (i, what) in [(1, "mean"), (2, "inv_std_dev")] {
+        let name = match node.output.get(i).filter(|o| !o.is_empty()) {
+            Some(o) => o.clone(),
+            None => format!("{}::{what}", node.name()),
+        };
+        extra.push(b.output(&name, stats.clone())?);
+    }
+    let eps = attr_f(node, "epsilon").unwrap_or(1e-5);
+    let params = [rows as u32, len as u32, eps.to_bits(), has_bias];
+    let groups = (rows.div_ceil(64).clamp(1, 65535) as u32, 1, 1);
+    let slots = [xs, ss, bs, ys, extra[0], extra[1]];
+    b.dispatch("layernorm", &slots, &params, groups)
 }
