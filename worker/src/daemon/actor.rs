@@ -434,9 +434,10 @@ impl ComputeThread {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         let kept = match result {
             Ok(r) if self.state.writes.is_empty() => Ok(r),
-            Ok(r) => {
-                (store.keep(steps, &self.state, &r.outputs).map(|()| r)).map_err(RunError::from)
-            }
+            Ok(r) => match store.keep(steps, &self.state, &r.outputs) {
+                Ok(()) => Ok(r),
+                Err(e) => Err(RunError::Sequence(e)),
+            },
             Err(e) => Err(e),
         };
         match &kept {
