@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
             started.elapsed().as_secs_f64() * 1e3
         );
         network.unload().await?;
-        cluster.coordinator.shutdown().await;
+        cluster.shutdown().await;
         Ok(())
     })
 }

@@ -24,9 +24,28 @@ pub struct Embedded {
     pub workers: Vec<String>,
     /// Each worker's stop signal, by name.
     stops: Vec<(String, tokio::sync::oneshot::Sender<()>)>,
+    /// Each worker's task: it ends once the worker has stopped its
+    /// subgraphs (their compute threads joined, their sessions dropped)
+    /// and closed its connections.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// How long [`Embedded::shutdown`] waits for its workers to stop (each
+/// finishes the request it computes first).
+const STOP_WAIT: Duration = Duration::from_secs(120);
+
 impl Embedded {
+    /// Shuts the cluster down in order: the coordinator first (so that
+    /// nothing is re-planned), then every worker, waiting until each has
+    /// stopped its subgraphs' compute threads and dropped their backend
+    /// sessions and devices. Call it before the runtime goes: a compute
+    /// thread still running while the process exits races the backends'
+    /// own teardown (onnxruntime's and Mesa's static destructors).
+    pub async fn shutdown(self) {
+        self.coordinator.shutdown().await;
+        stop_tasks(self.stops, self.tasks).await;
+    }
+
     /// Stops these workers at once, as SIGTERM stops a worker process:
     /// every connection closed, so the coordinator re-plans without waiting
     /// for a heartbeat timeout. Unknown or already stopped names are an
@@ -42,6 +61,20 @@ impl Embedded {
             let _ = stop.send(());
         }
         Ok(())
+    }
+}
+
+/// Sends every stop and waits (up to [`STOP_WAIT`]) for the tasks to end.
+async fn stop_tasks(
+    stops: Vec<(String, tokio::sync::oneshot::Sender<()>)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) {
+    for (_, stop) in stops {
+        let _ = stop.send(());
+    }
+    let all = futures_util::future::join_all(tasks);
+    if tokio::time::timeout(STOP_WAIT, all).await.is_err() {
+        tracing::warn!("embedded workers did not stop within {STOP_WAIT:?}");
     }
 }
 
@@ -129,6 +162,7 @@ pub async fn start_workers(
     let serving = coordinator.clone();
     tokio::spawn(async move { serving.serve().await });
     let mut stops = Vec::new();
+    let mut tasks = Vec::new();
     for ((name, id), spec) in names.iter().zip(&ids[2..]).zip(specs) {
         let options = WorkerOptions {
             name: name.clone(),
@@ -154,7 +188,7 @@ pub async fn start_workers(
                 std::future::pending::<()>().await
             }
         }));
-        actix::spawn(async move {
+        tasks.push(actix::spawn(async move {
             let registered = std::sync::atomic::AtomicBool::new(false);
             let mut backoff = Duration::from_millis(200);
             loop {
@@ -176,13 +210,15 @@ pub async fn start_workers(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-        });
+        }));
     }
     let started = Instant::now();
     while coordinator.workers().len() < workers {
         if started.elapsed() > REGISTRATION_WAIT {
             let registered = coordinator.workers();
             let missing: Vec<&String> = names.iter().filter(|n| !registered.contains(n)).collect();
+            coordinator.shutdown().await;
+            stop_tasks(stops, tasks).await;
             bail!(
                 "embedded workers did not register within 30 s: missing {missing:?} ({} of {workers} registered)",
                 registered.len()
@@ -196,6 +232,7 @@ pub async fn start_workers(
         client: ids[1].clone(),
         workers: names,
         stops,
+        tasks,
     })
 }
 

@@ -16,7 +16,7 @@ use tessera_common::memory::format_size;
 use tessera_common::onnx;
 use tessera_common::tensor::Tensor;
 
-use crate::remote::{connect, plan_lines, read_affinity, RemoteArgs, ServingArgs};
+use crate::remote::{plan_lines, read_affinity, with_client, RemoteArgs, ServingArgs};
 
 /// A model and how to place it.
 #[derive(Args)]
@@ -124,88 +124,86 @@ fn model_stem(path: &std::path::Path) -> String {
 pub fn query(args: QueryArgs) -> Result<()> {
     tessera_cli::cluster::run_system(async move {
         let bytes = args.model.read()?;
-        let (client, embedded) = connect(&args.model.remote).await?;
-        let answers = client.query(bytes, &args.model.devices).await?;
-        let mut out = String::new();
-        use std::fmt::Write as _;
-        for a in &answers {
-            let total = a.supported.len() + a.unsupported.len();
-            let _ = writeln!(
-                out,
-                "{}: supports {} of {total} nodes",
-                a.device,
-                a.supported.len()
-            );
-            if args.verbose {
-                for (node, why) in &a.unsupported {
-                    let _ = writeln!(out, "  {node}: {why}");
+        with_client(&args.model.remote, async |client| {
+            let answers = client.query(bytes, &args.model.devices).await?;
+            let mut out = String::new();
+            use std::fmt::Write as _;
+            for a in &answers {
+                let total = a.supported.len() + a.unsupported.len();
+                let _ = writeln!(
+                    out,
+                    "{}: supports {} of {total} nodes",
+                    a.device,
+                    a.supported.len()
+                );
+                if args.verbose {
+                    for (node, why) in &a.unsupported {
+                        let _ = writeln!(out, "  {node}: {why}");
+                    }
                 }
             }
-        }
-        crate::print_stdout(&out);
-        if let Some(c) = embedded {
-            c.coordinator.shutdown().await;
-        }
-        Ok(())
+            crate::print_stdout(&out);
+            Ok(())
+        })
+        .await
     })
 }
 
 pub fn plan(args: PlanArgs) -> Result<()> {
     tessera_cli::cluster::run_system(async move {
         let bytes = args.model.read()?;
-        let (client, embedded) = connect(&args.model.remote).await?;
-        let plan = client.plan(bytes, args.model.options()?).await?;
-        let mut out = plan_lines(&plan);
-        use std::fmt::Write as _;
-        let (compute, transfer): (f64, f64) =
-            plan.subgraphs.iter().fold((0.0, 0.0), |(c, t), s| {
-                (c + s.predicted_compute_us, t + s.predicted_transfer_us)
-            });
-        for sg in &plan.subgraphs {
+        with_client(&args.model.remote, async |client| {
+            let plan = client.plan(bytes, args.model.options()?).await?;
+            let mut out = plan_lines(&plan);
+            use std::fmt::Write as _;
+            let (compute, transfer): (f64, f64) =
+                plan.subgraphs.iter().fold((0.0, 0.0), |(c, t), s| {
+                    (c + s.predicted_compute_us, t + s.predicted_transfer_us)
+                });
+            for sg in &plan.subgraphs {
+                let _ = writeln!(
+                    out,
+                    "subgraph{}: predicted {:.0} µs compute, {:.0} µs moving its inputs",
+                    sg.id, sg.predicted_compute_us, sg.predicted_transfer_us
+                );
+            }
             let _ = writeln!(
                 out,
-                "subgraph{}: predicted {:.0} µs compute, {:.0} µs moving its inputs",
-                sg.id, sg.predicted_compute_us, sg.predicted_transfer_us
+                "predicted total: {compute:.0} µs compute, {transfer:.0} µs transfers (sequential)"
             );
-        }
-        let _ = writeln!(
-            out,
-            "predicted total: {compute:.0} µs compute, {transfer:.0} µs transfers (sequential)"
-        );
-        if args.explain {
-            for d in &plan.memory.devices {
-                let offered = d.offered.map_or("no limit".to_string(), format_size);
-                let _ = writeln!(out, "{} needs {} of {offered}", d.device, d.need);
+            if args.explain {
+                for d in &plan.memory.devices {
+                    let offered = d.offered.map_or("no limit".to_string(), format_size);
+                    let _ = writeln!(out, "{} needs {} of {offered}", d.device, d.need);
+                }
+                for (node, why) in &plan.explanations {
+                    let device = plan.affinity.get(node).map_or("?", String::as_str);
+                    let why = serde_json::to_string(why)?;
+                    let _ = writeln!(out, "{node} → {device}: {why}");
+                }
             }
-            for (node, why) in &plan.explanations {
-                let device = plan.affinity.get(node).map_or("?", String::as_str);
-                let why = serde_json::to_string(why)?;
-                let _ = writeln!(out, "{node} → {device}: {why}");
+            if let Some(dir) = &args.dump_dir {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                let stem = model_stem(&args.model.model);
+                let json_path = dir.join(format!("{stem}_plan.json"));
+                std::fs::write(&json_path, serde_json::to_string_pretty(&plan)?)
+                    .with_context(|| format!("cannot write {}", json_path.display()))?;
+                let graph = Graph::from_model(onnx::decode_model(&args.model.read()?)?)?;
+                let dot_path = dir.join(format!("{stem}_plan.dot"));
+                std::fs::write(&dot_path, plan_dot(&graph, &plan))
+                    .with_context(|| format!("cannot write {}", dot_path.display()))?;
+                let _ = writeln!(
+                    out,
+                    "wrote {} and {}",
+                    json_path.display(),
+                    dot_path.display()
+                );
             }
-        }
-        if let Some(dir) = &args.dump_dir {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            let stem = model_stem(&args.model.model);
-            let json_path = dir.join(format!("{stem}_plan.json"));
-            std::fs::write(&json_path, serde_json::to_string_pretty(&plan)?)
-                .with_context(|| format!("cannot write {}", json_path.display()))?;
-            let graph = Graph::from_model(onnx::decode_model(&args.model.read()?)?)?;
-            let dot_path = dir.join(format!("{stem}_plan.dot"));
-            std::fs::write(&dot_path, plan_dot(&graph, &plan))
-                .with_context(|| format!("cannot write {}", dot_path.display()))?;
-            let _ = writeln!(
-                out,
-                "wrote {} and {}",
-                json_path.display(),
-                dot_path.display()
-            );
-        }
-        crate::print_stdout(&out);
-        if let Some(c) = embedded {
-            c.coordinator.shutdown().await;
-        }
-        Ok(())
+            crate::print_stdout(&out);
+            Ok(())
+        })
+        .await
     })
 }
 
@@ -253,60 +251,59 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     tessera_cli::cluster::run_system(async move {
         let bytes = args.model.read()?;
         let inputs = bench_inputs(&args, &bytes)?;
-        let (client, embedded) = connect(&args.model.remote).await?;
-        let network = crate::progress::load_network(&client, bytes, args.model.options()?).await?;
-        crate::print_stdout(&plan_lines(network.plan()));
-        // Warm-up: the first request specializes plans for its shapes.
-        network.infer(inputs.clone()).await?;
-        let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let bar = crate::progress::requests(args.requests as u64);
-        let started = Instant::now();
-        for _ in 0..args.requests {
-            let permit = gate.clone().acquire_owned().await?;
-            let (network, inputs, tx) = (network.clone(), inputs.clone(), tx.clone());
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let r = network.infer(inputs).await.map(|_| t.elapsed());
-                drop(permit);
-                let _ = tx.send(r);
-            });
-        }
-        drop(tx);
-        let mut latencies: Vec<Duration> = Vec::with_capacity(args.requests);
-        let mut failures = Vec::new();
-        while let Some(r) = rx.recv().await {
-            match r {
-                Ok(d) => latencies.push(d),
-                Err(e) => failures.push(e.to_string()),
+        with_client(&args.model.remote, async |client| {
+            let network = crate::progress::load_network(&client, bytes, args.model.options()?).await?;
+            crate::print_stdout(&plan_lines(network.plan()));
+            // Warm-up: the first request specializes plans for its shapes.
+            network.infer(inputs.clone()).await?;
+            let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let bar = crate::progress::requests(args.requests as u64);
+            let started = Instant::now();
+            for _ in 0..args.requests {
+                let permit = gate.clone().acquire_owned().await?;
+                let (network, inputs, tx) = (network.clone(), inputs.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let r = network.infer(inputs).await.map(|_| t.elapsed());
+                    drop(permit);
+                    let _ = tx.send(r);
+                });
             }
-            bar.inc(1);
-        }
-        bar.finish_and_clear();
-        let elapsed = started.elapsed();
-        if let Some(first) = failures.first() {
-            bail!(
-                "{} of {} requests failed; first: {first}",
-                failures.len(),
-                args.requests
-            );
-        }
-        latencies.sort();
-        let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
-        crate::print_stdout(&format!(
-            "{} requests, {} in flight: {:.1} requests/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms\n",
-            args.requests,
-            args.concurrency,
-            args.requests as f64 / elapsed.as_secs_f64(),
-            at(0.5).as_secs_f64() * 1e3,
-            at(0.9).as_secs_f64() * 1e3,
-            at(0.99).as_secs_f64() * 1e3,
-        ));
-        network.unload().await?;
-        if let Some(c) = embedded {
-            c.coordinator.shutdown().await;
-        }
-        Ok(())
+            drop(tx);
+            let mut latencies: Vec<Duration> = Vec::with_capacity(args.requests);
+            let mut failures = Vec::new();
+            while let Some(r) = rx.recv().await {
+                match r {
+                    Ok(d) => latencies.push(d),
+                    Err(e) => failures.push(e.to_string()),
+                }
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            let elapsed = started.elapsed();
+            if let Some(first) = failures.first() {
+                bail!(
+                    "{} of {} requests failed; first: {first}",
+                    failures.len(),
+                    args.requests
+                );
+            }
+            latencies.sort();
+            let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+            crate::print_stdout(&format!(
+                "{} requests, {} in flight: {:.1} requests/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms\n",
+                args.requests,
+                args.concurrency,
+                args.requests as f64 / elapsed.as_secs_f64(),
+                at(0.5).as_secs_f64() * 1e3,
+                at(0.9).as_secs_f64() * 1e3,
+                at(0.99).as_secs_f64() * 1e3,
+            ));
+            network.unload().await?;
+            Ok(())
+        })
+        .await
     })
 }
 
@@ -352,48 +349,47 @@ fn bench_inputs(args: &BenchArgs, bytes: &[u8]) -> Result<Vec<(String, Tensor)>>
 
 pub fn cluster(args: ClusterArgs) -> Result<()> {
     tessera_cli::cluster::run_system(async move {
-        let (client, embedded) = connect(&args.remote).await?;
-        let state = client.cluster().await?;
-        let mut out = String::new();
-        use std::fmt::Write as _;
-        let _ = writeln!(
-            out,
-            "{} workers, {} networks loaded, {} requests running",
-            state.workers.len(),
-            state.networks,
-            state.in_flight
-        );
-        for w in &state.workers {
-            let rss = match w.rss_bytes {
-                0 => String::new(),
-                b => format!(", resident {}", format_size(b)),
-            };
+        with_client(&args.remote, async |client| {
+            let state = client.cluster().await?;
+            let mut out = String::new();
+            use std::fmt::Write as _;
             let _ = writeln!(
                 out,
-                "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}{rss}",
-                w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.running, w.networks
+                "{} workers, {} networks loaded, {} requests running",
+                state.workers.len(),
+                state.networks,
+                state.in_flight
             );
-            for d in &w.devices {
-                let used = w
-                    .memory_in_use
-                    .iter()
-                    .find(|(kind, _)| *kind == d.device)
-                    .map_or(0, |(_, b)| *b);
-                let memory = match d.memory_bytes {
-                    0 => format!("memory not reported, {} in use", format_size(used)),
-                    m => format!("memory {}, {} in use", format_size(m), format_size(used)),
+            for w in &state.workers {
+                let rss = match w.rss_bytes {
+                    0 => String::new(),
+                    b => format!(", resident {}", format_size(b)),
                 };
                 let _ = writeln!(
                     out,
-                    "  {}/{}: {} ({:.1} GFLOPS, {:.1} GB/s, {memory})",
-                    w.name, d.device, d.full_name, d.gflops, d.bandwidth_gbps
+                    "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}{rss}",
+                    w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.running, w.networks
                 );
+                for d in &w.devices {
+                    let used = w
+                        .memory_in_use
+                        .iter()
+                        .find(|(kind, _)| *kind == d.device)
+                        .map_or(0, |(_, b)| *b);
+                    let memory = match d.memory_bytes {
+                        0 => format!("memory not reported, {} in use", format_size(used)),
+                        m => format!("memory {}, {} in use", format_size(m), format_size(used)),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {}/{}: {} ({:.1} GFLOPS, {:.1} GB/s, {memory})",
+                        w.name, d.device, d.full_name, d.gflops, d.bandwidth_gbps
+                    );
+                }
             }
-        }
-        crate::print_stdout(&out);
-        if let Some(c) = embedded {
-            c.coordinator.shutdown().await;
-        }
-        Ok(())
+            crate::print_stdout(&out);
+            Ok(())
+        })
+        .await
     })
 }

@@ -14,7 +14,7 @@ use tessera_client::generate::{
 use tessera_client::LoadOptions;
 use tessera_common::memory::format_size;
 
-use crate::remote::{connect, RemoteArgs};
+use crate::remote::{with_client, RemoteArgs};
 
 /// Positions a sequence may hold unless `--context` says otherwise.
 const DEFAULT_CONTEXT: u32 = 2048;
@@ -85,33 +85,32 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
         Some(c) => c,
         None => model_context.min(DEFAULT_CONTEXT),
     };
-    let (client, embedded) = connect(&args.remote).await?;
-    let options = LoadOptions {
-        name: args.model_dir.display().to_string(),
-        devices: args.devices.clone().unwrap_or_default(),
-        generation: Some(folder.generation),
-        ..Default::default()
-    };
-    let started = Instant::now();
-    let network = crate::progress::load_network(&client, folder.model, options).await?;
-    eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
-    for sg in &network.plan().subgraphs {
-        eprintln!(
-            "subgraph{} on {}: {} nodes, needs {}",
-            sg.id,
-            sg.device,
-            sg.nodes.len(),
-            format_size(sg.memory.total())
-        );
-    }
-    let generation = network.generate(prompt(&args), params(&args)).await?;
-    let stats = print_text(generation).await?;
-    eprintln!("{}", figures(&stats));
-    network.unload().await?;
-    if let Some(cluster) = embedded {
-        cluster.coordinator.shutdown().await;
-    }
-    Ok(())
+    with_client(&args.remote, async |client| {
+        let options = LoadOptions {
+            name: args.model_dir.display().to_string(),
+            devices: args.devices.clone().unwrap_or_default(),
+            generation: Some(folder.generation),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let network = crate::progress::load_network(&client, folder.model, options).await?;
+        eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
+        for sg in &network.plan().subgraphs {
+            eprintln!(
+                "subgraph{} on {}: {} nodes, needs {}",
+                sg.id,
+                sg.device,
+                sg.nodes.len(),
+                format_size(sg.memory.total())
+            );
+        }
+        let generation = network.generate(prompt(&args), params(&args)).await?;
+        let stats = print_text(generation).await?;
+        eprintln!("{}", figures(&stats));
+        network.unload().await?;
+        Ok(())
+    })
+    .await
 }
 
 fn prompt(args: &GenerateArgs) -> Prompt {

@@ -129,6 +129,7 @@ pub(crate) fn print_stdout(text: &str) {
 
 fn main() -> std::process::ExitCode {
     tessera_cli::tune_allocator();
+    tessera_worker::crash::install();
     tessera_cli::quiet_vulkan_device_select();
     tessera_cli::init_tracing();
     let cli = Cli::parse();

@@ -138,6 +138,22 @@ pub async fn connect(
     }
 }
 
+/// Runs `body` with a client of the cluster `args` names. An embedded
+/// cluster started for it is shut down in order afterwards, whether `body`
+/// succeeded or not, so that no subgraph still computes while the process
+/// exits.
+pub async fn with_client<T>(
+    args: &RemoteArgs,
+    body: impl AsyncFnOnce(Client) -> Result<T>,
+) -> Result<T> {
+    let (client, embedded) = connect(args).await?;
+    let result = body(client).await;
+    if let Some(cluster) = embedded {
+        cluster.shutdown().await;
+    }
+    result
+}
+
 /// Reads a manual affinity file: JSON `{"node": "host/DEVICE"}`.
 pub fn read_affinity(path: Option<&std::path::Path>) -> Result<Vec<(String, String)>> {
     let Some(path) = path else {
@@ -165,68 +181,67 @@ async fn run_async(args: RunArgs) -> Result<()> {
         &shapes,
     )?;
     let inputs = read_inputs(&args, &graph)?;
-    let (client, embedded) = connect(&args.remote).await?;
-    let affinity = read_affinity(args.affinity.as_deref())?;
-    let options = LoadOptions {
-        name: args.model.display().to_string(),
-        devices: args.devices.clone().unwrap_or_default(),
-        policy: args.policy,
-        strict: args.strict,
-        affinity,
-        shapes: shapes.into_iter().collect(),
-        ..Default::default()
-    };
-    let options = args.serving.apply(options);
-    let started = Instant::now();
-    let mut network = crate::progress::load_network(&client, bytes, options).await?;
-    eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
-    if let Some(ms) = args.remote.deadline_ms {
-        network = network.with_deadline(std::time::Duration::from_millis(ms));
-    }
-    let mut out = plan_lines(network.plan());
-    let started = Instant::now();
-    let result = network.infer(inputs.into_iter().collect()).await?;
-    let total = started.elapsed();
-    use std::fmt::Write as _;
-    let _ = writeln!(out, "request: {:.2} ms", total.as_secs_f64() * 1e3);
-    if args.perf_counts {
-        let mut sum = 0;
-        for (sg, time) in &result.subgraphs {
-            let device = network
-                .plan()
-                .subgraphs
-                .iter()
-                .find(|s| s.id as u64 == u64::from(*sg))
-                .map_or("?", |s| s.device.as_str());
-            let _ = writeln!(out, "subgraph{sg} ({device}): {} µs", time.as_micros());
-            sum += time.as_micros();
+    with_client(&args.remote, async |client| {
+        let affinity = read_affinity(args.affinity.as_deref())?;
+        let options = LoadOptions {
+            name: args.model.display().to_string(),
+            devices: args.devices.clone().unwrap_or_default(),
+            policy: args.policy,
+            strict: args.strict,
+            affinity,
+            shapes: shapes.into_iter().collect(),
+            ..Default::default()
+        };
+        let options = args.serving.apply(options);
+        let started = Instant::now();
+        let mut network = crate::progress::load_network(&client, bytes, options).await?;
+        eprintln!("loaded in {:.2} s", started.elapsed().as_secs_f64());
+        if let Some(ms) = args.remote.deadline_ms {
+            network = network.with_deadline(std::time::Duration::from_millis(ms));
         }
-        for (sg, n) in &result.counters.nodes {
-            let _ = writeln!(out, "subgraph{sg}: {}: realTime: {} µs", n.node, n.micros);
-        }
-        for t in &result.counters.transfers {
+        let mut out = plan_lines(network.plan());
+        let started = Instant::now();
+        let result = network.infer(inputs.into_iter().collect()).await?;
+        let total = started.elapsed();
+        use std::fmt::Write as _;
+        let _ = writeln!(out, "request: {:.2} ms", total.as_secs_f64() * 1e3);
+        if args.perf_counts {
+            let mut sum = 0;
+            for (sg, time) in &result.subgraphs {
+                let device = network
+                    .plan()
+                    .subgraphs
+                    .iter()
+                    .find(|s| s.id as u64 == u64::from(*sg))
+                    .map_or("?", |s| s.device.as_str());
+                let _ = writeln!(out, "subgraph{sg} ({device}): {} µs", time.as_micros());
+                sum += time.as_micros();
+            }
+            for (sg, n) in &result.counters.nodes {
+                let _ = writeln!(out, "subgraph{sg}: {}: realTime: {} µs", n.node, n.micros);
+            }
+            for t in &result.counters.transfers {
+                let _ = writeln!(
+                    out,
+                    "transfer {} {} → {}: {} bytes in {} µs",
+                    t.tensor, t.from, t.to, t.bytes, t.micros
+                );
+            }
             let _ = writeln!(
                 out,
-                "transfer {} {} → {}: {} bytes in {} µs",
-                t.tensor, t.from, t.to, t.bytes, t.micros
+                "Total compute: {sum} microseconds; network and scheduling: {} microseconds",
+                total.as_micros().saturating_sub(sum)
             );
         }
-        let _ = writeln!(
-            out,
-            "Total compute: {sum} microseconds; network and scheduling: {} microseconds",
-            total.as_micros().saturating_sub(sum)
-        );
-    }
-    for (name, t) in &result.tensors {
-        let _ = writeln!(out, "output {name}: {} {:?}", t.elem(), t.shape());
-    }
-    write_outputs(&args, &result.tensors, &mut out)?;
-    crate::print_stdout(&out);
-    network.unload().await?;
-    if let Some(cluster) = embedded {
-        cluster.coordinator.shutdown().await;
-    }
-    Ok(())
+        for (name, t) in &result.tensors {
+            let _ = writeln!(out, "output {name}: {} {:?}", t.elem(), t.shape());
+        }
+        write_outputs(&args, &result.tensors, &mut out)?;
+        crate::print_stdout(&out);
+        network.unload().await?;
+        Ok(())
+    })
+    .await
 }
 
 /// The plan, one line per subgraph.

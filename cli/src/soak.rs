@@ -27,7 +27,7 @@ use tessera_common::tensor::{read_npy, write_npy};
 use tokio::sync::{watch, Mutex};
 
 use crate::cluster_cmds::ModelArgs;
-use crate::remote::{connect, RemoteArgs};
+use crate::remote::{connect, with_client, RemoteArgs};
 
 #[derive(Args)]
 pub struct SoakArgs {
@@ -124,61 +124,60 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     };
     let remote = args.model.remote.clone();
     tessera_cli::cluster::run_system(async move {
-        let (client, embedded) = connect(&remote).await?;
-        let deadline = Duration::from_millis(remote.deadline_ms.unwrap_or(30_000));
-        let network = client
-            .load_network(bytes.clone(), options.clone())
-            .await?
-            .with_deadline(deadline);
-        crate::print_stdout(&format!(
-            "soak: {} subgraphs on {}; {} requests in flight for {} s\n",
-            network.plan().subgraphs.len(),
-            network.plan().hosts.join(", "),
-            args.concurrency,
-            args.seconds
-        ));
-        let soak = Arc::new(Soak {
-            current: watch::Sender::new(Some((0, network))),
-            tally: Mutex::new(Tally::default()),
-            events,
-            cases,
-            remote,
-            bytes,
-            options,
-            deadline,
-            reconnect: Duration::from_secs(args.reconnect_seconds),
-            tolerance: args.tolerance,
-            reloading: Mutex::new(()),
-        });
-        let end = Instant::now() + Duration::from_secs(args.seconds);
-        let lanes: Vec<_> = (0..args.concurrency)
-            .map(|lane| tokio::spawn(soak.clone().lane(lane, args.concurrency, end)))
-            .collect();
-        for lane in lanes {
-            lane.await.context("a load lane panicked")?;
-        }
-        let t = soak.tally.lock().await;
-        crate::print_stdout(&format!(
-            "requests sent {} / succeeded {} / failed with a clear error {} / lost {} / wrong {} \
-             (retried after a worker loss: {}; reloads after losing the coordinator: {})\n",
-            t.sent, t.succeeded, t.failed, t.lost, t.wrong, t.retried, t.reloads
-        ));
-        for e in &t.first_errors {
-            crate::print_stdout(&format!("  error: {e}\n"));
-        }
-        if let Some(c) = embedded {
-            c.coordinator.shutdown().await;
-        }
-        if t.lost > 0 || t.wrong > 0 || t.succeeded == 0 {
-            bail!(
-                "{} lost and {} wrong of {} requests sent ({} succeeded)",
-                t.lost,
-                t.wrong,
-                t.sent,
-                t.succeeded
-            );
-        }
-        Ok(())
+        with_client(&remote.clone(), async |client| {
+            let deadline = Duration::from_millis(remote.deadline_ms.unwrap_or(30_000));
+            let network = client
+                .load_network(bytes.clone(), options.clone())
+                .await?
+                .with_deadline(deadline);
+            crate::print_stdout(&format!(
+                "soak: {} subgraphs on {}; {} requests in flight for {} s\n",
+                network.plan().subgraphs.len(),
+                network.plan().hosts.join(", "),
+                args.concurrency,
+                args.seconds
+            ));
+            let soak = Arc::new(Soak {
+                current: watch::Sender::new(Some((0, network))),
+                tally: Mutex::new(Tally::default()),
+                events,
+                cases,
+                remote,
+                bytes,
+                options,
+                deadline,
+                reconnect: Duration::from_secs(args.reconnect_seconds),
+                tolerance: args.tolerance,
+                reloading: Mutex::new(()),
+            });
+            let end = Instant::now() + Duration::from_secs(args.seconds);
+            let lanes: Vec<_> = (0..args.concurrency)
+                .map(|lane| tokio::spawn(soak.clone().lane(lane, args.concurrency, end)))
+                .collect();
+            for lane in lanes {
+                lane.await.context("a load lane panicked")?;
+            }
+            let t = soak.tally.lock().await;
+            crate::print_stdout(&format!(
+                "requests sent {} / succeeded {} / failed with a clear error {} / lost {} / wrong {} \
+                 (retried after a worker loss: {}; reloads after losing the coordinator: {})\n",
+                t.sent, t.succeeded, t.failed, t.lost, t.wrong, t.retried, t.reloads
+            ));
+            for e in &t.first_errors {
+                crate::print_stdout(&format!("  error: {e}\n"));
+            }
+            if t.lost > 0 || t.wrong > 0 || t.succeeded == 0 {
+                bail!(
+                    "{} lost and {} wrong of {} requests sent ({} succeeded)",
+                    t.lost,
+                    t.wrong,
+                    t.sent,
+                    t.succeeded
+                );
+            }
+            Ok(())
+        })
+        .await
     })
 }
 

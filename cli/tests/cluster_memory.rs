@@ -232,7 +232,7 @@ fn a_cluster_too_small_refuses_the_model_and_deploys_nothing() {
             .workers
             .iter()
             .all(|w| w.memory_in_use.iter().all(|(_, b)| *b == 0)));
-        cluster.coordinator.shutdown().await;
+        cluster.shutdown().await;
         Ok(())
     })
     .unwrap();
@@ -258,7 +258,7 @@ fn memory_and_measured_speed_decide_the_split() {
             [("node-a".to_string(), 4), ("node-b".to_string(), 2)]
         );
         check(&network, &six, &dir.join("ort"), 1).await;
-        cluster.coordinator.shutdown().await;
+        cluster.shutdown().await;
 
         // Equal memory (6 layers at most each at this batch); node-b
         // computes with two threads and is measured twice as fast. At a
@@ -285,7 +285,7 @@ fn memory_and_measured_speed_decide_the_split() {
             "{split:?} {gflops:?}: {stages:#?}"
         );
         assert_eq!(split.values().sum::<usize>(), 8);
-        cluster.coordinator.shutdown().await;
+        cluster.shutdown().await;
         Ok(())
     })
     .unwrap();

@@ -316,7 +316,7 @@ fn sixty_four_workers_hold_a_deep_split_and_replicas_and_survive_losing_eight() 
              finished {:.1} s after the loss",
             stopped_at.elapsed().as_secs_f64()
         );
-        cluster.coordinator.shutdown().await;
+        cluster.shutdown().await;
         Ok(())
     })
     .unwrap();

@@ -103,7 +103,13 @@ def check(tessera, model_path, mode, backend, feeds, expected, out_dir):
     proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
     took = time.time() - started
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-6:]
+        lines = proc.stderr.strip().splitlines() or ["(no output)"]
+        # A crash report (every thread's backtrace) is shown whole.
+        report = [i for i, l in enumerate(lines) if "tessera: fatal signal" in l]
+        if report:
+            crash = "\n".join(lines[report[0]:])
+            return False, f"exit {proc.returncode} after {took:.0f} s, crashed:\n{crash}"
+        tail = lines[-6:]
         return False, f"exit {proc.returncode} after {took:.0f} s: " + " | ".join(tail)
     atol = 1e-3 if "gpu" in mode else 1e-4
     worst = 0.0

@@ -9,7 +9,8 @@
 //! [`daemon`] serves the plugins to a cluster (registration, QueryNetwork,
 //! deployment, one actix actor per subgraph, worker-to-worker streaming);
 //! [`conformance`] is the ONNX node-test suite written once against
-//! `&dyn DevicePlugin`. See `docs/plugins.md`.
+//! `&dyn DevicePlugin`; [`crash`] prints every thread's backtrace when the
+//! process dies of a fatal signal. See `docs/plugins.md`.
 //!
 //! ```no_run
 //! use tessera_worker::plugins;
@@ -19,6 +20,8 @@
 //! ```
 
 pub mod conformance;
+#[cfg(target_os = "linux")]
+pub mod crash;
 pub mod daemon;
 pub mod hetero;
 pub mod plugin;

@@ -191,8 +191,8 @@ pub async fn generation() -> Result<()> {
     split.unload().await?;
     four_bit(&one, &whole, r1).await?;
     whole.unload().await?;
-    one.coordinator.shutdown().await;
-    two.coordinator.shutdown().await;
+    one.shutdown().await;
+    two.shutdown().await;
     Ok(())
 }
 

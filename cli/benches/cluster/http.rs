@@ -99,7 +99,7 @@ pub async fn http_vs_sdk() -> Result<()> {
         g / h
     );
     network.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 

@@ -331,7 +331,7 @@ async fn rtt() -> Result<()> {
         cpu * 1e6 / 520.0
     );
     network.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 
@@ -545,7 +545,7 @@ async fn split() -> Result<()> {
         median(moved) / 1e6
     );
     network.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 
@@ -676,7 +676,7 @@ async fn pipelined_alone() -> Result<()> {
     let rate = throughput(&two, &inputs, 480, 16).await?;
     println!("rec, two stages on two workers: {rate:.1} req/s");
     two.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 
@@ -698,7 +698,7 @@ async fn backends() -> Result<()> {
             let rate = throughput(&two, &inputs, 96, 16).await?;
             rates.entry(backend.to_string()).or_default().push(rate);
             two.unload().await?;
-            c.coordinator.shutdown().await;
+            c.shutdown().await;
         }
     }
     plugins::configure(PluginOptions::default());
@@ -766,8 +766,8 @@ async fn pipeline_on(label: &str, (bytes, graph, inputs): Loaded, total: usize) 
     );
     two.unload().await?;
     one.unload().await?;
-    c2.coordinator.shutdown().await;
-    c1.coordinator.shutdown().await;
+    c2.shutdown().await;
+    c1.shutdown().await;
     println!(
         "  the ceiling here: the whole model in one process, two threads each running it vs one thread, \
          throughput ratio {:.2} (no network; what two busy cores give this machine; median of 3, \

@@ -104,8 +104,8 @@ pub async fn pipeline() -> Result<()> {
     );
     split.unload().await?;
     whole.unload().await?;
-    two_workers.coordinator.shutdown().await;
-    one_worker.coordinator.shutdown().await;
+    two_workers.shutdown().await;
+    one_worker.shutdown().await;
     Ok(())
 }
 

@@ -87,7 +87,7 @@ pub async fn replicas() -> Result<()> {
         n.unload().await?;
     }
     for c in [c2, cp, c1] {
-        c.coordinator.shutdown().await;
+        c.shutdown().await;
     }
     Ok(())
 }
@@ -152,7 +152,7 @@ async fn batching_on(label: &str, bytes: Vec<u8>, inputs: Vec<(String, Tensor)>)
     );
     off.unload().await?;
     on.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 
@@ -218,7 +218,7 @@ pub async fn scale64() -> Result<()> {
     }
     deep.unload().await?;
     small.unload().await?;
-    c.coordinator.shutdown().await;
+    c.shutdown().await;
     Ok(())
 }
 

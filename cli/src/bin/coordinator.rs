@@ -22,6 +22,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     tessera_cli::tune_allocator();
+    tessera_worker::crash::install();
     tessera_cli::init_tracing();
     tessera_cli::exit(run(Args::parse()))
 }

@@ -65,6 +65,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     tessera_cli::tune_allocator();
+    tessera_worker::crash::install();
     tessera_cli::quiet_vulkan_device_select();
     tessera_cli::init_tracing();
     tessera_cli::exit(run(Args::parse()))

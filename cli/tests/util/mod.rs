@@ -31,6 +31,7 @@ pub fn tessera(args: &[&str]) -> (bool, String, String) {
 
 /// A two-thread tokio runtime for driving the client SDK in tests.
 pub fn runtime() -> tokio::runtime::Runtime {
+    tessera_worker::crash::install();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -58,10 +58,26 @@ pub struct Forget {
     pub request: u64,
 }
 
-/// Stop after the request running now.
+/// Stop after the request running now; answers the compute thread, which
+/// ends once that request is done (joining it waits for the subgraph's
+/// backend session to be dropped on the thread that used it).
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Option<std::thread::JoinHandle<()>>")]
 pub struct Stop;
+
+/// Stops `actors` and waits until each one's compute thread has ended
+/// (the request it runs finished, its compiled subgraph dropped there).
+pub async fn stop_all(actors: Vec<Addr<SubgraphActor>>) {
+    let threads = futures_util::future::join_all(actors.iter().map(|a| a.send(Stop))).await;
+    for thread in threads.into_iter().flat_map(|t| t.ok().flatten()) {
+        let name = thread.thread().name().unwrap_or("sg").to_string();
+        match tokio::task::spawn_blocking(move || thread.join()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => tracing::warn!(thread = %name, "a compute thread panicked"),
+            Err(e) => tracing::warn!(thread = %name, "cannot join a compute thread: {e}"),
+        }
+    }
+}
 
 /// The compute thread finished (or skipped) a job.
 #[derive(Message)]
@@ -90,7 +106,11 @@ pub struct SubgraphActor {
     pub subgraph: u32,
     /// `node/DEVICE`, for errors.
     pub device: String,
-    pub compiled: Arc<dyn CompiledSubgraph>,
+    /// Handed to the compute thread when it starts: the thread is then its
+    /// only owner, so the backend's session is dropped there.
+    compiled: Option<Arc<dyn CompiledSubgraph>>,
+    /// The compute thread, until [`Stop`] hands it to whoever joins it.
+    thread: Option<std::thread::JoinHandle<()>>,
     /// Input names in the compiled subgraph's order.
     pub inputs: Vec<Arc<str>>,
     pub outputs: Vec<Arc<str>>,
@@ -138,7 +158,8 @@ impl SubgraphActor {
             network,
             subgraph,
             device,
-            compiled,
+            compiled: Some(compiled),
+            thread: None,
             inputs,
             outputs,
             mailbox,
@@ -253,17 +274,22 @@ impl SubgraphActor {
         self.next(ctx);
     }
 
-    /// Starts the compute thread; it reports back to `actor`.
+    /// Starts the compute thread, its compiled subgraph's only owner; it
+    /// reports back to `actor`.
     fn spawn_thread(
-        &self,
+        &mut self,
         actor: WeakAddr<SubgraphActor>,
     ) -> std::io::Result<mpsc::SyncSender<Job>> {
+        let compiled = self
+            .compiled
+            .take()
+            .ok_or_else(|| std::io::Error::other("its compute thread was started already"))?;
         let (tx, rx) = mpsc::sync_channel::<Job>(HANDED);
         let thread = ComputeThread {
             network: self.network,
             subgraph: self.subgraph,
             device: self.device.clone(),
-            compiled: self.compiled.clone(),
+            compiled,
             outputs: self.outputs.clone(),
             router: self.router.clone(),
             runtime: tokio::runtime::Handle::current(),
@@ -274,9 +300,10 @@ impl SubgraphActor {
             store: self.store.clone(),
             state: self.state.clone(),
         };
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name(format!("sg-{}-{}", self.network, self.subgraph))
             .spawn(move || thread.run(rx))?;
+        self.thread = Some(handle);
         Ok(tx)
     }
 }
@@ -658,10 +685,16 @@ impl Handler<Forget> for SubgraphActor {
 }
 
 impl Handler<Stop> for SubgraphActor {
-    type Result = ();
+    type Result = Option<std::thread::JoinHandle<()>>;
 
-    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
-        // The compute thread ends once its queue is dropped with the actor.
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) -> Self::Result {
+        // Jobs already handed are skipped; with its queue closed the
+        // compute thread ends after the one it runs.
+        if let Ok(mut cancelled) = self.cancelled.lock() {
+            cancelled.extend(self.handed.iter().flatten());
+        }
+        self.jobs = None;
         ctx.stop();
+        self.thread.take()
     }
 }

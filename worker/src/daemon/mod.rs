@@ -267,42 +267,50 @@ pub async fn run_until(
         &options.cluster,
         Role::Worker,
     )?);
-    let serving = serve_sessions(&options, &node, devices, &infos, ready);
-    tokio::select! {
-        outcome = serving => outcome,
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let serving = serve_sessions(&options, &node, devices, &infos, ready, stopped);
+    tokio::pin!(serving);
+    let outcome = tokio::select! {
+        outcome = &mut serving => outcome,
         () = stop => {
-            tracing::info!("shutting down: closing every connection");
-            node.shutdown().await;
-            Ok(())
+            tracing::info!("shutting down: stopping the subgraphs, closing every connection");
+            let _ = stopping.send(true);
+            serving.await
         }
-    }
+    };
+    node.shutdown().await;
+    outcome
 }
 
 /// Sessions with the coordinator, one after another while it can be
-/// reached again.
+/// reached again, until `stopped` turns true. Each session ends in order:
+/// its subgraphs stopped (their compute threads joined), its connections
+/// closed; the devices are dropped when this returns.
 async fn serve_sessions(
     options: &WorkerOptions,
     node: &Arc<Node>,
     devices: Vec<Device>,
     infos: &[DeviceInfo],
     ready: impl FnOnce(&str),
+    mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let error = match session(options, node, devices.clone(), infos, &mut ready).await {
-            Err(e) if options.reconnect && e.transient() => e,
-            outcome => {
-                node.shutdown().await;
-                return outcome;
-            }
+        let outcome = session(options, node, devices.clone(), infos, &mut ready, &stopped).await;
+        let error = match outcome {
+            Err(e) if options.reconnect && e.transient() && !*stopped.borrow() => e,
+            outcome => return outcome,
         };
         if started.elapsed() > Duration::from_secs(10) {
             backoff = Duration::from_millis(100);
         }
         tracing::warn!("{error}; dialling the coordinator again in {backoff:?}");
-        tokio::time::sleep(backoff).await;
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stopped.wait_for(|s| *s) => return Ok(()),
+        }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }

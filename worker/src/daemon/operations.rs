@@ -16,7 +16,7 @@ use tessera_net::NetError;
 
 use crate::plugin::PluginError;
 
-use super::actor::{Stop, SubgraphActor};
+use super::actor::{stop_all, SubgraphActor};
 use super::sequences::StateSlots;
 use super::State;
 
@@ -94,9 +94,9 @@ async fn operation(
         }
         ToWorker::Deploy(spec) => deploy(state, spec, send, recv).await,
         ToWorker::Undeploy { network } => {
-            for actor in state.router.remove(network) {
-                actor.do_send(Stop);
-            }
+            // Answered once the compute threads have ended and dropped
+            // their sessions: the memory is free when the answer comes.
+            stop_all(state.router.remove(network)).await;
             Ok(WorkerAnswer::Undeployed { network })
         }
         ToWorker::Cancel { request } => {

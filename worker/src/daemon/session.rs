@@ -14,7 +14,7 @@ use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::{Frame, Limits};
 use tessera_net::{exchange, recv_frame, serve_streams, ExchangeError, Link, Node, Peer};
 
-use super::actor::Stop;
+use super::actor::stop_all;
 use super::cache::CompileCache;
 use super::routes::Router;
 use super::{operations, Device, State, WorkerError, WorkerOptions};
@@ -31,22 +31,29 @@ struct Registered {
     heartbeat: Duration,
 }
 
-/// One registration: serves the coordinator until it goes away. Everything
-/// deployed in it is dropped at the end.
+/// One registration: serves the coordinator until it goes away (an error)
+/// or `stopped` turns true (`Ok`). Everything deployed in it is stopped at
+/// the end, and waited for.
 pub(super) async fn session<R: FnOnce(&str)>(
     options: &WorkerOptions,
     node: &Arc<Node>,
     devices: Vec<Device>,
     infos: &[DeviceInfo],
     ready: &mut Option<R>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
+    let mut stop = stopped.clone();
+    let registered = tokio::select! {
+        registered = register(options, node, infos) => registered?,
+        _ = stop.wait_for(|s| *s) => return Ok(()),
+    };
     let Registered {
         connection,
         send,
         recv,
         data_addr,
         heartbeat,
-    } = register(options, node, infos).await?;
+    } = registered;
     let limits = *node.limits();
     let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
     let to_coordinator = Link::open(connection.clone(), "coordinator", limits, 64);
@@ -88,17 +95,22 @@ pub(super) async fn session<R: FnOnce(&str)>(
     let why = tokio::select! {
         why = serve_operations(connection.clone(), state) => why,
         why = watch_control(recv, limits) => why,
+        _ = stop.wait_for(|s| *s) => String::new(),
     };
-    // Drop everything of this session; the endpoint stays for the next.
+    // Stop everything of this session (the compute threads finish the
+    // request they run, then drop their sessions); the endpoint stays for
+    // the next.
     peers.abort();
-    for actor in router.remove_all() {
-        actor.do_send(Stop);
-    }
+    stop_all(router.remove_all()).await;
     router.close_peers().await;
     if let Ok(all) = incoming.lock() {
         for c in all.iter() {
             tessera_net::CloseCode::SessionOver.close(c, "session over");
         }
+    }
+    if *stop.borrow() {
+        tessera_net::CloseCode::Shutdown.close(&connection, "the worker shuts down");
+        return Ok(());
     }
     tessera_net::CloseCode::SessionOver.close(&connection, "session over");
     Err(WorkerError::CoordinatorLost(

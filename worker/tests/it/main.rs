@@ -12,6 +12,7 @@ mod conformance_gpu;
 mod conformance_onnxruntime;
 mod corpus_cuts;
 mod cpu_plugin;
+mod crash_report;
 mod daemon_config;
 mod gpu_half;
 mod gpu_kernels;

@@ -67,6 +67,17 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<(&'static str, bool), Arc<wgpu::ComputePipeline>>>,
 }
 
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // What was submitted finishes before the device and its queue go
+        // (and with them lavapipe's threads), on the thread that drops
+        // the last reference.
+        if let Err(e) = self.wait() {
+            tracing::debug!("GPU work at teardown: {e}");
+        }
+    }
+}
+
 pub fn compile_error(reason: String) -> PluginError {
     PluginError::Compile {
         backend: "wgpu".into(),

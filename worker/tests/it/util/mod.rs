@@ -25,6 +25,7 @@ pub fn node_test_root() -> std::path::PathBuf {
 /// adapter and the GPU tests are not required (`TESSERA_GPU_TESTS=required`,
 /// which `scripts/test.sh` sets after installing lavapipe).
 pub fn gpu_plugin() -> Option<tessera_worker::plugins::gpu::GpuPlugin> {
+    tessera_worker::crash::install();
     match tessera_worker::plugins::gpu::GpuPlugin::new() {
         Ok(p) => Some(p),
         Err(e) if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("required") => {
@@ -41,6 +42,7 @@ pub fn cpu_plugin(
     backend: &str,
     name: &str,
 ) -> std::sync::Arc<dyn tessera_worker::plugin::DevicePlugin> {
+    tessera_worker::crash::install();
     let options = tessera_worker::plugins::PluginOptions {
         cpu_backend: backend.parse().expect("a CPU backend name"),
         onnxruntime_library: None,
