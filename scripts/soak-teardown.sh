@@ -23,6 +23,7 @@
 #   --stops N       SIGTERM cycles of GPU workers (default cycles / 10)
 #   --models a,b    model files under .cache/models (default: the list above)
 #   --debug         the debug binaries `cargo test` built (default: release)
+#   --bin-dir DIR   the binaries in DIR (built already)
 #   --quiet-machine no busy processes beside the cycles
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +38,15 @@ while [ $# -gt 0 ]; do
     --stops) stops=$2; shift 2 ;;
     --models) models=$2; shift 2 ;;
     --debug) profile=debug; shift ;;
+    --bin-dir) bin_dir=$2; shift 2 ;;
     --quiet-machine) busy=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 stops=${stops:-$(( (cycles + 9) / 10 ))}
 dir=${TESSERA_MODELS_DIR:-.cache/models}
-bin=target/$profile
-if [ "$profile" = release ]; then
+bin=${bin_dir:-target/$profile}
+if [ -z "${bin_dir:-}" ] && [ "$profile" = release ]; then
   cargo build --release --quiet -p tessera-cli --bins
 fi
 for b in tessera worker coordinator; do

@@ -110,10 +110,27 @@ pub fn backends(name: Option<&str>) -> Result<wgpu::Backends, PluginError> {
 
 /// The adapters of `backends`, in the order wgpu lists them.
 pub fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    pollster::block_on(instance(backends).enumerate_adapters(backends))
+}
+
+/// The process's instance for `backends`, made once and kept until the
+/// process exits. A Vulkan instance's last release makes the Vulkan
+/// loader unload the driver (lavapipe: `libvulkan_lvp.so`); an unloaded
+/// driver was seen called into at exit (SIGSEGV in the main thread, at an
+/// address where the driver had been), so the driver stays loaded for the
+/// process's life and goes with the other libraries at exit, while devices
+/// are dropped in order before (see `daemon::run_until`).
+fn instance(backends: wgpu::Backends) -> wgpu::Instance {
+    static INSTANCES: Mutex<Vec<(wgpu::Backends, wgpu::Instance)>> = Mutex::new(Vec::new());
+    let mut all = INSTANCES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, instance)) = all.iter().find(|(b, _)| *b == backends) {
+        return instance.clone();
+    }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends = backends;
     let instance = wgpu::Instance::new(desc);
-    pollster::block_on(instance.enumerate_adapters(backends))
+    all.push((backends, instance.clone()));
+    instance
 }
 
 /// The memory an adapter offers: a software adapter (lavapipe) computes
