@@ -19,6 +19,8 @@ pub const CLUSTER: &str = "local";
 pub struct Embedded {
     pub coordinator: Coordinator,
     pub addr: SocketAddr,
+    /// The coordinator's front door, with `http_listen` or `grpc_listen`.
+    pub front_door: Option<tessera_serving::FrontDoor>,
     /// The client's identity (same throw-away CA).
     pub client: NodeIdentity,
     pub workers: Vec<String>,
@@ -42,6 +44,9 @@ impl Embedded {
     /// thread still running while the process exits races the backends'
     /// own teardown (onnxruntime's and Mesa's static destructors).
     pub async fn shutdown(self) {
+        if let Some(door) = &self.front_door {
+            door.shutdown();
+        }
         self.coordinator.shutdown().await;
         stop_tasks(self.stops, self.tasks).await;
     }
@@ -157,7 +162,7 @@ pub async fn start_workers(
         ..Default::default()
     };
     configure(&mut config);
-    let coordinator = Coordinator::bind(config, &ids[0])?;
+    let coordinator = Coordinator::bind(config.clone(), &ids[0])?;
     let addr = coordinator.local_addr()?;
     let serving = coordinator.clone();
     tokio::spawn(async move { serving.serve().await });
@@ -226,9 +231,11 @@ pub async fn start_workers(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let front_door = crate::front_door::of_coordinator(&coordinator, &config, &ids[0]).await?;
     Ok(Embedded {
         coordinator,
         addr,
+        front_door,
         client: ids[1].clone(),
         workers: names,
         stops,

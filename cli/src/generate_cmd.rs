@@ -39,9 +39,10 @@ pub struct GenerateArgs {
     /// Sample among the most likely tokens whose probabilities add up to P.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
-    /// The sampler's seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// The sampler's seed (the same seed, the same text; default: a
+    /// random one).
+    #[arg(long)]
+    seed: Option<u64>,
     /// A text that ends the generation (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -133,6 +134,7 @@ fn params(args: &GenerateArgs) -> GenerateParams {
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
+        logprobs: 0,
         stop: args.stop.clone(),
         deadline_ms: args.remote.deadline_ms.unwrap_or(0),
     }

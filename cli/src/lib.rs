@@ -1,8 +1,10 @@
 //! Shared by Tessera's binaries (`tessera`, `coordinator`, `worker`):
 //! logging set-up, the allocator's tuning ([`tune_allocator`]), start-up
-//! announcements, and the embedded local cluster ([`cluster`]).
+//! announcements, the embedded local cluster ([`cluster`]) and front doors
+//! ([`front_door`]).
 
 pub mod cluster;
+pub mod front_door;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only
 /// on a terminal.

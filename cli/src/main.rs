@@ -33,6 +33,7 @@ mod partition;
 mod progress;
 mod remote;
 mod run;
+mod serve_cmd;
 mod soak;
 
 use clap::{Parser, Subcommand};
@@ -88,6 +89,9 @@ enum Command {
     /// A steady load of checked requests (for fault drills): counts sent,
     /// succeeded, failed, lost and wrong answers.
     Soak(soak::SoakArgs),
+    /// A gateway: KServe v2 (HTTP, gRPC) and OpenAI in front of a running
+    /// cluster, its requests straight to the workers.
+    Serve(serve_cmd::ServeArgs),
     /// What Tessera knows about each op type (type and shape inference,
     /// folding, decomposition, cost) and which backends run it.
     Ops(ops_cmd::OpsArgs),
@@ -149,6 +153,7 @@ fn main() -> std::process::ExitCode {
         Command::Load(args) => models_cmds::load(args),
         Command::Models(args) => models_cmds::models(args),
         Command::Unload(args) => models_cmds::unload(args),
+        Command::Serve(args) => serve_cmd::serve(args),
         Command::Soak(args) => soak::soak(args),
         Command::Ops(args) => ops_cmd::ops(args),
         Command::Certs(command) => certs::run(command),

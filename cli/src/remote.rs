@@ -199,6 +199,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         if let Some(ms) = args.remote.deadline_ms {
             network = network.with_deadline(std::time::Duration::from_millis(ms));
         }
+        network = network.with_counters(args.perf_counts);
         let mut out = plan_lines(network.plan());
         let started = Instant::now();
         let result = network.infer(inputs.into_iter().collect()).await?;

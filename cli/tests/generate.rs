@@ -278,7 +278,9 @@ fn greedy_text_split_over_two_workers_equals_onnxruntime_genai_even_after_a_work
         let mut killed = false;
         while let Some(event) = generation.next().await.expect("generation goes on") {
             match event {
-                Event::Tokens { ids: i, text: t } => {
+                Event::Tokens {
+                    ids: i, text: t, ..
+                } => {
                     ids.extend(i);
                     text.push_str(&t);
                     if ids.len() >= 6 && !killed {
@@ -359,7 +361,7 @@ fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
         let hot = GenerateParams {
             temperature: 1.0,
             top_k: 50,
-            seed: 3,
+            seed: Some(3),
             ..greedy(12)
         };
         let (a, _, _) = run(&network, text("Hello"), hot.clone()).await;

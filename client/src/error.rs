@@ -16,6 +16,7 @@ pub enum Operation {
     ListModels,
     ClusterInfo,
     Generate,
+    Routes,
 }
 
 impl std::fmt::Display for Operation {
@@ -31,6 +32,7 @@ impl std::fmt::Display for Operation {
             Operation::ListModels => "listing the models",
             Operation::ClusterInfo => "reading the cluster's state",
             Operation::Generate => "generation",
+            Operation::Routes => "following the network's routing table",
         })
     }
 }
@@ -55,6 +57,9 @@ pub enum ClientError {
     Model(String),
     #[error("connection to the coordinator: {0}")]
     Connection(String),
+    /// A worker's data address could not be reached.
+    #[error("cannot reach worker {worker}: {error}")]
+    Unreachable { worker: String, error: String },
     #[error("protocol: {0}")]
     Protocol(String),
 }
@@ -66,7 +71,9 @@ impl ClientError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             ClientError::Failed { kind, .. } => *kind,
-            ClientError::Connect(_) | ClientError::Connection(_) => ErrorKind::Unavailable,
+            ClientError::Connect(_)
+            | ClientError::Connection(_)
+            | ClientError::Unreachable { .. } => ErrorKind::Unavailable,
             ClientError::Tensor(_) | ClientError::Model(_) => ErrorKind::BadInput,
             ClientError::Protocol(_) => ErrorKind::Internal,
         }

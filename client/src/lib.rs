@@ -9,9 +9,19 @@
 //! Tensors convert from and to `ndarray` ([`tensor`]). Errors are a
 //! [`ClientError`].
 //!
-//! Layout: this file (client, networks, requests), [`generate`] (model
-//! folders and text generation), [`plan`] (the plan a load returns),
-//! [`tensor`] (ndarray conversions).
+//! The client is a requester: the coordinator only loads and plans, and
+//! publishes each network's routing table ([`routes`]); requests go from
+//! the client straight to the workers of the copy it picks, and their
+//! outputs come straight back ([`infer`]), with the same certificate. The
+//! client retries on another copy when a worker is lost. Requests and
+//! generations go on while the coordinator is away (the last table stays);
+//! the client dials it again when it comes back.
+//!
+//! Layout: this file (client, networks, control operations), [`routes`]
+//! (routing-table subscription, picking a copy), [`infer`] (the request
+//! path), [`peers`] (connections to workers), [`generate`] (model folders
+//! and text generation: tokenizer, batching, the generation loop),
+//! [`plan`] (the plan a load returns), [`tensor`] (ndarray conversions).
 //!
 //! A runnable example against an embedded local cluster:
 //! `cargo run --example sdk -p tessera-cli` (`cli/examples/sdk.rs`).
@@ -38,28 +48,32 @@
 
 mod error;
 pub mod generate;
+pub mod infer;
+pub mod peers;
 pub mod plan;
+pub mod routes;
 pub mod tensor;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 pub use tessera_common::affinity::Policy;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
-use tessera_common::wire::control::LoadRequest;
+pub use tessera_common::wire::control::LoadRequest;
 pub use tessera_common::wire::control::{
     Batching, Counters, DeviceAnswer, ModelState, ModelStatus, NodeTime, Replicas, Transfer,
     WorkerState,
 };
 use tessera_common::wire::handshake::Role;
-use tessera_common::wire::tensor::TensorHeader;
+use tessera_common::wire::routes::RoutingTable;
+use tessera_common::wire::Limits;
 use tessera_common::wire::Progress;
-use tessera_common::wire::{Frame, Limits};
 use tessera_net::certs::NodeIdentity;
-use tessera_net::{exchange, recv_frame, send_frame, NetError, Node};
+use tessera_net::{exchange, Node};
 
 pub use error::{ClientError, Operation};
 pub use plan::Plan;
@@ -147,13 +161,22 @@ impl Outputs {
 }
 
 struct Inner {
-    /// Keeps the endpoint alive.
-    _node: Node,
-    connection: quinn::Connection,
+    /// The endpoint: the coordinator's connection and every worker's.
+    node: Arc<Node>,
+    /// The coordinator's address, dialled again when its connection closed.
+    coordinator: SocketAddr,
+    connection: Mutex<quinn::Connection>,
     limits: Limits,
+    /// The requester's name (its certificate's).
+    name: String,
+    peers: peers::Peers,
+    ids: infer::Ids,
+    /// Serialises dialling the coordinator again.
+    redial: tokio::sync::Mutex<()>,
 }
 
-/// A connection to a cluster's coordinator. Cheap to clone.
+/// A connection to a cluster: its coordinator (loads, plans, routing
+/// tables) and, for requests, its workers. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -165,15 +188,34 @@ pub struct Network {
     client: Client,
     id: u64,
     plan: Arc<Plan>,
+    routes: routes::Routes,
     deadline: Option<Duration>,
+    counters: bool,
+    /// A generative network's tokenizer and batching, made on first use.
+    generator: Arc<tokio::sync::OnceCell<Arc<generate::Generator>>>,
 }
 
+/// How long a request may take by default (its retries included).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+
 impl Client {
-    /// Dials the coordinator at `addr` of cluster `cluster`.
+    /// Dials the coordinator at `addr` of cluster `cluster` as a client.
     pub async fn connect(
         addr: SocketAddr,
         identity: &NodeIdentity,
         cluster: &str,
+    ) -> Result<Client, ClientError> {
+        Client::connect_as(addr, identity, cluster, Role::Client).await
+    }
+
+    /// Dials the coordinator with an identity of `role` (a front door on a
+    /// worker, or on the coordinator itself, is a requester with its own
+    /// certificate).
+    pub async fn connect_as(
+        addr: SocketAddr,
+        identity: &NodeIdentity,
+        cluster: &str,
+        role: Role,
     ) -> Result<Client, ClientError> {
         let any: SocketAddr = if addr.is_ipv6() {
             "[::]:0".parse()
@@ -182,20 +224,61 @@ impl Client {
         }
         .map_err(|e: std::net::AddrParseError| ClientError::Connection(e.to_string()))?;
         let node =
-            Node::bind(any, identity, cluster, Role::Client).map_err(ClientError::Connect)?;
+            Arc::new(Node::bind(any, identity, cluster, role).map_err(ClientError::Connect)?);
         let peer = node.dial(addr).await.map_err(ClientError::Connect)?;
+        if peer.hello.role != Role::Coordinator {
+            return Err(ClientError::Protocol(format!(
+                "{addr} is the {} '{}', not a coordinator",
+                peer.hello.role, peer.hello.node
+            )));
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 limits: *node.limits(),
-                connection: peer.connection,
-                _node: node,
+                connection: Mutex::new(peer.connection),
+                coordinator: addr,
+                name: identity.name.clone(),
+                peers: peers::Peers::new(node.clone()),
+                ids: infer::Ids::new(),
+                redial: tokio::sync::Mutex::new(()),
+                node,
             }),
         })
     }
 
-    /// A stream of its own for one request.
+    /// The coordinator's connection now.
+    pub(crate) fn connection(&self) -> quinn::Connection {
+        match self.inner.connection.lock() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// Dials the coordinator again if its connection closed (it restarted).
+    pub(crate) async fn reconnect_if_closed(&self) {
+        let _one = self.inner.redial.lock().await;
+        if self.connection().close_reason().is_none() {
+            return;
+        }
+        match self.inner.node.dial(self.inner.coordinator).await {
+            Ok(peer) => {
+                if let Ok(mut c) = self.inner.connection.lock() {
+                    *c = peer.connection;
+                }
+                tracing::info!("connected to the coordinator again");
+            }
+            Err(e) => tracing::debug!("the coordinator is still away: {e}"),
+        }
+    }
+
+    /// A stream of its own for one operation.
     async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
-        exchange::open(&self.inner.connection)
+        self.reconnect_if_closed().await;
+        exchange::open(&self.connection())
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))
     }
@@ -223,18 +306,31 @@ impl Client {
         let answer = self
             .operation(Operation::Load, &request, Some(model), progress)
             .await?;
-        self.loaded(Operation::Load, answer)
+        self.loaded(Operation::Load, answer, None).await
     }
 
-    /// The network a `NetworkLoaded` answer names.
-    fn loaded(&self, op: Operation, answer: ClientReply) -> Result<Network, ClientError> {
+    /// The network a `NetworkLoaded` answer names, its routing table
+    /// followed (by network, or by `model`'s name).
+    async fn loaded(
+        &self,
+        op: Operation,
+        answer: ClientReply,
+        model: Option<&str>,
+    ) -> Result<Network, ClientError> {
         match answer {
-            ClientReply::NetworkLoaded { network, plan } => Ok(Network {
-                client: self.clone(),
-                id: network,
-                plan: Arc::new(*plan),
-                deadline: None,
-            }),
+            ClientReply::NetworkLoaded { network, plan } => {
+                let routes =
+                    routes::Routes::subscribe(self, network, model.map(str::to_string)).await?;
+                Ok(Network {
+                    client: self.clone(),
+                    id: network,
+                    plan: Arc::new(*plan),
+                    routes,
+                    deadline: None,
+                    counters: false,
+                    generator: Default::default(),
+                })
+            }
             other => Err(ClientError::unexpected(op, &other)),
         }
     }
@@ -275,7 +371,38 @@ impl Client {
         let answer = self
             .operation(Operation::LoadModel, &msg, model, progress)
             .await?;
-        self.loaded(Operation::LoadModel, answer)
+        self.loaded(Operation::LoadModel, answer, Some(name)).await
+    }
+
+    /// Loads named model `name` as `request` says, its model (and a
+    /// generative network's tokenizer) the payload; with a request but no
+    /// payload, the model's bytes as the coordinator has them, placed
+    /// anew; with neither, the repository's model as it is.
+    pub async fn load_model_with(
+        &self,
+        name: &str,
+        request: Option<LoadRequest>,
+        payload: Option<Bytes>,
+    ) -> Result<Network, ClientError> {
+        self.model_operation(name, request, payload, |_, _, _| {})
+            .await
+    }
+
+    /// The network serving named model `name` now, following it (a model
+    /// loaded again continues on its new network); never loads it: a model
+    /// not deployed is an error.
+    pub async fn serving(&self, name: &str) -> Result<Network, ClientError> {
+        let routes = routes::Routes::subscribe(self, 0, Some(name.to_string())).await?;
+        let id = routes.table().map_or(0, |t| t.network);
+        Ok(Network {
+            client: self.clone(),
+            id,
+            plan: Arc::new(Plan::default()),
+            routes,
+            deadline: None,
+            counters: false,
+            generator: Default::default(),
+        })
     }
 
     /// Unloads named model `name` (it stays in the repository, unloaded).
@@ -369,9 +496,9 @@ impl Client {
         mut progress: impl FnMut(&str, u64, u64),
     ) -> Result<ClientReply, ClientError> {
         let report = |p: Progress| progress(&p.what, p.done, p.total);
-        let connection = &self.inner.connection;
+        self.reconnect_if_closed().await;
         exchange::request(
-            connection,
+            &self.connection(),
             msg,
             payload.as_ref(),
             &self.inner.limits,
@@ -423,8 +550,10 @@ pub struct ClusterState {
 }
 
 impl Network {
+    /// The network's id now (a named model loaded again serves on a new
+    /// network).
     pub fn id(&self) -> u64 {
-        self.id
+        self.routes.table().map_or(self.id, |t| t.network)
     }
 
     /// Subgraphs, devices and hosts.
@@ -432,75 +561,93 @@ impl Network {
         &self.plan
     }
 
-    /// Sets every later request's deadline (default: the coordinator's).
+    /// Its routing table now.
+    pub fn routes(&self) -> Option<Arc<RoutingTable>> {
+        self.routes.table()
+    }
+
+    /// Why it no longer serves (unloaded), if so.
+    pub fn gone(&self) -> Option<String> {
+        self.routes.gone()
+    }
+
+    /// The same network without its generator (what its generator's own
+    /// tasks hold: no cycle keeps them alive).
+    pub(crate) fn detached(&self) -> Network {
+        Network {
+            generator: Default::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Sets every later request's deadline (default: 30 s).
     pub fn with_deadline(mut self, deadline: Duration) -> Network {
         self.deadline = Some(deadline);
         self
     }
 
-    /// Runs one request: every graph input by name.
+    /// Every later request also counts time per node (where the workers'
+    /// plugins do: `PERF_COUNT`) and every tensor moved.
+    pub fn with_counters(mut self, counters: bool) -> Network {
+        self.counters = counters;
+        self
+    }
+
+    fn until(&self) -> Instant {
+        Instant::now() + self.deadline.unwrap_or(DEFAULT_DEADLINE)
+    }
+
+    /// Runs one request: every graph input by name. It goes straight to
+    /// the workers of the copy with the least outstanding work, and is
+    /// retried on another when a worker is lost.
     pub async fn infer(&self, inputs: Vec<(String, Tensor)>) -> Result<Outputs, ClientError> {
-        let limits = self.client.inner.limits;
-        let (mut send, mut recv) = self.client.open().await?;
-        let msg = ClientRequest::Infer {
-            network: self.id,
-            request: 0,
-            inputs: inputs.len() as u32,
-            deadline_ms: self.deadline.map_or(0, |d| d.as_millis() as u64),
+        let inputs: HashMap<String, Tensor> = inputs.into_iter().collect();
+        let request = infer::Request {
+            inputs: &inputs,
+            sequence: None,
+            sampling: &[],
+            counters: self.counters,
+            until: self.until(),
+            copy: None,
         };
-        let io = |e: NetError| ClientError::Connection(e.to_string());
-        exchange::send_message(&mut send, &msg, None, &limits)
-            .await
-            .map_err(io)?;
-        for (name, t) in &inputs {
-            let head = TensorHeader::new(self.id, 0, name, t)
-                .encode(&limits)
-                .map_err(|e| ClientError::Tensor(e.to_string()))?;
-            send_frame(&mut send, &head, Some(&t.shared_bytes()))
-                .await
-                .map_err(io)?;
-        }
-        let _ = send.finish();
-        let answer = exchange::answer::<ClientReply>(&mut recv, &limits, |_| {})
-            .await
-            .map_err(|e| ClientError::of(Operation::Infer, e))?;
-        let (count, counters, deployment, attempts) = match answer {
-            ClientReply::InferDone {
-                outputs,
-                counters,
-                deployment,
-                attempts,
-                ..
-            } => (outputs, counters, deployment, attempts),
-            other => return Err(ClientError::unexpected(Operation::Infer, &other)),
-        };
-        let mut tensors = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            match recv_frame::<ClientReply>(&mut recv, &limits)
-                .await
-                .map_err(io)?
-            {
-                Some(Frame::Tensor(header, payload)) => {
-                    let name = header.name.clone();
-                    let t = header
-                        .into_tensor(payload)
-                        .map_err(|e| ClientError::Tensor(e.to_string()))?;
-                    tensors.push((name, t));
-                }
-                other => return Err(ClientError::Protocol(format!("unexpected {other:?}"))),
-            }
-        }
+        let done = self.run(request).await?;
+        let order: Vec<String> = self.routes.table().map_or_else(Vec::new, |t| {
+            t.signature.outputs.iter().map(|o| o.name.clone()).collect()
+        });
+        let mut outputs = done.outputs;
+        let tensors = order
+            .into_iter()
+            .filter_map(|name| outputs.remove(&name).map(|t| (name, t)))
+            .collect();
         Ok(Outputs {
             tensors,
-            subgraphs: counters
+            subgraphs: done
+                .counters
                 .subgraphs
                 .iter()
                 .map(|&(sg, us)| (sg, Duration::from_micros(us)))
                 .collect(),
-            counters,
-            deployment,
-            attempts,
+            counters: done.counters,
+            deployment: done.deployment,
+            attempts: done.attempts,
         })
+    }
+
+    /// One request or sequence step through the data path.
+    pub(crate) async fn run(
+        &self,
+        request: infer::Request<'_>,
+    ) -> Result<infer::Done, ClientError> {
+        let inner = &self.client.inner;
+        infer::run(
+            &self.routes,
+            &inner.peers,
+            &inner.ids,
+            &inner.limits,
+            &inner.name,
+            request,
+        )
+        .await
     }
 
     /// Submits every request at once (they pipeline through the workers)
@@ -527,7 +674,7 @@ impl Network {
     /// Stops the network's subgraphs on the workers.
     pub async fn unload(self) -> Result<(), ClientError> {
         let op = Operation::Unload;
-        let msg = ClientRequest::Unload { network: self.id };
+        let msg = ClientRequest::Unload { network: self.id() };
         match self.client.operation(op, &msg, None, |_, _, _| {}).await? {
             ClientReply::Unloaded { .. } => Ok(()),
             other => Err(ClientError::unexpected(op, &other)),

@@ -22,8 +22,11 @@
 //! - [`memory`]: sizes, what nodes need in memory on a device (weights,
 //!   activations, state), and the placement that cuts a model too big for
 //!   one device into pipelined stages that each fit.
+//! - [`models`]: a named model's settings (`[models.NAME]`, an HTTP
+//!   load's config) and the load request they make.
 //! - [`plan`]: affinity, partition and export in one call (HETERO and the
 //!   coordinator), and the check of a request's inputs.
+//! - [`serving`]: a front door's settings (`[serving]`).
 //! - [`schedule`]: how many copies of a network run, on which hosts, and
 //!   the throughput the cost model predicts (also over 1,000 simulated
 //!   workers).
@@ -31,7 +34,12 @@
 //! - [`tensor`]: dense tensors as bytes, from and to ONNX `TensorProto` and
 //!   NumPy `.npy`.
 //! - [`wire`]: the wire protocol (frames, handshake, control messages,
-//!   tensor frames, limits), without sockets.
+//!   routing tables, the data channel, tensor frames, limits), without
+//!   sockets.
+//! - [`requests`]: a request's tries and one try in flight, as pure state
+//!   machines the requester drives.
+//! - [`generation`]: sampling at the logits, continuous batching and the
+//!   release of generated text (pure state machines).
 //! - [`synth`]: synthetic models and random DAGs for tests and benchmarks.
 //!
 //! # Example
@@ -73,13 +81,17 @@ pub mod declined;
 pub mod decompose;
 pub mod dump;
 pub mod export;
+pub mod generation;
 pub mod graph;
 pub mod memory;
+pub mod models;
 pub mod onnx;
 pub mod ops;
 pub mod partition;
 pub mod plan;
+pub mod requests;
 pub mod schedule;
+pub mod serving;
 pub mod simplify;
 pub mod synth;
 pub mod tensor;

@@ -1,31 +1,42 @@
-//! Client sessions: a client opens one bidirectional stream per operation
-//! (`LoadNetwork`, also as a dry run, `Infer`, `Unload`, `QueryNetwork`,
-//! `ClusterInfo`, and for named models `LoadModel`, `UnloadModel`,
-//! `ListModels`); many run at once. A malformed
-//! operation fails on its own stream; the session and the others go on.
+//! Client sessions: a client (the SDK, a front door) opens one
+//! bidirectional stream per operation (`LoadNetwork`, also as a dry run,
+//! `Unload`, `QueryNetwork`, `ClusterInfo`, for named models `LoadModel`,
+//! `UnloadModel`, `ListModels`, and for requesters `Routes`, a network's
+//! routing table and its changes, and `Generation`, a generative
+//! network's spec); many run at once. A malformed operation fails on its
+//! own stream; the session and the others go on. No request comes here.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::WorkerState;
-use tessera_common::wire::generate::{GenerateParams, Prompt};
-use tessera_common::wire::tensor::TensorHeader;
-use tessera_common::wire::{Frame, Limits, Progress};
-use tessera_net::{exchange, recv_frame, send_frame, NetError, Peer};
+use tessera_common::wire::{Limits, Progress};
+use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
 
-use crate::{deploy, generate, planning, requests, CoordinatorError, Shared};
+use crate::{deploy, planning, CoordinatorError, Shared};
 
 /// Serves one client until it disconnects.
 pub async fn serve_client(shared: Arc<Shared>, peer: Peer) {
-    let client = peer.hello.node.clone();
+    serve_streams(shared, peer.connection, peer.hello.node, None).await;
+}
+
+/// Serves a client's operation streams (after `first`, if one was taken
+/// already) until it disconnects.
+pub async fn serve_streams(
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+    client: String,
+    first: Option<(quinn::SendStream, quinn::RecvStream)>,
+) {
     tracing::debug!(%client, "client connected");
+    if let Some((send, recv)) = first {
+        tokio::spawn(serve_operation(shared.clone(), send, recv));
+    }
     loop {
-        let (send, recv) = match peer.connection.accept_bi().await {
+        let (send, recv) = match connection.accept_bi().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(%client, "client gone: {e}");
@@ -43,7 +54,11 @@ async fn serve_operation(
 ) {
     let limits = *shared.node.limits();
     let result = match exchange::read_operation::<ClientRequest>(&mut recv, &limits).await {
-        Ok(Some((msg, payload))) => operation(&shared, msg, payload, &mut send, &mut recv).await,
+        // A subscription keeps its stream.
+        Ok(Some((ClientRequest::Routes { network, model }, _))) => {
+            return crate::routes::subscription(shared, network, model, send).await;
+        }
+        Ok(Some((msg, payload))) => operation(&shared, msg, payload, &mut send).await,
         Ok(None) => return,
         Err(e) => Err(CoordinatorError::BadInput(e.to_string())),
     };
@@ -65,7 +80,6 @@ async fn operation(
     msg: ClientRequest,
     payload: bytes::Bytes,
     send: &mut quinn::SendStream,
-    recv: &mut quinn::RecvStream,
 ) -> Result<(), CoordinatorError> {
     let limits = *shared.node.limits();
     let (msg, payload) = take_tokenizer(msg, payload)?;
@@ -99,7 +113,12 @@ async fn operation(
             write(send, &network_loaded(&loaded), &limits).await
         }
         ClientRequest::LoadModel { name, request } => {
-            let new = request.map(|r| (crate::repository::Source::Bytes(payload), r));
+            let new = match request {
+                // Placed anew from the model as the coordinator has it.
+                Some(r) if payload.is_empty() => Some(placed_anew(shared, &name, r)?),
+                Some(r) => Some((crate::repository::Source::Bytes(payload), r)),
+                None => None,
+            };
             let (tx, rx) = mpsc::channel::<Progress>(64);
             let loaded = with_progress(
                 crate::repository::load(shared, &name, new, tx),
@@ -131,20 +150,28 @@ async fn operation(
             write(send, &ClientReply::QueryResult { answers }, &limits).await
         }
         ClientRequest::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
-        ClientRequest::Infer {
-            network,
-            request,
-            inputs,
-            deadline_ms,
-        } => {
-            let deadline = (deadline_ms > 0).then(|| Duration::from_millis(deadline_ms));
-            serve_infer(shared, network, request, inputs, deadline, send, recv).await
+        ClientRequest::Generation { network } => {
+            let generative = shared
+                .networks
+                .get(&network)
+                .map(|n| n.generator.clone())
+                .ok_or(CoordinatorError::UnknownNetwork(network))?;
+            let Some(g) = generative else {
+                let name = shared.networks.get(&network).map(|n| n.name.clone());
+                return Err(CoordinatorError::BadInput(format!(
+                    "model '{}' does not generate",
+                    name.unwrap_or_default()
+                )));
+            };
+            let mut spec = g.spec.clone();
+            spec.tokenizer_bytes = spec.tokenizer_json.len() as u64;
+            let payload = Bytes::from(spec.tokenizer_json.clone().into_bytes());
+            let reply = ClientReply::Generation(Box::new(spec));
+            Ok(exchange::send_message(send, &reply, Some(&payload), &limits).await?)
         }
-        ClientRequest::Generate {
-            network,
-            prompt,
-            params,
-        } => serve_generate(shared, network, prompt, params, send).await,
+        ClientRequest::Routes { .. } => Err(CoordinatorError::BadInput(
+            "a routes subscription on an operation's stream".into(),
+        )),
         ClientRequest::Unload { network } => {
             deploy::unload(shared, network).await?;
             write(send, &ClientReply::Unloaded { network }, &limits).await
@@ -185,88 +212,28 @@ fn take_tokenizer(
     })
 }
 
-/// One request: its input tensors (on the same stream), then the answer
-/// and the output tensors.
-async fn serve_infer(
-    shared: &Arc<Shared>,
-    network: u64,
-    request: u64,
-    inputs: u32,
-    deadline: Option<Duration>,
-    send: &mut quinn::SendStream,
-    recv: &mut quinn::RecvStream,
-) -> Result<(), CoordinatorError> {
-    let limits = *shared.node.limits();
-    let bad = |what: String| CoordinatorError::BadInput(format!("request {request}: {what}"));
-    let mut tensors = HashMap::new();
-    for _ in 0..inputs {
-        match recv_frame::<ClientRequest>(recv, &limits).await {
-            Ok(Some(Frame::Tensor(header, payload))) => {
-                let name = header.name.clone();
-                let t = header
-                    .into_tensor(payload)
-                    .map_err(|e| bad(e.to_string()))?;
-                tensors.insert(name, t);
-            }
-            Ok(other) => {
-                return Err(bad(format!(
-                    "expected {inputs} input tensors, got {other:?}"
-                )))
-            }
-            Err(e) => return Err(bad(e.to_string())),
-        }
+/// A named model placed anew by `request`, from the model the coordinator
+/// has (its file, or the bytes a client sent); a generative model stays
+/// generative.
+fn placed_anew(
+    shared: &Shared,
+    name: &str,
+    mut request: tessera_common::wire::control::LoadRequest,
+) -> Result<
+    (
+        crate::repository::Source,
+        tessera_common::wire::control::LoadRequest,
+    ),
+    CoordinatorError,
+> {
+    let entry = shared
+        .repository
+        .get(name)
+        .ok_or_else(|| CoordinatorError::UnknownModel(name.to_string()))?;
+    if request.generation.is_none() {
+        request.generation = entry.request().generation;
     }
-    let done = requests::infer(shared, network, tensors, deadline).await?;
-    let reply = ClientReply::InferDone {
-        network,
-        request,
-        outputs: done.outputs.len() as u32,
-        counters: done.counters,
-        deployment: done.deployment,
-        attempts: done.attempts,
-    };
-    write(send, &reply, &limits).await?;
-    for (name, t) in &done.outputs {
-        let head = TensorHeader::new(network, request, name, t)
-            .encode(&limits)
-            .map_err(NetError::from)?;
-        send_frame(send, &head, Some(&t.shared_bytes())).await?;
-    }
-    Ok(())
-}
-
-/// A generation: `Tokens` as they come, then `Generated`. A client that
-/// goes away ends it (its stages free the sequence).
-async fn serve_generate(
-    shared: &Arc<Shared>,
-    network: u64,
-    prompt: Prompt,
-    params: GenerateParams,
-    send: &mut quinn::SendStream,
-) -> Result<(), CoordinatorError> {
-    let limits = *shared.node.limits();
-    let (tx, mut rx) = mpsc::channel::<generate::Chunk>(64);
-    let work = generate::generate(shared, network, &prompt, &params, tx);
-    tokio::pin!(work);
-    let mut work_done = None;
-    loop {
-        tokio::select! {
-            result = &mut work, if work_done.is_none() => work_done = Some(result),
-            chunk = rx.recv() => match chunk {
-                Some(c) => {
-                    let msg = ClientReply::Tokens { ids: c.ids, text: c.text };
-                    // A client gone: dropping the work ends the sequence.
-                    write(send, &msg, &limits).await?;
-                }
-                None => break,
-            },
-        }
-    }
-    let stats = match work_done {
-        Some(result) => result?,
-        None => work.await?,
-    };
-    write(send, &ClientReply::Generated(stats), &limits).await
+    Ok((entry.source(), request))
 }
 
 /// The cluster's workers as clients see them (`tessera cluster`).
@@ -305,10 +272,15 @@ fn cluster_state(shared: &Shared) -> ClientReply {
         })
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));
+    let in_flight = shared
+        .workers
+        .iter()
+        .map(|w| w.running.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
     ClientReply::ClusterState {
         workers,
         networks: shared.networks.len() as u32,
-        in_flight: shared.pending.len() as u32,
+        in_flight,
     }
 }
 

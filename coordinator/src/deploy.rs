@@ -22,7 +22,6 @@ use tessera_common::wire::{Limits, Message, Progress};
 use tessera_net::exchange;
 use tokio::sync::mpsc;
 
-use crate::generate::GenerativeModel;
 use crate::network::{Deployed, Loaded, Placement, Replica};
 use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned, Scope};
 use crate::workers::WorkerEntry;
@@ -113,7 +112,7 @@ async fn deploy_copies(
         plan_request(shared, request, model, progress, request.replicas, &scope).await?;
     check_batching(request, &scheduled.graph)?;
     let generator = match &request.generation {
-        Some(spec) => Some(Arc::new(GenerativeModel::new(spec, &scheduled.graph)?)),
+        Some(spec) => Some(Arc::new(crate::generative::check(spec, &scheduled.graph)?)),
         None => None,
     };
     let copies = &scheduled.schedule.copies;
@@ -222,6 +221,22 @@ async fn deploy_planned(
         })
         .collect();
     let plan = plan_report_of(&planned, network, &hosts);
+    // Which worker makes each graph output, and every host's data address:
+    // the routing table's.
+    let output_makers = output_names
+        .iter()
+        .filter_map(|name| {
+            let maker = stages.iter().find(|s| s.outputs.contains(name))?;
+            Some((name.clone(), host_of(&maker.device)))
+        })
+        .collect();
+    let addrs = hosts
+        .iter()
+        .map(|h| {
+            let addr = planned.by_host.get(h).map(|(w, _)| w.data_addr.clone());
+            (h.clone(), addr.unwrap_or_default())
+        })
+        .collect();
     let state_outputs = planned
         .graph
         .state_pairs()
@@ -243,6 +258,8 @@ async fn deploy_planned(
         outputs: output_names,
         state_outputs,
         input_routes,
+        output_makers,
+        addrs,
         trigger_hosts,
         state_trigger_hosts,
         hosts,
@@ -309,8 +326,8 @@ struct Shipment {
 }
 
 /// Each subgraph's deployment: its host, its spec (with routes: each output
-/// to the workers whose subgraphs read it, and to the coordinator when it
-/// is a graph output) and its model, exported now.
+/// to the workers whose subgraphs read it, and back to the request's
+/// requester when it is a graph output) and its model, exported now.
 fn deploy_specs(
     planned: &Planned,
     deployment: u64,
@@ -322,7 +339,10 @@ fn deploy_specs(
     if request.generation.is_some() {
         check_state_kept(stages, &pairs)?;
     }
-    let max_sequences = request.generation.as_ref().map_or(0, |g| g.max_sequences);
+    let generation = request.generation.as_ref();
+    let max_sequences = generation.map_or(0, |g| g.max_sequences);
+    let max_queued = generation.map_or(0, |g| g.max_queued);
+    let queue_timeout_ms = generation.map_or(0, |g| g.queue_timeout_ms);
     let (_, output_names) = io_names(planned.graph);
     let addr_of = |host: &str| {
         planned
@@ -342,7 +362,7 @@ fn deploy_specs(
             }
         }
         if output_names.contains(t) {
-            to.push(Destination::Coordinator);
+            to.push(Destination::Requester);
         }
         Route {
             tensor: t.clone(),
@@ -378,6 +398,8 @@ fn deploy_specs(
                     .cloned()
                     .collect(),
                 max_sequences,
+                max_queued,
+                queue_timeout_ms,
             };
             Ok(Shipment {
                 host: host_of(&stage.device),

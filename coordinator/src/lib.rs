@@ -1,42 +1,38 @@
-//! `tessera-coordinator`: the cluster's coordinator. Workers register with
-//! it over QUIC (mutual TLS) and send heartbeats; clients ask it to load
-//! networks and run requests.
+//! `tessera-coordinator`: the cluster's control plane. Workers register
+//! with it over QUIC (mutual TLS) and send heartbeats; clients ask it to
+//! load networks, and subscribe to each network's routing table. No
+//! request passes through it: requesters (the SDK, front doors) send them
+//! straight to the workers (`tessera-client`).
 //!
 //! Loading a network fans QueryNetwork out to every worker concurrently,
 //! assigns affinities (priority, manual or cost policy; devices named
-//! `host/DEVICE`; the cost policy uses the workers' reported metrics and
-//! the round-trip time the coordinator measures), partitions, exports each
-//! subgraph and deploys them in parallel, with progress sent to the client.
-//! A request's inputs go straight to the workers that read them; tensors
-//! then stream worker to worker, and the final outputs come back here.
+//! `host/DEVICE`; the cost policy uses the workers' reported metrics, the
+//! round-trip time the coordinator measures and the link speeds the
+//! workers' heartbeats report), partitions, exports each subgraph and
+//! deploys them in parallel, with progress sent to the client; then
+//! publishes the network's routing table ([`routes`]).
 //!
 //! A lost worker (silent for `worker_timeout_ms`, or its connection
 //! closed) does not lose requests: the networks on it are re-planned onto
-//! the workers that remain and the requests in flight are retried there
-//! with the inputs the coordinator keeps until each completes. A worker
-//! that comes back registers again and is used by new plans.
+//! the workers that remain, their routing tables say so, and requesters
+//! retry there. A worker that comes back registers again and is used by
+//! new plans.
 //!
 //! Named models ([`repository`]) are networks the coordinator keeps
 //! loaded: from `[models.NAME]` tables at start, or loaded by name through
-//! the SDK, HTTP or gRPC. With `http_listen` set, [`http`] serves the
-//! KServe v2 / Open Inference Protocol (what Triton's clients speak) and
-//! Prometheus `/metrics` ([`metrics`]); with `grpc_listen`, [`grpc`] serves
-//! the same protocol over gRPC.
+//! the SDK or a front door's model control. Front doors (KServe v2 over
+//! HTTP and gRPC, OpenAI) are `tessera-serving`'s: the coordinator binary
+//! runs one as a requester of its own cluster when `http_listen` or
+//! `grpc_listen` is set, with the cluster's metrics ([`metrics`]).
 //!
 //! Layout: [`config`] (TOML + environment), [`members`] (worker sessions,
 //! heartbeats, loss), [`workers`] (what is known of each worker, and
 //! asking it), [`planning`] (QueryNetwork fan-out, cost model, plan),
 //! [`deploy`] (shipping subgraphs, unloading), [`network`] (a loaded
-//! network's state), [`heal`] (re-planning after a loss), [`requests`]
-//! (routing, retries, deadlines, results; its rules as pure state
-//! machines in `requests/tries.rs` and `requests/pending.rs`), [`clients`]
-//! (client sessions),
-//! [`repository`] (named models), [`http`] (KServe v2 over HTTP, and
-//! OpenAI-style generation), [`grpc`] (KServe v2 over gRPC), [`serving`]
-//! (what both listeners share: model control, tokens, TLS, connection
-//! limits), [`generate`] (text generation: the feed,
-//! continuous batching, sampling, tokenizer and chat template),
-//! [`metrics`] (Prometheus).
+//! network's state), [`routes`] (routing tables and their subscriptions),
+//! [`heal`] (re-planning after a loss), [`clients`] (client sessions),
+//! [`repository`] (named models), [`generative`] (a generative network's
+//! spec), [`metrics`] (Prometheus).
 //!
 //! # Example
 //!
@@ -54,17 +50,14 @@
 pub mod clients;
 pub mod config;
 pub mod deploy;
-pub mod generate;
-pub mod grpc;
+pub mod generative;
 pub mod heal;
-pub mod http;
 pub mod members;
 pub mod metrics;
 pub mod network;
 pub mod planning;
 pub mod repository;
-pub mod requests;
-pub mod serving;
+pub mod routes;
 pub mod workers;
 
 use std::net::SocketAddr;
@@ -78,7 +71,6 @@ use tessera_net::{NetError, Node};
 
 use config::CoordinatorConfig;
 use network::Loaded;
-use requests::Pending;
 use workers::WorkerEntry;
 
 /// Errors of the coordinator's operations, as clients see them.
@@ -116,10 +108,6 @@ pub enum CoordinatorError {
     },
     #[error(transparent)]
     Net(#[from] NetError),
-    #[error("http: {0}")]
-    Http(String),
-    #[error(transparent)]
-    Serving(#[from] serving::SetupError),
 }
 
 impl CoordinatorError {
@@ -137,7 +125,6 @@ impl CoordinatorError {
             }
             CoordinatorError::NotReady(_) | CoordinatorError::Net(_) => ErrorKind::Unavailable,
             CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
-            CoordinatorError::Http(_) | CoordinatorError::Serving(_) => ErrorKind::Internal,
         }
     }
 }
@@ -149,18 +136,12 @@ pub struct Shared {
     pub workers: DashMap<String, Arc<WorkerEntry>>,
     /// Loaded networks by the id clients use.
     pub networks: DashMap<u64, Arc<Loaded>>,
-    pub pending: DashMap<u64, Pending>,
     /// Named models.
     pub repository: repository::Repository,
     pub metrics: metrics::Metrics,
     next_network: AtomicU64,
-    next_request: AtomicU64,
-    /// Ids of generated sequences.
-    next_sequence: AtomicU64,
     /// Set once by [`Coordinator::shutdown`].
     closing: tokio::sync::watch::Sender<bool>,
-    /// Who may call the HTTP and gRPC listeners, and how.
-    pub serving: serving::Serving,
     /// When the coordinator started.
     pub started: std::time::Instant,
 }
@@ -183,33 +164,6 @@ impl Shared {
 #[derive(Clone)]
 pub struct Coordinator {
     shared: Arc<Shared>,
-    /// The HTTP and gRPC listeners, until [`Coordinator::serve`] takes
-    /// them.
-    listeners: Arc<std::sync::Mutex<Listeners>>,
-    http_addr: Option<SocketAddr>,
-    grpc_addr: Option<SocketAddr>,
-}
-
-#[derive(Default)]
-struct Listeners {
-    http: Option<tokio::net::TcpListener>,
-    grpc: Option<tokio::net::TcpListener>,
-}
-
-/// Binds a listener of `what` at `addr` (if configured) and gives its
-/// bound address.
-fn bind_listener(
-    what: &'static str,
-    addr: Result<Option<SocketAddr>, config::ListenAddrError>,
-) -> Result<(Option<tokio::net::TcpListener>, Option<SocketAddr>), CoordinatorError> {
-    let Some(addr) = addr.map_err(|e| CoordinatorError::Http(e.to_string()))? else {
-        return Ok((None, None));
-    };
-    let listener = serving::listener::bind(what, addr)?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| CoordinatorError::Http(format!("the {what} listener: {e}")))?;
-    Ok((Some(listener), Some(bound)))
 }
 
 impl Coordinator {
@@ -219,14 +173,6 @@ impl Coordinator {
         config: CoordinatorConfig,
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
-        let serving = serving::Serving::from_config(&config, identity)?;
-        let (http, http_addr) = bind_listener("HTTP", config.http_addr())?;
-        let (grpc, grpc_addr) = bind_listener("gRPC", config.grpc_addr())?;
-        let listening: Vec<(&str, SocketAddr)> = [("HTTP", http_addr), ("gRPC", grpc_addr)]
-            .into_iter()
-            .filter_map(|(what, addr)| Some((what, addr?)))
-            .collect();
-        serving::warn_if_open(&listening, &serving);
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
         Ok(Coordinator {
             shared: Arc::new(Shared {
@@ -236,34 +182,15 @@ impl Coordinator {
                 node,
                 workers: DashMap::new(),
                 networks: DashMap::new(),
-                pending: DashMap::new(),
                 next_network: AtomicU64::new(1),
-                next_request: AtomicU64::new(1),
-                next_sequence: AtomicU64::new(1),
                 closing: tokio::sync::watch::Sender::new(false),
-                serving,
                 started: std::time::Instant::now(),
             }),
-            listeners: Arc::new(std::sync::Mutex::new(Listeners { http, grpc })),
-            http_addr,
-            grpc_addr,
         })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, CoordinatorError> {
         Ok(self.shared.node.local_addr()?)
-    }
-
-    /// The HTTP listener's address (KServe v2 and `/metrics`), if one is
-    /// configured (`http_listen`).
-    pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http_addr
-    }
-
-    /// The gRPC listener's address (KServe v2 `GRPCInferenceService`), if
-    /// one is configured (`grpc_listen`).
-    pub fn grpc_addr(&self) -> Option<SocketAddr> {
-        self.grpc_addr
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -287,24 +214,14 @@ impl Coordinator {
     pub async fn serve(&self) {
         tokio::spawn(members::watchdog(self.shared.clone()));
         tokio::spawn(repository::keep_loaded(self.shared.clone()));
-        let listeners = self
-            .listeners
-            .lock()
-            .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default();
-        if let Some(listener) = listeners.http {
-            tokio::spawn(http::serve(self.shared.clone(), listener));
-        }
-        if let Some(listener) = listeners.grpc {
-            tokio::spawn(grpc::serve(self.shared.clone(), listener));
-        }
-        tokio::spawn(serving::reload_tokens_on_sighup(self.shared.clone()));
         // Each connection handshakes on its own task: one slow or silent
         // peer holds up no other.
         while let Some(incoming) = self.shared.node.incoming().await {
             let shared = self.shared.clone();
             tokio::spawn(async move {
-                let accepted = [Role::Worker, Role::Client];
+                // Clients, front doors (a worker's, with its worker
+                // certificate; the coordinator's own) and workers.
+                let accepted = [Role::Worker, Role::Client, Role::Coordinator];
                 let peer = match shared.node.handshake(incoming, &accepted).await {
                     Ok(p) => p,
                     Err(e) => {
@@ -313,7 +230,7 @@ impl Coordinator {
                     }
                 };
                 match peer.hello.role {
-                    Role::Worker => members::serve_worker(shared, peer).await,
+                    Role::Worker => members::serve_worker_or_client(shared, peer).await,
                     _ => clients::serve_client(shared, peer).await,
                 }
             });

@@ -1,43 +1,56 @@
 //! Cluster membership: a worker registers on its connection's control
-//! stream, then sends heartbeats (with its actors' mailbox depths) and
-//! request failures there; its final outputs, per-subgraph timings (`Ran`)
-//! and tensor transfers (`Moved`) arrive on unidirectional data streams. A worker
+//! stream, then sends heartbeats there with what its deployments did and
+//! hold (aggregated: no request passes through the coordinator). A worker
 //! whose connection closes, or that stays silent longer than
-//! `worker_timeout_ms`, is dropped, and every request waiting on it fails
-//! with an error that names it.
+//! `worker_timeout_ms`, is dropped and the networks on it heal; requesters
+//! learn it from the routing tables.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_common::onnx::ElemType;
-use tessera_common::tensor::Tensor;
 use tessera_common::wire::cluster::{CoordinatorAnswer, WorkerReport};
-use tessera_common::wire::control::{ErrorKind, MailboxDepth};
-use tessera_common::wire::{Failure, Frame};
-use tessera_net::{exchange, recv_frame, serve_streams, Link, Peer};
+use tessera_common::wire::control::{ErrorKind, SubgraphLoad};
+use tessera_common::wire::Frame;
+use tessera_net::{exchange, recv_frame, Peer};
 
-use crate::requests::Outcome;
-use crate::workers::{WorkerEntry, PROBE_BYTES};
+use crate::workers::WorkerEntry;
 use crate::Shared;
 
-/// One worker's session, from registration until it is lost.
-pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
+/// A connection with a worker's certificate: the worker itself, which
+/// registers on the handshake's stream at once, or a front door on that
+/// worker, a requester that opens operation streams as a client does.
+pub async fn serve_worker_or_client(shared: Arc<Shared>, peer: Peer) {
+    let limits = *shared.node.limits();
     let Peer {
         connection,
         hello,
         mut send,
         mut recv,
     } = peer;
-    let Some(entry) = register(&shared, &connection, &hello.node, &mut send, &mut recv).await
-    else {
+    let first = tokio::select! {
+        first = exchange::read_operation::<WorkerReport>(&mut recv, &limits) => first,
+        stream = connection.accept_bi() => {
+            if let Ok(stream) = stream {
+                crate::clients::serve_streams(shared, connection, hello.node, Some(stream)).await;
+            }
+            return;
+        }
+    };
+    let Some(entry) = register(&shared, &connection, &hello.node, &mut send, first).await else {
         return;
     };
-    let limits = *shared.node.limits();
-    let why = tokio::select! {
-        why = serve_streams(connection.clone(), limits, data_handler(&shared, &entry.name)) => why,
-        why = read_control(&shared, &entry, recv) => why,
-    };
+    serve_worker(shared, connection, entry, recv).await;
+}
+
+/// One worker's session, from registration until it is lost.
+async fn serve_worker(
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+    entry: Arc<WorkerEntry>,
+    recv: quinn::RecvStream,
+) {
+    let why = read_control(&shared, &entry, recv).await;
     let why = connection
         .close_reason()
         .map(|r| r.to_string())
@@ -54,18 +67,18 @@ pub async fn serve_worker(shared: Arc<Shared>, peer: Peer) {
     }
 }
 
-/// Reads the worker's `Register` (under its certificate's name only),
-/// answers `Registered` and adds it to the members; `None` if it did not
-/// register.
+/// Takes the worker's `Register` (`first`, under its certificate's name
+/// only), answers `Registered` and adds it to the members; `None` if it
+/// did not register.
 async fn register(
     shared: &Arc<Shared>,
     connection: &quinn::Connection,
     name: &str,
     send: &mut quinn::SendStream,
-    recv: &mut quinn::RecvStream,
+    first: Result<Option<(WorkerReport, bytes::Bytes)>, tessera_net::ExchangeError>,
 ) -> Option<Arc<WorkerEntry>> {
     let limits = *shared.node.limits();
-    let (data_addr, devices) = match exchange::read_operation::<WorkerReport>(recv, &limits).await {
+    let (data_addr, devices) = match first {
         Ok(Some((
             WorkerReport::Register {
                 name: claimed,
@@ -100,10 +113,10 @@ async fn register(
         name: name.to_string(),
         data_addr,
         devices,
-        tensors: Link::open(connection.clone(), name, limits, 64),
         connection: connection.clone(),
         last_seen: Mutex::new(Instant::now()),
         bandwidth: Mutex::new(None),
+        reported: Default::default(),
         running: Default::default(),
         rss_bytes: Default::default(),
     });
@@ -113,49 +126,11 @@ async fn register(
     shared.metrics.worker_up(name, true);
     shared.repository.changed();
     crate::heal::worker_joined(shared, name);
-    // A probe tensor (network 0): the worker reports how long it took.
-    let probe = entry.tensors.clone();
-    tokio::spawn(async move {
-        let zeros = vec![0u8; PROBE_BYTES];
-        if let Ok(t) = Tensor::new(ElemType::UINT8, vec![PROBE_BYTES], zeros) {
-            let _ = probe.send_tensor(0, 0, "probe", &t).await;
-        }
-    });
     Some(entry)
 }
 
-/// The worker's data streams: final outputs, and its reports (timings and
-/// transfers travel there, ordered with the outputs they concern).
-fn data_handler(
-    shared: &Arc<Shared>,
-    from: &str,
-) -> impl Fn(
-    Frame<WorkerReport>,
-    Duration,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
-    let (shared, from): (Arc<Shared>, Arc<str>) = (shared.clone(), from.into());
-    move |frame, took| {
-        let (shared, from) = (shared.clone(), from.clone());
-        Box::pin(async move {
-            match frame {
-                Frame::Tensor(header, payload) => {
-                    crate::requests::output_arrived(&shared, &from, header, payload, took)
-                }
-                Frame::Control(report, _) => on_report(&shared, &from, report),
-                Frame::Handshake(_) => {
-                    tracing::warn!(worker = %from, "a handshake on a data stream")
-                }
-            }
-        })
-    }
-}
-
-/// The worker's control stream: heartbeats and request failures, until it
-/// ends; returns why.
+/// The worker's control stream: its heartbeats, until it ends; returns
+/// why.
 async fn read_control(
     shared: &Arc<Shared>,
     entry: &WorkerEntry,
@@ -178,45 +153,24 @@ async fn read_control(
     }
 }
 
-/// What a registered worker reports, on whichever of its streams.
+/// What a registered worker reports on its control stream.
 fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
     match report {
         WorkerReport::Heartbeat {
             in_flight,
-            mailboxes,
+            subgraphs,
+            sequences,
+            links,
             rss_bytes,
             ..
         } => {
-            if let Some(entry) = shared.workers.get(worker) {
-                entry.running.store(in_flight, Ordering::Relaxed);
-                entry.rss_bytes.store(rss_bytes, Ordering::Relaxed);
-            }
-            mailbox_metrics(shared, worker, mailboxes);
-        }
-        WorkerReport::Ran {
-            request,
-            subgraph,
-            micros,
-            nodes,
-        } => crate::requests::ran(shared, request, subgraph, micros, nodes),
-        WorkerReport::Moved(transfer) => {
-            if let Some(w) = shared.workers.get(&transfer.to) {
-                w.observe(transfer.bytes, transfer.micros);
-            }
-            crate::requests::moved(shared, transfer)
-        }
-        WorkerReport::Failed(Failure {
-            request: Some(request),
-            error,
-            ..
-        }) => crate::requests::fail(shared, request, Outcome::Error(error)),
-        WorkerReport::Failed(Failure {
-            request: None,
-            error,
-            ..
-        }) => tracing::warn!(%worker, "worker failure: {error}"),
-        WorkerReport::Unreachable { request, error } => {
-            crate::requests::fail(shared, request, Outcome::Unreachable(error))
+            let Some(entry) = shared.workers.get(worker).map(|e| e.clone()) else {
+                return;
+            };
+            entry.running.store(in_flight, Ordering::Relaxed);
+            entry.rss_bytes.store(rss_bytes, Ordering::Relaxed);
+            load_metrics(shared, worker, &subgraphs);
+            entry.heard(subgraphs, sequences, links, Instant::now());
         }
         WorkerReport::Register { name, .. } => {
             tracing::warn!(%worker, "registered again as '{name}' on an open session; ignored")
@@ -224,8 +178,8 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
     }
 }
 
-/// Drops a worker: the networks on it start healing, then the requests
-/// that wait on it fail (and are retried on the healed networks).
+/// Drops a worker: the networks on it start healing (their routing tables
+/// say so, and requesters retry on the healed copies).
 pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
     if shared.workers.remove(name).is_none() {
         return;
@@ -240,11 +194,11 @@ pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
     } else {
         tracing::warn!(worker = %name, "worker lost: {why}");
     }
-    crate::requests::fail_on_worker(shared, name, &format!("worker {name} was lost: {why}"));
 }
 
-/// A heartbeat's mailbox depths, by the model each deployment serves.
-fn mailbox_metrics(shared: &Shared, worker: &str, mailboxes: Vec<MailboxDepth>) {
+/// A heartbeat's subgraph loads (depths and counters), by the model each
+/// deployment serves.
+fn load_metrics(shared: &Shared, worker: &str, loads: &[SubgraphLoad]) {
     let model_of = |deployment: u64| {
         shared
             .networks
@@ -252,11 +206,11 @@ fn mailbox_metrics(shared: &Shared, worker: &str, mailboxes: Vec<MailboxDepth>) 
             .find(|n| n.serves(deployment))
             .map(|n| n.name.clone())
     };
-    let depths = mailboxes
-        .into_iter()
-        .filter_map(|m| Some((model_of(m.network)?, m.subgraph, m.depth)))
+    let by_model = loads
+        .iter()
+        .filter_map(|l| Some((model_of(l.network)?, l.clone())))
         .collect();
-    shared.metrics.mailboxes(worker, depths);
+    shared.metrics.subgraph_loads(worker, by_model);
 }
 
 async fn refuse(
@@ -274,12 +228,29 @@ async fn refuse(
     }
 }
 
-/// Drops workers silent for longer than `worker_timeout_ms`.
+/// Drops workers silent for longer than `worker_timeout_ms`. A tick that
+/// comes far later than asked (the coordinator itself was paused: SIGSTOP,
+/// a stalled VM) first gives every worker a fresh heartbeat's time: the
+/// silence was the coordinator's.
 pub async fn watchdog(shared: Arc<Shared>) {
     let timeout = Duration::from_millis(shared.config.worker_timeout_ms);
     let every = Duration::from_millis(shared.config.heartbeat_ms);
+    let mut last = Instant::now();
     loop {
         tokio::time::sleep(every).await;
+        let now = Instant::now();
+        if paused(now.duration_since(last), every, timeout) {
+            tracing::warn!(
+                "the coordinator was paused for {:?}: giving the workers time to be heard",
+                now.duration_since(last)
+            );
+            for w in shared.workers.iter() {
+                if let Ok(mut seen) = w.last_seen.lock() {
+                    *seen = now;
+                }
+            }
+        }
+        last = now;
         let silent: Vec<Arc<WorkerEntry>> = shared
             .workers
             .iter()
@@ -302,5 +273,24 @@ pub async fn watchdog(shared: Arc<Shared>) {
             }
             tessera_net::CloseCode::Silent.close(&w.connection, &why);
         }
+    }
+}
+
+/// Whether a watchdog tick `took` after one asked `every` apart means the
+/// coordinator was paused (more than half the worker timeout late).
+fn paused(took: Duration, every: Duration, timeout: Duration) -> bool {
+    took > every + timeout / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paused;
+    use std::time::Duration;
+
+    #[test]
+    fn a_late_tick_is_the_coordinators_pause_not_the_workers_silence() {
+        let (every, timeout) = (Duration::from_millis(500), Duration::from_millis(2000));
+        assert!(!paused(Duration::from_millis(700), every, timeout));
+        assert!(paused(Duration::from_millis(3000), every, timeout));
     }
 }

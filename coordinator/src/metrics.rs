@@ -1,38 +1,26 @@
-//! The coordinator's Prometheus metrics, served in the Prometheus text
-//! format at `/metrics` on the HTTP listener. Each coordinator has its own
-//! recorder (no process-wide registry), so several coordinators in one
-//! process (tests, embedded clusters) keep their figures apart.
+//! The cluster's Prometheus metrics as the coordinator sees them: its
+//! workers, re-plans, and what the workers' heartbeats report of every
+//! subgraph (no request passes through the coordinator: the request
+//! metrics are each front door's). Rendered in the Prometheus text format,
+//! with the coordinator's front door's own, at its `/metrics`. Each
+//! coordinator has its own recorder (no process-wide registry), so several
+//! coordinators in one process (tests, embedded clusters) keep their
+//! figures apart.
 //!
 //! | metric | labels | what |
 //! |---|---|---|
-//! | `tessera_requests_total` | model | requests run (SDK and HTTP) |
-//! | `tessera_request_failures_total` | model, reason | failed requests |
-//! | `tessera_requests_in_flight` | model | requests under way |
-//! | `tessera_request_duration_seconds` | model | end to end, at the coordinator |
-//! | `tessera_queue_duration_seconds` | model | time neither computing nor on the wire |
-//! | `tessera_compute_duration_seconds` | model, subgraph | one subgraph's run |
-//! | `tessera_transfer_duration_seconds` | from, to | one tensor over one link |
-//! | `tessera_transfer_bytes_total` | from, to | bytes moved per link |
 //! | `tessera_mailbox_depth` | model, worker, subgraph | requests a subgraph actor holds |
+//! | `tessera_subgraph_runs_total` | model, worker, subgraph | runs of a subgraph |
+//! | `tessera_subgraph_busy_microseconds_total` | model, worker, subgraph | its compute time, µs |
+//! | `tessera_subgraph_failures_total` | model, worker, subgraph | runs that failed |
 //! | `tessera_worker_up` | worker | 1 while registered, 0 once lost |
 //! | `tessera_replans_total` | model | re-plans after a worker loss |
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
-use metrics::{counter, gauge, histogram, with_local_recorder};
+use metrics::{counter, gauge, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use tessera_common::wire::control::Counters;
-
-/// Histogram buckets, seconds: 100 µs to ~26 s, doubling.
-fn buckets() -> Vec<f64> {
-    (0..19).map(|i| 1e-4 * f64::powi(2.0, i)).collect()
-}
-
-/// Why a request failed, as the `reason` label says it: its error kind.
-pub fn failure_reason(e: &crate::CoordinatorError) -> &'static str {
-    e.kind().as_str()
-}
+use tessera_common::wire::control::SubgraphLoad;
 
 pub struct Metrics {
     recorder: PrometheusRecorder,
@@ -49,15 +37,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let builder = PrometheusBuilder::new();
-        let builder = match builder.set_buckets(&buckets()) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!("histogram buckets: {e}; latencies are summaries");
-                PrometheusBuilder::new()
-            }
-        };
-        let recorder = builder.build_recorder();
+        let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let metrics = Metrics {
             recorder,
@@ -73,41 +53,8 @@ impl Metrics {
     }
 
     fn describe(&self) {
-        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        use metrics::{describe_counter, describe_gauge};
         self.record(|| {
-            describe_counter!(
-                "tessera_requests_total",
-                "Requests run, by model (SDK and HTTP)."
-            );
-            describe_counter!(
-                "tessera_request_failures_total",
-                "Failed requests, by model and reason."
-            );
-            describe_gauge!(
-                "tessera_requests_in_flight",
-                "Requests under way, by model."
-            );
-            describe_histogram!(
-                "tessera_request_duration_seconds",
-                Unit::Seconds,
-                "End-to-end request latency at the coordinator."
-            );
-            describe_histogram!(
-                "tessera_queue_duration_seconds",
-                Unit::Seconds,
-                "Time a request spent neither computing nor on the wire (mailboxes, queues)."
-            );
-            describe_histogram!(
-                "tessera_compute_duration_seconds",
-                Unit::Seconds,
-                "Compute time of one subgraph run."
-            );
-            describe_histogram!(
-                "tessera_transfer_duration_seconds",
-                Unit::Seconds,
-                "Time one tensor took over one link."
-            );
-            describe_counter!("tessera_transfer_bytes_total", "Bytes moved per link.");
             describe_gauge!(
                 "tessera_mailbox_depth",
                 "Requests a subgraph actor holds (waiting for inputs, ready, computing)."
@@ -118,8 +65,16 @@ impl Metrics {
             );
             describe_counter!("tessera_replans_total", "Re-plans after a worker loss.");
             describe_counter!(
-                "tessera_unauthorized_total",
-                "HTTP and gRPC requests refused for a missing or unknown bearer token."
+                "tessera_subgraph_runs_total",
+                "Runs of a subgraph, as its worker's heartbeats report them."
+            );
+            describe_counter!(
+                "tessera_subgraph_busy_microseconds_total",
+                "Compute time of a subgraph, µs, as its worker's heartbeats report it."
+            );
+            describe_counter!(
+                "tessera_subgraph_failures_total",
+                "Failed runs of a subgraph, as its worker's heartbeats report them."
             );
         });
     }
@@ -127,54 +82,6 @@ impl Metrics {
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         self.handle.render()
-    }
-
-    /// A request on `model` starts; the guard counts it in flight until
-    /// dropped.
-    pub fn started(&self, model: &str) -> InFlight<'_> {
-        self.record(|| {
-            counter!("tessera_requests_total", "model" => model.to_string()).increment(1);
-            gauge!("tessera_requests_in_flight", "model" => model.to_string()).increment(1.0);
-        });
-        InFlight {
-            metrics: self,
-            model: model.to_string(),
-        }
-    }
-
-    /// A request on `model` finished in `elapsed` with these counters.
-    pub fn succeeded(&self, model: &str, elapsed: Duration, counters: &Counters) {
-        let mut busy = 0u64;
-        self.record(|| {
-            for &(subgraph, micros) in &counters.subgraphs {
-                busy += micros;
-                histogram!("tessera_compute_duration_seconds",
-                    "model" => model.to_string(), "subgraph" => subgraph.to_string())
-                .record(micros as f64 * 1e-6);
-            }
-            for t in &counters.transfers {
-                busy += t.micros;
-                histogram!("tessera_transfer_duration_seconds",
-                    "from" => t.from.clone(), "to" => t.to.clone())
-                .record(t.micros as f64 * 1e-6);
-                counter!("tessera_transfer_bytes_total",
-                    "from" => t.from.clone(), "to" => t.to.clone())
-                .increment(t.bytes);
-            }
-            let total = elapsed.as_secs_f64();
-            histogram!("tessera_request_duration_seconds", "model" => model.to_string())
-                .record(total);
-            histogram!("tessera_queue_duration_seconds", "model" => model.to_string())
-                .record((total - busy as f64 * 1e-6).max(0.0));
-        });
-    }
-
-    pub fn failed(&self, model: &str, reason: &str) {
-        self.record(|| {
-            counter!("tessera_request_failures_total",
-                "model" => model.to_string(), "reason" => reason.to_string())
-            .increment(1);
-        });
     }
 
     pub fn worker_up(&self, worker: &str, up: bool) {
@@ -186,13 +93,8 @@ impl Metrics {
             });
         });
         if !up {
-            self.mailboxes(worker, Vec::new());
+            self.subgraph_loads(worker, Vec::new());
         }
-    }
-
-    /// A request without a token the server accepts.
-    pub fn unauthorized(&self) {
-        self.record(|| counter!("tessera_unauthorized_total").increment(1));
     }
 
     pub fn replanned(&self, model: &str) {
@@ -201,10 +103,11 @@ impl Metrics {
         });
     }
 
-    /// A worker's heartbeat: the depth of each of its subgraph actors, by
-    /// (model, subgraph). Gauges it no longer reports drop to 0.
-    pub fn mailboxes(&self, worker: &str, depths: Vec<(String, u32, u32)>) {
-        let now: HashSet<(String, u32)> = depths.iter().map(|(m, s, _)| (m.clone(), *s)).collect();
+    /// A worker's heartbeat: the load of each of its subgraph actors, by
+    /// model. Depths it no longer reports drop to 0.
+    pub fn subgraph_loads(&self, worker: &str, loads: Vec<(String, SubgraphLoad)>) {
+        let now: HashSet<(String, u32)> =
+            loads.iter().map(|(m, l)| (m.clone(), l.subgraph)).collect();
         let before = match self.mailboxes.lock() {
             Ok(mut seen) => seen
                 .insert(worker.to_string(), now.clone())
@@ -212,32 +115,23 @@ impl Metrics {
             Err(_) => HashSet::new(),
         };
         self.record(|| {
-            let set = |model: &str, subgraph: u32, depth: f64| {
-                gauge!("tessera_mailbox_depth", "model" => model.to_string(),
-                    "worker" => worker.to_string(), "subgraph" => subgraph.to_string())
-                .set(depth);
+            let labels = |model: &str, subgraph: u32| {
+                [
+                    ("model", model.to_string()),
+                    ("worker", worker.to_string()),
+                    ("subgraph", subgraph.to_string()),
+                ]
             };
             for (model, subgraph) in before.difference(&now) {
-                set(model, *subgraph, 0.0);
+                gauge!("tessera_mailbox_depth", &labels(model, *subgraph)).set(0.0);
             }
-            for (model, subgraph, depth) in &depths {
-                set(model, *subgraph, f64::from(*depth));
+            for (model, l) in &loads {
+                let at = labels(model, l.subgraph);
+                gauge!("tessera_mailbox_depth", &at).set(f64::from(l.depth));
+                counter!("tessera_subgraph_runs_total", &at).absolute(l.runs);
+                counter!("tessera_subgraph_busy_microseconds_total", &at).absolute(l.busy_us);
+                counter!("tessera_subgraph_failures_total", &at).absolute(l.failed);
             }
-        });
-    }
-}
-
-/// A request counted in flight until dropped.
-pub struct InFlight<'a> {
-    metrics: &'a Metrics,
-    model: String,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let model = std::mem::take(&mut self.model);
-        self.metrics.record(|| {
-            gauge!("tessera_requests_in_flight", "model" => model).decrement(1.0);
         });
     }
 }

@@ -1,11 +1,10 @@
 //! A loaded network, its copies (replicas) and their deployments: what
-//! serves each copy now (ready, healing, broken), choosing the copy a
-//! request goes to (least outstanding work), waiting for a deployment, and
-//! where each subgraph of a deployment runs. The state the request path,
+//! serves each copy now (ready, healing, broken), waiting for a
+//! deployment, and where each subgraph of a deployment runs (what its
+//! routing table publishes, [`crate::routes`]). The state the request path,
 //! the healing path and the repository share; the code that changes it
 //! lives in [`crate::deploy`] and [`crate::heal`].
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,6 +39,10 @@ pub struct Deployed {
     pub state_outputs: Vec<String>,
     /// Graph input → workers that read it.
     pub input_routes: Vec<(String, Vec<String>)>,
+    /// Graph output → the worker that makes it.
+    pub output_makers: Vec<(String, String)>,
+    /// Each worker's data address (what requesters dial).
+    pub addrs: Vec<(String, String)>,
     /// Workers with subgraphs that have no inputs (sent a trigger per
     /// request).
     pub trigger_hosts: Vec<String>,
@@ -94,8 +97,6 @@ pub struct Replica {
     pub(crate) current: watch::Sender<Current>,
     /// One re-plan at a time.
     pub(crate) healing: tokio::sync::Mutex<()>,
-    /// Requests on it now.
-    outstanding: AtomicU32,
     /// Where its nodes ran last (node → `host/DEVICE`), kept through a
     /// loss: a re-plan keeps a pipelined placement that still fits.
     placement: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
@@ -109,7 +110,6 @@ impl Replica {
             hosts,
             current: watch::Sender::new(Current::Ready(deployed)),
             healing: tokio::sync::Mutex::new(()),
-            outstanding: AtomicU32::new(0),
             placement: std::sync::Mutex::new(placement),
         }
     }
@@ -138,17 +138,6 @@ impl Replica {
         }
     }
 
-    /// Requests running on this copy now.
-    pub fn outstanding(&self) -> u32 {
-        self.outstanding.load(Ordering::Relaxed)
-    }
-
-    /// Counts a request on this copy until the guard drops.
-    pub fn start_work(self: &Arc<Self>) -> Working {
-        self.outstanding.fetch_add(1, Ordering::Relaxed);
-        Working(self.clone())
-    }
-
     /// Waits until a deployment other than `not` serves this copy, it is
     /// broken, or `until` passes.
     pub async fn ready(&self, not: Option<u64>, until: Instant) -> Waited {
@@ -168,15 +157,6 @@ impl Replica {
     }
 }
 
-/// A request counted on a copy (see [`Replica::start_work`]).
-pub struct Working(Arc<Replica>);
-
-impl Drop for Working {
-    fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// A network a client loaded: what it asked for (to plan it again) and its
 /// copies.
 pub struct Loaded {
@@ -190,20 +170,15 @@ pub struct Loaded {
     pub replicas: Vec<Arc<Replica>>,
     /// `replicas = auto`: what the scheduler weighed.
     pub considered: Vec<Considered>,
-    /// A generative network's tokenizer, feed and limits.
-    pub generator: Option<Arc<crate::generate::GenerativeModel>>,
+    /// A generative network's tokenizer, template and limits.
+    pub generator: Option<Arc<crate::generative::Generative>>,
+    /// Its routing table as last published ([`crate::routes::publish`]).
+    pub(crate) published: std::sync::Mutex<Option<Arc<tessera_common::wire::routes::RoutingTable>>>,
 }
 
 /// What waiting for a deployment gave.
 pub enum Waited {
     Ready(Arc<Deployed>),
-    Broken(String),
-    TimedOut,
-}
-
-/// The copy a request goes to, and its deployment.
-pub enum Picked {
-    Ready(Arc<Replica>, Arc<Deployed>),
     Broken(String),
     TimedOut,
 }
@@ -215,7 +190,7 @@ impl Loaded {
         graph: Arc<Graph>,
         replicas: Vec<Arc<Replica>>,
         considered: Vec<Considered>,
-        generator: Option<Arc<crate::generate::GenerativeModel>>,
+        generator: Option<Arc<crate::generative::Generative>>,
     ) -> Loaded {
         let id = replicas
             .first()
@@ -230,6 +205,7 @@ impl Loaded {
             replicas,
             considered,
             generator,
+            published: std::sync::Mutex::new(None),
         }
     }
 
@@ -277,48 +253,5 @@ impl Loaded {
         report.considered = self.considered.clone();
         report.network = self.id;
         report
-    }
-
-    /// The ready copy with the least outstanding work (requests on it ×
-    /// its predicted latency) whose deployment is not in `tried`; waits
-    /// for one until `until`. Broken when every copy is.
-    pub async fn pick(&self, tried: &[u64], until: Instant) -> Picked {
-        let mut watching: Vec<watch::Receiver<Current>> = self
-            .replicas
-            .iter()
-            .map(|r| r.current.subscribe())
-            .collect();
-        loop {
-            let mut best: Option<(f64, usize, Arc<Deployed>)> = None;
-            let mut broken = Vec::new();
-            for (i, rx) in watching.iter_mut().enumerate() {
-                match &*rx.borrow_and_update() {
-                    Current::Ready(d) if !tried.contains(&d.id) => {
-                        let work = f64::from(self.replicas[i].outstanding() + 1)
-                            * d.predicted_latency_us.max(1.0);
-                        if best.as_ref().is_none_or(|(w, _, _)| work < *w) {
-                            best = Some((work, i, d.clone()));
-                        }
-                    }
-                    Current::Broken(e) => broken.push(e.clone()),
-                    _ => {}
-                }
-            }
-            if let Some((_, i, d)) = best {
-                return Picked::Ready(self.replicas[i].clone(), d);
-            }
-            if !broken.is_empty() && broken.len() == self.replicas.len() {
-                broken.dedup();
-                return Picked::Broken(broken.join("; "));
-            }
-            let changed = futures_util::future::select_all(
-                watching.iter_mut().map(|rx| Box::pin(rx.changed())),
-            );
-            let until = tokio::time::Instant::from_std(until);
-            match tokio::time::timeout_at(until, changed).await {
-                Ok((Ok(()), _, _)) => {}
-                Ok((Err(_), _, _)) | Err(_) => return Picked::TimedOut,
-            }
-        }
     }
 }

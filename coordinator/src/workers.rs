@@ -1,16 +1,18 @@
 //! The registered workers: what the coordinator knows of each (devices,
-//! addresses, link measurements) and the one way it asks a worker
-//! something ([`WorkerEntry::ask`]).
+//! addresses, link measurements, what its heartbeats reported of its
+//! deployments) and the one way it asks a worker something
+//! ([`WorkerEntry::ask`]).
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
-use tessera_common::wire::control::DeviceInfo;
+use tessera_common::wire::control::{DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad};
 use tessera_common::wire::Limits;
 use tessera_common::wire::Progress;
-use tessera_net::{exchange, Link};
+use tessera_net::exchange;
 use tokio::sync::mpsc;
 
 use crate::CoordinatorError;
@@ -22,23 +24,47 @@ pub struct WorkerEntry {
     pub data_addr: String,
     pub devices: Vec<DeviceInfo>,
     pub connection: quinn::Connection,
-    /// Graph inputs to this worker.
-    pub tensors: Link,
     pub last_seen: Mutex<Instant>,
-    /// Link bandwidth to it, GB/s, measured on a probe at registration and
-    /// then on every large tensor it receives (moving average).
+    /// Link bandwidth into it, GB/s, from the tensors its heartbeats say
+    /// it received (moving average).
     pub(crate) bandwidth: Mutex<Option<f64>>,
+    /// What its last heartbeats said of its deployments.
+    pub(crate) reported: Mutex<Reported>,
     /// Subgraph runs under way, from its last heartbeat.
     pub running: std::sync::atomic::AtomicU32,
     /// Its process's resident memory, from its last heartbeat (0: unknown).
     pub rss_bytes: std::sync::atomic::AtomicU64,
 }
 
-/// Tensors at least this large update a link's bandwidth estimate.
+/// Tensors received between two heartbeats update a link's bandwidth
+/// estimate when they add up to at least this much.
 const MEASURED_BYTES: u64 = 256 << 10;
 
-/// The probe sent to each worker at registration.
-pub const PROBE_BYTES: usize = 4 << 20;
+/// What a worker's heartbeats said of its deployments: the last one's
+/// loads, and the rates between the last two.
+#[derive(Debug, Clone, Default)]
+pub struct Reported {
+    pub subgraphs: Vec<SubgraphLoad>,
+    pub sequences: Vec<SequenceLoad>,
+    /// Runs per second of each (deployment, subgraph).
+    rates: HashMap<(u64, u32), f64>,
+    /// Compute time per second (0..1 per subgraph) of each.
+    busy: HashMap<(u64, u32), f64>,
+    links: Vec<LinkRate>,
+    at: Option<Instant>,
+}
+
+impl Reported {
+    /// Runs per second of `subgraph` of deployment `network` lately.
+    pub fn rate(&self, network: u64, subgraph: u32) -> f64 {
+        self.rates.get(&(network, subgraph)).copied().unwrap_or(0.0)
+    }
+
+    /// The share of the last interval `subgraph` of `network` computed.
+    pub fn busy(&self, network: u64, subgraph: u32) -> f64 {
+        self.busy.get(&(network, subgraph)).copied().unwrap_or(0.0)
+    }
+}
 
 impl WorkerEntry {
     /// One operation on its own stream to this worker: sends `msg` (with
@@ -65,14 +91,67 @@ impl WorkerEntry {
         self.connection.rtt()
     }
 
+    /// What its heartbeats reported.
+    pub fn reported(&self) -> Reported {
+        self.reported.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// A heartbeat's loads at `now`: the rates since the last one, and the
+    /// link speed from what it received meanwhile.
+    pub fn heard(
+        &self,
+        subgraphs: Vec<SubgraphLoad>,
+        sequences: Vec<SequenceLoad>,
+        links: Vec<LinkRate>,
+        now: Instant,
+    ) {
+        let Ok(mut r) = self.reported.lock() else {
+            return;
+        };
+        if let Some(seconds) = r.at.map(|t| now.duration_since(t).as_secs_f64()) {
+            if seconds > 0.0 {
+                let before: HashMap<(u64, u32), &SubgraphLoad> = r
+                    .subgraphs
+                    .iter()
+                    .map(|s| ((s.network, s.subgraph), s))
+                    .collect();
+                let mut rates = HashMap::new();
+                let mut busy = HashMap::new();
+                for s in &subgraphs {
+                    if let Some(old) = before.get(&(s.network, s.subgraph)) {
+                        let runs = s.runs.saturating_sub(old.runs) as f64;
+                        let us = s.busy_us.saturating_sub(old.busy_us) as f64;
+                        rates.insert((s.network, s.subgraph), runs / seconds);
+                        busy.insert((s.network, s.subgraph), us / 1e6 / seconds);
+                    }
+                }
+                r.rates = rates;
+                r.busy = busy;
+            }
+            let (bytes, micros) = links.iter().fold((0, 0), |(b, m), l| {
+                let old = r.links.iter().find(|o| o.peer == l.peer);
+                let (ob, om) = old.map_or((0, 0), |o| (o.bytes, o.micros));
+                (
+                    b + l.bytes.saturating_sub(ob),
+                    m + l.micros.saturating_sub(om),
+                )
+            });
+            self.observe(bytes, micros);
+        }
+        r.subgraphs = subgraphs;
+        r.sequences = sequences;
+        r.links = links;
+        r.at = Some(now);
+    }
+
     /// The measured bandwidth to this worker, if any yet (GB/s).
     pub fn bandwidth_gbps(&self) -> Option<f64> {
         self.bandwidth.lock().ok().and_then(|b| *b)
     }
 
-    /// Folds a received tensor of `bytes` that took `micros` into the
+    /// Folds `bytes` received in `micros` of transfer time into the
     /// estimate.
-    pub fn observe(&self, bytes: u64, micros: u64) {
+    fn observe(&self, bytes: u64, micros: u64) {
         if bytes < MEASURED_BYTES || micros == 0 {
             return;
         }

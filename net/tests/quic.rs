@@ -302,7 +302,9 @@ async fn a_garbled_stream_fails_alone() {
     let mut huge = WorkerReport::Heartbeat {
         seq: 1,
         in_flight: 0,
-        mailboxes: vec![],
+        subgraphs: vec![],
+        sequences: vec![],
+        links: vec![],
         rss_bytes: 0,
     }
     .encode(0, &limits)
@@ -319,7 +321,9 @@ async fn a_garbled_stream_fails_alone() {
     let beat = WorkerReport::Heartbeat {
         seq: 7,
         in_flight: 0,
-        mailboxes: vec![],
+        subgraphs: vec![],
+        sequences: vec![],
+        links: vec![],
         rss_bytes: 0,
     };
     send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)

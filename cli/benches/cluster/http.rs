@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use tessera_client::Client;
-use tessera_coordinator::grpc::proto;
-use tessera_coordinator::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tessera_serving::grpc::proto;
+use tessera_serving::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 
 use super::{halves, median, rec, split_options, throughput};
 
@@ -34,7 +34,11 @@ pub async fn http_vs_sdk() -> Result<()> {
             |_, _, _| {},
         )
         .await?;
-    let http = c.coordinator.http_addr().context("no HTTP listener")?;
+    let http = c
+        .front_door
+        .as_ref()
+        .and_then(|d| d.http_addr())
+        .context("no HTTP listener")?;
     let url = format!("http://{http}/v2/models/rec/infer");
     let (name, x) = &inputs[0];
     let head = serde_json::json!({
@@ -57,7 +61,8 @@ pub async fn http_vs_sdk() -> Result<()> {
         reply.ends_with(want),
         "the HTTP answer's binary output differs from the SDK's"
     );
-    let grpc = grpc_client(c.coordinator.grpc_addr().context("no gRPC listener")?).await?;
+    let grpc_addr = c.front_door.as_ref().and_then(|d| d.grpc_addr());
+    let grpc = grpc_client(grpc_addr.context("no gRPC listener")?).await?;
     let grpc_request = grpc_request(name, x);
     let grpc_reply = grpc_infer(grpc.clone(), grpc_request.clone()).await?;
     anyhow::ensure!(

@@ -45,12 +45,27 @@ fn run(args: Args) -> Result<()> {
         .build()
         .context("tokio runtime")?;
     runtime.block_on(async move {
-        let coordinator = Coordinator::bind(config, &identity)?;
+        let coordinator = Coordinator::bind(config.clone(), &identity)?;
+        let serving = coordinator.clone();
+        let served = tokio::spawn(async move { serving.serve().await });
+        let front_door = tessera_cli::front_door::of_coordinator(&coordinator, &config, &identity)
+            .await
+            .context("the coordinator's front door")?;
+        if let Some(door) = &front_door {
+            for (what, addr) in [("HTTP", door.http_addr()), ("gRPC", door.grpc_addr())] {
+                if let Some(addr) = addr {
+                    tracing::info!(%addr, "front door: {what}");
+                }
+            }
+        }
         tessera_cli::announce(&format!("listening on {}", coordinator.local_addr()?));
         tokio::select! {
-            () = coordinator.serve() => {}
+            _ = served => {}
             () = tessera_cli::terminated() => {
                 tracing::info!("closing connections");
+                if let Some(door) = &front_door {
+                    door.shutdown();
+                }
                 coordinator.shutdown().await;
             }
         }

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use tessera_cli::front_door::Settings;
+use tessera_common::wire::handshake::Role;
 use tessera_worker::daemon::config::{MemoryLimits, WorkerConfig};
 use tessera_worker::daemon::{self, WorkerOptions};
 use tessera_worker::plugins::{self, CpuBackend, PluginOptions};
@@ -61,6 +63,13 @@ struct Args {
     /// onnxruntime's shared library (libonnxruntime.so.1.32.0).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
+    /// Serve a front door here: KServe v2 over HTTP and OpenAI
+    /// (`IP:PORT`); requests go from it straight to the workers.
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<SocketAddr>,
+    /// The front door's KServe v2 over gRPC (`IP:PORT`).
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -96,6 +105,13 @@ fn run(args: Args) -> Result<()> {
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
     };
     let advertise = args.advertise.or(file.advertise);
+    let file_serving = FileServing {
+        http_listen: file.http_listen.clone(),
+        grpc_listen: file.grpc_listen.clone(),
+        http_max_body_bytes: file.http_max_body_bytes,
+        request_deadline_ms: file.request_deadline_ms,
+        serving: file.serving.clone(),
+    };
     let Some(coordinator) = args.coordinator.or(file.coordinator) else {
         bail!("no coordinator: pass --coordinator ADDR or set it in --config");
     };
@@ -149,17 +165,104 @@ fn run(args: Args) -> Result<()> {
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
+    let front_door = front_door_settings(
+        &args.http_listen,
+        &args.grpc_listen,
+        &file_serving,
+        &certs,
+        &name,
+    )?;
     tessera_cli::cluster::run_system(async move {
         let announced = name.clone();
-        daemon::run_until(
+        let (registered, first) = tokio::sync::oneshot::channel::<()>();
+        let door = tokio::spawn(serve_front_door(
+            options.coordinator.clone(),
+            identity.clone(),
+            options.cluster.clone(),
+            front_door,
+            first,
+        ));
+        let outcome = daemon::run_until(
             options,
             &identity,
             move |addr: &str| {
-                tessera_cli::announce(&format!("registered as {announced}, data on {addr}"))
+                tessera_cli::announce(&format!("registered as {announced}, data on {addr}"));
+                let _ = registered.send(());
             },
             tessera_cli::terminated(),
         )
         .await
-        .map_err(anyhow::Error::from)
+        .map_err(anyhow::Error::from);
+        door.abort();
+        outcome
     })
+}
+
+/// What the worker's front door serves, from the flags and worker.toml.
+fn front_door_settings(
+    http: &Option<SocketAddr>,
+    grpc: &Option<SocketAddr>,
+    file: &FileServing,
+    certs: &std::path::Path,
+    name: &str,
+) -> Result<Settings> {
+    let addr = |flag: &Option<SocketAddr>, key: &str, text: &Option<String>| match (flag, text) {
+        (Some(a), _) => Ok(Some(*a)),
+        (None, Some(t)) => parse_addr(key, t).map(Some),
+        (None, None) => Ok(None),
+    };
+    let mut limits = tessera_serving::Limits::default();
+    if let Some(b) = file.http_max_body_bytes {
+        limits.max_body_bytes = b;
+    }
+    if let Some(ms) = file.request_deadline_ms {
+        limits.request_deadline = std::time::Duration::from_millis(ms);
+    }
+    Ok(Settings {
+        http: addr(http, "http_listen", &file.http_listen)?,
+        grpc: addr(grpc, "grpc_listen", &file.grpc_listen)?,
+        serving: file.serving.clone(),
+        cert_path: certs.join(format!("{name}.pem")),
+        limits,
+    })
+}
+
+/// Starts the worker's front door once it has registered (its
+/// coordinator answers), and keeps it until the worker stops.
+async fn serve_front_door(
+    coordinator: String,
+    identity: tessera_net::certs::NodeIdentity,
+    cluster: String,
+    settings: Settings,
+    registered: tokio::sync::oneshot::Receiver<()>,
+) {
+    if !settings.any() || registered.await.is_err() {
+        return;
+    }
+    let started = async {
+        let addr = tessera_net::resolve(&coordinator).await?;
+        tessera_cli::front_door::start(addr, &identity, &cluster, Role::Worker, &settings, None)
+            .await
+    };
+    match started.await {
+        Ok(Some(door)) => {
+            for (what, addr) in [("HTTP", door.http_addr()), ("gRPC", door.grpc_addr())] {
+                if let Some(addr) = addr {
+                    tessera_cli::announce(&format!("front door: {what} on {addr}"));
+                }
+            }
+            std::future::pending::<()>().await;
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!("the worker's front door did not start: {e:#}"),
+    }
+}
+
+/// The front-door keys of worker.toml.
+struct FileServing {
+    http_listen: Option<String>,
+    grpc_listen: Option<String>,
+    http_max_body_bytes: Option<u64>,
+    request_deadline_ms: Option<u64>,
+    serving: tessera_common::serving::ServingConfig,
 }

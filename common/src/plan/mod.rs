@@ -312,48 +312,7 @@ pub fn io_names(graph: &Graph) -> (Vec<String>, Vec<String>) {
 /// Checks that `inputs` holds every graph input, with its element type and
 /// a shape that fits, and nothing else.
 pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<(), PlanError> {
-    let bad = |m: String| PlanError::BadInput(m);
-    let (expected, _) = io_names(graph);
-    for name in inputs.keys() {
-        if !expected.contains(name) {
-            return Err(bad(format!(
-                "unknown input '{name}'; the inputs are: {}",
-                expected.join(", ")
-            )));
-        }
-    }
-    for &t in &graph.inputs {
-        let spec = graph.tensor(t);
-        let given = inputs.get(&spec.name).ok_or_else(|| {
-            bad(format!(
-                "missing input '{}' ({})",
-                spec.name,
-                spec.type_string()
-            ))
-        })?;
-        if spec.elem_type.is_some_and(|e| e != given.elem()) {
-            return Err(bad(format!(
-                "input '{}' must be {}, got {}",
-                spec.name,
-                spec.type_string(),
-                given.elem()
-            )));
-        }
-        if let Some(shape) = &spec.shape {
-            let fits = shape.len() == given.shape().len()
-                && shape
-                    .iter()
-                    .zip(given.shape())
-                    .all(|(d, &g)| d.known().is_none_or(|k| k == g as i64));
-            if !fits {
-                return Err(bad(format!(
-                    "input '{}' must have shape {}, got {:?}",
-                    spec.name,
-                    spec.type_string(),
-                    given.shape()
-                )));
-            }
-        }
-    }
-    Ok(())
+    crate::wire::routes::Signature::of(graph)
+        .check(inputs)
+        .map_err(PlanError::BadInput)
 }

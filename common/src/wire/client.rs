@@ -1,14 +1,16 @@
 //! Clients ↔ coordinator: what a client may ask ([`ClientRequest`], one
 //! operation per stream) and what the coordinator answers
 //! ([`ClientReply`]). A request that describes a model carries it as the
-//! frame's payload; `Infer` and `InferDone` are followed by tensor frames
-//! on the same stream.
+//! frame's payload. Requests themselves never come here: a client takes a
+//! network's routing table (`Routes`) and sends them to the workers
+//! ([`super::data`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::control::{Counters, DeviceAnswer, ErrorKind, LoadRequest, ModelStatus, WorkerState};
-use super::generate::{GenerateParams, GenerateStats, Prompt};
+use super::control::{DeviceAnswer, ErrorKind, LoadRequest, ModelStatus, WorkerState};
+use super::generate::GenerationSpec;
 use super::message::{channel, Failure, Progress, Reply, Status};
+use super::routes::RoutingTable;
 use crate::dump::PlanReport;
 
 /// What a client asks the coordinator.
@@ -34,19 +36,19 @@ pub enum ClientRequest {
     ListModels,
     /// The cluster's workers.
     ClusterInfo,
-    /// A request; `inputs` tensor frames follow on the same stream.
-    Infer {
+    /// Subscribe to a network's routing table: answered by `Routes` now
+    /// and again at every change, until the network is unloaded
+    /// (`Unloaded`) or the stream is dropped. With `model`, the table of
+    /// whichever network serves that named model (a model loaded again
+    /// continues on the same stream with its new network).
+    Routes {
         network: u64,
-        request: u64,
-        inputs: u32,
-        deadline_ms: u64,
+        model: Option<String>,
     },
-    /// Generate text on a generative network; answered by `Tokens` as they
-    /// come, then `Generated`.
-    Generate {
+    /// A generative network's tokenizer, chat template and limits:
+    /// answered by `Generation` with `tokenizer.json` as its payload.
+    Generation {
         network: u64,
-        prompt: Prompt,
-        params: GenerateParams,
     },
     Unload {
         network: u64,
@@ -63,8 +65,8 @@ channel!(
         UnloadModel,
         ListModels,
         ClusterInfo,
-        Infer,
-        Generate,
+        Routes,
+        Generation,
         Unload
     ]
 );
@@ -96,24 +98,12 @@ pub enum ClientReply {
         networks: u32,
         in_flight: u32,
     },
-    /// A request's results; `outputs` tensor frames follow.
-    InferDone {
-        network: u64,
-        request: u64,
-        outputs: u32,
-        counters: Counters,
-        /// The deployment that answered (a network is re-deployed when it
-        /// loses a worker).
-        deployment: u64,
-        /// Tries it took (more than one: retried after a worker was lost).
-        attempts: u32,
-    },
-    /// New tokens of a generation and their text.
-    Tokens {
-        ids: Vec<u32>,
-        text: String,
-    },
-    Generated(GenerateStats),
+    /// A network's routing table (on a `Routes` stream, again at every
+    /// change).
+    Routes(Box<RoutingTable>),
+    /// A generative network's spec; the payload is its `tokenizer.json`
+    /// (`tokenizer_bytes` long).
+    Generation(Box<GenerationSpec>),
     Unloaded {
         network: u64,
     },
@@ -130,9 +120,8 @@ channel!(
         ModelUnloaded,
         Models,
         ClusterState,
-        InferDone,
-        Tokens,
-        Generated,
+        Routes,
+        Generation,
         Unloaded
     ]
 );

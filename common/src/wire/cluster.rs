@@ -1,13 +1,14 @@
 //! Coordinator ↔ workers. The coordinator's operations on a worker, one per
 //! stream it opens ([`ToWorker`]), and the worker's answers
-//! ([`WorkerAnswer`]); what a worker reports on the streams it opens
-//! ([`WorkerReport`]: registration and heartbeats on its control stream,
-//! timings and transfers beside its outputs on its data streams) and the
-//! coordinator's answer to its registration ([`CoordinatorAnswer`]).
+//! ([`WorkerAnswer`]); what a worker reports on its control stream
+//! ([`WorkerReport`]: registration, then heartbeats with what its
+//! deployments did, aggregated) and the coordinator's answer to its
+//! registration ([`CoordinatorAnswer`]). No request passes here: requests
+//! go from requesters to workers ([`super::data`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::control::{DeploySpec, DeviceAnswer, DeviceInfo, MailboxDepth, NodeTime, Transfer};
+use super::control::{DeploySpec, DeviceAnswer, DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad};
 use super::message::{channel, Failure, Progress, Reply, Status};
 
 /// The coordinator's operations on a worker.
@@ -22,16 +23,12 @@ pub enum ToWorker {
     Model,
     /// Stop a deployment's subgraphs.
     Undeploy { network: u64 },
-    /// A request failed; drop what it left behind.
-    Cancel { request: u64 },
-    /// A sequence ended; free its state.
-    EndSequence { network: u64, sequence: u64 },
 }
 
 channel!(
     ToWorker,
     "coordinator operation",
-    [QueryNetwork, Deploy, Model, Undeploy, Cancel, EndSequence]
+    [QueryNetwork, Deploy, Model, Undeploy]
 );
 
 /// A worker's answers to [`ToWorker`] operations.
@@ -55,8 +52,6 @@ pub enum WorkerAnswer {
     Undeployed {
         network: u64,
     },
-    /// `Cancel` and `EndSequence` done.
-    Done,
 }
 
 channel!(
@@ -68,8 +63,7 @@ channel!(
         QueryResult,
         NeedModel,
         Deployed,
-        Undeployed,
-        Done
+        Undeployed
     ]
 );
 
@@ -97,38 +91,24 @@ pub enum WorkerReport {
         data_addr: String,
         devices: Vec<DeviceInfo>,
     },
+    /// Every heartbeat: what its deployments did since it started
+    /// (counters) and hold now, aggregated; no per-request message.
     Heartbeat {
         seq: u64,
+        /// Subgraph runs under way.
         in_flight: u32,
-        /// Requests waiting in or handed on by each subgraph actor's mailbox.
-        mailboxes: Vec<MailboxDepth>,
+        /// Each subgraph actor's load.
+        subgraphs: Vec<SubgraphLoad>,
+        /// Each stateful deployment's sequences.
+        sequences: Vec<SequenceLoad>,
+        /// Tensors received from each peer.
+        links: Vec<LinkRate>,
         /// The process's resident memory, bytes (0: not known).
         rss_bytes: u64,
     },
-    /// On a data stream: it ran one subgraph of a request; `nodes` when its
-    /// plugin counts per node (`PERF_COUNT`).
-    Ran {
-        request: u64,
-        subgraph: u32,
-        micros: u64,
-        nodes: Vec<NodeTime>,
-    },
-    /// On a data stream: a tensor of a request arrived (reported by its
-    /// receiver).
-    Moved(Transfer),
-    /// A tensor of `request` could not be streamed to its consumer (a peer
-    /// unreachable); the coordinator retries the request if the peer turns
-    /// out to be lost.
-    Unreachable { request: u64, error: String },
-    /// A request failed on this worker.
-    Failed(Failure),
 }
 
-channel!(
-    WorkerReport,
-    "worker report",
-    [Register, Heartbeat, Ran, Moved, Unreachable, Failed]
-);
+channel!(WorkerReport, "worker report", [Register, Heartbeat]);
 
 /// The coordinator's answer to a worker's `Register`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,8 +30,9 @@ pub struct DeviceInfo {
 pub enum Destination {
     /// Another worker's data-plane address (worker-to-worker streaming).
     Worker { name: String, addr: String },
-    /// A final output: back to the coordinator.
-    Coordinator,
+    /// A final output: back to the request's requester, on the stream it
+    /// opened for the request.
+    Requester,
 }
 
 /// A subgraph output and its consumers.
@@ -63,6 +64,10 @@ pub struct DeploySpec {
     pub state: Vec<StatePair>,
     /// Sequences it keeps state for at once (0: no limit).
     pub max_sequences: u32,
+    /// Fresh sequences that may wait for room (beyond: refused as busy).
+    pub max_queued: u32,
+    /// How long a fresh sequence may wait for room, ms.
+    pub queue_timeout_ms: u64,
 }
 
 /// Dynamic batching: requests waiting for a subgraph are concatenated
@@ -163,14 +168,41 @@ pub struct Transfer {
     pub micros: u64,
 }
 
-/// How many requests one subgraph actor holds (waiting for inputs, ready,
-/// or computing).
+/// One subgraph actor's load: a heartbeat's gauge and counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MailboxDepth {
+pub struct SubgraphLoad {
     /// The deployment (network id on the wire to workers).
     pub network: u64,
     pub subgraph: u32,
+    /// Requests it holds now (waiting for inputs, ready, computing).
     pub depth: u32,
+    /// Runs since it was deployed (a counter).
+    pub runs: u64,
+    /// Its compute time since it was deployed, µs (a counter).
+    pub busy_us: u64,
+    /// Runs that failed (a counter).
+    pub failed: u64,
+}
+
+/// One stateful deployment's sequences on a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SequenceLoad {
+    pub network: u64,
+    /// Sequences whose state it keeps.
+    pub kept: u32,
+    /// Fresh sequences waiting for room.
+    pub waiting: u32,
+}
+
+/// Tensors received from one peer since the worker started (counters):
+/// the link's measured speed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkRate {
+    pub peer: String,
+    pub tensors: u64,
+    pub bytes: u64,
+    /// Time from each tensor's first byte to its last, summed.
+    pub micros: u64,
 }
 
 /// A named model's state: shown (and served over HTTP) as `READY`,
@@ -246,6 +278,9 @@ pub enum ErrorKind {
     /// Not available now: a named model waiting for its workers, a peer
     /// that cannot be reached.
     Unavailable,
+    /// Too busy now: every copy's sequences and queue are full, or a
+    /// worker's mailboxes are (HTTP 429, gRPC RESOURCE_EXHAUSTED).
+    Busy,
     /// A worker failed to compile or run a subgraph.
     Worker,
     /// Anything else (I/O, the peer's protocol).
@@ -262,6 +297,7 @@ impl ErrorKind {
             ErrorKind::WorkerLost => "worker_lost",
             ErrorKind::Refused => "refused",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Busy => "busy",
             ErrorKind::Worker => "worker",
             ErrorKind::Internal => "internal",
         }

@@ -110,8 +110,13 @@ pub struct GenerationSpec {
     pub eos_token_ids: Vec<u32>,
     /// The most positions (prompt and generated) one sequence may hold.
     pub context_length: u32,
-    /// Sequences each stage keeps state for at once.
+    /// Sequences each copy keeps state for at once.
     pub max_sequences: u32,
+    /// Fresh sequences that may wait for room on a copy; beyond them a new
+    /// sequence is refused as busy.
+    pub max_queued: u32,
+    /// How long a fresh sequence may wait for room, ms.
+    pub queue_timeout_ms: u64,
 }
 
 /// A chat message.
@@ -143,8 +148,12 @@ pub struct GenerateParams {
     /// Sample among the most likely whose probabilities add up to `top_p`
     /// (1: all).
     pub top_p: f32,
-    /// The sampler's seed (the same seed, the same text).
-    pub seed: u64,
+    /// The sampler's seed (the same seed, the same text); none: a random
+    /// one.
+    pub seed: Option<u64>,
+    /// Answer each token's log-probability and those of the `logprobs`
+    /// most likely (0: none).
+    pub logprobs: u32,
     /// Texts that end the generation (not included in it).
     pub stop: Vec<String>,
     /// Milliseconds for the whole generation (0: the coordinator's request
@@ -159,7 +168,8 @@ impl Default for GenerateParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
-            seed: 0,
+            seed: None,
+            logprobs: 0,
             stop: Vec::new(),
             deadline_ms: 0,
         }
@@ -310,6 +320,10 @@ pub struct FolderFiles<'a> {
 
 /// Context length when no file gives one.
 const DEFAULT_CONTEXT: u32 = 2048;
+/// Fresh sequences that may wait for room on a copy, unless set.
+pub const DEFAULT_MAX_QUEUED: u32 = 64;
+/// How long a fresh sequence may wait for room, unless set, ms.
+pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 30_000;
 
 impl GenerationSpec {
     /// The spec from a model folder's files (the Hugging Face /
@@ -367,6 +381,8 @@ impl GenerationSpec {
             eos_token_ids,
             context_length,
             max_sequences,
+            max_queued: DEFAULT_MAX_QUEUED,
+            queue_timeout_ms: DEFAULT_QUEUE_TIMEOUT_MS,
         })
     }
 }

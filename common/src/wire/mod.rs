@@ -15,9 +15,10 @@
 //! [`codec`] (the one bincode module), [`handshake`] (versioned hello),
 //! [`message`] (what every channel's messages share), one module per
 //! channel — [`client`] (clients ↔ coordinator), [`cluster`] (coordinator
-//! ↔ workers), [`peer`] (workers' data streams) — and the records they
-//! carry ([`control`]), [`tensor`] (tensor frames), [`generate`] (text
-//! generation). See `docs/protocol.md`.
+//! ↔ workers), [`data`] (requesters ↔ workers), [`peer`] (workers' data
+//! streams) — and the records they carry ([`control`], [`routes`]),
+//! [`tensor`] (tensor frames), [`generate`] (text generation). See
+//! `docs/protocol.md`.
 //!
 //! # Example
 //!
@@ -48,20 +49,23 @@ pub mod client;
 pub mod cluster;
 pub mod codec;
 pub mod control;
+pub mod data;
 pub mod frame;
 pub mod generate;
 pub mod handshake;
 pub mod message;
 pub mod peer;
 pub mod plan_json;
+pub mod routes;
 pub mod tensor;
 
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};
 pub use message::{Failure, Message, Progress, Reply, Status};
 
 /// The protocol version this build speaks. Peers must match exactly.
-/// 12: one message type per channel (client, cluster, peer).
-pub const PROTOCOL_VERSION: u16 = 12;
+/// 13: requests go from requesters to workers (the data channel and
+/// routing tables); the coordinator is off the data path.
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

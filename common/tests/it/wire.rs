@@ -43,7 +43,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
                     name: "node-b".into(),
                     addr: "127.0.0.1:7001".into(),
                 },
-                Destination::Coordinator,
+                Destination::Requester,
             ],
         }],
         batching: Some(Batching {
@@ -56,6 +56,8 @@ fn frames_round_trip_whatever_the_read_sizes() {
             axis: Some(2),
         }],
         max_sequences: 4,
+        max_queued: 16,
+        queue_timeout_ms: 30_000,
     });
     let model = Bytes::from(vec![7u8; 1000]);
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
@@ -195,7 +197,9 @@ fn garbled_and_truncated_frames_are_errors() {
     let frame = WorkerReport::Heartbeat {
         seq: 1,
         in_flight: 0,
-        mailboxes: vec![],
+        subgraphs: vec![],
+        sequences: vec![],
+        links: vec![],
         rss_bytes: 0,
     }
     .encode(0, &limits)
@@ -385,8 +389,14 @@ fn every_control_message_round_trips() {
     use tessera_common::onnx::ElemType;
     use tessera_common::plan::ReportedType;
     use tessera_common::wire::control::{
-        Counters, DeviceAnswer, DeviceInfo, LoadRequest, MailboxDepth, ModelState, ModelStatus,
-        NodeTime, Transfer, TypeReport, WorkerState,
+        DeviceAnswer, DeviceInfo, LinkRate, LoadRequest, ModelState, ModelStatus, NodeTime,
+        SequenceLoad, SubgraphLoad, Transfer, TypeReport, WorkerState,
+    };
+    use tessera_common::wire::data::{DataReply, DataRequest, Open, SampledToken, Sampling};
+    use tessera_common::wire::generate::{SequenceStep, Steps};
+    use tessera_common::wire::routes::{
+        CopyLoad, CopyRoute, CopyState, DeploymentRoute, GenerationLimits, HostRoute, RoutingTable,
+        Signature, TensorSig,
     };
     let device = DeviceInfo {
         device: "CPU".into(),
@@ -417,29 +427,81 @@ fn every_control_message_round_trips() {
         WorkerReport::Heartbeat {
             seq: 9,
             in_flight: 2,
-            mailboxes: vec![MailboxDepth {
+            subgraphs: vec![SubgraphLoad {
                 network: 3,
                 subgraph: 1,
                 depth: 4,
+                runs: 1000,
+                busy_us: 5_000_000,
+                failed: 1,
+            }],
+            sequences: vec![SequenceLoad {
+                network: 3,
+                kept: 2,
+                waiting: 1,
+            }],
+            links: vec![LinkRate {
+                peer: "node-b".into(),
+                tensors: 10,
+                bytes: 1 << 20,
+                micros: 900,
             }],
             rss_bytes: 300 << 20,
         },
-        WorkerReport::Ran {
+    ]);
+    let steps = Steps::one(SequenceStep {
+        id: 77,
+        step: 3,
+        fresh: false,
+        past: 12,
+    });
+    round_trip(vec![
+        DataRequest::Open(Open {
+            deployment: 3,
             request: 2,
+            inputs: 1,
+            counters: true,
+            sequence: Some(steps),
+            sampling: vec![Sampling {
+                temperature: 0.7,
+                top_k: 40,
+                top_p: 0.9,
+                seed: 5,
+                index: 2,
+                logprobs: 3,
+            }],
+        }),
+        DataRequest::Cancel { request: 2 },
+        DataRequest::EndSequence {
+            deployment: 3,
+            sequence: 77,
+        },
+    ]);
+    round_trip(vec![
+        DataReply::Ran {
             subgraph: 0,
             micros: 1100,
             nodes: vec![node.clone()],
         },
-        WorkerReport::Moved(transfer.clone()),
-        WorkerReport::Unreachable {
-            request: 2,
+        DataReply::Moved(transfer.clone()),
+        DataReply::Sampled(vec![SampledToken {
+            id: 42,
+            logprob: Some(-0.5),
+            top: vec![(42, -0.5), (7, -1.5)],
+        }]),
+        DataReply::Unreachable {
             error: "cannot reach worker node-b".into(),
         },
-        WorkerReport::Failed(Failure {
+        DataReply::Failed(Failure {
             request: Some(2),
-            kind: ErrorKind::WorkerLost,
-            error: "worker node-b was lost".into(),
+            kind: ErrorKind::Busy,
+            error: "every sequence place is taken".into(),
         }),
+        DataReply::Busy {
+            retry_after_ms: 5,
+            reason: "subgraph 0 holds 64 requests".into(),
+        },
+        DataReply::Done,
     ]);
     round_trip(vec![
         CoordinatorAnswer::Registered { heartbeat_ms: 1000 },
@@ -451,11 +513,6 @@ fn every_control_message_round_trips() {
         },
         ToWorker::Model,
         ToWorker::Undeploy { network: 1 },
-        ToWorker::Cancel { request: 2 },
-        ToWorker::EndSequence {
-            network: 1,
-            sequence: 9,
-        },
     ]);
     let answers = vec![DeviceAnswer {
         types: vec![TypeReport {
@@ -488,7 +545,6 @@ fn every_control_message_round_trips() {
             cached: true,
         },
         WorkerAnswer::Undeployed { network: 1 },
-        WorkerAnswer::Done,
     ]);
     round_trip(vec![
         ClientRequest::QueryNetwork {
@@ -513,17 +569,11 @@ fn every_control_message_round_trips() {
         ClientRequest::UnloadModel { name: "rec".into() },
         ClientRequest::ListModels,
         ClientRequest::ClusterInfo,
-        ClientRequest::Infer {
-            network: 1,
-            request: 2,
-            inputs: 1,
-            deadline_ms: 500,
+        ClientRequest::Routes {
+            network: 0,
+            model: Some("rec".into()),
         },
-        ClientRequest::Generate {
-            network: 1,
-            prompt: tessera_common::wire::generate::Prompt::Text("hi".into()),
-            params: tessera_common::wire::generate::GenerateParams::default(),
-        },
+        ClientRequest::Generation { network: 1 },
         ClientRequest::Unload { network: 1 },
     ]);
     round_trip(vec![
@@ -567,30 +617,62 @@ fn every_control_message_round_trips() {
             networks: 1,
             in_flight: 0,
         },
-        ClientReply::InferDone {
+        ClientReply::Routes(Box::new(RoutingTable {
             network: 1,
-            request: 2,
-            outputs: 1,
-            counters: Counters {
-                subgraphs: vec![(0, 1100)],
-                nodes: vec![(0, node)],
-                transfers: vec![transfer],
+            name: "rec".into(),
+            version: 4,
+            signature: Signature {
+                inputs: vec![TensorSig {
+                    name: "x".into(),
+                    elem: Some(1),
+                    shape: Some(vec![Dim::Sym("batch".into()), Dim::Known(3)]),
+                }],
+                outputs: vec![TensorSig {
+                    name: "logits".into(),
+                    elem: None,
+                    shape: None,
+                }],
             },
-            deployment: 3,
-            attempts: 2,
-        },
-        ClientReply::Tokens {
-            ids: vec![1, 2],
-            text: "hé".into(),
-        },
-        ClientReply::Generated(tessera_common::wire::generate::GenerateStats {
-            prompt_tokens: 5,
-            generated_tokens: 3,
-            finish: tessera_common::wire::generate::FinishReason::Length,
-            first_token_us: 1200,
-            total_us: 9000,
-            replays: 1,
-        }),
+            copies: vec![
+                CopyRoute {
+                    index: 1,
+                    state: CopyState::Ready,
+                    deployment: Some(DeploymentRoute {
+                        id: 3,
+                        hosts: vec![HostRoute {
+                            name: "node-a".into(),
+                            data_addr: "127.0.0.1:7501".into(),
+                        }],
+                        inputs: vec![("x".into(), vec!["node-a".into()])],
+                        outputs: vec![("logits".into(), "node-a".into())],
+                        triggers: vec![],
+                        state_triggers: vec!["node-a".into()],
+                        state_outputs: vec!["present.0.key".into()],
+                        predicted_latency_us: 1200.0,
+                    }),
+                    load: CopyLoad {
+                        queued: 2,
+                        sequences: 1,
+                        waiting: 0,
+                        rate: 30.5,
+                    },
+                },
+                CopyRoute {
+                    index: 2,
+                    state: CopyState::Broken("node-b was lost".into()),
+                    deployment: None,
+                    load: CopyLoad::default(),
+                },
+            ],
+            generation: Some(GenerationLimits {
+                state: vec![],
+                max_sequences: 4,
+                max_queued: 64,
+                queue_timeout_ms: 30_000,
+                context_length: 2048,
+            }),
+            loss_grace_ms: 2500,
+        })),
         ClientReply::Unloaded { network: 1 },
     ]);
 }
@@ -616,7 +698,9 @@ fn a_control_message_on_a_data_stream_is_refused() {
     let beat = WorkerReport::Heartbeat {
         seq: 1,
         in_flight: 0,
-        mailboxes: vec![],
+        subgraphs: vec![],
+        sequences: vec![],
+        links: vec![],
         rss_bytes: 0,
     };
     let bytes = beat.encode(0, &limits).unwrap();

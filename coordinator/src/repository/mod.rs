@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model_shared;
-use tessera_common::wire::control::{Batching, LoadRequest, ModelState, ModelStatus};
+use tessera_common::wire::control::{LoadRequest, ModelState, ModelStatus};
 use tessera_common::wire::generate::GenerationSpec;
 use tessera_common::wire::Progress;
 use tokio::sync::mpsc;
@@ -153,6 +153,16 @@ impl Entry {
         self.lock().wanted
     }
 
+    /// Where its model comes from.
+    pub fn source(&self) -> Source {
+        self.lock().source.clone()
+    }
+
+    /// How it is loaded now.
+    pub fn request(&self) -> LoadRequest {
+        self.lock().request.clone()
+    }
+
     /// The file (or folder) it is read from, if it comes from one.
     pub fn source_file(&self) -> Option<std::path::PathBuf> {
         match &self.lock().source {
@@ -164,39 +174,7 @@ impl Entry {
 
 /// Where a `[models.NAME]` table's model comes from and how it is placed.
 pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
-    let request = LoadRequest {
-        name: name.to_string(),
-        devices: model.devices.clone(),
-        policy: model.policy,
-        strict: model.strict,
-        affinity: model
-            .affinity
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        dry_run: false,
-        shapes: model
-            .shapes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        replicas: model.replicas,
-        batching: (model.max_batch > 1).then_some(Batching {
-            max_batch: model.max_batch,
-            max_queue_delay_us: model.max_queue_delay_us,
-        }),
-        // A folder's tokenizer and limits are read when it loads.
-        generation: model.path.is_dir().then(|| GenerationSpec {
-            tokenizer_json: String::new(),
-            tokenizer_bytes: 0,
-            chat_template: None,
-            bos_token: None,
-            eos_token: None,
-            eos_token_ids: Vec::new(),
-            context_length: model.context,
-            max_sequences: model.max_sequences,
-        }),
-    };
+    let request = model.load_request(name, model.path.is_dir());
     (Source::File(model.path.clone()), request)
 }
 

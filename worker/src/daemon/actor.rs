@@ -14,6 +14,8 @@
 //! takes and keeps each sequence's state in its network's store on this
 //! worker ([`super::sequences`]), on its compute thread: a step of a
 //! sequence brings only its other inputs, and its state outputs stay here.
+//! A fresh sequence beyond the store's room waits in the actor's
+//! [`Admission`] queue, or is refused as busy.
 //!
 //! With dynamic batching on, the requests ready meanwhile (up to
 //! `max_batch`, of matching shapes) go to the thread as one job,
@@ -29,11 +31,12 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix::WeakAddr;
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::control::{Batching, NodeTime};
+use tessera_common::wire::control::{Batching, ErrorKind, NodeTime};
 use tessera_common::wire::generate::Steps;
 
+use super::admission::{Admission, Offer};
 use super::batch::{self, Ready};
-use super::routes::Router;
+use super::routes::{Router, SubgraphGauge};
 use super::sequences::{SequenceStore, StateSlots};
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
@@ -50,6 +53,12 @@ pub struct Arrived {
     pub name: Arc<str>,
     pub tensor: Tensor,
 }
+
+/// A sequence of the network ended here: a fresh one waiting for room may
+/// start.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Admit;
 
 /// Forget a request (it failed elsewhere or timed out).
 #[derive(Message)]
@@ -138,8 +147,10 @@ pub struct SubgraphActor {
     jobs: Option<mpsc::SyncSender<Job>>,
     /// Handed requests forgotten since: the thread skips them.
     cancelled: Arc<Mutex<HashSet<u64>>>,
-    /// Requests held (pending, ready, handed), as heartbeats report it.
-    depth: Arc<std::sync::atomic::AtomicU32>,
+    /// Fresh sequences waiting for room in the store.
+    pub admission: Admission,
+    /// Its load, as heartbeats report it.
+    gauge: Arc<SubgraphGauge>,
 }
 
 impl SubgraphActor {
@@ -174,7 +185,8 @@ impl SubgraphActor {
             waiting_for_batch: false,
             jobs: None,
             cancelled: Default::default(),
-            depth: router.mailbox_gauge(network, subgraph),
+            admission: Admission::new(0, Duration::ZERO),
+            gauge: router.gauge(network, subgraph),
             router,
         }
     }
@@ -182,8 +194,9 @@ impl SubgraphActor {
     /// Publishes how many requests this actor holds.
     fn publish_depth(&self) {
         let handed: usize = self.handed.iter().map(Vec::len).sum();
-        let held = self.pending.len() + self.ready.len() + handed;
-        self.depth
+        let held = self.pending.len() + self.ready.len() + handed + self.admission.len();
+        self.gauge
+            .depth
             .store(held as u32, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -225,12 +238,9 @@ impl SubgraphActor {
                     "subgraph {} on {}: its compute thread is not running",
                     self.subgraph, self.device
                 );
-                let router = self.router.clone();
-                tokio::spawn(async move {
-                    for request in requests {
-                        router.fail(request, error.clone()).await;
-                    }
-                });
+                for request in requests {
+                    self.router.fail(request, error.clone());
+                }
             }
         }
     }
@@ -265,13 +275,58 @@ impl SubgraphActor {
         inputs: Vec<Tensor>,
         ctx: &mut Context<Self>,
     ) {
-        self.ready.push_back(Ready {
+        let ready = Ready {
             request,
             sequence,
             inputs,
             since: Instant::now(),
-        });
+        };
+        let starts = ready.sequence.as_ref().filter(|s| s.fresh());
+        match starts.and_then(Steps::first_id) {
+            Some(sequence) if !self.state.is_empty() => self.admit(ready, sequence, ctx),
+            _ => self.ready.push_back(ready),
+        }
         self.next(ctx);
+    }
+
+    /// A fresh step: it runs if the store has room for its sequence, else
+    /// it waits for room (until its timeout) or is refused as busy.
+    fn admit(&mut self, ready: Ready, sequence: u64, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match self.admission.offer(ready, sequence, &mut store, now) {
+            Offer::Run(ready) => self.ready.push_back(ready),
+            Offer::Queued => {
+                tracing::debug!(sequence, waiting = self.admission.len(), "waiting for room");
+                ctx.run_later(self.admission.timeout(), |actor, ctx| {
+                    actor.admit_waiting(ctx)
+                });
+            }
+            Offer::Busy(ready, why) => {
+                let (router, request) = (self.router.clone(), ready.request);
+                router.fail_as(request, ErrorKind::Busy, why);
+            }
+        }
+    }
+
+    /// Runs the waiting fresh steps that now have room; refuses those that
+    /// waited too long.
+    fn admit_waiting(&mut self, ctx: &mut Context<Self>) {
+        let (run, expired) = {
+            let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            self.admission.admit(&mut store, Instant::now())
+        };
+        self.ready.extend(run);
+        for ready in expired {
+            let why = format!(
+                "no room for a new sequence within {:?} (max_sequences {})",
+                self.admission.timeout(),
+                self.store.lock().map_or(0, |s| s.max_sequences())
+            );
+            self.router.fail_as(ready.request, ErrorKind::Busy, why);
+        }
+        self.next(ctx);
+        self.publish_depth();
     }
 
     /// Starts the compute thread, its compiled subgraph's only owner; it
@@ -299,6 +354,7 @@ impl SubgraphActor {
             takes_inputs: !self.inputs.is_empty(),
             store: self.store.clone(),
             state: self.state.clone(),
+            gauge: self.gauge.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("sg-{}-{}", self.network, self.subgraph))
@@ -328,6 +384,7 @@ struct ComputeThread {
     takes_inputs: bool,
     store: Arc<Mutex<SequenceStore>>,
     state: StateSlots,
+    gauge: Arc<SubgraphGauge>,
 }
 
 impl ComputeThread {
@@ -392,6 +449,14 @@ impl ComputeThread {
         };
         let elapsed = started.elapsed();
         self.router.running(false);
+        use std::sync::atomic::Ordering::Relaxed;
+        self.gauge.runs.fetch_add(1, Relaxed);
+        self.gauge
+            .busy_us
+            .fetch_add(elapsed.as_micros() as u64, Relaxed);
+        if result.is_err() {
+            self.gauge.failed.fetch_add(1, Relaxed);
+        }
         tracing::debug!(
             micros = elapsed.as_micros() as u64,
             ok = result.is_ok(),
@@ -403,7 +468,7 @@ impl ComputeThread {
     /// Runs a request (a step of `sequence`, if given) and streams its
     /// outputs on. A step of a subgraph that reads or makes state takes its
     /// state inputs from the store and keeps its state outputs there (they
-    /// still go to their readers, never back to the coordinator).
+    /// still go to their readers, never back to the requester).
     fn compute(&mut self, request: u64, sequence: Option<Steps>, given: Vec<Tensor>) {
         let span = tracing::debug_span!(
             "subgraph_run",
@@ -550,9 +615,7 @@ impl ComputeThread {
 
     fn fail(&self, request: u64, error: impl std::fmt::Display) {
         let error = format!("subgraph {} on {}: {error}", self.subgraph, self.device);
-        let router = self.router.clone();
-        self.runtime
-            .spawn(async move { router.fail(request, error).await });
+        self.router.fail(request, error);
     }
 }
 
@@ -669,12 +732,26 @@ impl Handler<Finished> for SubgraphActor {
     }
 }
 
+impl Handler<Admit> for SubgraphActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Admit, ctx: &mut Self::Context) {
+        if !self.admission.is_empty() {
+            self.admit_waiting(ctx);
+        }
+    }
+}
+
 impl Handler<Forget> for SubgraphActor {
     type Result = ();
 
     fn handle(&mut self, msg: Forget, _: &mut Self::Context) {
         self.pending.remove(&msg.request);
         self.ready.retain(|r| r.request != msg.request);
+        if !self.admission.is_empty() {
+            let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            self.admission.forget(msg.request, &mut store);
+        }
         if self.handed.iter().any(|job| job.contains(&msg.request)) {
             if let Ok(mut cancelled) = self.cancelled.lock() {
                 cancelled.insert(msg.request);

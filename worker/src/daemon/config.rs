@@ -37,6 +37,19 @@ pub struct WorkerConfig {
     /// `backend = "tract" | "onnxruntime"` picks the CPU backend.
     #[serde(default)]
     pub plugin: BTreeMap<String, String>,
+    /// This worker's front door: KServe v2 over HTTP (and OpenAI) on this
+    /// address (`IP:PORT`; none: off).
+    pub http_listen: Option<String>,
+    /// KServe v2 over gRPC on this address (none: off).
+    pub grpc_listen: Option<String>,
+    /// The largest HTTP body or gRPC message its front door takes, bytes.
+    pub http_max_body_bytes: Option<u64>,
+    /// Its front door's request deadline unless a request sets one, ms.
+    pub request_deadline_ms: Option<u64>,
+    /// Who may call its front door and what they may do (as the
+    /// coordinator's `[serving]`).
+    #[serde(default)]
+    pub serving: tessera_common::serving::ServingConfig,
 }
 
 /// Why `worker.toml` cannot be read.

@@ -1,27 +1,34 @@
 //! The worker daemon: serves this machine's device plugins to a cluster.
 //!
 //! It dials the coordinator (mutual TLS), registers its devices with their
-//! metrics and sends heartbeats on the connection's control stream. The
-//! coordinator opens one bidirectional stream per operation (QueryNetwork,
-//! Deploy, Undeploy, Cancel); tensors arrive on unidirectional streams from
-//! the coordinator (graph inputs) and from other workers (intermediate
-//! tensors), and are dispatched to one actix actor per deployed subgraph
-//! ([`actor`]); outputs stream to their consumers ([`routes`]). Compiled
-//! subgraphs are cached on disk by model hash ([`cache`]).
+//! metrics and sends heartbeats on the connection's control stream, with
+//! what its deployments did (aggregated). The coordinator opens one
+//! bidirectional stream per operation (QueryNetwork, Deploy, Undeploy).
+//! Requests never come from the coordinator: requesters (the SDK, front
+//! doors) dial the worker's data address and open a stream per request
+//! (`data`), other workers stream intermediate tensors to it; tensors are
+//! dispatched to one actix actor per deployed subgraph ([`actor`]), and
+//! outputs stream to their consumers ([`routes`]): graph outputs back to
+//! the requester ([`requesters`]). Compiled subgraphs are cached on disk by
+//! model hash ([`cache`]).
 //!
 //! Layout: this file (options, devices, the reconnecting loop), `session`
 //! (one registration and what it serves), `operations` (the coordinator's
-//! operations: QueryNetwork, Deploy, ...), [`actor`], [`routes`],
-//! [`cache`], [`config`] (the worker's TOML file).
+//! operations: QueryNetwork, Deploy, ...), `data` (the data channel),
+//! [`requesters`], [`actor`], `admission` (fresh sequences waiting for
+//! room), [`routes`], [`cache`], [`config`] (the worker's TOML file).
 //!
 //! [`run`] must be called inside an actix system on a tokio multi-thread
 //! runtime (`actix_rt::System::with_tokio_rt`).
 
 pub mod actor;
+mod admission;
 mod batch;
 pub mod cache;
 pub mod config;
+mod data;
 mod operations;
+pub mod requesters;
 pub mod routes;
 mod sequences;
 mod session;

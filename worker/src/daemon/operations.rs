@@ -17,6 +17,7 @@ use tessera_net::NetError;
 use crate::plugin::PluginError;
 
 use super::actor::{stop_all, SubgraphActor};
+use super::admission::Admission;
 use super::sequences::StateSlots;
 use super::State;
 
@@ -98,14 +99,6 @@ async fn operation(
             // their sessions: the memory is free when the answer comes.
             stop_all(state.router.remove(network)).await;
             Ok(WorkerAnswer::Undeployed { network })
-        }
-        ToWorker::Cancel { request } => {
-            state.router.forget(request);
-            Ok(WorkerAnswer::Done)
-        }
-        ToWorker::EndSequence { network, sequence } => {
-            state.router.end_sequence(network, sequence);
-            Ok(WorkerAnswer::Done)
         }
         ToWorker::Model => Err(OperationError::UnaskedModel),
     }
@@ -316,6 +309,11 @@ fn start_actor(
             .sequence_store(spec.network, spec.max_sequences);
         let mut store = actor.store.lock().unwrap_or_else(|p| p.into_inner());
         store.add_reader(&state_slots);
+        drop(store);
+        actor.admission = Admission::new(
+            spec.max_queued,
+            std::time::Duration::from_millis(spec.queue_timeout_ms),
+        );
     }
     let state_only = !inputs.is_empty() && state_slots.reads.len() == inputs.len();
     actor.state = state_slots;

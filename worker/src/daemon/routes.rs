@@ -1,8 +1,10 @@
-//! Where tensors go. Incoming tensors (from the coordinator or another
-//! worker) are dispatched to the local subgraph actors that read them;
-//! outputs are streamed to their consumers: local actors directly, other
-//! workers over worker-to-worker links (dialled on first use), final
-//! outputs back to the coordinator.
+//! Where tensors go. Incoming tensors (from a requester or another worker)
+//! are dispatched to the local subgraph actors that read them; outputs are
+//! streamed to their consumers: local actors directly, other workers over
+//! worker-to-worker links (dialled on first use), graph outputs back to the
+//! request's requester ([`super::requesters`]). What the subgraphs do is
+//! counted for the heartbeats (their load, the links' speed), never
+//! reported per request to the coordinator.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,16 +12,19 @@ use std::time::Duration;
 
 use actix::Addr;
 use dashmap::DashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
 use tessera_common::tensor::Tensor;
-use tessera_common::wire::cluster::WorkerReport;
-use tessera_common::wire::control::{Destination, ErrorKind, MailboxDepth, NodeTime, Transfer};
+use tessera_common::wire::control::{
+    Destination, ErrorKind, LinkRate, NodeTime, SequenceLoad, SubgraphLoad, Transfer,
+};
 use tessera_common::wire::generate::Steps;
 use tessera_common::wire::handshake::Role;
-use tessera_common::wire::Failure;
 use tessera_common::wire::Limits;
-use tessera_net::{Lane, Link, Node};
+use tessera_net::{Link, Node};
 
-use super::actor::{Arrived, Forget, SubgraphActor};
+use super::actor::{Admit, Arrived, Forget, SubgraphActor};
+use super::requesters::Requests;
 use super::sequences::SequenceStore;
 
 /// Frames that may wait in one link's queue.
@@ -35,15 +40,31 @@ pub struct Ran {
     pub sequence: Option<Steps>,
 }
 
+/// One subgraph actor's load, as heartbeats report it.
+#[derive(Debug, Default)]
+pub struct SubgraphGauge {
+    /// Requests it holds now.
+    pub depth: AtomicU32,
+    pub runs: AtomicU64,
+    pub busy_us: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Tensors received from one peer (counters).
+#[derive(Debug, Default)]
+struct LinkCount {
+    tensors: AtomicU64,
+    bytes: AtomicU64,
+    micros: AtomicU64,
+}
+
 pub struct Router {
     /// This worker's name.
     pub name: String,
     node: Arc<Node>,
     limits: Limits,
-    /// Tensors to the coordinator.
-    coordinator: Link,
-    /// Control messages to the coordinator (failures, timings).
-    control: Link,
+    /// The requests requesters opened here, and where their replies go.
+    pub requests: Requests,
     /// Local consumers: (network, tensor) → actors.
     consumers: DashMap<(u64, Arc<str>), Vec<Addr<SubgraphActor>>>,
     /// Destinations of each subgraph output: (network, tensor) → where.
@@ -54,53 +75,97 @@ pub struct Router {
     peers: tokio::sync::Mutex<HashMap<String, (String, Link)>>,
     /// Subgraph runs under way (reported in heartbeats).
     running: std::sync::atomic::AtomicU32,
-    /// Requests each subgraph actor holds: (network, subgraph) → depth
+    /// Each subgraph actor's load: (network, subgraph) → its gauge
     /// (reported in heartbeats).
-    mailboxes: DashMap<(u64, u32), Arc<std::sync::atomic::AtomicU32>>,
+    gauges: DashMap<(u64, u32), Arc<SubgraphGauge>>,
+    /// Tensors received from each peer.
+    received: DashMap<String, Arc<LinkCount>>,
     /// Each network's kept sequence state on this worker.
     sequences: DashMap<u64, Arc<std::sync::Mutex<SequenceStore>>>,
     /// State outputs made here: (network, tensor). A step of a sequence
     /// keeps them (and hands them to local and peer readers) but never
-    /// sends them back to the coordinator.
+    /// sends them back to the requester.
     state_outputs: DashMap<(u64, Arc<str>), ()>,
 }
 
 impl Router {
-    pub fn new(name: &str, node: Arc<Node>, coordinator: Link, control: Link) -> Router {
+    pub fn new(name: &str, node: Arc<Node>) -> Router {
         Router {
             name: name.into(),
             limits: *node.limits(),
+            requests: Requests::new(name, *node.limits()),
             node,
-            coordinator,
-            control,
             consumers: DashMap::new(),
             routes: DashMap::new(),
             peers: tokio::sync::Mutex::new(HashMap::new()),
             running: Default::default(),
-            mailboxes: DashMap::new(),
+            gauges: DashMap::new(),
+            received: DashMap::new(),
             sequences: DashMap::new(),
             state_outputs: DashMap::new(),
         }
     }
 
-    /// The depth gauge of subgraph `subgraph` of `network`'s actor.
-    pub fn mailbox_gauge(&self, network: u64, subgraph: u32) -> Arc<std::sync::atomic::AtomicU32> {
-        self.mailboxes
-            .entry((network, subgraph))
-            .or_default()
-            .clone()
+    /// The gauge of subgraph `subgraph` of `network`'s actor.
+    pub fn gauge(&self, network: u64, subgraph: u32) -> Arc<SubgraphGauge> {
+        self.gauges.entry((network, subgraph)).or_default().clone()
     }
 
-    /// Every subgraph actor's depth, for a heartbeat.
-    pub fn mailbox_depths(&self) -> Vec<MailboxDepth> {
-        self.mailboxes
+    /// Every subgraph actor's load, for a heartbeat.
+    pub fn subgraph_loads(&self) -> Vec<SubgraphLoad> {
+        self.gauges
             .iter()
-            .map(|e| MailboxDepth {
+            .map(|e| SubgraphLoad {
                 network: e.key().0,
                 subgraph: e.key().1,
-                depth: e.value().load(std::sync::atomic::Ordering::Relaxed),
+                depth: e.value().depth.load(Relaxed),
+                runs: e.value().runs.load(Relaxed),
+                busy_us: e.value().busy_us.load(Relaxed),
+                failed: e.value().failed.load(Relaxed),
             })
             .collect()
+    }
+
+    /// Every stateful deployment's sequences, for a heartbeat.
+    pub fn sequence_loads(&self) -> Vec<SequenceLoad> {
+        self.sequences
+            .iter()
+            .map(|e| {
+                let store = e.value().lock().unwrap_or_else(|p| p.into_inner());
+                SequenceLoad {
+                    network: *e.key(),
+                    kept: store.len() as u32,
+                    waiting: store.waiting() as u32,
+                }
+            })
+            .collect()
+    }
+
+    /// Tensors received from each peer, for a heartbeat.
+    pub fn link_rates(&self) -> Vec<LinkRate> {
+        self.received
+            .iter()
+            .map(|e| LinkRate {
+                peer: e.key().clone(),
+                tensors: e.value().tensors.load(Relaxed),
+                bytes: e.value().bytes.load(Relaxed),
+                micros: e.value().micros.load(Relaxed),
+            })
+            .collect()
+    }
+
+    /// Subgraphs of `network` here (each runs once per request).
+    pub fn subgraphs_of(&self, network: u64) -> u32 {
+        self.gauges.iter().filter(|e| e.key().0 == network).count() as u32
+    }
+
+    /// A subgraph of `network` here whose actor holds `capacity` requests
+    /// or more, if any (what it is).
+    pub fn full_mailbox(&self, network: u64, capacity: usize) -> Option<String> {
+        self.gauges
+            .iter()
+            .find(|e| e.key().0 == network && e.value().depth.load(Relaxed) as usize >= capacity)
+            .map(|e| format!("subgraph {} holds {capacity} requests", e.key().1))
     }
 
     /// A subgraph run starts (`true`) or ends.
@@ -164,8 +229,9 @@ impl Router {
             }
         });
         self.routes.retain(|(n, _), _| *n != network);
-        self.mailboxes.retain(|(n, _), _| *n != network);
+        self.gauges.retain(|(n, _), _| *n != network);
         self.sequences.remove(&network);
+        self.requests.drop_deployment(network);
         self.state_outputs.retain(|(n, _), _| *n != network);
         actors
     }
@@ -219,18 +285,44 @@ impl Router {
         self.state_outputs.insert((network, tensor), ());
     }
 
-    /// Frees a sequence's state of `network` here.
+    /// Frees a sequence's state of `network` here; a fresh sequence
+    /// waiting for room may then start.
     pub fn end_sequence(&self, network: u64, sequence: u64) {
-        if let Some(store) = self.sequences.get(&network) {
+        self.requests.ended(network, sequence);
+        let ended = self.sequences.get(&network).is_some_and(|store| {
             let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-            if store.end(sequence) {
-                tracing::debug!(network, sequence, "sequence ended");
+            store.end(sequence)
+        });
+        if ended {
+            tracing::debug!(network, sequence, "sequence ended");
+            for actor in self.actors_of(network) {
+                actor.do_send(Admit);
             }
         }
     }
 
-    /// Drops a failed request's partial inputs everywhere on this worker.
+    /// The actors of `network` here.
+    fn actors_of(&self, network: u64) -> Vec<Addr<SubgraphActor>> {
+        let mut actors: Vec<Addr<SubgraphActor>> = Vec::new();
+        for entry in self.consumers.iter().filter(|e| e.key().0 == network) {
+            for actor in entry.value() {
+                if !actors.contains(actor) {
+                    actors.push(actor.clone());
+                }
+            }
+        }
+        actors
+    }
+
+    /// Drops a request's partial inputs everywhere on this worker, and
+    /// its replies.
     pub fn forget(&self, request: u64) {
+        self.requests.forget(request);
+        self.forget_inputs(request);
+    }
+
+    /// Drops a request's partial inputs everywhere on this worker.
+    fn forget_inputs(&self, request: u64) {
         let mut told: Vec<Addr<SubgraphActor>> = Vec::new();
         for entry in self.consumers.iter() {
             for actor in entry.value() {
@@ -285,8 +377,8 @@ impl Router {
         Ok(link)
     }
 
-    /// Tells the coordinator how long a subgraph ran and streams its outputs
-    /// of a request to their consumers.
+    /// Streams a subgraph's outputs of a request to their consumers, then
+    /// tells the requester the subgraph ran.
     #[tracing::instrument(
         level = "debug",
         skip_all,
@@ -311,18 +403,6 @@ impl Router {
             request,
             sequence,
         } = ran;
-        let ran = WorkerReport::Ran {
-            request,
-            subgraph,
-            micros: elapsed.as_micros() as u64,
-            nodes,
-        };
-        // On the data link (the outputs' lane), ahead of the outputs it
-        // ships to the coordinator.
-        let lane = Lane::of(sequence.as_ref());
-        if let Err(e) = self.coordinator.send_control_on(lane, &ran).await {
-            tracing::warn!("cannot report to the coordinator: {e}");
-        }
         for (name, tensor) in outputs {
             let to = match self.routes.get(&(network, name.clone())) {
                 Some(to) => to.clone(),
@@ -331,19 +411,14 @@ impl Router {
             let kept =
                 sequence.is_some() && self.state_outputs.contains_key(&(network, name.clone()));
             for dest in to {
-                if kept && dest == Destination::Coordinator {
+                if kept && dest == Destination::Requester {
                     continue;
                 }
                 let sent = match &dest {
                     Destination::Worker { name: w, .. } if *w == self.name => {
-                        self.dispatch(
-                            network,
-                            request,
-                            sequence.as_ref(),
-                            name.clone(),
-                            tensor.clone(),
-                        )
-                        .await;
+                        let (n, t) = (name.clone(), tensor.clone());
+                        self.dispatch(network, request, sequence.as_ref(), n, t)
+                            .await;
                         Ok(())
                     }
                     Destination::Worker { name: w, addr } => match self.peer(w, addr).await {
@@ -353,75 +428,65 @@ impl Router {
                             .map_err(|e| e.to_string()),
                         Err(e) => Err(e.to_string()),
                     },
-                    Destination::Coordinator => self
-                        .coordinator
-                        .send_step_tensor(network, request, sequence.as_ref(), &name, &tensor)
-                        .await
-                        .map_err(|e| e.to_string()),
+                    Destination::Requester => {
+                        let (n, t) = (name.clone(), tensor.clone());
+                        self.requests.output(request, n, t, sequence.as_ref());
+                        Ok(())
+                    }
                 };
                 tracing::debug!(tensor = %name, to = ?dest, bytes = tensor.bytes().len(), "sent");
                 if let Err(e) = sent {
                     let error = format!("sending '{name}' from {}: {e}", self.name);
-                    self.unreachable(request, error).await;
+                    self.unreachable(request, error);
                     return;
                 }
             }
         }
+        self.requests
+            .ran(request, subgraph, elapsed, nodes, sequence.is_some());
     }
 
-    /// Reports a tensor that arrived here to the coordinator, on the lane
-    /// the outputs computed from it take.
-    pub async fn moved(
-        &self,
-        lane: Lane,
-        request: u64,
-        tensor: &str,
-        from: &str,
-        bytes: u64,
-        took: Duration,
-    ) {
-        let msg = WorkerReport::Moved(Transfer {
-            request,
-            tensor: tensor.into(),
-            from: from.into(),
-            to: self.name.clone(),
-            bytes,
-            micros: took.as_micros() as u64,
-        });
-        if let Err(e) = self.coordinator.send_control_on(lane, &msg).await {
-            tracing::debug!("cannot report a transfer: {e}");
+    /// A tensor of `request` arrived here from `from` in `took`: counted
+    /// for the link, and reported to the requester when it asked for
+    /// counters.
+    pub fn moved(&self, request: u64, tensor: &str, from: &str, bytes: u64, took: Duration) {
+        let count = self.received.entry(from.to_string()).or_default().clone();
+        count.tensors.fetch_add(1, Relaxed);
+        count.bytes.fetch_add(bytes, Relaxed);
+        count.micros.fetch_add(took.as_micros() as u64, Relaxed);
+        if request != 0 {
+            self.requests.moved(Transfer {
+                request,
+                tensor: tensor.into(),
+                from: from.into(),
+                to: self.name.clone(),
+                bytes,
+                micros: took.as_micros() as u64,
+            });
         }
     }
 
-    /// Reports a failed request to the coordinator.
-    pub async fn fail(&self, request: u64, error: String) {
+    /// A request failed running here.
+    pub fn fail(&self, request: u64, error: String) {
+        self.fail_as(request, ErrorKind::Worker, error);
+    }
+
+    /// A request failed here as `kind`: dropped here, its requester told.
+    pub fn fail_as(&self, request: u64, kind: ErrorKind, error: String) {
         tracing::warn!(request, "{error}");
-        self.forget(request);
-        let msg = WorkerReport::Failed(Failure {
-            request: Some(request),
-            kind: ErrorKind::Worker,
-            error,
-        });
-        self.report(&msg).await;
+        self.forget_inputs(request);
+        self.requests.fail(request, kind, error);
     }
 
-    /// Reports a request whose tensor could not reach its consumer (the
-    /// coordinator retries it if that peer turns out to be lost).
-    pub async fn unreachable(&self, request: u64, error: String) {
+    /// A tensor of `request` could not reach its consumer (the requester
+    /// retries it if that peer turns out to be lost).
+    pub fn unreachable(&self, request: u64, error: String) {
         tracing::warn!(request, "{error}");
-        self.forget(request);
-        self.report(&WorkerReport::Unreachable { request, error })
-            .await;
+        self.forget_inputs(request);
+        self.requests.unreachable(request, error);
     }
 
-    async fn report(&self, msg: &WorkerReport) {
-        if let Err(e) = self.control.send_control(msg).await {
-            tracing::warn!("cannot report to the coordinator: {e}");
-        }
-    }
-
-    /// Forgets every network (the coordinator is gone); returns their
-    /// actors.
+    /// Forgets every network (the session is over); returns their actors.
     pub fn remove_all(&self) -> Vec<Addr<SubgraphActor>> {
         let networks: std::collections::BTreeSet<u64> =
             self.consumers.iter().map(|e| e.key().0).collect();

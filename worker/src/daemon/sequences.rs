@@ -21,8 +21,9 @@
 //!
 //! A sequence's state goes when it ends, when it has been idle too long,
 //! or when its network is dropped. A worker keeps at most `max_sequences`
-//! sequences of a network (0: no limit); a new one beyond that is refused
-//! with an error that says so.
+//! sequences of a network (0: no limit): a fresh step reserves its room
+//! before it runs, and one beyond the limit waits for room
+//! ([`super::admission`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -105,6 +106,8 @@ struct Kept {
 pub struct SequenceStore {
     kept: HashMap<u64, Kept>,
     max_sequences: usize,
+    /// Fresh sequences waiting for room (as heartbeats report it).
+    waiting: usize,
     /// Subgraphs here that read each pair's input.
     readers: HashMap<Arc<str>, usize>,
 }
@@ -114,6 +117,7 @@ impl SequenceStore {
         SequenceStore {
             kept: HashMap::new(),
             max_sequences: max_sequences as usize,
+            waiting: 0,
             readers: HashMap::new(),
         }
     }
@@ -200,6 +204,26 @@ impl SequenceStore {
             kept.steps.remove(&row.step);
         }
         tensor
+    }
+
+    /// Reserves room for `sequence` (it starts, or starts again); `false`
+    /// when the store is full.
+    pub fn reserve(&mut self, sequence: u64) -> bool {
+        self.start(sequence).is_ok()
+    }
+
+    /// The most sequences it keeps (0: no limit).
+    pub fn max_sequences(&self) -> usize {
+        self.max_sequences
+    }
+
+    /// Fresh sequences waiting for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    pub fn set_waiting(&mut self, waiting: usize) {
+        self.waiting = waiting;
     }
 
     /// Makes room for a sequence that starts (or starts again).

@@ -1,7 +1,7 @@
 //! One session with the coordinator: dial and register, then serve it
-//! (heartbeats, its operations, graph inputs from it, intermediate tensors
-//! from other workers) until it goes away; then drop everything the
-//! session deployed.
+//! (heartbeats, its operations) and the data channel (requesters'
+//! requests, other workers' intermediate tensors) until it goes away; then
+//! drop everything the session deployed.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -12,7 +12,7 @@ use tessera_common::wire::control::DeviceInfo;
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::{Frame, Limits};
-use tessera_net::{exchange, recv_frame, serve_streams, ExchangeError, Link, Node, Peer};
+use tessera_net::{exchange, recv_frame, ExchangeError, Link, Node, Peer};
 
 use super::actor::stop_all;
 use super::cache::CompileCache;
@@ -56,13 +56,7 @@ pub(super) async fn session<R: FnOnce(&str)>(
     } = registered;
     let limits = *node.limits();
     let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
-    let to_coordinator = Link::open(connection.clone(), "coordinator", limits, 64);
-    let router = Arc::new(Router::new(
-        &options.name,
-        node.clone(),
-        to_coordinator,
-        control.clone(),
-    ));
+    let router = Arc::new(Router::new(&options.name, node.clone()));
     let mut config = Config::default();
     for (k, v) in &options.config {
         config.set(k, v)?;
@@ -81,17 +75,11 @@ pub(super) async fn session<R: FnOnce(&str)>(
         ready(&data_addr);
     }
     spawn_heartbeats(control, router.clone(), heartbeat);
-    // Graph inputs from the coordinator.
-    tokio::spawn(serve_streams(
-        connection.clone(),
-        limits,
-        tensor_handler(router.clone(), "coordinator".into()),
-    ));
-    // Connections other workers opened in this session: closed at its end,
-    // so that they dial this worker's next session instead of streaming
-    // into this one's router.
+    // Connections requesters and other workers opened in this session:
+    // closed at its end, so that they dial this worker's next session
+    // instead of streaming into this one's router.
     let incoming: Arc<Mutex<Vec<quinn::Connection>>> = Default::default();
-    let peers = tokio::spawn(accept_workers(state.clone(), incoming.clone()));
+    let peers = tokio::spawn(accept_peers(state.clone(), incoming.clone()));
     let why = tokio::select! {
         why = serve_operations(connection.clone(), state) => why,
         why = watch_control(recv, limits) => why,
@@ -184,19 +172,22 @@ fn advertised(
     Ok(bound.to_string())
 }
 
-/// Heartbeats on the control stream, every `every`, with the requests in
-/// flight and each subgraph actor's mailbox depth; they stop with the
-/// stream.
+/// Heartbeats on the control stream, every `every`, with what the
+/// deployments here did and hold (their subgraphs' load, their sequences,
+/// the links' speed); they stop with the stream.
 fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
     tokio::spawn(async move {
         let mut seq = 0;
         loop {
             tokio::time::sleep(every).await;
             seq += 1;
+            router.requests.sweep();
             let beat = WorkerReport::Heartbeat {
                 seq,
                 in_flight: router.in_flight(),
-                mailboxes: router.mailbox_depths(),
+                subgraphs: router.subgraph_loads(),
+                sequences: router.sequence_loads(),
+                links: router.link_rates(),
                 rss_bytes: super::resident_bytes(),
             };
             if control.send_control(&beat).await.is_err() {
@@ -206,28 +197,24 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
     });
 }
 
-/// Accepts other workers' connections (intermediate tensors), remembering
-/// each in `incoming`.
-async fn accept_workers(state: Arc<State>, incoming: Arc<Mutex<Vec<quinn::Connection>>>) {
-    let limits = *state.node.limits();
+/// Accepts the connections of requesters (clients, front doors, the
+/// coordinator's front door) and other workers, remembering each in
+/// `incoming`.
+async fn accept_peers(state: Arc<State>, incoming: Arc<Mutex<Vec<quinn::Connection>>>) {
     // Each connection handshakes on its own task (one slow peer holds up
     // no other).
     while let Some(connecting) = state.node.incoming().await {
         let (state, incoming) = (state.clone(), incoming.clone());
         tokio::spawn(async move {
-            match state.node.handshake(connecting, &[Role::Worker]).await {
+            let roles = [Role::Worker, Role::Client, Role::Coordinator];
+            match state.node.handshake(connecting, &roles).await {
                 Ok(peer) => {
-                    tracing::debug!(peer = %peer.hello.node, "worker connected");
+                    tracing::debug!(peer = %peer.hello.node, role = ?peer.hello.role, "connected");
                     if let Ok(mut all) = incoming.lock() {
                         all.retain(|c| c.close_reason().is_none());
                         all.push(peer.connection.clone());
                     }
-                    serve_streams(
-                        peer.connection,
-                        limits,
-                        tensor_handler(state.router.clone(), peer.hello.node.clone()),
-                    )
-                    .await;
+                    super::data::serve_connection(state, peer).await;
                 }
                 Err(e) => tracing::warn!("refused a peer: {e}"),
             }
@@ -272,9 +259,9 @@ fn local_ip_towards(remote: SocketAddr) -> Option<std::net::IpAddr> {
     socket.local_addr().ok().map(|a| a.ip())
 }
 
-/// Tensor frames from peer `from` → local actors; each arrival is reported
-/// to the coordinator as a transfer.
-fn tensor_handler(
+/// Tensor frames from worker `from` → local actors; each arrival is
+/// counted for the link (and reported to its requester with counters).
+pub(super) fn tensor_handler(
     router: Arc<Router>,
     from: String,
 ) -> impl Fn(
@@ -295,25 +282,16 @@ fn tensor_handler(
                     let sequence = header.sequence.clone();
                     let name: Arc<str> = header.name.as_str().into();
                     let bytes = payload.len() as u64;
-                    let lane = tessera_net::Lane::of(sequence.as_ref());
-                    if network == 0 {
-                        // The coordinator's bandwidth probe.
-                        router.moved(lane, request, &name, &from, bytes, took).await;
-                        return;
-                    }
                     match header.into_tensor(payload) {
                         Ok(t) => {
-                            // Reported before the tensor is handed on, so the
-                            // report reaches the coordinator ahead of the
-                            // outputs computed from it (one ordered link).
                             if !name.is_empty() {
-                                router.moved(lane, request, &name, &from, bytes, took).await;
+                                router.moved(request, &name, &from, bytes, took);
                             }
                             router
                                 .dispatch(network, request, sequence.as_ref(), name.clone(), t)
                                 .await;
                         }
-                        Err(e) => router.fail(request, format!("bad tensor: {e}")).await,
+                        Err(e) => router.fail(request, format!("bad tensor: {e}")),
                     }
                 }
                 Frame::Control(none, _) => match none {},

@@ -1,0 +1,112 @@
+//! `tessera serve`: a gateway, a front door of its own (KServe v2 over
+//! HTTP and gRPC, OpenAI) in front of a running cluster. It is a
+//! requester with a client certificate: it follows each model's routing
+//! table from the coordinator and sends requests straight to the workers.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Deserialize;
+use tessera_cli::front_door::Settings;
+use tessera_common::serving::ServingConfig;
+use tessera_common::wire::handshake::Role;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The cluster's coordinator.
+    #[arg(long, value_name = "ADDR")]
+    coordinator: String,
+    /// Directory made by `tessera certs init`.
+    #[arg(long, default_value = "certs")]
+    certs: PathBuf,
+    /// This gateway's name: its certificate is <certs>/<name>.pem.
+    #[arg(long, default_value = "client")]
+    name: String,
+    /// The cluster's name.
+    #[arg(long, default_value = "tessera")]
+    cluster: String,
+    /// KServe v2 over HTTP and OpenAI on this address.
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<SocketAddr>,
+    /// KServe v2 over gRPC on this address.
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
+    /// TOML with the front door's keys: http_listen, grpc_listen,
+    /// http_max_body_bytes, request_deadline_ms and a [serving] table.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// The gateway's TOML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct GatewayConfig {
+    http_listen: Option<SocketAddr>,
+    grpc_listen: Option<SocketAddr>,
+    http_max_body_bytes: Option<u64>,
+    request_deadline_ms: Option<u64>,
+    serving: ServingConfig,
+}
+
+fn settings(args: &ServeArgs) -> Result<Settings> {
+    let file: GatewayConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            ::config::Config::builder()
+                .add_source(::config::File::from_str(&text, ::config::FileFormat::Toml))
+                .build()
+                .and_then(|c| c.try_deserialize())
+                .with_context(|| format!("{}", path.display()))?
+        }
+        None => GatewayConfig::default(),
+    };
+    let mut limits = tessera_serving::Limits::default();
+    if let Some(b) = file.http_max_body_bytes {
+        limits.max_body_bytes = b;
+    }
+    if let Some(ms) = file.request_deadline_ms {
+        limits.request_deadline = Duration::from_millis(ms);
+    }
+    let settings = Settings {
+        http: args.http_listen.or(file.http_listen),
+        grpc: args.grpc_listen.or(file.grpc_listen),
+        serving: file.serving,
+        cert_path: args.certs.join(format!("{}.pem", args.name)),
+        limits,
+    };
+    if !settings.any() {
+        bail!("nothing to serve: give --http-listen ADDR or --grpc-listen ADDR");
+    }
+    Ok(settings)
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let settings = settings(&args)?;
+    let identity = tessera_net::certs::load_identity(&args.certs, &args.name)
+        .context("the gateway's certificate (make one with `tessera certs init`)")?;
+    tessera_cli::cluster::run_system(async move {
+        let coordinator = tessera_net::resolve(&args.coordinator).await?;
+        let door = tessera_cli::front_door::start(
+            coordinator,
+            &identity,
+            &args.cluster,
+            Role::Client,
+            &settings,
+            None,
+        )
+        .await?
+        .context("nothing to serve")?;
+        for (what, addr) in [("HTTP", door.http_addr()), ("gRPC", door.grpc_addr())] {
+            if let Some(addr) = addr {
+                tessera_cli::announce(&format!("serving {what} on {addr}"));
+            }
+        }
+        tessera_cli::terminated().await;
+        door.shutdown();
+        Ok(())
+    })
+}

@@ -1,0 +1,64 @@
+//! The bearer-token check in front of both listeners (one middleware for
+//! the HTTP routes and the gRPC service): with `[serving] tokens_file`,
+//! every request but liveness (`GET /v2/health/live`, gRPC `ServerLive`)
+//! wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
+//! `WWW-Authenticate: Bearer`; gRPC callers get UNAUTHENTICATED. Neither the
+//! header nor the token is logged.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::tokens::bearer;
+use crate::Door;
+
+/// Paths open to anyone: liveness only.
+const OPEN: [&str; 2] = [
+    "/v2/health/live",
+    "/inference.GRPCInferenceService/ServerLive",
+];
+
+/// The middleware: passes the request on, or refuses it.
+pub async fn require_token(
+    State(door): State<Arc<Door>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(tokens) = &door.rules.tokens else {
+        return next.run(request).await;
+    };
+    if OPEN.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| bearer(v.as_bytes()));
+    let why = match presented {
+        Some(token) if tokens.allows(token) => return next.run(request).await,
+        Some(_) => "the bearer token is not one this server accepts",
+        None => "this server wants an Authorization: Bearer TOKEN header",
+    };
+    door.metrics.unauthorized();
+    if is_grpc(&request) {
+        return tonic::Status::unauthenticated(why)
+            .into_http::<axum::body::Body>()
+            .into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(serde_json::json!({ "error": why })),
+    )
+        .into_response()
+}
+
+fn is_grpc(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}

@@ -1,0 +1,122 @@
+//! Model control over HTTP and gRPC: the repository extension's load and
+//! unload, under `[serving]`'s rules. Off unless `model_control = true`;
+//! with it on, a model is (re)loaded by name — one the coordinator knows
+//! (a `[models.NAME]` table, a model loaded before), or `NAME` in this
+//! front door's `model_repository` — and a `config` parameter (the keys of
+//! a `[models.NAME]` table, as JSON) may place it differently, its `path`
+//! confined to the repository. The front door reads the model's files and
+//! ships them to the coordinator; without a path, a model the coordinator
+//! knows is placed anew from the bytes it has.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use tessera_client::generate::ModelFolder;
+use tessera_client::LoadRequest;
+use tessera_common::models::{valid_model_name, ModelConfig, MODEL_KEYS};
+
+use crate::{Door, ServeError};
+
+/// Loads (or reloads) model `name`; `config` is the request's `config`
+/// parameter, if any.
+pub async fn load(door: &Door, name: &str, config: Option<&str>) -> Result<(), ServeError> {
+    if !door.rules.model_control {
+        return Err(ServeError::ControlOff);
+    }
+    if !valid_model_name(name) {
+        return Err(ServeError::BadRequest(format!(
+            "'{name}' is not a model name (1-128 of A-Z a-z 0-9 _ . -, not starting with '.')"
+        )));
+    }
+    let config = config.map(parse_config).transpose()?;
+    let known = door.index().await?.iter().any(|m| m.name == name);
+    let (request, payload) = match config {
+        // The model as the coordinator has it.
+        None if known => (None, None),
+        // Placed anew from the bytes the coordinator has.
+        Some(config) if known && config.path.as_os_str().is_empty() => {
+            (Some(config.load_request(name, false)), None)
+        }
+        config => {
+            let mut config = config.unwrap_or_default();
+            config.path = locate(door, name, &config)?;
+            let (request, payload) = read(name, config).await?;
+            (Some(request), Some(payload))
+        }
+    };
+    door.client.load_model_with(name, request, payload).await?;
+    door.forget(name);
+    Ok(())
+}
+
+/// Unloads model `name`.
+pub async fn unload(door: &Door, name: &str) -> Result<(), ServeError> {
+    if !door.rules.model_control {
+        return Err(ServeError::ControlOff);
+    }
+    door.client.unload_model(name).await?;
+    door.forget(name);
+    Ok(())
+}
+
+/// A `config` parameter: a `[models.NAME]` table as JSON.
+fn parse_config(text: &str) -> Result<ModelConfig, ServeError> {
+    serde_json::from_str(text).map_err(|e| {
+        ServeError::BadRequest(format!(
+            "parameters.config: {e} (keys: {})",
+            MODEL_KEYS.join(", ")
+        ))
+    })
+}
+
+/// The model's file in the repository: its `path` confined, or found by
+/// name.
+fn locate(door: &Door, name: &str, config: &ModelConfig) -> Result<PathBuf, ServeError> {
+    let Some(repo) = &door.rules.repository else {
+        return Err(ServeError::NotFound(format!(
+            "no model named '{name}' is configured, and no [serving] model_repository is set to load it from"
+        )));
+    };
+    if config.path.as_os_str().is_empty() {
+        repo.find(name)
+    } else {
+        repo.confine(&config.path)
+    }
+}
+
+/// The load of `config`'s file (or generative folder), read off the async
+/// threads: its request and payload.
+async fn read(name: &str, config: ModelConfig) -> Result<(LoadRequest, Bytes), ServeError> {
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || {
+        let path: &Path = &config.path;
+        if path.is_dir() {
+            let mut folder = ModelFolder::read(path, config.max_sequences)?;
+            let mut request = config.load_request(&name, true);
+            if let Some(g) = request.generation.as_mut() {
+                let context = folder.generation.context_length;
+                folder.generation.context_length = match g.context_length {
+                    0 => context.min(DEFAULT_CONTEXT),
+                    c => c.min(context),
+                };
+                folder.generation.max_queued = g.max_queued;
+                folder.generation.queue_timeout_ms = g.queue_timeout_ms;
+                *g = folder.generation;
+                let payload = g.join_payload(&folder.model);
+                return Ok((request, payload));
+            }
+            Ok((request, folder.model))
+        } else {
+            let bytes = std::fs::read(path).map_err(|e| {
+                ServeError::NotFound(format!("model {name}: cannot read its file: {e}"))
+            })?;
+            Ok((config.load_request(&name, false), Bytes::from(bytes)))
+        }
+    })
+    .await
+    .map_err(|e| ServeError::Unavailable(format!("reading the model: {e}")))?
+}
+
+/// Positions a generative model's sequences may hold unless its config
+/// says (its own context, at most this).
+const DEFAULT_CONTEXT: u32 = 2048;

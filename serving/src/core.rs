@@ -1,0 +1,252 @@
+//! The KServe core, protocol-neutral: what the HTTP and gRPC codecs (and
+//! the OpenAI endpoints) share. Named models are reached through their
+//! routing tables (a subscription per model, kept while it serves);
+//! metadata, readiness and the repository index come from the tables and
+//! the coordinator (the last answer kept while the coordinator is away);
+//! inference runs through the requester, straight on the workers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_client::generate::{GenerateParams, Generation, Prompt};
+use tessera_client::{Network, Outputs};
+use tessera_common::tensor::Tensor;
+use tessera_common::wire::control::{ModelState, ModelStatus};
+use tessera_common::wire::routes::{CopyState, RoutingTable};
+
+use crate::rules::NotReady;
+use crate::{Door, ServeError};
+
+/// The one version of every model.
+pub const VERSION: &str = "1";
+/// The platform models report (an ONNX model, as Triton names it).
+pub const PLATFORM: &str = "onnx_onnxv1";
+
+/// The cluster as the front door last saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Instant,
+    pub workers: usize,
+    pub models: Vec<ModelStatus>,
+}
+
+/// How often the front door looks at the cluster (for readiness).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How long a control call to the coordinator may take before the front
+/// door answers from what it saw last.
+const CONTROL_WAIT: Duration = Duration::from_secs(2);
+
+/// Keeps [`Door::seen`] fresh until the front door closes.
+pub async fn watch_cluster(door: Arc<Door>) {
+    loop {
+        let _ = door.look().await;
+        tokio::select! {
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+            () = door.closed() => return,
+        }
+    }
+}
+
+/// Only version `1` (or none) exists.
+pub fn check_version(name: &str, version: Option<&str>) -> Result<(), ServeError> {
+    match version {
+        None | Some("") | Some(VERSION) => Ok(()),
+        Some(v) => Err(ServeError::NotFound(format!(
+            "model {name} has no version '{v}' (its one version is {VERSION})"
+        ))),
+    }
+}
+
+impl Door {
+    /// Asks the coordinator for the cluster now (workers, models).
+    async fn look(&self) -> Result<Seen, ServeError> {
+        let asked = async {
+            let cluster = self.client.cluster().await?;
+            let models = self.client.models().await?;
+            Ok::<_, ServeError>((cluster.workers.len(), models))
+        };
+        let (workers, models) = tokio::time::timeout(CONTROL_WAIT, asked)
+            .await
+            .map_err(|_| ServeError::Unavailable("the coordinator does not answer".into()))??;
+        let seen = Seen {
+            at: Instant::now(),
+            workers,
+            models,
+        };
+        if let Ok(mut last) = self.seen.lock() {
+            *last = Some(seen.clone());
+        }
+        Ok(seen)
+    }
+
+    /// The cluster now, else as last seen.
+    async fn seen(&self) -> Result<Seen, ServeError> {
+        match self.look().await {
+            Ok(seen) => Ok(seen),
+            Err(e) => self.seen.lock().ok().and_then(|s| s.clone()).ok_or(e),
+        }
+    }
+
+    /// The network serving named model `name`, following its routing
+    /// table (kept while it serves).
+    pub async fn network(&self, name: &str) -> Result<Network, ServeError> {
+        if let Some(n) = self.networks.get(name).map(|n| n.clone()) {
+            if n.gone().is_none() {
+                return Ok(n);
+            }
+            self.networks.remove(name);
+        }
+        let network = self.client.serving(name).await?;
+        self.networks.insert(name.to_string(), network.clone());
+        Ok(network)
+    }
+
+    /// Model `name`'s routing table: its signature, copies and, for a
+    /// generative model, its limits.
+    pub async fn table(&self, name: &str) -> Result<Arc<RoutingTable>, ServeError> {
+        self.network(name)
+            .await?
+            .routes()
+            .ok_or_else(|| ServeError::Unavailable(format!("model {name} has no routes")))
+    }
+
+    /// Whether the server is ready: a worker registered and every wanted
+    /// model deployed (as last seen while the coordinator is away).
+    pub async fn ready(&self) -> Result<(), NotReady> {
+        let seen = self
+            .seen()
+            .await
+            .map_err(|e| NotReady::NoCoordinator(e.to_string()))?;
+        if seen.workers == 0 {
+            return Err(NotReady::NoWorker);
+        }
+        let waiting: Vec<(String, ModelState)> = seen
+            .models
+            .into_iter()
+            .filter(|s| !matches!(s.state, ModelState::Ready | ModelState::Unloaded))
+            .map(|s| (s.name, s.state))
+            .collect();
+        match waiting.is_empty() {
+            true => Ok(()),
+            false => Err(NotReady::Deploying(waiting)),
+        }
+    }
+
+    /// Whether model `name` serves: a copy of it is ready.
+    pub async fn model_ready(&self, name: &str) -> Result<(), ServeError> {
+        let status = self
+            .index()
+            .await?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| {
+                ServeError::NotFound(format!("no model named '{name}' in the repository"))
+            })?;
+        if status.state == ModelState::Ready {
+            return Ok(());
+        }
+        let mut why = format!("model {name} is {}", status.state.as_str().to_lowercase());
+        if !status.reason.is_empty() {
+            why = format!("{why}: {}", status.reason);
+        }
+        Err(ServeError::Unavailable(why))
+    }
+
+    /// Every named model and its state.
+    pub async fn index(&self) -> Result<Vec<ModelStatus>, ServeError> {
+        Ok(self.seen().await?.models)
+    }
+
+    /// Runs `inputs` on model `name`, within `deadline` (the front door's
+    /// unless given); answers the outputs `wanted` (every output when
+    /// none is named), in the order asked, each once.
+    pub async fn infer(
+        &self,
+        name: &str,
+        inputs: HashMap<String, Tensor>,
+        wanted: &[String],
+        deadline: Option<Duration>,
+    ) -> Result<Vec<(String, Tensor)>, ServeError> {
+        let network = self.network(name).await?;
+        let table = network.routes();
+        if let Some(unknown) = wanted.iter().find(|w| {
+            table
+                .as_ref()
+                .is_some_and(|t| !t.signature.outputs.iter().any(|o| o.name == **w))
+        }) {
+            self.metrics.failed(name, "bad_input");
+            return Err(ServeError::BadRequest(format!(
+                "model {name} has no output '{unknown}'"
+            )));
+        }
+        if let Some(twice) = wanted
+            .iter()
+            .enumerate()
+            .find(|(i, w)| wanted[..*i].contains(w))
+        {
+            self.metrics.failed(name, "bad_input");
+            return Err(ServeError::BadRequest(format!(
+                "output '{}' is asked for twice",
+                twice.1
+            )));
+        }
+        let _in_flight = self.metrics.started(name);
+        let started = Instant::now();
+        let network = network.with_deadline(deadline.unwrap_or(self.limits.request_deadline));
+        let outputs: Outputs = match network.infer(inputs.into_iter().collect()).await {
+            Ok(o) => o,
+            Err(e) => {
+                let e = ServeError::from(e);
+                self.metrics.failed(name, e.kind().as_str());
+                return Err(e);
+            }
+        };
+        self.metrics
+            .succeeded(name, started.elapsed(), &outputs.counters);
+        let mut all: HashMap<String, Tensor> = outputs.tensors.into_iter().collect();
+        let order: Vec<String> = match wanted.is_empty() {
+            true => table.map_or_else(Vec::new, |t| {
+                t.signature.outputs.iter().map(|o| o.name.clone()).collect()
+            }),
+            false => wanted.to_vec(),
+        };
+        Ok(order
+            .into_iter()
+            .filter_map(|n| all.remove(&n).map(|t| (n, t)))
+            .collect())
+    }
+
+    /// Starts a generation on model `name`.
+    pub async fn generate(
+        &self,
+        name: &str,
+        prompt: Prompt,
+        params: GenerateParams,
+    ) -> Result<Generation, ServeError> {
+        let network = self.network(name).await?;
+        Ok(network.generate(prompt, params).await?)
+    }
+
+    /// The named models that generate (and serve now).
+    pub async fn generative_models(&self) -> Vec<String> {
+        let Ok(models) = self.index().await else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for m in models.into_iter().filter(|m| m.state == ModelState::Ready) {
+            if let Ok(table) = self.table(&m.name).await {
+                let serves = table.copies.iter().any(|c| c.state == CopyState::Ready);
+                if table.generation.is_some() && serves {
+                    names.push(m.name);
+                }
+            }
+        }
+        names
+    }
+
+    /// Forgets model `name`'s network (it was loaded again or unloaded).
+    pub fn forget(&self, name: &str) {
+        self.networks.remove(name);
+    }
+}
