@@ -178,6 +178,8 @@ async fn load(
 ) -> Network {
     let mut model = ModelFolder::read(folder, max_sequences).expect("model folder");
     model.generation.context_length = context;
+    // One fresh sequence may wait for room (beyond: refused as busy).
+    model.generation.max_queued = 1;
     let options = LoadOptions {
         devices: "CPU".into(),
         generation: Some(model.generation),
@@ -379,32 +381,49 @@ fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
             "{cut:?} {plain:?}"
         );
         assert_eq!(stats.finish, tessera_client::generate::FinishReason::Stop);
-        // One sequence at a time: a second waits for the first to leave.
+        // One sequence at a time: a second waits in the stage's queue for
+        // the first to leave, then runs.
         let mut first = network
             .generate(text("Hello"), greedy(60))
             .await
             .expect("first");
         assert!(matches!(first.next().await, Ok(Some(Event::Tokens { .. }))));
-        let err = refused(greedy(4), text("Hi")).await;
-        assert!(err.contains("keeps state for 1 sequences already"), "{err}");
+        let second = {
+            let network = network.clone();
+            tokio::spawn(async move { run(&network, Prompt::Text("Hi".into()), greedy(4)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !second.is_finished(),
+            "the second waits while the first holds the stage"
+        );
         drop(first);
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            match network
-                .generate(text("Hi"), greedy(4))
-                .await
-                .expect("sent")
-                .collect()
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if Instant::now() < until => {
-                    eprintln!("waiting for the first sequence's state to go: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("the stage never freed the sequence: {e}"),
-            }
-        }
+        let (_, ids, _) = tokio::time::timeout(Duration::from_secs(30), second)
+            .await
+            .expect("the second ran once the first left")
+            .expect("the second generation");
+        assert!(!ids.is_empty());
+        // A full queue refuses as busy: one sequence, one waiting, a third
+        // is refused.
+        let mut one = load(&client, &model, 1, 64).await;
+        one = one.with_deadline(Duration::from_secs(30));
+        let mut holding = one
+            .generate(text("Hello"), greedy(60))
+            .await
+            .expect("first");
+        assert!(matches!(
+            holding.next().await,
+            Ok(Some(Event::Tokens { .. }))
+        ));
+        let waiting = one.generate(text("Hi"), greedy(4)).await.expect("second");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let busy = match one.generate(text("Hey"), greedy(4)).await {
+            Ok(g) => g.collect().await.expect_err("a third is refused"),
+            Err(e) => e,
+        };
+        assert_eq!(busy.kind(), tessera_client::ErrorKind::Busy, "{busy}");
+        drop(holding);
+        waiting.collect().await.expect("the waiting one ran");
         // Two sequences batched, and one client leaves mid-generation: the
         // other still gets the text it gets alone, and the one that left
         // frees its state once its last step is back (two new sequences
@@ -453,7 +472,8 @@ fn bad_requests_are_refused_and_a_full_stage_waits_for_a_sequence_to_end() {
             Ok(g) => g.collect().await.err().map(|e| e.to_string()),
             Err(e) => Some(e.to_string()),
         };
-        assert!(err.unwrap_or_default().contains("is not generative"));
+        let err = err.unwrap_or_default();
+        assert!(err.contains("does not generate"), "{err}");
     });
     // A folder without a tokenizer is refused before anything is sent.
     let empty = cluster.dir.join("no-tokenizer");
@@ -499,13 +519,26 @@ fn the_openai_client_streams_completions_and_chats() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    // A named generative model: its folder in cluster.toml.
+    // A named generative model: its folder in cluster.toml, two copies of
+    // 2 sequences each, 2 more waiting at each.
     let config = format!(
         "http_listen = \"127.0.0.1:{port}\"\n[models.smollm2]\npath = {:?}\ndevices = \"CPU\"\n\
-         context = 256\nmax_sequences = 2\n",
+         context = 256\nmax_sequences = 2\nmax_queued = 2\nreplicas = 2\n",
         model.display().to_string()
     );
-    let _cluster = Cluster::start_configured("generate-openai", &[("node-a", "CPU")], 1, &config);
+    // The worker's own front door too.
+    let worker_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen = format!("127.0.0.1:{worker_port}");
+    let door: &[&str] = &["--http-listen", &listen];
+    let _cluster = Cluster::start_configured_with_args(
+        "generate-openai",
+        &[("node-a", "CPU", door)],
+        1,
+        &config,
+    );
     let plain = genai(&model, &["The capital of France is"], 12, false);
     let chat = genai(&model, &["What is the capital of France?"], 12, true);
     let expected = serde_json::json!({
@@ -516,20 +549,23 @@ fn the_openai_client_streams_completions_and_chats() {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/python/openai_test.py"
     );
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg(format!("http://127.0.0.1:{port}/v1"))
-        .arg("smollm2")
-        .arg(expected.to_string())
-        .output()
-        .expect("python3 with openai (scripts/test.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "openai_test.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The coordinator's front door, then the worker's.
+    for url in [format!("127.0.0.1:{port}"), listen.clone()] {
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg(format!("http://{url}/v1"))
+            .arg("smollm2")
+            .arg(expected.to_string())
+            .output()
+            .expect("python3 with openai (scripts/test.sh installs it)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{url}:\n{stdout}");
+        assert!(
+            out.status.success(),
+            "openai_test.py against {url} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@ mod util;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use util::cluster::Cluster;
 use util::kserve::{free_port, python};
@@ -115,4 +116,57 @@ fn tritonclient_curl_and_prometheus_against_two_workers() {
     // themselves.
     cluster.restart_coordinator();
     kserve(&url, "serving");
+}
+
+/// A worker's own front door (`worker --http-listen`) serves the named
+/// models straight from the workers: it keeps answering, every answer
+/// checked against onnxruntime, while the coordinator is paused with
+/// SIGSTOP for 3 s (no request passes through the coordinator; the front
+/// door holds each model's routing table).
+#[test]
+fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
+    let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
+    let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
+    let rec_shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 48, 320])]);
+    let port = free_port();
+    let config = format!(
+        "[models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
+         shapes = {{ x = [1, 3, 48, 320] }}\naffinity = {}\n\
+         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n",
+        rec.display().to_string(),
+        second_half_on(&rec, &rec_shapes, "node-b"),
+        minilm.display().to_string(),
+        second_half_on(&minilm, &BTreeMap::new(), "node-a"),
+    );
+    let listen = format!("127.0.0.1:{port}");
+    let door: &[&str] = &["--http-listen", &listen];
+    let mut cluster = Cluster::start_configured_with_args(
+        "front-door",
+        &[("node-a", "CPU", door), ("node-b", "CPU", &[])],
+        1,
+        &config,
+    );
+    // The front door answers before the pause (its routes followed).
+    kserve(&listen, "serving");
+    let looping = std::thread::spawn({
+        let listen = listen.clone();
+        move || {
+            python(
+                "kserve_test.py",
+                &listen,
+                &["--phase", "loop", "--seconds", "7"],
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.coordinator.pause();
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.coordinator.resume();
+    looping
+        .join()
+        .expect("every request through the worker's front door succeeded");
+    // After the pause the workers are still members: nothing was re-planned.
+    let log = cluster.coordinator.log_text();
+    assert!(!log.contains("worker lost"), "{log}");
+    kserve(&listen, "serving");
 }

@@ -55,9 +55,9 @@ fn the_main_job_runs_on_an_embedded_cluster_and_matches_onnxruntime() {
         // (pool1: onnxruntime fuses conv1 into relu1's kernel.)
         "subgraph0: pool1: realTime: ",
         "subgraph1: softmax: realTime: ",
-        "transfer image coordinator → node-a: 49152 bytes in ",
+        "transfer image client → node-a: 49152 bytes in ",
         "transfer pool2 node-a → node-b: 32768 bytes in ",
-        "transfer probs node-b → coordinator: 40 bytes in ",
+        "transfer probs node-b → client: 40 bytes in ",
         "Total compute: ",
         "output probs: float [1, 10]",
     ] {

@@ -134,7 +134,7 @@ pub async fn run(
                     &format!("every copy is broken: {why}"),
                 ))
             }
-            Picked::Gone(why) => return Err(failed(ErrorKind::NotFound, &why)),
+            Picked::Gone(why, kind) => return Err(failed(kind, &why)),
             Picked::TimedOut => return Err(verdict(tries.on_no_deployment(table.network))),
         };
         let id = ids.next();

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera_common::wire::client::{ClientReply, ClientRequest};
+use tessera_common::wire::control::ErrorKind;
 use tessera_common::wire::routes::{CopyRoute, CopyState, DeploymentRoute, RoutingTable};
 use tessera_common::wire::Frame;
 use tessera_net::{exchange, recv_frame};
@@ -18,11 +19,23 @@ use tokio::sync::watch;
 use crate::{Client, ClientError, Operation};
 
 /// What the requester knows of a network's routes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Known {
     pub table: Option<Arc<RoutingTable>>,
     /// The network was unloaded (or the named model is gone): why.
     pub gone: Option<String>,
+    /// What kind of failure that is.
+    pub gone_kind: ErrorKind,
+}
+
+impl Default for Known {
+    fn default() -> Known {
+        Known {
+            table: None,
+            gone: None,
+            gone_kind: ErrorKind::NotFound,
+        }
+    }
 }
 
 /// A subscription to one network's (or named model's) routing table. The
@@ -72,7 +85,7 @@ impl Routes {
             Some(known) if known.table.is_some() => Ok(routes),
             Some(known) => Err(ClientError::Failed {
                 op: Operation::Routes,
-                kind: tessera_common::wire::control::ErrorKind::NotFound,
+                kind: known.gone_kind,
                 message: known.gone.unwrap_or_default(),
             }),
             None => Err(ClientError::Connection(
@@ -124,7 +137,7 @@ impl Routes {
         loop {
             let known = rx.borrow_and_update().clone();
             if let Some(why) = known.gone {
-                return Picked::Gone(why);
+                return Picked::Gone(why, known.gone_kind);
             }
             if let Some(table) = &known.table {
                 if let Some(picked) = self.best(table, tried, only) {
@@ -183,6 +196,9 @@ impl Routes {
         loop {
             let state = {
                 let known = rx.borrow_and_update();
+                if let Some(why) = &known.gone {
+                    return Settled::Broken(why.clone());
+                }
                 known.table.as_ref().and_then(|t| {
                     t.copies
                         .iter()
@@ -232,8 +248,8 @@ pub enum Picked {
     },
     /// Every copy is broken: why.
     Broken(String),
-    /// The network is gone: why.
-    Gone(String),
+    /// The network is gone: why, and what kind of failure it is.
+    Gone(String, ErrorKind),
     TimedOut,
 }
 
@@ -292,11 +308,17 @@ async fn follow(
                 });
             }
             Some(Frame::Control(ClientReply::Unloaded { network }, _)) => {
-                tx.send_modify(|k| k.gone = Some(format!("network {network} was unloaded")));
+                tx.send_modify(|k| {
+                    k.gone = Some(format!("network {network} is not loaded"));
+                    k.gone_kind = ErrorKind::NotFound;
+                });
                 return Ok(());
             }
             Some(Frame::Control(ClientReply::Failed(f), _)) => {
-                tx.send_modify(|k| k.gone = Some(f.error));
+                tx.send_modify(|k| {
+                    k.gone = Some(f.error);
+                    k.gone_kind = f.kind;
+                });
                 return Ok(());
             }
             Some(other) => {

@@ -129,8 +129,6 @@ fn reported_loads(shared: &Shared) -> HashMap<u64, CopyLoad> {
 /// model.
 enum Followed {
     Loaded(Arc<Loaded>, String),
-    /// The named model has no network now (loading): wait.
-    Waiting,
     Gone(ClientReply),
 }
 
@@ -139,12 +137,16 @@ fn follow(shared: &Shared, network: u64, model: Option<&str>) -> Followed {
         Some(name) => match shared.repository.get(name) {
             Some(entry) => match entry.network() {
                 Some(id) => id,
-                None if entry.wanted() => return Followed::Waiting,
                 None => {
-                    return Followed::Gone(ClientReply::failure(
-                        ErrorKind::NotFound,
-                        format!("model '{name}' is unloaded"),
-                    ))
+                    let status = crate::repository::status(shared, &entry);
+                    let mut why = format!(
+                        "model '{name}' is not loaded ({})",
+                        status.state.as_str().to_lowercase()
+                    );
+                    if !status.reason.is_empty() {
+                        why = format!("{why}: {}", status.reason);
+                    }
+                    return Followed::Gone(ClientReply::failure(ErrorKind::Unavailable, why));
                 }
             },
             None => {
@@ -161,7 +163,6 @@ fn follow(shared: &Shared, network: u64, model: Option<&str>) -> Followed {
             let name = model.map_or_else(|| loaded.name.clone(), str::to_string);
             Followed::Loaded(loaded.clone(), name)
         }
-        None if model.is_some() => Followed::Waiting,
         None => Followed::Gone(ClientReply::Unloaded { network: id }),
     }
 }
@@ -179,7 +180,7 @@ pub async fn subscription(
     tokio::pin!(stopped);
     let mut sent = (0u64, 0u64);
     loop {
-        let mut watching: Vec<watch::Receiver<Current>> = Vec::new();
+        let mut watching: Vec<watch::Receiver<Current>>;
         match follow(&shared, network, model.as_deref()) {
             Followed::Loaded(loaded, name) => {
                 let table = publish(&shared, &loaded, &name);
@@ -199,7 +200,6 @@ pub async fn subscription(
                     .map(|r| r.current.subscribe())
                     .collect();
             }
-            Followed::Waiting => {}
             Followed::Gone(last) => {
                 let _ = exchange::send_message(&mut send, &last, None, &limits).await;
                 let _ = send.finish();

@@ -3,17 +3,20 @@
 //! payloads as zero-copy chunks (one stream per link rather than one per
 //! tensor: fewer stream set-ups, and measured faster).
 //!
-//! A link has two such lanes. Everything of a sequence step (a decode
-//! step's few kilobytes of tensors, and the reports about it) goes on the
-//! express lane, its own stream opened on first use at a higher QUIC
-//! priority, so it never waits behind a large tensor of another request
-//! on the same connection; everything else on the bulk lane. Each lane
+//! A link has a stream per network and lane, each opened on first use.
+//! Everything of a sequence step (a decode step's few kilobytes of
+//! tensors) goes on its network's express lane, at a higher QUIC priority,
+//! so it never waits behind a large tensor of another request on the same
+//! connection; everything else on the network's bulk lane. One network's
+//! large tensors, or its full mailboxes at the receiver (which hold back
+//! the stream they come on), never hold up another network's. Each stream
 //! keeps its own order.
 //!
 //! [`serve_streams`] reads the frames of every unidirectional stream a peer
 //! opens and hands them to a callback.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tessera_common::tensor::Tensor;
@@ -36,7 +39,7 @@ struct Outgoing {
 }
 
 /// Which lane of a link a frame takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Lane {
     Bulk,
     /// A sequence step's frames.
@@ -65,9 +68,11 @@ struct Writer {
 pub struct Link {
     peer: Arc<str>,
     connection: quinn::Connection,
+    /// Control messages and network 0's bulk frames: the stream the link
+    /// was made with, or its first.
     bulk: Writer,
-    /// Started on first use.
-    express: Arc<OnceLock<Writer>>,
+    /// Each other (network, lane)'s stream, started on first use.
+    lanes: Arc<Mutex<HashMap<(u64, Lane), Writer>>>,
     depth: usize,
     limits: Limits,
 }
@@ -110,7 +115,7 @@ impl Link {
             peer,
             connection,
             bulk,
-            express: Arc::new(OnceLock::new()),
+            lanes: Arc::default(),
             depth,
             limits,
         }
@@ -125,29 +130,46 @@ impl Link {
         !self.bulk.tx.is_closed()
     }
 
-    fn writer(&self, lane: Lane) -> &Writer {
-        match lane {
-            Lane::Bulk => &self.bulk,
-            Lane::Express => self.express.get_or_init(|| {
-                let (connection, peer) = (self.connection.clone(), self.peer.clone());
-                Writer::start(connection, None, peer, self.depth, EXPRESS_PRIORITY)
-            }),
+    /// The writer of `network`'s `lane`, started on first use.
+    fn writer(&self, network: u64, lane: Lane) -> Writer {
+        if network == 0 && lane == Lane::Bulk {
+            return self.bulk.clone();
         }
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        lanes
+            .entry((network, lane))
+            .or_insert_with(|| {
+                let (connection, peer) = (self.connection.clone(), self.peer.clone());
+                let priority = match lane {
+                    Lane::Express => EXPRESS_PRIORITY,
+                    Lane::Bulk => 0,
+                };
+                Writer::start(connection, None, peer, self.depth, priority)
+            })
+            .clone()
     }
 
-    /// Queues a frame (`head` from an `encode`) on the bulk lane.
+    /// Closes `network`'s streams (it was undeployed): what they hold is
+    /// still written, then they finish.
+    pub fn forget_network(&self, network: u64) {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        lanes.retain(|(n, _), _| *n != network);
+    }
+
+    /// Queues a frame (`head` from an `encode`) on the link's first stream.
     pub async fn send(&self, head: Vec<u8>, payload: Option<Bytes>) -> Result<(), NetError> {
-        self.send_on(Lane::Bulk, head, payload).await
+        self.send_on(0, Lane::Bulk, head, payload).await
     }
 
-    /// Queues a frame on `lane`.
+    /// Queues a frame on `network`'s `lane`.
     pub async fn send_on(
         &self,
+        network: u64,
         lane: Lane,
         head: Vec<u8>,
         payload: Option<Bytes>,
     ) -> Result<(), NetError> {
-        let writer = self.writer(lane);
+        let writer = self.writer(network, lane);
         writer
             .tx
             .send(Outgoing { head, payload })
@@ -155,19 +177,10 @@ impl Link {
             .map_err(|_| writer.closed(&self.peer))
     }
 
-    /// Queues a control message without payload.
+    /// Queues a control message without payload on the link's first
+    /// stream.
     pub async fn send_control(&self, message: &impl Message) -> Result<(), NetError> {
-        self.send_control_on(Lane::Bulk, message).await
-    }
-
-    /// Queues a control message without payload on `lane`.
-    pub async fn send_control_on(
-        &self,
-        lane: Lane,
-        message: &impl Message,
-    ) -> Result<(), NetError> {
-        self.send_on(lane, message.encode(0, &self.limits)?, None)
-            .await
+        self.send(message.encode(0, &self.limits)?, None).await
     }
 
     /// Queues `tensor` as `name` of `request` (its bytes are not copied).
@@ -182,8 +195,8 @@ impl Link {
             .await
     }
 
-    /// Queues `tensor` as `name` of `request`, `sequence`'s steps (on the
-    /// express lane).
+    /// Queues `tensor` as `name` of `request`, `sequence`'s steps, on
+    /// `network`'s lane (express for a sequence's steps).
     pub async fn send_step_tensor(
         &self,
         network: u64,
@@ -195,8 +208,13 @@ impl Link {
         let head = TensorHeader::new(network, request, name, tensor)
             .in_sequence(sequence.cloned())
             .encode(&self.limits)?;
-        self.send_on(Lane::of(sequence), head, Some(tensor.shared_bytes()))
-            .await
+        self.send_on(
+            network,
+            Lane::of(sequence),
+            head,
+            Some(tensor.shared_bytes()),
+        )
+        .await
     }
 }
 

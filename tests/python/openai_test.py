@@ -3,13 +3,22 @@
     openai_test.py BASE_URL MODEL EXPECTED_JSON
 
 MODEL is a named model of the coordinator's cluster.toml (a generative
-model folder). EXPECTED_JSON holds onnxruntime-genai's greedy texts: {"plain": {prompt,
-text}, "chat": {prompt, text}}. Exits non-zero on the first failure.
+model folder) served as two copies, each keeping 2 sequences and queueing
+2 more. EXPECTED_JSON holds onnxruntime-genai's greedy texts: {"plain":
+{prompt, text}, "chat": {prompt, text}}. Besides the texts it checks
+sampling (unseeded completions differ, seeded ones are equal), unique
+completion ids, log-probabilities, 8 generations at once (all queued and
+answered with the text each gets alone) and a full queue (429 with
+Retry-After, never a 500). Exits non-zero on the first failure.
 """
 
+import concurrent.futures
 import json
 import sys
 import time
+
+import urllib.error
+import urllib.request
 
 import openai
 
@@ -84,6 +93,64 @@ def main() -> None:
             check(name, True, str(e)[:120])
     again = client.completions.create(model=model, prompt=plain["prompt"], max_tokens=2, temperature=0)
     check("still serving after the bad requests", len(again.choices[0].text) > 0)
+
+    check_sampling(client, model)
+    check_logprobs(client, model)
+    check_queue(client, base, model)
+
+
+def check_sampling(client, model):
+    hot = dict(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0)
+    unseeded = [client.completions.create(**hot) for _ in range(3)]
+    texts = [c.choices[0].text for c in unseeded]
+    check("unseeded completions at temperature 1 differ", len(set(texts)) > 1, repr(texts))
+    seeded = [client.completions.create(seed=7, **hot).choices[0].text for _ in range(2)]
+    check("seeded completions are equal", seeded[0] == seeded[1], repr(seeded))
+    ids = [c.id for c in unseeded]
+    check("completion ids are unique", len(set(ids)) == len(ids), repr(ids))
+
+
+def check_logprobs(client, model):
+    done = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4,
+                                     temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    check("completion logprobs: one per token", len(lp.token_logprobs) == 4 and len(lp.tokens) == 4,
+          repr(lp))
+    check("completion logprobs: the two most likely each", all(len(t) <= 2 for t in lp.top_logprobs)
+          and all(v <= 0 for v in lp.token_logprobs), repr(lp.top_logprobs))
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=3, temperature=0, logprobs=True, top_logprobs=1)
+    content = chat.choices[0].logprobs.content
+    check("chat logprobs: one per token", len(content) == 3 and all(len(c.top_logprobs) == 1 for c in content),
+          repr(content))
+
+
+def check_queue(client, base, model):
+    prompts = [f"Story number {i}:" for i in range(12)]
+    alone = {p: client.completions.create(model=model, prompt=p, max_tokens=16, temperature=0)
+             .choices[0].text for p in prompts[:8]}
+    # 8 at once on two copies of 2 sequences and 2 queued each: all run.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda p: client.completions.create(
+            model=model, prompt=p, max_tokens=16, temperature=0).choices[0].text, prompts[:8]))
+    check("8 generations at once each equal their text alone",
+          got == [alone[p] for p in prompts[:8]], repr(got))
+    # 12 at once: beyond the places and the queues, refused as busy.
+    def raw(p):
+        body = json.dumps({"model": model, "prompt": p, "max_tokens": 48, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.headers.get("retry-after")
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("retry-after")
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(raw, prompts))
+    statuses = sorted(c for c, _ in codes)
+    check("a full queue answers 429 with Retry-After, never 500",
+          429 in statuses and all(c in (200, 429) for c in statuses)
+          and all(r is not None for c, r in codes if c == 429), repr(codes))
 
 
 if __name__ == "__main__":

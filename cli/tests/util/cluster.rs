@@ -79,6 +79,19 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOP: the process is paused (connections stay open, nothing is
+    /// answered) until [`Proc::resume`].
+    pub fn pause(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is touched.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) };
+    }
+
+    /// SIGCONT after [`Proc::pause`].
+    pub fn resume(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is touched.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
+    }
+
     /// SIGTERM (what `docker compose stop` sends); waits up to 10 s for the
     /// exit and returns its status.
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
@@ -183,6 +196,17 @@ impl Cluster {
         threads: usize,
     ) -> Cluster {
         Cluster::start_full(test, workers, threads, "", "info")
+    }
+
+    /// As [`Cluster::start_configured`], each worker with extra arguments
+    /// (`--http-listen ADDR`: its own front door).
+    pub fn start_configured_with_args(
+        test: &str,
+        workers: &[(&str, &str, &[&str])],
+        threads: usize,
+        extra: &str,
+    ) -> Cluster {
+        Cluster::start_full(test, workers, threads, extra, "info")
     }
 
     fn start_full(

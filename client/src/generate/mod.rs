@@ -182,13 +182,15 @@ impl Network {
             return Err(failed(
                 ErrorKind::BadInput,
                 format!(
-                    "the prompt's {} tokens and max tokens {} are beyond the model's context of {context} positions",
+                    "a prompt of {} tokens and {} new tokens exceed the model's context of {context} positions",
                     ids.len(),
                     params.max_tokens
                 ),
             ));
         }
-        let (tx, rx) = mpsc::channel(64);
+        // A caller that does not read holds its generation back (and its
+        // state on the stages) once this many events wait.
+        let (tx, rx) = mpsc::channel(16);
         let network = self.detached();
         let run_generator = generator.clone();
         let task = tokio::spawn(async move {

@@ -232,6 +232,13 @@ impl Router {
         self.gauges.retain(|(n, _), _| *n != network);
         self.sequences.remove(&network);
         self.requests.drop_deployment(network);
+        // Its streams to other workers finish (a link busy now keeps them
+        // idle until it goes).
+        if let Ok(peers) = self.peers.try_lock() {
+            for (_, link) in peers.values() {
+                link.forget_network(network);
+            }
+        }
         self.state_outputs.retain(|(n, _), _| *n != network);
         actors
     }

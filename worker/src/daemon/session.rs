@@ -97,7 +97,7 @@ pub(super) async fn session<R: FnOnce(&str)>(
         }
     }
     if *stop.borrow() {
-        tessera_net::CloseCode::Shutdown.close(&connection, "the worker shuts down");
+        tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
         return Ok(());
     }
     tessera_net::CloseCode::SessionOver.close(&connection, "session over");
