@@ -19,14 +19,14 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{Counters, ErrorKind, Transfer};
 use tessera_common::wire::data::{DataReply, DataRequest, Open, SampledToken, Sampling};
 use tessera_common::wire::generate::Steps;
-use tessera_common::wire::routes::{DeploymentRoute, RoutingTable};
+use tessera_common::wire::routes::{CopyState, DeploymentRoute, RoutingTable};
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tessera_common::wire::{Failure, Frame, Limits, Message};
 use tessera_net::{exchange, recv_frame_timed, send_frame};
 use tokio::sync::mpsc;
 
 use crate::peers::Peers;
-use crate::routes::{Picked, Routes};
+use crate::routes::{Known, Picked, Routes};
 use crate::{ClientError, Operation};
 
 /// One request: its inputs and how it runs.
@@ -116,7 +116,11 @@ pub async fn run(
             .check(request.inputs)
             .map_err(|e| failed(ErrorKind::BadInput, &format!("bad inputs: {e}")))?;
     }
-    let copies = table.copies.len();
+    // A request pinned to one copy (a sequence's step) has no other.
+    let copies = match request.copy {
+        Some(_) => 1,
+        None => table.copies.len(),
+    };
     let mut tries = Tries::new(request.sequence.is_some(), copies);
     loop {
         let (table, copy, deployment) = match routes
@@ -140,7 +144,13 @@ pub async fn run(
         let id = ids.next();
         tries.start(id, deployment.id);
         let working = routes.start_work(deployment.id);
-        let outcome = attempt(peers, limits, me, &table, &deployment, id, &request).await;
+        let on = On {
+            routes,
+            copy,
+            table: &table,
+            deployment: &deployment,
+        };
+        let outcome = attempt(peers, limits, me, &on, id, &request).await;
         drop(working);
         let outcome = match outcome {
             Ok(mut done) => {
@@ -197,16 +207,60 @@ enum Event {
     Finished,
 }
 
-/// One try on `deployment`: every worker's stream at once.
+/// Where a try runs: copy `copy`'s `deployment`, as `table` has it (the
+/// table followed on: a copy re-planned meanwhile fails the try).
+struct On<'a> {
+    routes: &'a Routes,
+    copy: u32,
+    table: &'a RoutingTable,
+    deployment: &'a DeploymentRoute,
+}
+
+/// Waits until copy `copy` no longer runs deployment `deployment` ready
+/// (a worker of it was lost: it heals, or broke); why.
+async fn moved_away(
+    watch: &mut tokio::sync::watch::Receiver<Known>,
+    copy: u32,
+    deployment: u64,
+) -> String {
+    loop {
+        let gone = {
+            let known = watch.borrow_and_update();
+            let state = known.table.as_ref().and_then(|t| {
+                t.copies
+                    .iter()
+                    .find(|c| c.index == copy)
+                    .map(|c| (c.state.clone(), c.deployment.as_ref().map(|d| d.id)))
+            });
+            match state {
+                Some((CopyState::Ready, Some(id))) if id == deployment => None,
+                Some((CopyState::Broken(why), _)) => Some(format!("copy {copy} broke: {why}")),
+                Some(_) => Some(format!(
+                    "copy {copy} was re-planned (a worker of it was lost)"
+                )),
+                None => known.gone.clone().or(Some(format!("copy {copy} is gone"))),
+            }
+        };
+        if let Some(why) = gone {
+            return why;
+        }
+        if watch.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// One try on `on.deployment`: every worker's stream at once.
 async fn attempt(
     peers: &Peers,
     limits: &Limits,
     me: &str,
-    table: &RoutingTable,
-    deployment: &DeploymentRoute,
+    on: &On<'_>,
     id: u64,
     request: &Request<'_>,
 ) -> Result<Done, Outcome> {
+    let (table, deployment) = (on.table, on.deployment);
+    let mut watch = on.routes.watch();
     let stateful = request.sequence.is_some();
     let sampled = !request.sampling.is_empty();
     let wanted: Vec<String> = table
@@ -252,7 +306,12 @@ async fn attempt(
             grace = Some(tokio::time::Instant::now() + REPORTS_GRACE);
         }
         let stop = grace.map_or(until, |g| g.min(until));
-        let event = tokio::time::timeout_at(stop, rx.recv()).await;
+        let event = tokio::select! {
+            event = tokio::time::timeout_at(stop, rx.recv()) => event,
+            why = moved_away(&mut watch, on.copy, deployment.id), if grace.is_none() => {
+                return Err(Outcome::Lost(why));
+            }
+        };
         let (host, event) = match event {
             Ok(Some(e)) => e,
             // Every stream ended, or the grace for late reports is over.
@@ -375,8 +434,15 @@ async fn one_worker(
             }
         };
         let event = match frame {
-            (Frame::Tensor(header, payload), took) => output(header, payload, took, &host, &me),
-            (Frame::Control(reply, _), _) => reply_event(reply, &host),
+            (Frame::Tensor(header, payload), took) => {
+                let head = header.encode(&limits).map_or(0, |h| h.len());
+                count(&worker, head + payload.len());
+                output(header, payload, took, &host, &me)
+            }
+            (Frame::Control(reply, _), _) => {
+                count(&worker, reply.encode(0, &limits).map_or(0, |h| h.len()));
+                reply_event(reply, &host)
+            }
             (Frame::Handshake(_), _) => Event::Failed(Outcome::Error(format!(
                 "worker {host}: a handshake frame on a request's stream"
             ))),
@@ -386,6 +452,13 @@ async fn one_worker(
             return;
         }
     }
+}
+
+/// Counts `bytes` of a frame received from a worker.
+fn count(worker: &crate::peers::Worker, bytes: usize) {
+    worker
+        .received
+        .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
 }
 
 async fn send_open(

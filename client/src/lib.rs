@@ -275,6 +275,14 @@ impl Client {
         }
     }
 
+    /// Bytes of frames this requester received from workers so far, and
+    /// what the connections to them received on the wire (QUIC datagrams
+    /// whole): what the data path brings back.
+    pub async fn data_received(&self) -> (u64, u64) {
+        let peers = &self.inner.peers;
+        (peers.received(), peers.received_on_the_wire().await)
+    }
+
     /// A stream of its own for one operation.
     async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
         self.reconnect_if_closed().await;
@@ -564,6 +572,12 @@ impl Network {
     /// Its routing table now.
     pub fn routes(&self) -> Option<Arc<RoutingTable>> {
         self.routes.table()
+    }
+
+    /// Waits until its routing table changes or `until` passes; false if
+    /// it did not (or the network is gone).
+    pub(crate) async fn routes_changed(&self, until: Instant) -> bool {
+        self.routes.changed(until).await
     }
 
     /// Why it no longer serves (unloaded), if so.

@@ -5,6 +5,7 @@
 //! a cap on this requester's requests in flight there.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use tessera_common::wire::handshake::Role;
@@ -23,6 +24,9 @@ pub struct Worker {
     pub name: Arc<str>,
     pub connection: quinn::Connection,
     slots: Arc<Semaphore>,
+    /// Bytes of frames this requester received from workers (shared by
+    /// every worker's connection).
+    pub received: Arc<AtomicU64>,
 }
 
 impl Worker {
@@ -40,6 +44,7 @@ impl Worker {
 pub struct Peers {
     node: Arc<Node>,
     workers: Mutex<HashMap<String, (String, Worker)>>,
+    received: Arc<AtomicU64>,
 }
 
 impl Peers {
@@ -47,7 +52,23 @@ impl Peers {
         Peers {
             node,
             workers: Mutex::new(HashMap::new()),
+            received: Arc::default(),
         }
+    }
+
+    /// Bytes of frames received from workers so far (outputs, replies).
+    pub fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes the connections to workers received so far, their QUIC
+    /// datagrams whole (headers, acknowledgements and all).
+    pub async fn received_on_the_wire(&self) -> u64 {
+        let workers = self.workers.lock().await;
+        workers
+            .values()
+            .map(|(_, w)| w.connection.stats().udp_rx.bytes)
+            .sum()
     }
 
     /// The connection to worker `name` at `addr`.
@@ -98,6 +119,7 @@ impl Peers {
             name: name.into(),
             connection: peer.connection,
             slots,
+            received: self.received.clone(),
         };
         workers.insert(name.to_string(), (addr.to_string(), worker.clone()));
         Ok(worker)

@@ -109,6 +109,18 @@ impl Routes {
         self.rx.clone()
     }
 
+    /// Waits until the table changes or `until` passes; false if it did
+    /// not change (or the network is gone).
+    pub async fn changed(&self, until: Instant) -> bool {
+        let mut rx = self.rx.clone();
+        rx.borrow_and_update();
+        let until = tokio::time::Instant::from_std(until);
+        matches!(
+            tokio::time::timeout_at(until, rx.changed()).await,
+            Ok(Ok(()))
+        ) && self.gone().is_none()
+    }
+
     /// Counts a request on `deployment` until the guard drops.
     pub fn start_work(&self, deployment: u64) -> Working {
         if let Ok(mut all) = self.outstanding.lock() {

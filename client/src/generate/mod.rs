@@ -510,13 +510,17 @@ impl Run {
                 .routes()
                 .ok_or_else(|| failed(ErrorKind::Unavailable, "no routing table".into()))?;
             let Some(index) = self.generator.choose(&table, &busy) else {
-                return Err(match busy.is_empty() {
-                    true => failed(ErrorKind::Unavailable, "no copy is ready".into()),
-                    false => failed(
+                if !busy.is_empty() {
+                    return Err(failed(
                         ErrorKind::Busy,
                         "every copy keeps as many sequences as it may and its queue is full".into(),
-                    ),
-                });
+                    ));
+                }
+                // Copies being re-planned (a lost worker): wait for one.
+                if !self.network.routes_changed(self.until()).await {
+                    return Err(failed(ErrorKind::Unavailable, "no copy is ready".into()));
+                }
+                continue;
             };
             let copy = self.generator.copy(&self.network, &table, index);
             self.generator.count(index, 1);

@@ -315,6 +315,7 @@ async fn folder_spec(
 ) -> Result<GenerationSpec, CoordinatorError> {
     let dir = dir.to_path_buf();
     let (max_sequences, context) = (wanted.max_sequences, wanted.context_length);
+    let (max_queued, queue_timeout_ms) = (wanted.max_queued, wanted.queue_timeout_ms);
     tokio::task::spawn_blocking(move || {
         let mut spec = tessera_common::onnx::read_generation_spec(&dir, max_sequences)
             .map_err(|e| CoordinatorError::Model(e.to_string()))?;
@@ -322,6 +323,8 @@ async fn folder_spec(
             0 => spec.context_length.min(DEFAULT_CONTEXT),
             c => c.min(spec.context_length),
         };
+        spec.max_queued = max_queued;
+        spec.queue_timeout_ms = queue_timeout_ms;
         Ok(spec)
     })
     .await
