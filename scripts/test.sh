@@ -53,6 +53,11 @@ fi
 # (it prints "XDG_RUNTIME_DIR is invalid" without a desktop session); the
 # test of that quieting removes this again.
 export NODEVICE_SELECT=${NODEVICE_SELECT:-1}
+# A crashing process prints every thread's backtrace through gdb.
+if ! command -v gdb >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get install -y -q gdb || { apt-get update -q && apt-get install -y -q gdb; }; } >/dev/null 2>&1 ||
+    echo "warning: could not install gdb; a crash prints Rust's backtrace of its own thread only"
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)
@@ -67,4 +72,8 @@ set -e
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s += $6} END {print s + 0}')
 echo "tests: $passed passed, $failed failed"
+# A short teardown soak with the binaries the tests built: embedded
+# GPU,CPU clusters that start, run and exit, and GPU workers stopped with
+# SIGTERM; any crash or non-zero exit fails it.
+./scripts/soak-teardown.sh --debug --cycles 10 --stops 2 --models light_squeezenet.onnx || status=1
 exit "$status"
