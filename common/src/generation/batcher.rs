@@ -168,7 +168,7 @@ impl Batcher {
 
     /// The next batch: up to `most` waiting decode steps that can join the
     /// first (any where the model pads; those of the same length where it
-    /// does not).
+    /// does not), in the order of their sequences.
     fn take(&mut self, most: usize) -> Vec<Ask> {
         let first = self.queue[0];
         if !self.batches {
@@ -185,6 +185,9 @@ impl Batcher {
             }
         }
         self.queue = rest;
+        // The same sequences in the same order each time, so that each
+        // stage reads the batch's state as it kept it (no restacking).
+        batch.sort_unstable_by_key(|a| a.sequence);
         batch
     }
 }
@@ -304,6 +307,26 @@ mod tests {
             ids(&one.next(t).unwrap()),
             [1],
             "a model without a batch dimension"
+        );
+    }
+
+    #[test]
+    fn a_batch_lists_its_sequences_in_order_whatever_order_they_asked_in() {
+        let t = Instant::now();
+        let mut b = Batcher::new(1, 8, true, true);
+        for s in [5, 2, 9, 1] {
+            b.ask(decode(s, 3));
+        }
+        let batch = b.next(t).unwrap();
+        assert_eq!(ids(&batch), [1, 2, 5, 9]);
+        b.landed(&batch, &[1, 2, 5, 9], t);
+        for s in [9, 1, 5, 2] {
+            b.ask(decode(s, 4));
+        }
+        assert_eq!(
+            ids(&b.next(t).unwrap()),
+            [1, 2, 5, 9],
+            "the same order again"
         );
     }
 }

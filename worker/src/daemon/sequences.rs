@@ -17,7 +17,12 @@
 //! A request may be the decode steps of several sequences at once (one
 //! per row, [`Steps`]): their kept state is stacked into one batch,
 //! padded to the longest, and each row's output cut back to its own
-//! ([`super::state_rows`]).
+//! ([`super::state_rows`]). While the same rows step together, their
+//! state stays one batch: a step of several rows keeps its state outputs
+//! whole (a [`Group`]), and the next step of exactly those rows, in the
+//! same order, reads them as they are, with no stacking and no cutting.
+//! Only when the rows change (a sequence ends, joins or steps alone) is
+//! each row cut back to its own.
 //!
 //! A sequence's state goes when it ends, when it has been idle too long,
 //! or when its network is dropped. A worker keeps at most `max_sequences`
@@ -102,9 +107,47 @@ struct Kept {
     used: Instant,
 }
 
+/// One row of a kept batch: its sequence, the step its state is the
+/// input of, and its left padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GroupRow {
+    id: u64,
+    step: u32,
+    padding: usize,
+}
+
+/// The state outputs of a step of several rows, kept whole for the next
+/// step of the same rows: by the pair's input name, with its positions
+/// axis.
+struct Group {
+    rows: Vec<GroupRow>,
+    values: HashMap<Arc<str>, (Value, Option<usize>)>,
+}
+
+impl Group {
+    /// The rows `steps` reads, as this group would hold them.
+    fn rows_of(steps: &Steps, next: bool) -> Vec<GroupRow> {
+        steps
+            .rows
+            .iter()
+            .map(|r| GroupRow {
+                id: r.id,
+                step: r.step.saturating_add(u32::from(next)),
+                padding: steps.positions.saturating_sub(r.past) as usize,
+            })
+            .collect()
+    }
+
+    fn holds(&self, id: u64) -> bool {
+        self.rows.iter().any(|r| r.id == id)
+    }
+}
+
 /// The kept state of every sequence of one network on this worker.
 pub struct SequenceStore {
     kept: HashMap<u64, Kept>,
+    /// Batches kept whole (few: one per batch in flight).
+    groups: Vec<Group>,
     max_sequences: usize,
     /// Fresh sequences waiting for room (as heartbeats report it).
     waiting: usize,
@@ -116,6 +159,7 @@ impl SequenceStore {
     pub fn new(max_sequences: u32) -> SequenceStore {
         SequenceStore {
             kept: HashMap::new(),
+            groups: Vec::new(),
             max_sequences: max_sequences as usize,
             waiting: 0,
             readers: HashMap::new(),
@@ -146,6 +190,99 @@ impl SequenceStore {
             }
             return Ok(given);
         }
+        let mut state = match self.kept_batch(steps, slots)? {
+            Some(state) => state,
+            None => self.stacked(steps, slots)?,
+        };
+        let total = given.len() + state.len();
+        let mut given = given.into_iter();
+        (0..total)
+            .map(|at| match state.iter().position(|(s, _)| *s == at) {
+                Some(i) => Ok(state.swap_remove(i).1),
+                None => given.next().ok_or(SequenceError::LacksInput),
+            })
+            .collect()
+    }
+
+    /// The state of a step whose rows are exactly a kept batch's (same
+    /// sequences, steps and padding, in order): the batch as it is.
+    /// Otherwise the batches holding any of its rows are cut back into
+    /// rows, and `None`.
+    fn kept_batch(
+        &mut self,
+        steps: &Steps,
+        slots: &StateSlots,
+    ) -> Result<Option<Vec<(usize, Tensor)>>, SequenceError> {
+        let wanted = Group::rows_of(steps, false);
+        let positions = steps.positions as usize;
+        let kept = &self.kept;
+        let found = self.groups.iter().position(|g| {
+            g.rows == wanted
+                && wanted.iter().all(|r| kept.contains_key(&r.id))
+                && slots.reads.iter().all(|slot| {
+                    g.values.get(&slot.past).is_some_and(|(v, axis)| {
+                        axis.is_none_or(|a| v.tensor.shape().get(a) == Some(&positions))
+                    })
+                })
+        });
+        let Some(at) = found.filter(|_| wanted.len() > 1) else {
+            let mine: Vec<usize> = (0..self.groups.len())
+                .filter(|&g| wanted.iter().any(|r| self.groups[g].holds(r.id)))
+                .collect();
+            for g in mine.into_iter().rev() {
+                let group = self.groups.swap_remove(g);
+                self.cut(group)?;
+            }
+            return Ok(None);
+        };
+        for row in &steps.rows {
+            if let Some(kept) = self.kept.get_mut(&row.id) {
+                kept.used = Instant::now();
+            }
+        }
+        let group = &mut self.groups[at];
+        let mut state = Vec::with_capacity(slots.reads.len());
+        for slot in &slots.reads {
+            let Some((value, _)) = group.values.get_mut(&slot.past) else {
+                return Err(missing(&steps.rows[0]));
+            };
+            value.reads_left = value.reads_left.saturating_sub(1);
+            let tensor = match value.reads_left {
+                0 => group.values.remove(&slot.past).map(|(v, _)| v.tensor),
+                _ => Some(value.tensor.clone()),
+            };
+            state.push((slot.at, tensor.ok_or_else(|| missing(&steps.rows[0]))?));
+        }
+        if group.values.is_empty() {
+            self.groups.swap_remove(at);
+        }
+        Ok(Some(state))
+    }
+
+    /// A kept batch cut back into each row's own state (rows whose
+    /// sequence ended are dropped).
+    fn cut(&mut self, group: Group) -> Result<(), SequenceError> {
+        let rows = group.rows.len();
+        for (b, row) in group.rows.iter().enumerate() {
+            let Some(kept) = self.kept.get_mut(&row.id) else {
+                continue;
+            };
+            let state = kept.steps.entry(row.step).or_default();
+            for (past, (value, axis)) in &group.values {
+                let tensor = state_rows::unstack(&value.tensor, b, rows, *axis, row.padding)?;
+                let reads_left = value.reads_left;
+                state.insert(past.clone(), Value { tensor, reads_left });
+            }
+        }
+        Ok(())
+    }
+
+    /// Each row's state, stacked into one batch per state input.
+    fn stacked(
+        &mut self,
+        steps: &Steps,
+        slots: &StateSlots,
+    ) -> Result<Vec<(usize, Tensor)>, SequenceError> {
         // Every row's state is checked before any is taken.
         for row in &steps.rows {
             let kept = self.kept.get_mut(&row.id).ok_or_else(|| missing(row))?;
@@ -179,14 +316,7 @@ impl SequenceStore {
             let positions = steps.positions as usize;
             state.push((slot.at, state_rows::stack(rows, slot.axis, positions)?));
         }
-        let total = given.len() + state.len();
-        let mut given = given.into_iter();
-        (0..total)
-            .map(|at| match state.iter().position(|(s, _)| *s == at) {
-                Some(i) => Ok(state.swap_remove(i).1),
-                None => given.next().ok_or(SequenceError::LacksInput),
-            })
-            .collect()
+        Ok(state)
     }
 
     /// One read of `past` by a row's step: the last read takes the value.
@@ -245,14 +375,18 @@ impl SequenceStore {
     }
 
     /// Keeps each row's state outputs as its sequence's next step's
-    /// inputs (cut back to the row's own positions); what came before the
-    /// step goes. A sequence that ended meanwhile keeps nothing.
+    /// inputs (a step of several rows keeps them whole, for the next step
+    /// of the same rows; one row's is its own); what came before the step
+    /// goes. A sequence that ended meanwhile keeps nothing.
     pub fn keep(
         &mut self,
         steps: &Steps,
         slots: &StateSlots,
         outputs: &[Tensor],
     ) -> Result<(), SequenceError> {
+        if steps.rows.len() > 1 {
+            return self.keep_whole(steps, slots, outputs);
+        }
         for (b, row) in steps.rows.iter().enumerate() {
             let Some(kept) = self.kept.get_mut(&row.id) else {
                 continue;
@@ -280,16 +414,83 @@ impl SequenceStore {
         Ok(())
     }
 
-    /// Forgets a sequence's state.
+    /// [`SequenceStore::keep`] for a step of several rows: its state
+    /// outputs kept whole, as a batch for the next step of these rows.
+    fn keep_whole(
+        &mut self,
+        steps: &Steps,
+        slots: &StateSlots,
+        outputs: &[Tensor],
+    ) -> Result<(), SequenceError> {
+        let now = Instant::now();
+        for row in &steps.rows {
+            if let Some(kept) = self.kept.get_mut(&row.id) {
+                kept.used = now;
+                kept.steps.retain(|&s, _| s >= row.step);
+            }
+        }
+        // Batches of these sequences from before the step go too.
+        self.groups.retain(|g| {
+            !g.rows
+                .iter()
+                .any(|r| (steps.rows.iter()).any(|row| row.id == r.id && r.step < row.step))
+        });
+        if !steps.rows.iter().any(|r| self.kept.contains_key(&r.id)) {
+            return Ok(());
+        }
+        let rows = Group::rows_of(steps, true);
+        let at = match self.groups.iter().position(|g| g.rows == rows) {
+            Some(at) => at,
+            None => {
+                self.groups.push(Group {
+                    rows,
+                    values: HashMap::new(),
+                });
+                self.groups.len() - 1
+            }
+        };
+        for slot in &slots.writes {
+            let tensor = outputs
+                .get(slot.at)
+                .ok_or(SequenceError::NoOutput(slot.at))?
+                .clone();
+            if tensor.shape().first() != Some(&steps.rows.len()) {
+                return Err(state_rows::StateRowsError::WrongRows {
+                    shape: tensor.shape().to_vec(),
+                    rows: steps.rows.len(),
+                }
+                .into());
+            }
+            let reads_left = self.readers.get(&slot.past).copied().unwrap_or(1);
+            let value = Value { tensor, reads_left };
+            self.groups[at]
+                .values
+                .insert(slot.past.clone(), (value, slot.axis));
+        }
+        Ok(())
+    }
+
+    /// Forgets a sequence's state (a batch that held it stays for its
+    /// other rows while any of them is kept).
     pub fn end(&mut self, sequence: u64) -> bool {
-        self.kept.remove(&sequence).is_some()
+        let ended = self.kept.remove(&sequence).is_some();
+        self.drop_orphan_groups();
+        ended
     }
 
     /// Forgets the state of sequences idle for `idle` or longer; how many.
     pub fn sweep(&mut self, idle: Duration) -> usize {
         let before = self.kept.len();
         self.kept.retain(|_, k| k.used.elapsed() < idle);
+        self.drop_orphan_groups();
         before - self.kept.len()
+    }
+
+    /// Drops the kept batches none of whose sequences is kept.
+    fn drop_orphan_groups(&mut self) {
+        let kept = &self.kept;
+        self.groups
+            .retain(|g| g.rows.iter().any(|r| kept.contains_key(&r.id)));
     }
 
     /// Sequences with state here.
@@ -299,12 +500,18 @@ impl SequenceStore {
 
     /// Bytes of state kept.
     pub fn bytes(&self) -> u64 {
-        self.kept
+        let rows: u64 = self
+            .kept
             .values()
             .flat_map(|k| k.steps.values())
             .flat_map(|s| s.values())
             .map(|v| v.tensor.bytes().len() as u64)
-            .sum()
+            .sum();
+        let batches: u64 = (self.groups.iter())
+            .flat_map(|g| g.values.values())
+            .map(|(v, _)| v.tensor.bytes().len() as u64)
+            .sum();
+        rows + batches
     }
 }
 
@@ -540,5 +747,91 @@ mod tests {
             matches!(err, SequenceError::Positions { held: Some(3), .. }),
             "{err}"
         );
+    }
+
+    /// A `[2, 1, positions, 1]` state output of a batch step.
+    fn two_rows(a: &[f32], b: &[f32]) -> Tensor {
+        let values: Vec<f32> = a.iter().chain(b).copied().collect();
+        Tensor::from_values(vec![2, 1, a.len(), 1], &values).expect("tensor")
+    }
+
+    #[test]
+    fn the_same_rows_stepping_again_read_their_batch_as_it_was_kept() {
+        let (mut s, slots) = store_with(&[(1, 1), (2, 3)]);
+        let step1 = Steps::batch(vec![row(1, 1, false, 1), row(2, 1, false, 3)]);
+        s.inputs(&step1, &slots, vec![t(0.0, 2)]).expect("stacked");
+        let present = two_rows(&[0.0, 0.0, 1.0, 10.0], &[2.0, 2.0, 2.0, 20.0]);
+        s.keep(&step1, &slots, std::slice::from_ref(&present))
+            .expect("kept whole");
+        assert_eq!(s.bytes(), present.bytes().len() as u64);
+        // The same rows, in the same order, one step on: the very tensor.
+        let step2 = Steps::batch(vec![row(1, 2, false, 2), row(2, 2, false, 4)]);
+        let inputs = s.inputs(&step2, &slots, vec![t(0.0, 2)]).expect("whole");
+        assert_eq!(inputs[1], present);
+        assert_eq!(
+            inputs[1].bytes().as_ptr(),
+            present.bytes().as_ptr(),
+            "no copy"
+        );
+        assert_eq!(s.bytes(), 0, "its one reader took it");
+        let next = two_rows(&[0.0, 0.0, 1.0, 10.0, 11.0], &[2.0, 2.0, 2.0, 20.0, 21.0]);
+        s.keep(&step2, &slots, &[next]).expect("kept whole");
+        // Sequence 2 ends: sequence 1 steps alone with its own positions.
+        assert!(s.end(2));
+        let alone = s
+            .inputs(&Steps::one(row(1, 3, false, 3)), &slots, vec![t(0.0, 1)])
+            .expect("cut back");
+        assert_eq!(alone[1], positions_of(&[1.0, 10.0, 11.0]));
+        assert_eq!(s.bytes(), 0);
+    }
+
+    #[test]
+    fn rows_in_another_order_or_company_are_cut_back_and_stacked_anew() {
+        let (mut s, slots) = store_with(&[(1, 2), (2, 2), (3, 2)]);
+        let step1 = Steps::batch(vec![row(1, 1, false, 2), row(2, 1, false, 2)]);
+        s.inputs(&step1, &slots, vec![t(0.0, 2)]).expect("stacked");
+        let present = two_rows(&[1.0, 1.0, 10.0], &[2.0, 2.0, 20.0]);
+        s.keep(&step1, &slots, &[present]).expect("kept whole");
+        // Sequence 3 joins: three rows, each its own state.
+        let step2 = Steps::batch(vec![
+            row(3, 1, false, 2),
+            row(2, 2, false, 3),
+            row(1, 2, false, 3),
+        ]);
+        let inputs = s
+            .inputs(&step2, &slots, vec![t(0.0, 3)])
+            .expect("restacked");
+        assert_eq!(inputs[1].shape(), [3, 1, 3, 1]);
+        assert_eq!(
+            inputs[1].float_values().expect("floats"),
+            [0.0, 3.0, 3.0, 2.0, 2.0, 20.0, 1.0, 1.0, 10.0]
+        );
+        // A row the batch does not hold is refused as before.
+        let err = s
+            .inputs(
+                &Steps::batch(vec![row(1, 2, false, 3), row(4, 2, false, 3)]),
+                &slots,
+                vec![],
+            )
+            .unwrap_err();
+        assert!(matches!(err, SequenceError::NoState { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_kept_batch_goes_with_the_last_of_its_sequences() {
+        let (mut s, slots) = store_with(&[(1, 1), (2, 1)]);
+        let step1 = Steps::batch(vec![row(1, 1, false, 1), row(2, 1, false, 1)]);
+        s.inputs(&step1, &slots, vec![t(0.0, 2)]).expect("stacked");
+        s.keep(&step1, &slots, &[two_rows(&[1.0, 1.0], &[2.0, 2.0])])
+            .expect("kept whole");
+        assert!(s.bytes() > 0);
+        s.end(1);
+        assert!(s.bytes() > 0, "sequence 2 still needs its row");
+        s.end(2);
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    fn positions_of(v: &[f32]) -> Tensor {
+        Tensor::from_values(vec![1, 1, v.len(), 1], v).expect("tensor")
     }
 }
