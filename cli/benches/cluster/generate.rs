@@ -10,7 +10,10 @@
 //!   processes at once vs one), and what continuous batching gains (8 at
 //!   once on one worker vs one alone);
 //! - the state one sequence keeps per stage;
-//! - the 4-bit folder (MatMulNBits) vs the float32 one, one sequence.
+//! - the 4-bit folder (MatMulNBits) vs the float32 one, one sequence;
+//! - the bytes the requester receives per generated token (target ≤ 64);
+//! - a ~1,000-token prompt's time to the first token vs onnxruntime-genai
+//!   (target ≤ 1.05).
 
 use std::process::Command;
 use std::time::Instant;
@@ -28,6 +31,8 @@ const NEW_TOKENS: u32 = 32;
 const PROMPT: &str = "Once upon a time";
 const CONTEXT: u32 = 512;
 const SEQUENCES: u32 = 8;
+/// Room for the ~1,000-token prompt.
+const LONG_CONTEXT: u32 = 1152;
 const FP32: &str = "smollm2-135m-instruct";
 /// Its Q4_1 linear weights kept 4-bit (MatMulNBits).
 const Q4: &str = "smollm2-135m-instruct-q4";
@@ -41,6 +46,17 @@ fn genai(processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
 
 /// [`genai`] on model folder `name`.
 fn genai_on(name: &str, processes: usize, batch: usize) -> Result<Vec<(f64, f64)>> {
+    genai_run(name, processes, batch, PROMPT, NEW_TOKENS)
+}
+
+/// [`genai_on`] with its own prompt and number of new tokens.
+fn genai_run(
+    name: &str,
+    processes: usize,
+    batch: usize,
+    prompt: &str,
+    new_tokens: u32,
+) -> Result<Vec<(f64, f64)>> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/llm/genai_generate.py"
@@ -55,10 +71,10 @@ fn genai_on(name: &str, processes: usize, batch: usize) -> Result<Vec<(f64, f64)
                     "--threads",
                     "1",
                     "--max-new",
-                    &NEW_TOKENS.to_string(),
+                    &new_tokens.to_string(),
                     "--batch",
                     &batch.to_string(),
-                    PROMPT,
+                    prompt,
                 ])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -98,8 +114,12 @@ async fn load_folder(cluster: &Embedded, name: &str) -> Result<(Client, Network)
 }
 
 async fn generate(network: &Network, prompt: &str) -> Result<GenerateStats> {
+    generate_n(network, prompt, NEW_TOKENS).await
+}
+
+async fn generate_n(network: &Network, prompt: &str, max_tokens: u32) -> Result<GenerateStats> {
     let params = GenerateParams {
-        max_tokens: NEW_TOKENS,
+        max_tokens,
         ..GenerateParams::default()
     };
     let generation = network
@@ -116,23 +136,109 @@ fn decode_rate(s: &GenerateStats) -> f64 {
 
 /// Aggregate tokens/s of `SEQUENCES` generations at once.
 async fn concurrent(network: &Network) -> Result<f64> {
+    Ok(concurrent_counted(network).await?.whole)
+}
+
+/// `SEQUENCES` generations at once: their aggregate tokens/s over the
+/// whole run (prompts included), their summed rates after each one's
+/// first token, and the tokens generated.
+struct Concurrent {
+    whole: f64,
+    decode: f64,
+    tokens: u32,
+}
+
+async fn concurrent_counted(network: &Network) -> Result<Concurrent> {
     let started = Instant::now();
     let runs = (0..SEQUENCES).map(|i| {
         let network = network.clone();
         async move { generate(&network, &format!("{PROMPT} there were {i} cats")).await }
     });
-    let stats = futures_util::future::join_all(runs).await;
-    let tokens: u32 = stats
+    let stats = futures_util::future::join_all(runs)
+        .await
         .into_iter()
-        .map(|s| s.map(|s| s.generated_tokens))
-        .sum::<Result<u32>>()?;
-    Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
+        .collect::<Result<Vec<_>>>()?;
+    let tokens: u32 = stats.iter().map(|s| s.generated_tokens).sum();
+    Ok(Concurrent {
+        whole: f64::from(tokens) / started.elapsed().as_secs_f64(),
+        decode: stats.iter().map(decode_rate).sum(),
+        tokens,
+    })
+}
+
+/// onnxruntime-genai's batch of `batch` from its (tokens/s after the
+/// first token, seconds to the first): its tokens/s over the whole run.
+fn genai_whole_rate((decode, first): (f64, f64), batch: usize) -> f64 {
+    let tokens = f64::from(NEW_TOKENS) * batch as f64;
+    let rest = (tokens - batch as f64) / decode.max(1e-9);
+    tokens / (first + rest)
+}
+
+/// What the requester receives from the workers per generated token: its
+/// frames (token ids and replies), and its QUIC datagrams whole
+/// (headers, acknowledgements), one sequence and `SEQUENCES` at once.
+async fn bytes_per_token(client: &Client, network: &Network) -> Result<()> {
+    let (app, udp) = client.data_received().await;
+    let s = generate(network, PROMPT).await?;
+    let (app1, udp1) = client.data_received().await;
+    let tokens = concurrent_counted(network).await?.tokens;
+    let (app8, udp8) = client.data_received().await;
+    let per = |bytes: u64, n: u32| bytes as f64 / f64::from(n.max(1));
+    println!(
+        "bytes into the requester per generated token (the stage with the logits samples): one \
+         sequence {:.0} of frames, {:.0} on the wire (QUIC datagrams whole); {SEQUENCES} at \
+         once {:.0} and {:.0}",
+        per(app1 - app, s.generated_tokens),
+        per(udp1 - udp, s.generated_tokens),
+        per(app8 - app1, tokens),
+        per(udp8 - udp1, tokens),
+    );
+    Ok(())
+}
+
+/// A prompt of about 1,000 tokens (plain prose, repeated).
+fn long_prompt() -> String {
+    let paragraph = "The old lighthouse keeper climbed the spiral stairs every evening, \
+        counting the steps as his father had taught him, and lit the lamp that warned \
+        the fishing boats away from the rocks below the cliffs. ";
+    paragraph.repeat(24)
+}
+
+/// The time to the first token of a ~1,000-token prompt on one
+/// single-threaded worker vs onnxruntime-genai on one thread, on the same
+/// folder (median of 3, alternating).
+async fn long_prompt_first_token(one: &Embedded) -> Result<()> {
+    let client = Client::connect(one.addr, &one.client, tessera_cli::cluster::CLUSTER).await?;
+    let mut folder = ModelFolder::read(&model_path(FP32), 1)?;
+    folder.generation.context_length = LONG_CONTEXT;
+    let options = LoadOptions {
+        devices: "CPU".into(),
+        generation: Some(folder.generation),
+        ..Default::default()
+    };
+    let network = client.load_network(folder.model, options).await?;
+    let prompt = long_prompt();
+    let warm = generate_n(&network, &prompt, 2).await?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        ours.push(generate_n(&network, &prompt, 2).await?.first_token_us as f64 / 1e6);
+        theirs.push(genai_run(FP32, 1, 0, &prompt, 2)?[0].1);
+    }
+    let (t, g) = (super::median(ours), super::median(theirs));
+    println!(
+        "a {}-token prompt's first token, one thread: Tessera on one worker {t:.2} s, \
+         onnxruntime-genai {g:.2} s: {:.2}x (median of 3, alternating)",
+        warm.prompt_tokens,
+        t / g
+    );
+    network.unload().await?;
+    Ok(())
 }
 
 pub async fn generation() -> Result<()> {
     let one = start_workers(&[spec(None)?], |_| {}).await?;
     let two = start_workers(&[spec(Some("420MiB"))?, spec(Some("420MiB"))?], |_| {}).await?;
-    let (_c1, whole) = load(&one).await?;
+    let (c1, whole) = load(&one).await?;
     let (_c2, split) = load(&two).await?;
     for sg in &split.plan().subgraphs {
         println!(
@@ -147,6 +253,7 @@ pub async fn generation() -> Result<()> {
     }
     generate(&whole, PROMPT).await?;
     generate(&split, PROMPT).await?;
+    bytes_per_token(&c1, &whole).await?;
     let reference = genai(1, 0)?[0];
     let s1 = generate(&whole, PROMPT).await?;
     let s2 = generate(&split, PROMPT).await?;
@@ -167,12 +274,15 @@ pub async fn generation() -> Result<()> {
         (1.0 / r2 - 1.0 / r1) * 1e6
     );
     let c2 = concurrent(&split).await?;
-    let c1 = concurrent(&whole).await?;
+    let counted = concurrent_counted(&whole).await?;
+    let c1 = counted.whole;
     // The machine's own ceiling for the pipeline: two processes with half
     // the sequences each at once vs one with them all.
     let half = SEQUENCES as usize / 2;
     let pair: f64 = genai(2, half)?.iter().map(|p| p.0).sum();
-    let batched = genai(1, SEQUENCES as usize)?[0].0;
+    let batch8 = genai(1, SEQUENCES as usize)?[0];
+    let batched = batch8.0;
+    let batched_whole = genai_whole_rate(batch8, SEQUENCES as usize);
     let ceiling = pair / batched;
     println!(
         "{SEQUENCES} sequences at once: two-worker pipeline {c2:.1} tokens/s, one worker {c1:.1} \
@@ -182,15 +292,19 @@ pub async fn generation() -> Result<()> {
         c2 / c1 / ceiling
     );
     println!(
-        "continuous batching: {SEQUENCES} sequences at once on one worker {c1:.1} tokens/s ({:.2}x \
-         one sequence alone); onnxruntime-genai with a batch of {SEQUENCES} (equal prompts, \
-         started together) {batched:.1} tokens/s: {:.2} of it",
+        "continuous batching: {SEQUENCES} sequences at once on one worker {c1:.1} tokens/s over \
+         the whole run, prompts included ({:.2}x one sequence alone), {:.1} after each one's \
+         first token; onnxruntime-genai with a batch of {SEQUENCES} (equal prompts, started \
+         together) {batched_whole:.1} and {batched:.1}: {:.2} and {:.2} of it",
         c1 / r1,
-        c1 / batched
+        counted.decode,
+        c1 / batched_whole,
+        counted.decode / batched
     );
     split.unload().await?;
     four_bit(&one, &whole, r1).await?;
     whole.unload().await?;
+    long_prompt_first_token(&one).await?;
     one.shutdown().await;
     two.shutdown().await;
     Ok(())

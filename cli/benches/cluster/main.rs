@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|replicas|batching|scale|simulate|memory|rss]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|offpath|replicas|batching|scale|simulate|memory|rss|generate]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -8,7 +8,8 @@
 //! - hop: one tensor at a time over an idle link, as a request's tensors
 //!   go, 4 KB to 4 MB: median latency, and TCP's time over QUIC's;
 //! - rtt: a small request's round trip through an embedded cluster
-//!   (client → coordinator → worker → coordinator → client), p50/p99;
+//!   (client → worker → client: the coordinator is off the data path),
+//!   p50/p99;
 //! - split: PP-OCRv4 rec on a 48×320 line (the size rapidocr feeds it)
 //!   split in halves over two workers vs the same split in one process
 //!   (HETERO), median latency ratio (target ≤ 1.10), with the share of
@@ -31,6 +32,10 @@
 //!   connections) and over gRPC (raw tensors, one HTTP/2 connection) vs
 //!   the Rust SDK on the same cluster (targets: HTTP ≥ 0.9, gRPC ≥ 0.95;
 //!   median of 3, alternating);
+//! - offpath: real coordinator and worker processes: each one's CPU per
+//!   1,000 rec requests on two replicas (the coordinator's share of the
+//!   workers', target ≤ 1%), and a det request through the cluster vs
+//!   onnxruntime in this process, one thread (target ≤ 1.05);
 //! - replicas: rec on two single-threaded workers, 16 in flight: two
 //!   replicas, `auto` and two pipelined stages vs the whole model on one
 //!   worker, with the machine's no-network ceiling (target: replicas ≥ 0.9
@@ -85,7 +90,12 @@ use anyhow::{Context, Result};
 mod generate;
 mod http;
 mod memory;
+mod offpath;
 mod scale;
+// The tests' real-process cluster (a coordinator and worker processes).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/util/mod.rs"]
+mod util;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -147,6 +157,9 @@ fn main() -> Result<()> {
         }
         if run("http") {
             http::http_vs_sdk().await?;
+        }
+        if run("offpath") {
+            offpath::offpath().await?;
         }
         if run("replicas") {
             scale::replicas().await?;
@@ -324,7 +337,7 @@ async fn rtt() -> Result<()> {
     }
     let cpu = cpu_since(&cpu_before);
     println!(
-        "small request round trip (client → coordinator → worker → back, 500 requests): p50 {:.0} µs, p99 {:.0} µs; \
+        "small request round trip (client → worker → back, 500 requests): p50 {:.0} µs, p99 {:.0} µs; \
          {:.0} µs of CPU per request (all threads)",
         percentile(times.clone(), 0.5),
         percentile(times, 0.99),
