@@ -65,6 +65,15 @@ if ! curl -fsS http://127.0.0.1:8000/v2/health/live >/dev/null ||
   say "the coordinator's HTTP listener does not answer on 127.0.0.1:8000"; exit 1
 fi
 say "HTTP: /v2/health/live and /metrics answer"
+# node-a's and node-b's own front doors (published as 8010 and 8020).
+for port in 8010 8020; do
+  for i in $(seq 1 40); do
+    curl -fsS "http://127.0.0.1:$port/v2/health/live" >/dev/null 2>&1 && break
+    [ "$i" -eq 40 ] && { say "the worker front door on 127.0.0.1:$port does not answer"; exit 1; }
+    sleep 0.5
+  done
+done
+say "the front doors of node-a and node-b answer"
 
 # Seeded inputs, and onnxruntime's answers to them.
 cases=$work/cases

@@ -2,9 +2,11 @@
 //! while its machines fail, every answer checked against expected outputs
 //! (onnxruntime's, on the same inputs). It counts requests sent, succeeded
 //! (and numerically right), failed with an error, wrong, and lost (no
-//! answer at all within the deadline and a grace period). When the
-//! coordinator goes away (restarted), it connects again and reloads the
-//! network, as a client of a restarted coordinator must.
+//! answer at all within the deadline and a grace period). Requests never
+//! pass through the coordinator, so they go on while it is away; when it
+//! comes back without the network (a restarted coordinator forgets what
+//! clients loaded), the soak connects again and reloads it, as a client
+//! of a restarted coordinator must.
 //!
 //! ```text
 //! tessera soak rec.onnx --spread node-a,node-b,node-c --make-cases 4 --cases cases
@@ -245,7 +247,11 @@ impl Soak {
                             t.first_errors.push(e.to_string());
                         }
                     }
-                    if connection_lost(&e) && self.remote.coordinator.is_some() {
+                    // The coordinator went away, or came back without
+                    // this network (a restarted one forgets what clients
+                    // loaded): load it again.
+                    let forgotten = connection_lost(&e) || network.gone().is_some();
+                    if forgotten && self.remote.coordinator.is_some() {
                         self.reload(generation).await;
                     }
                     ("failed", 0, 0, e.to_string())

@@ -17,6 +17,30 @@ fn the_example_parses() {
 }
 
 #[test]
+fn the_front_door_keys_parse_and_a_mistyped_serving_key_is_an_error() {
+    let path = std::env::temp_dir().join(format!("tessera-worker-fd-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "name = \"node-a\"\nhttp_listen = \"127.0.0.1:8010\"\ngrpc_listen = \"127.0.0.1:8011\"\n\
+         http_max_body_bytes = 1024\nrequest_deadline_ms = 500\n\
+         [serving]\ntokens_file = \"tokens.txt\"\nmodel_control = false\n",
+    )
+    .unwrap();
+    let cfg = WorkerConfig::load(&path).unwrap();
+    assert_eq!(cfg.http_listen.as_deref(), Some("127.0.0.1:8010"));
+    assert_eq!(cfg.grpc_listen.as_deref(), Some("127.0.0.1:8011"));
+    assert_eq!(
+        (cfg.http_max_body_bytes, cfg.request_deadline_ms),
+        (Some(1024), Some(500))
+    );
+    assert_eq!(cfg.serving.tokens_file, Path::new("tokens.txt"));
+    std::fs::write(&path, "[serving]\ntoken_file = \"t\"\n").unwrap();
+    let err = WorkerConfig::load(&path).unwrap_err().to_string();
+    let _ = std::fs::remove_file(&path);
+    assert!(err.contains("token_file"), "{err}");
+}
+
+#[test]
 fn unknown_keys_are_an_error() {
     let path = std::env::temp_dir().join(format!("tessera-worker-{}.toml", std::process::id()));
     std::fs::write(&path, "name = \"node-a\"\ndevice = [\"CPU\"]\n").unwrap();
