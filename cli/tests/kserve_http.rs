@@ -9,7 +9,8 @@
 //! protobuf stubs); results compared with onnxruntime (tolerance 1e-4 ×
 //! max(1, max |onnxruntime|)). Then the named models come back by
 //! themselves after a worker is killed and after the coordinator is killed
-//! and restarted.
+//! and restarted. A worker's own front door keeps answering while the
+//! coordinator is stopped, and a `tessera serve` gateway serves the same.
 
 mod util;
 
@@ -169,4 +170,22 @@ fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
     let log = cluster.coordinator.log_text();
     assert!(!log.contains("worker lost"), "{log}");
     kserve(&listen, "serving");
+    // A gateway of its own (`tessera serve`, the client certificate)
+    // serves the same models, compared with onnxruntime the same way.
+    let gateway = format!("127.0.0.1:{}", free_port());
+    let mut args = cluster.client_args();
+    args.extend(["--http-listen".to_string(), gateway.clone()]);
+    let mut serve = vec!["serve".to_string()];
+    serve.extend(args);
+    let (mut door, line) = util::cluster::Proc::start(
+        "gateway",
+        env!("CARGO_BIN_EXE_tessera"),
+        &serve,
+        &cluster.dir,
+        "serving HTTP on ",
+        "info",
+    );
+    assert_eq!(line, format!("serving HTTP on {gateway}"));
+    kserve(&gateway, "serving");
+    assert_eq!(door.terminate().and_then(|s| s.code()), Some(0));
 }

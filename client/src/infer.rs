@@ -259,44 +259,13 @@ async fn attempt(
     id: u64,
     request: &Request<'_>,
 ) -> Result<Done, Outcome> {
-    let (table, deployment) = (on.table, on.deployment);
+    let deployment = on.deployment;
     let mut watch = on.routes.watch();
-    let stateful = request.sequence.is_some();
     let sampled = !request.sampling.is_empty();
-    let wanted: Vec<String> = table
-        .signature
-        .outputs
-        .iter()
-        .map(|o| o.name.clone())
-        .filter(|n| !(stateful && deployment.state_outputs.contains(n)))
-        .filter(|n| !(sampled && n == LOGITS))
-        .collect();
-    // Graph outputs that are graph inputs come from the inputs.
-    let (given, computed): (Vec<String>, Vec<String>) = wanted
-        .into_iter()
-        .partition(|n| request.inputs.contains_key(n));
+    let (given, computed) = wanted_outputs(on.table, deployment, request);
     let hosts: Vec<String> = deployment.hosts.iter().map(|h| h.name.clone()).collect();
-    let mut state = TryState::new(hosts.clone(), computed.clone(), 0);
-    let (tx, mut rx) = mpsc::unbounded_channel::<(String, Event)>();
-    let mut streams = tokio::task::JoinSet::new();
-    for host in &deployment.hosts {
-        let open = Open {
-            deployment: deployment.id,
-            request: id,
-            inputs: 0,
-            counters: request.counters,
-            sequence: request.sequence.cloned(),
-            sampling: request.sampling.to_vec(),
-        };
-        let tensors = tensors_for(deployment, &host.name, request);
-        let worker = peers
-            .worker(&host.name, &host.data_addr)
-            .await
-            .map_err(|e| Outcome::Unreachable(e.to_string()))?;
-        let (tx, limits, me) = (tx.clone(), *limits, me.to_string());
-        streams.spawn(async move { one_worker(worker, open, tensors, limits, me, tx).await });
-    }
-    drop(tx);
+    let mut state = TryState::new(hosts, computed.clone(), 0);
+    let (_streams, mut rx) = open_streams(peers, limits, me, deployment, id, request).await?;
     let mut outputs: Option<HashMap<String, Tensor>> = computed.is_empty().then(HashMap::new);
     let mut tokens: Option<Vec<SampledToken>> = (!sampled).then(Vec::new);
     let until = tokio::time::Instant::from_std(request.until);
@@ -359,6 +328,65 @@ async fn attempt(
         deployment: deployment.id,
         attempts: 1,
     })
+}
+
+/// The graph outputs a try waits for, split into those that are graph
+/// inputs (given back as they came) and those the workers compute; a
+/// sequence's state stays on the workers, and a sampled step gets tokens
+/// instead of the logits.
+fn wanted_outputs(
+    table: &RoutingTable,
+    deployment: &DeploymentRoute,
+    request: &Request<'_>,
+) -> (Vec<String>, Vec<String>) {
+    let stateful = request.sequence.is_some();
+    let sampled = !request.sampling.is_empty();
+    table
+        .signature
+        .outputs
+        .iter()
+        .map(|o| o.name.clone())
+        .filter(|n| !(stateful && deployment.state_outputs.contains(n)))
+        .filter(|n| !(sampled && n == LOGITS))
+        .partition(|n| request.inputs.contains_key(n))
+}
+
+/// A stream to each of `deployment`'s workers carrying request `id`, and
+/// the events they bring (the set ends the streams when dropped).
+async fn open_streams(
+    peers: &Peers,
+    limits: &Limits,
+    me: &str,
+    deployment: &DeploymentRoute,
+    id: u64,
+    request: &Request<'_>,
+) -> Result<
+    (
+        tokio::task::JoinSet<()>,
+        mpsc::UnboundedReceiver<(String, Event)>,
+    ),
+    Outcome,
+> {
+    let (tx, rx) = mpsc::unbounded_channel::<(String, Event)>();
+    let mut streams = tokio::task::JoinSet::new();
+    for host in &deployment.hosts {
+        let open = Open {
+            deployment: deployment.id,
+            request: id,
+            inputs: 0,
+            counters: request.counters,
+            sequence: request.sequence.cloned(),
+            sampling: request.sampling.to_vec(),
+        };
+        let tensors = tensors_for(deployment, &host.name, request);
+        let worker = peers
+            .worker(&host.name, &host.data_addr)
+            .await
+            .map_err(|e| Outcome::Unreachable(e.to_string()))?;
+        let (tx, limits, me) = (tx.clone(), *limits, me.to_string());
+        streams.spawn(async move { one_worker(worker, open, tensors, limits, me, tx).await });
+    }
+    Ok((streams, rx))
 }
 
 /// The output a generative network's last stage makes; a sampled step gets

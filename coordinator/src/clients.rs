@@ -151,23 +151,7 @@ async fn operation(
         }
         ClientRequest::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
         ClientRequest::Generation { network } => {
-            let generative = shared
-                .networks
-                .get(&network)
-                .map(|n| n.generator.clone())
-                .ok_or(CoordinatorError::UnknownNetwork(network))?;
-            let Some(g) = generative else {
-                let name = shared.networks.get(&network).map(|n| n.name.clone());
-                return Err(CoordinatorError::BadInput(format!(
-                    "model '{}' does not generate",
-                    name.unwrap_or_default()
-                )));
-            };
-            let mut spec = g.spec.clone();
-            spec.tokenizer_bytes = spec.tokenizer_json.len() as u64;
-            let payload = Bytes::from(spec.tokenizer_json.clone().into_bytes());
-            let reply = ClientReply::Generation(Box::new(spec));
-            Ok(exchange::send_message(send, &reply, Some(&payload), &limits).await?)
+            send_generation_spec(shared, network, send, &limits).await
         }
         ClientRequest::Routes { .. } => Err(CoordinatorError::BadInput(
             "a routes subscription on an operation's stream".into(),
@@ -177,6 +161,32 @@ async fn operation(
             write(send, &ClientReply::Unloaded { network }, &limits).await
         }
     }
+}
+
+/// A generative network's spec, its tokenizer as the payload.
+async fn send_generation_spec(
+    shared: &Arc<Shared>,
+    network: u64,
+    send: &mut quinn::SendStream,
+    limits: &Limits,
+) -> Result<(), CoordinatorError> {
+    let generative = shared
+        .networks
+        .get(&network)
+        .map(|n| n.generator.clone())
+        .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    let Some(g) = generative else {
+        let name = shared.networks.get(&network).map(|n| n.name.clone());
+        return Err(CoordinatorError::BadInput(format!(
+            "model '{}' does not generate",
+            name.unwrap_or_default()
+        )));
+    };
+    let mut spec = g.spec.clone();
+    spec.tokenizer_bytes = spec.tokenizer_json.len() as u64;
+    let payload = Bytes::from(spec.tokenizer_json.clone().into_bytes());
+    let reply = ClientReply::Generation(Box::new(spec));
+    Ok(exchange::send_message(send, &reply, Some(&payload), limits).await?)
 }
 
 /// A generative network's tokenizer follows its model in a load's payload:

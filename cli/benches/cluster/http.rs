@@ -41,15 +41,7 @@ pub async fn http_vs_sdk() -> Result<()> {
         .context("no HTTP listener")?;
     let url = format!("http://{http}/v2/models/rec/infer");
     let (name, x) = &inputs[0];
-    let head = serde_json::json!({
-        "inputs": [{"name": name, "shape": x.shape(), "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.bytes().len()}}],
-        "parameters": {"binary_data_output": true},
-    })
-    .to_string();
-    let mut body = head.clone().into_bytes();
-    body.extend_from_slice(x.bytes());
-    let body = bytes::Bytes::from(body);
+    let (head, body) = binary_request(name, x);
     let web = reqwest::Client::builder()
         .pool_max_idle_per_host(32)
         .build()?;
@@ -174,7 +166,24 @@ async fn grpc_throughput(
 }
 
 /// One KServe v2 binary infer request; the response body.
-async fn http_infer(
+/// A KServe v2 request with input `name` as a binary tensor (float32),
+/// asking for binary outputs: its JSON header, and the whole body.
+pub(super) fn binary_request(
+    name: &str,
+    x: &tessera_common::tensor::Tensor,
+) -> (String, bytes::Bytes) {
+    let head = serde_json::json!({
+        "inputs": [{"name": name, "shape": x.shape(), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.bytes().len()}}],
+        "parameters": {"binary_data_output": true},
+    })
+    .to_string();
+    let mut body = head.clone().into_bytes();
+    body.extend_from_slice(x.bytes());
+    (head, bytes::Bytes::from(body))
+}
+
+pub(super) async fn http_infer(
     web: &reqwest::Client,
     url: &str,
     head: &str,

@@ -44,7 +44,9 @@
 //! - scale: 64 workers in this process: registration, plan + deploy of a
 //!   64-stage split and of 64 replicas, throughput and CPU per request;
 //! - simulate: the scheduler over 64, 256 and 1,000 simulated workers, and
-//!   over 1,000 with a model that needs about 20 hosts' memory;
+//!   over 1,000 with a model that needs about 20 hosts' memory; then what
+//!   a request costs a front door (a `tessera serve` process) and a
+//!   heartbeat the coordinator, measured, at the 1,000 workers' rate;
 //! - memory: a 128 MiB chain of layers pipelined over two workers that
 //!   each offer 80 MiB vs one worker holding it all, 8 in flight, against
 //!   the no-network ceiling;
@@ -171,7 +173,8 @@ fn main() -> Result<()> {
             scale::scale64().await?;
         }
         if run("simulate") {
-            scale::simulated()?;
+            let rps = scale::simulated()?;
+            offpath::costs_at_scale(1000, rps).await?;
         }
         if run("memory") {
             memory::pipeline().await?;

@@ -9,7 +9,10 @@
 //! - PP-OCRv4 det whole on one worker, one request at a time: a cluster
 //!   request (requester → worker → requester over QUIC) vs the same model
 //!   run in this process through the same onnxruntime backend with one
-//!   thread, median latency ratio (target ≤ 1.05).
+//!   thread, median latency ratio (target ≤ 1.05);
+//! - with `simulate`: a `tessera serve` gateway's CPU per KServe v2
+//!   request and the coordinator's per heartbeat, scaled to the simulated
+//!   1,000-worker cluster's predicted rate ([`costs_at_scale`]).
 
 use std::time::Instant;
 
@@ -147,5 +150,126 @@ async fn det_vs_in_process(
         c / l
     );
     whole.unload().await?;
+    Ok(())
+}
+
+/// Heartbeats of the simulated workers, as the coordinator's default
+/// `heartbeat_ms` (500) sends them: per worker per second.
+const HEARTBEATS_PER_S: f64 = 2.0;
+/// The test cluster's heartbeat period (the tests' `heartbeat_ms`).
+const TEST_HEARTBEAT_S: f64 = 0.2;
+
+/// What one request costs the processes that are not workers, measured on
+/// real processes, and what that means for a cluster of `workers` workers
+/// the scheduler predicts `rps` requests/s for: a `tessera serve` gateway's
+/// CPU per KServe v2 request (small CNN, binary tensors, 16 in flight),
+/// and the coordinator's CPU while those run and while nothing does
+/// (heartbeats, per heartbeat).
+pub async fn costs_at_scale(workers: usize, rps: f64) -> Result<()> {
+    let model = tessera_common::onnx::encode_model(&tessera_common::synth::small_cnn(1));
+    let graph = tessera_common::graph::Graph::from_model(tessera_common::synth::small_cnn(1))?;
+    let inputs = super::seeded_image(&graph, 64, 64)?;
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start_logged(
+            "bench-costs",
+            &[("node-a", "CPU"), ("node-b", "CPU")],
+            1,
+            "",
+            "warn",
+        )
+    })
+    .await?;
+    let client = cluster.client().await;
+    let network = client
+        .load_model(
+            "cnn",
+            model,
+            LoadOptions::devices("CPU").replicas(Replicas::Count(2)),
+            |_, _, _| {},
+        )
+        .await?;
+    let listen = format!("127.0.0.1:{}", super::util::kserve::free_port());
+    let mut args = vec!["serve".to_string()];
+    args.extend(cluster.client_args());
+    args.extend(["--http-listen".to_string(), listen.clone()]);
+    let dir = cluster.dir.to_path_buf();
+    let (gateway, _) = tokio::task::spawn_blocking(move || {
+        super::util::cluster::Proc::start(
+            "gateway",
+            env!("CARGO_BIN_EXE_tessera"),
+            &args,
+            &dir,
+            "serving HTTP on ",
+            "warn",
+        )
+    })
+    .await?;
+    let (name, x) = &inputs[0];
+    let (head, body) = super::http::binary_request(name, x);
+    let url = format!("http://{listen}/v2/models/cnn/infer");
+    let web = reqwest::Client::builder()
+        .pool_max_idle_per_host(32)
+        .build()?;
+    let want = network.infer(inputs.clone()).await?;
+    let reply = super::http::http_infer(&web, &url, &head, &body).await?;
+    anyhow::ensure!(
+        reply.ends_with(want.tensors[0].1.bytes()),
+        "the gateway's answer differs from the SDK's"
+    );
+    let total = 2000;
+    let pids = [cluster.coordinator.pid(), gateway.pid()];
+    let before = cpu_of(&pids)?;
+    let started = Instant::now();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
+    let mut tasks = Vec::new();
+    for _ in 0..total {
+        let permit = gate.clone().acquire_owned().await?;
+        let (web, url, head, body) = (web.clone(), url.clone(), head.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = super::http::http_infer(&web, &url, &head, &body).await;
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let wall = started.elapsed();
+    let used: Vec<f64> = cpu_of(&pids)?
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let idle_from = cpu_seconds(pids[0])?;
+    tokio::time::sleep(wall).await;
+    let idle = cpu_seconds(pids[0])? - idle_from;
+    let per_request = used[1] / total as f64;
+    let heartbeats = 2.0 * wall.as_secs_f64() / TEST_HEARTBEAT_S;
+    let per_heartbeat = idle / heartbeats;
+    let coordinator_cores = workers as f64 * HEARTBEATS_PER_S * per_heartbeat;
+    let door_cores = rps * per_request;
+    println!(
+        "  measured on real processes (small CNN as a named model, two replicas, KServe v2 \
+         binary requests, 16 in flight, {:.0} req/s): a `tessera serve` gateway {:.0} µs of CPU \
+         per request; the coordinator {:.3} s over the run and {:.3} s over as long with no \
+         requests ({:.0} µs per heartbeat, nothing per request)",
+        total as f64 / wall.as_secs_f64(),
+        per_request * 1e6,
+        used[0],
+        idle,
+        per_heartbeat * 1e6,
+    );
+    println!(
+        "  so at {workers} workers and {rps:.0} req/s: front doors need {door_cores:.1} cores \
+         (one core serves {:.0} req/s; any worker or gateway runs one, so they scale out with \
+         the cluster), the coordinator {coordinator_cores:.2} cores for heartbeats every 500 ms \
+         whatever the request rate: the workers and front doors bound the cluster, the \
+         coordinator does not",
+        1.0 / per_request.max(1e-12),
+    );
+    drop(gateway);
+    network.unload().await?;
+    drop(client);
+    drop(cluster);
     Ok(())
 }

@@ -224,11 +224,14 @@ pub async fn scale64() -> Result<()> {
 
 /// The scheduler over simulated heterogeneous clusters (seeded): planning
 /// time and predicted throughput against the upper bound.
-pub fn simulated() -> Result<()> {
+/// Returns the predicted requests/s of the 1,000-worker cluster.
+pub fn simulated() -> Result<f64> {
     let graph = Arc::new(Graph::from_model(synth::small_cnn(1))?);
     println!("scheduling small_cnn with replicas = auto over simulated clusters (seed 7):");
+    let mut at_1000 = 0.0;
     for workers in [64, 256, 1000] {
         let r = simulate(&graph, workers, 7, Replicas::Auto)?;
+        at_1000 = r.predicted_rps;
         println!(
             "  {workers} workers ({} devices): planned in {:.0} ms, {} copies ({} split), \
              predicted {:.0} req/s, {:.2} of the upper bound ({:.0} req/s)",
@@ -268,5 +271,5 @@ pub fn simulated() -> Result<()> {
         free.copies,
         free.predicted_rps
     );
-    Ok(())
+    Ok(at_1000)
 }

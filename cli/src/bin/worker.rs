@@ -85,6 +85,53 @@ fn parse_addr(what: &str, text: &str) -> Result<SocketAddr> {
         .with_context(|| format!("{what}: '{text}' is not an address like 127.0.0.1:7400"))
 }
 
+/// The flags that shape how subgraphs compute.
+struct ComputeFlags {
+    cpu_backend: Option<CpuBackend>,
+    threads: Option<usize>,
+    memory_limit: Option<MemoryLimits>,
+    onnxruntime_library: Option<PathBuf>,
+}
+
+/// Configures the plugins (the CPU backend, onnxruntime's library, where
+/// the CPU calibration is kept) from the flags and worker.toml's
+/// `[plugin]` table; returns the configuration for every compile and the
+/// devices' memory limits.
+fn compute_settings(
+    flags: ComputeFlags,
+    mut plugin: std::collections::BTreeMap<String, String>,
+    memory_limit: Option<&str>,
+    cache_dir: Option<PathBuf>,
+) -> Result<(Vec<(String, String)>, MemoryLimits)> {
+    let cpu_backend = match (flags.cpu_backend, plugin.remove("backend")) {
+        (Some(b), _) => b,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("[plugin] backend")?,
+        (None, None) => CpuBackend::Auto,
+    };
+    plugins::configure(PluginOptions {
+        cpu_backend,
+        onnxruntime_library: flags.onnxruntime_library,
+        // What it measured of its CPU is kept with its compile cache.
+        calibration_dir: cache_dir,
+    });
+    let mut config: Vec<(String, String)> = plugin.into_iter().collect();
+    if let Some(t) = flags.threads {
+        config.push(("NUM_THREADS".into(), t.to_string()));
+    }
+    let memory_limit = match (flags.memory_limit, memory_limit) {
+        (Some(l), _) => l,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("memory_limit in the worker's config")?,
+        (None, None) => MemoryLimits::default(),
+    };
+    Ok((config, memory_limit))
+}
+
 fn run(args: Args) -> Result<()> {
     let file = match &args.config {
         Some(path) => WorkerConfig::load(path)?,
@@ -119,34 +166,18 @@ fn run(args: Args) -> Result<()> {
         .certs
         .or(file.certs)
         .unwrap_or_else(|| PathBuf::from("certs"));
-    let mut plugin = file.plugin;
-    let cpu_backend = match (args.cpu_backend, plugin.remove("backend")) {
-        (Some(b), _) => b,
-        (None, Some(text)) => text
-            .parse()
-            .map_err(anyhow::Error::msg)
-            .context("[plugin] backend")?,
-        (None, None) => CpuBackend::Auto,
-    };
     let cache_dir = args.cache_dir.or(file.cache_dir);
-    plugins::configure(PluginOptions {
-        cpu_backend,
-        onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
-        // What it measured of its CPU is kept with its compile cache.
-        calibration_dir: cache_dir.clone(),
-    });
-    let mut config: Vec<(String, String)> = plugin.into_iter().collect();
-    if let Some(t) = args.threads {
-        config.push(("NUM_THREADS".into(), t.to_string()));
-    }
-    let memory_limit = match (args.memory_limit, &file.memory_limit) {
-        (Some(l), _) => l,
-        (None, Some(text)) => text
-            .parse()
-            .map_err(anyhow::Error::msg)
-            .context("memory_limit in the worker's config")?,
-        (None, None) => MemoryLimits::default(),
-    };
+    let (config, memory_limit) = compute_settings(
+        ComputeFlags {
+            cpu_backend: args.cpu_backend,
+            threads: args.threads,
+            memory_limit: args.memory_limit,
+            onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
+        },
+        file.plugin,
+        file.memory_limit.as_deref(),
+        cache_dir.clone(),
+    )?;
     let options = WorkerOptions {
         name: name.clone(),
         devices,
