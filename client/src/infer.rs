@@ -264,9 +264,10 @@ async fn attempt(
     let sampled = !request.sampling.is_empty();
     let (given, computed) = wanted_outputs(on.table, deployment, request);
     let hosts: Vec<String> = deployment.hosts.iter().map(|h| h.name.clone()).collect();
-    let mut state = TryState::new(hosts, computed.clone(), 0);
+    let all_given = computed.is_empty();
+    let mut state = TryState::new(hosts, computed, 0);
     let (_streams, mut rx) = open_streams(peers, limits, me, deployment, id, request).await?;
-    let mut outputs: Option<HashMap<String, Tensor>> = computed.is_empty().then(HashMap::new);
+    let mut outputs: Option<HashMap<String, Tensor>> = all_given.then(HashMap::new);
     let mut tokens: Option<Vec<SampledToken>> = (!sampled).then(Vec::new);
     let until = tokio::time::Instant::from_std(request.until);
     let mut grace: Option<tokio::time::Instant> = None;

@@ -138,6 +138,19 @@ pub fn numel(shape: &[Dim]) -> Option<u64> {
     })
 }
 
+/// `float[1,3,?,w]`: an element type and shape, `?` and `[..]` where
+/// unknown.
+pub fn type_string(elem: Option<ElemType>, shape: Option<&[Dim]>) -> String {
+    let ty = elem.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
+    match shape {
+        Some(dims) => {
+            let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+            format!("{ty}[{}]", dims.join(","))
+        }
+        None => format!("{ty}[..]"),
+    }
+}
+
 /// A tensor: one producer, any number of consumers.
 #[derive(Debug, Clone)]
 pub struct Tensor {
@@ -158,17 +171,7 @@ impl Tensor {
 
     /// `float[1,3,?,w]`-style summary.
     pub fn type_string(&self) -> String {
-        let ty = self
-            .elem_type
-            .map(|t| t.to_string())
-            .unwrap_or_else(|| "?".into());
-        match &self.shape {
-            Some(dims) => {
-                let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-                format!("{ty}[{}]", dims.join(","))
-            }
-            None => format!("{ty}[..]"),
-        }
+        type_string(self.elem_type, self.shape.as_deref())
     }
 }
 

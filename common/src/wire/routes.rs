@@ -146,17 +146,7 @@ pub struct TensorSig {
 impl TensorSig {
     /// `f32[1,3,N]`, `?[..]`.
     pub fn type_string(&self) -> String {
-        let ty = self
-            .elem
-            .map(|t| ElemType(t).to_string())
-            .unwrap_or_else(|| "?".into());
-        match &self.shape {
-            Some(dims) => {
-                let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-                format!("{ty}[{}]", dims.join(","))
-            }
-            None => format!("{ty}[..]"),
-        }
+        crate::graph::type_string(self.elem.map(ElemType), self.shape.as_deref())
     }
 }
 

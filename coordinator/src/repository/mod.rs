@@ -162,14 +162,6 @@ impl Entry {
     pub fn request(&self) -> LoadRequest {
         self.lock().request.clone()
     }
-
-    /// The file (or folder) it is read from, if it comes from one.
-    pub fn source_file(&self) -> Option<std::path::PathBuf> {
-        match &self.lock().source {
-            Source::File(path) => Some(path.clone()),
-            Source::Bytes(_) => None,
-        }
-    }
 }
 
 /// Where a `[models.NAME]` table's model comes from and how it is placed.

@@ -86,11 +86,6 @@ impl Admission {
         (run, expired.into_iter().map(|(r, _)| r).collect())
     }
 
-    /// When the first waiting step times out.
-    pub fn next_timeout(&self) -> Option<Instant> {
-        self.queue.iter().map(|(_, t)| *t).min()
-    }
-
     /// Forgets a request that waits here (cancelled).
     pub fn forget(&mut self, request: u64, store: &mut SequenceStore) {
         self.queue.retain(|(r, _)| r.request != request);
