@@ -181,6 +181,7 @@ pub async fn start_workers(
             cache_dir: None,
             config: spec.config.clone(),
             memory_limit: spec.memory_limit.clone(),
+            adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
         };
         let id = id.clone();
         let name = name.clone();

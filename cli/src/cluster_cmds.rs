@@ -367,8 +367,17 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
                 };
                 let _ = writeln!(
                     out,
-                    "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}{rss}",
-                    w.name, w.data_addr, w.silent_ms, w.rtt_us, w.bandwidth_gbps, w.running, w.networks
+                    "{} at {}: last heard {} ms ago, rtt {} µs, link {:.2} GB/s, running {}, networks {:?}{rss}, \
+                     compiled {}, from its cache {}",
+                    w.name,
+                    w.data_addr,
+                    w.silent_ms,
+                    w.rtt_us,
+                    w.bandwidth_gbps,
+                    w.running,
+                    w.networks,
+                    w.compiles.compiled,
+                    w.compiles.cache_loads
                 );
                 for d in &w.devices {
                     let used = w

@@ -124,13 +124,12 @@ fn tritonclient_curl_and_prometheus_against_two_workers() {
 /// checked against onnxruntime, while the coordinator is paused with
 /// SIGSTOP for 3 s (no request passes through the coordinator; the front
 /// door holds each model's routing table).
-#[test]
-fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
+/// rec and MiniLM as named models, each split over node-a and node-b.
+fn split_models_config() -> String {
     let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
     let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
     let rec_shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 48, 320])]);
-    let port = free_port();
-    let config = format!(
+    format!(
         "[models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
          shapes = {{ x = [1, 3, 48, 320] }}\naffinity = {}\n\
          [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n",
@@ -138,8 +137,13 @@ fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
         second_half_on(&rec, &rec_shapes, "node-b"),
         minilm.display().to_string(),
         second_half_on(&minilm, &BTreeMap::new(), "node-a"),
-    );
-    let listen = format!("127.0.0.1:{port}");
+    )
+}
+
+#[test]
+fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
+    let config = split_models_config();
+    let listen = format!("127.0.0.1:{}", free_port());
     let door: &[&str] = &["--http-listen", &listen];
     let mut cluster = Cluster::start_configured_with_args(
         "front-door",
@@ -188,4 +192,46 @@ fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
     assert_eq!(line, format!("serving HTTP on {gateway}"));
     kserve(&gateway, "serving");
     assert_eq!(door.terminate().and_then(|s| s.code()), Some(0));
+}
+
+/// A coordinator with a `state_dir`, killed (SIGKILL) and started again
+/// while a tritonclient loop sends requests through a worker's front door:
+/// every request succeeds and matches onnxruntime, and the restarted
+/// coordinator adopts the named models' deployments (nothing re-planned).
+#[test]
+fn a_workers_front_door_answers_through_a_coordinator_kill_and_restart() {
+    let config = format!("state_dir = \"{{dir}}/state\"\n{}", split_models_config());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let door: &[&str] = &["--http-listen", &listen];
+    let mut cluster = Cluster::start_configured_with_args(
+        "front-door-restart",
+        &[("node-a", "CPU", door), ("node-b", "CPU", &[])],
+        1,
+        &config,
+    );
+    kserve(&listen, "serving");
+    let looping = std::thread::spawn({
+        let listen = listen.clone();
+        move || {
+            python(
+                "kserve_test.py",
+                &listen,
+                &["--phase", "loop", "--seconds", "9"],
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.coordinator.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.start_coordinator_again();
+    looping
+        .join()
+        .expect("every request through the worker's front door succeeded");
+    let log = std::fs::read_to_string(cluster.dir.join("coordinator-restarted.log")).unwrap();
+    assert!(
+        log.contains("adopted what the worker still serves"),
+        "{log}"
+    );
+    assert!(!log.contains("re-planned"), "{log}");
+    kserve(&listen, "serving");
 }

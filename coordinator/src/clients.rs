@@ -16,6 +16,7 @@ use tessera_common::wire::{Limits, Progress};
 use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
 
+use crate::network::Origin;
 use crate::{deploy, planning, CoordinatorError, Shared};
 
 /// Serves one client until it disconnects.
@@ -104,7 +105,7 @@ async fn operation(
         ClientRequest::LoadNetwork(request) => {
             let (tx, rx) = mpsc::channel::<Progress>(64);
             let loaded = with_progress(
-                deploy::load_network(shared, request, payload, tx),
+                deploy::load_network(shared, request, (payload, Origin::Sent), tx),
                 rx,
                 send,
                 &limits,
@@ -279,6 +280,7 @@ fn cluster_state(shared: &Shared) -> ClientReply {
                 })
                 .collect(),
             rss_bytes: w.rss_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            compiles: w.compiles.lock().map(|c| *c).unwrap_or_default(),
         })
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));

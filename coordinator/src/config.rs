@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// Every key, for environment overrides and error messages.
-pub const KEYS: [&str; 11] = [
+pub const KEYS: [&str; 12] = [
     "cluster",
     "name",
     "listen",
@@ -35,6 +35,7 @@ pub const KEYS: [&str; 11] = [
     "http_listen",
     "http_max_body_bytes",
     "grpc_listen",
+    "state_dir",
 ];
 
 pub use tessera_common::serving::{ServingConfig, DEFAULT_HEADER_TIMEOUT_MS, SERVING_KEYS};
@@ -74,6 +75,11 @@ pub struct CoordinatorConfig {
     /// Address of the gRPC listener (KServe v2 `GRPCInferenceService`);
     /// empty: none.
     pub grpc_listen: String,
+    /// Where the coordinator keeps its state (the model repository with
+    /// the bytes of models clients sent, networks, deployments, the epoch):
+    /// a coordinator restarted with the same folder serves everything
+    /// again and adopts what its workers still run. Empty: nothing is kept.
+    pub state_dir: PathBuf,
     /// Who may do what over HTTP and gRPC.
     pub serving: ServingConfig,
     /// The model repository: models loaded by name at start.
@@ -94,6 +100,7 @@ impl Default for CoordinatorConfig {
             http_listen: String::new(),
             http_max_body_bytes: 64 << 20,
             grpc_listen: String::new(),
+            state_dir: PathBuf::new(),
             serving: ServingConfig::default(),
             models: BTreeMap::new(),
         }

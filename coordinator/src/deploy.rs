@@ -22,7 +22,7 @@ use tessera_common::wire::{Limits, Message, Progress};
 use tessera_net::exchange;
 use tokio::sync::mpsc;
 
-use crate::network::{Deployed, Loaded, Placement, Replica};
+use crate::network::{Deployed, Loaded, Origin, Parts, Placement, Replica, SubgraphModel};
 use crate::planning::{hosts_of, plan_report_of, plan_request, ByHost, Planned, Scope};
 use crate::workers::WorkerEntry;
 use crate::{futures_join, CoordinatorError, Shared};
@@ -32,12 +32,16 @@ use crate::{futures_join, CoordinatorError, Shared};
 pub async fn load_network(
     shared: &Arc<Shared>,
     request: LoadRequest,
-    model: Bytes,
+    (model, origin): (Bytes, Origin),
     progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
-    let network = shared.next_network.fetch_add(1, Ordering::Relaxed);
-    let loaded = Arc::new(deploy_replicas(shared, network, request, model, &progress).await?);
+    let network = shared.next_id().await;
+    let loaded = deploy_replicas(shared, network, request, model, &progress).await?;
+    let loaded = Arc::new(Loaded { origin, ..loaded });
     shared.networks.insert(network, loaded.clone());
+    // Kept before the client hears of it: a coordinator restarted after
+    // the answer knows the network.
+    shared.state.save_network(&loaded).await;
     tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }
@@ -143,15 +147,17 @@ async fn deploy_copies(
         .enumerate()
         .map(|(i, (d, copy))| Arc::new(Replica::new(i + 1, several.then(|| copy.hosts.clone()), d)))
         .collect();
-    let considered = scheduled.schedule.considered;
-    Ok(Loaded::new(
-        request.clone(),
-        model.clone(),
-        scheduled.graph,
+    Ok(Loaded::new(Parts {
+        id: network,
+        request: request.clone(),
+        model: model.clone(),
+        origin: Origin::Sent,
+        graph: scheduled.graph,
+        types: scheduled.types,
         replicas,
-        considered,
+        considered: scheduled.schedule.considered,
         generator,
-    ))
+    }))
 }
 
 /// Plans one copy of `model` as asked over the workers connected now,
@@ -181,8 +187,9 @@ async fn deploy_planned(
     cost: &CopyCost,
     progress: &mpsc::Sender<Progress>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
-    let deployment = shared.next_network.fetch_add(1, Ordering::Relaxed);
+    let deployment = shared.next_id().await;
     let specs = deploy_specs(&planned, deployment, request)?;
+    let models = specs.iter().map(Shipment::model).collect();
     let hosts = hosts_of(planned.plan);
     if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {
         undeploy(shared, deployment, &hosts).await;
@@ -267,6 +274,7 @@ async fn deploy_planned(
         plan,
         predicted_latency_us: cost.latency_us,
         predicted_rps: cost.throughput_rps(),
+        models,
     }))
 }
 
@@ -323,6 +331,17 @@ struct Shipment {
     host: String,
     spec: DeploySpec,
     model: Vec<Bytes>,
+}
+
+impl Shipment {
+    /// What a worker must hold of it to be adopted.
+    fn model(&self) -> SubgraphModel {
+        SubgraphModel {
+            host: self.host.clone(),
+            subgraph: self.spec.subgraph,
+            model_hash: self.spec.model_hash.clone(),
+        }
+    }
 }
 
 /// Each subgraph's deployment: its host, its spec (with routes: each output
@@ -566,6 +585,8 @@ pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), Coordinato
         .remove(&network)
         .ok_or(CoordinatorError::UnknownNetwork(network))?;
     shared.repository.network_unloaded(network);
+    shared.state.remove_network(network).await;
+    crate::state::save_models(shared).await;
     for deployed in loaded.deployments() {
         undeploy(shared, deployed.id, &deployed.hosts).await;
     }

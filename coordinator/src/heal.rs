@@ -44,14 +44,18 @@ pub fn worker_lost(shared: &Arc<Shared>, name: &str) {
         })
         .collect();
     for (loaded, replica) in hit {
-        replica.current.send_modify(|c| {
-            if let Current::Ready(d) = c {
-                *c = Current::Healing(Some(d.clone()));
-            }
-        });
-        let why = format!("worker {name} was lost");
-        tokio::spawn(heal(shared.clone(), loaded, replica, why));
+        replan(shared, loaded, replica, format!("worker {name} was lost"));
     }
+}
+
+/// Marks a copy as healing and re-plans it (`why`: for the logs).
+pub fn replan(shared: &Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, why: String) {
+    replica.current.send_modify(|c| {
+        if let Current::Ready(d) = c {
+            *c = Current::Healing(Some(d.clone()));
+        }
+    });
+    tokio::spawn(heal(shared.clone(), loaded, replica, why));
 }
 
 /// A worker (re)joined: broken copies try again.
@@ -82,10 +86,18 @@ fn healthy(shared: &Shared, deployed: &Deployed) -> bool {
         .all(|h| shared.workers.contains_key(h))
 }
 
+/// [`heal_copy`], then keeps the network as it is now.
+async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, why: String) {
+    heal_copy(&shared, &loaded, &replica, why).await;
+    if shared.networks.contains_key(&loaded.id) {
+        shared.state.save_network(&loaded).await;
+    }
+}
+
 /// Re-plans and re-deploys one copy of `loaded` (over its own workers
 /// that remain) unless its deployment is healthy; the rules are
 /// [`first_step`] and [`Tries`].
-async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, why: String) {
+async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why: String) {
     let _one_at_a_time = replica.healing.lock().await;
     let started = Instant::now();
     let mut tries = Tries::default();
@@ -96,7 +108,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
             Current::Healing(None) | Current::Broken(_) => None,
         };
         let healthy = match &current {
-            Current::Ready(d) => healthy(&shared, d),
+            Current::Ready(d) => healthy(shared, d),
             _ => false,
         };
         if first_step(Seen::of(&current, healthy)) == Step::Leave {
@@ -104,11 +116,11 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
         }
         replica.current.send_replace(Current::Healing(old.clone()));
         if let Some(old) = &old {
-            deploy::undeploy(&shared, old.id, &old.hosts).await;
+            deploy::undeploy(shared, old.id, &old.hosts).await;
         }
         // The old deployment is gone from the workers from here on.
         replica.current.send_replace(Current::Healing(None));
-        let outcome = match without_lost(&shared, &loaded.request) {
+        let outcome = match without_lost(shared, &loaded.request) {
             Ok(request) => {
                 // Nobody watches a re-plan's progress but the logs.
                 let (progress, _) = tokio::sync::mpsc::channel(1);
@@ -117,7 +129,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
                     network: Some(loaded.id),
                     previous: replica.placement(),
                 };
-                deploy::deploy(&shared, &request, &loaded.model, &scope, progress).await
+                deploy::deploy(shared, &request, &loaded.model, &scope, progress).await
             }
             Err(e) => Err(e),
         };
@@ -125,7 +137,7 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
             Ok(deployed) => {
                 if !shared.networks.contains_key(&loaded.id) {
                     // Unloaded meanwhile.
-                    deploy::undeploy(&shared, deployed.id, &deployed.hosts).await;
+                    deploy::undeploy(shared, deployed.id, &deployed.hosts).await;
                     return;
                 }
                 tracing::info!(

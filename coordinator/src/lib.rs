@@ -58,10 +58,10 @@ pub mod network;
 pub mod planning;
 pub mod repository;
 pub mod routes;
+pub mod state;
 pub mod workers;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -108,6 +108,9 @@ pub enum CoordinatorError {
     },
     #[error(transparent)]
     Net(#[from] NetError),
+    /// The state directory cannot be opened.
+    #[error("state_dir: {0}")]
+    State(#[from] state::StoreError),
 }
 
 impl CoordinatorError {
@@ -123,7 +126,9 @@ impl CoordinatorError {
             CoordinatorError::UnknownNetwork(_) | CoordinatorError::UnknownModel(_) => {
                 ErrorKind::NotFound
             }
-            CoordinatorError::NotReady(_) | CoordinatorError::Net(_) => ErrorKind::Unavailable,
+            CoordinatorError::NotReady(_)
+            | CoordinatorError::Net(_)
+            | CoordinatorError::State(_) => ErrorKind::Unavailable,
             CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
         }
     }
@@ -139,7 +144,8 @@ pub struct Shared {
     /// Named models.
     pub repository: repository::Repository,
     pub metrics: metrics::Metrics,
-    next_network: AtomicU64,
+    /// What is kept across restarts (`state_dir`), the epoch and the ids.
+    pub state: state::Keeper,
     /// Set once by [`Coordinator::shutdown`].
     closing: tokio::sync::watch::Sender<bool>,
     /// When the coordinator started.
@@ -150,6 +156,11 @@ impl Shared {
     /// Whether [`Coordinator::shutdown`] was called.
     pub fn shutting_down(&self) -> bool {
         *self.closing.borrow()
+    }
+
+    /// A fresh id for a network or a deployment.
+    pub async fn next_id(&self) -> u64 {
+        self.state.next_id().await
     }
 
     /// Waits until [`Coordinator::shutdown`] is called.
@@ -167,12 +178,14 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Binds the configured address (port 0: any free port). Must run inside
-    /// a tokio runtime.
+    /// Binds the configured address (port 0: any free port) and opens the
+    /// state directory, if one is set (a second coordinator on the same
+    /// one is refused). Must run inside a tokio runtime.
     pub fn bind(
         config: CoordinatorConfig,
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
+        let state = state::Keeper::open(&config.state_dir)?;
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
         Ok(Coordinator {
             shared: Arc::new(Shared {
@@ -182,7 +195,7 @@ impl Coordinator {
                 node,
                 workers: DashMap::new(),
                 networks: DashMap::new(),
-                next_network: AtomicU64::new(1),
+                state,
                 closing: tokio::sync::watch::Sender::new(false),
                 started: std::time::Instant::now(),
             }),
@@ -209,9 +222,11 @@ impl Coordinator {
         names
     }
 
-    /// Accepts workers and clients until the endpoint closes. A peer that
-    /// fails TLS or the handshake is logged and refused; the others go on.
+    /// Restores the kept state (if any), then accepts workers and clients
+    /// until the endpoint closes. A peer that fails TLS or the handshake is
+    /// logged and refused; the others go on.
     pub async fn serve(&self) {
+        state::restore::restore(&self.shared).await;
         tokio::spawn(members::watchdog(self.shared.clone()));
         tokio::spawn(repository::keep_loaded(self.shared.clone()));
         // Each connection handshakes on its own task: one slow or silent

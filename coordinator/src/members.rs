@@ -78,15 +78,18 @@ async fn register(
     first: Result<Option<(WorkerReport, bytes::Bytes)>, tessera_net::ExchangeError>,
 ) -> Option<Arc<WorkerEntry>> {
     let limits = *shared.node.limits();
-    let (data_addr, devices) = match first {
+    let (data_addr, devices, holds, sequences, compiles) = match first {
         Ok(Some((
             WorkerReport::Register {
                 name: claimed,
                 data_addr,
                 devices,
+                holds,
+                sequences,
+                compiles,
             },
             _,
-        ))) if claimed == name => (data_addr, devices),
+        ))) if claimed == name => (data_addr, devices, holds, sequences, compiles),
         Ok(Some((WorkerReport::Register { name: claimed, .. }, _))) => {
             let why = format!("registered as '{claimed}' with the certificate of '{name}'");
             refuse(send, why, &limits).await;
@@ -103,8 +106,12 @@ async fn register(
         lost(shared, name, "it registered again");
         tessera_net::CloseCode::RegisteredAgain.close(&old, "registered again");
     }
+    let crate::state::restore::Adoption { adopted, lacking } =
+        crate::state::restore::adoption(shared, name, &holds);
     let registered = CoordinatorAnswer::Registered {
         heartbeat_ms: shared.config.heartbeat_ms,
+        adopted: adopted.clone(),
+        epoch: shared.state.epoch(),
     };
     exchange::send_message(send, &registered, None, &limits)
         .await
@@ -119,12 +126,21 @@ async fn register(
         reported: Default::default(),
         running: Default::default(),
         rss_bytes: Default::default(),
+        compiles: Mutex::new(compiles),
     });
+    entry.heard(Vec::new(), sequences, Vec::new(), Instant::now());
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
     tracing::info!(worker = %name, addr = %entry.data_addr, devices = %kinds.join(","), "worker registered");
+    if !adopted.is_empty() {
+        tracing::info!(worker = %name, deployments = ?adopted, "adopted what the worker still serves");
+    }
     shared.workers.insert(name.to_string(), entry.clone());
     shared.metrics.worker_up(name, true);
     shared.repository.changed();
+    for (loaded, replica) in lacking {
+        let why = format!("worker {name} registered again without its subgraphs");
+        crate::heal::replan(shared, loaded, replica, why);
+    }
     crate::heal::worker_joined(shared, name);
     Some(entry)
 }
@@ -162,11 +178,15 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
             sequences,
             links,
             rss_bytes,
+            compiles,
             ..
         } => {
             let Some(entry) = shared.workers.get(worker).map(|e| e.clone()) else {
                 return;
             };
+            if let Ok(mut c) = entry.compiles.lock() {
+                *c = compiles;
+            }
             entry.running.store(in_flight, Ordering::Relaxed);
             entry.rss_bytes.store(rss_bytes, Ordering::Relaxed);
             load_metrics(shared, worker, &subgraphs);

@@ -16,7 +16,7 @@ use tessera_common::wire::control::LoadRequest;
 use tokio::sync::watch;
 
 /// Where one subgraph runs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Placement {
     pub host: String,
     pub device: String,
@@ -58,6 +58,17 @@ pub struct Deployed {
     pub predicted_latency_us: f64,
     /// Predicted requests per second when pipelined.
     pub predicted_rps: f64,
+    /// Each subgraph's worker and model hash: what a worker must hold for
+    /// a coordinator to adopt this deployment.
+    pub models: Vec<SubgraphModel>,
+}
+
+/// One subgraph of a deployment: its worker, index and model hash.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubgraphModel {
+    pub host: String,
+    pub subgraph: u32,
+    pub model_hash: String,
 }
 
 impl Deployed {
@@ -109,6 +120,22 @@ impl Replica {
             index,
             hosts,
             current: watch::Sender::new(Current::Ready(deployed)),
+            healing: tokio::sync::Mutex::new(()),
+            placement: std::sync::Mutex::new(placement),
+        }
+    }
+
+    /// A kept copy, as a restarted coordinator restores it.
+    pub fn restored(
+        index: usize,
+        hosts: Option<Vec<String>>,
+        current: Current,
+        placement: std::collections::BTreeMap<String, String>,
+    ) -> Replica {
+        Replica {
+            index,
+            hosts,
+            current: watch::Sender::new(current),
             healing: tokio::sync::Mutex::new(()),
             placement: std::sync::Mutex::new(placement),
         }
@@ -174,6 +201,23 @@ pub struct Loaded {
     pub generator: Option<Arc<crate::generative::Generative>>,
     /// Its routing table as last published ([`crate::routes::publish`]).
     pub(crate) published: std::sync::Mutex<Option<Arc<tessera_common::wire::routes::RoutingTable>>>,
+    /// The tensors' types the workers reported when it was planned (its
+    /// graph is rebuilt from them after a restart).
+    pub(crate) types: std::collections::BTreeMap<String, tessera_common::plan::ReportedType>,
+    /// Where its model came from: the file a named model reads (kept by
+    /// path), else bytes a client sent (kept in the state store).
+    pub(crate) origin: Origin,
+    /// The sha-256 of `model`, once computed (the state store's key).
+    pub(crate) model_sha: std::sync::OnceLock<String>,
+}
+
+/// Where a loaded network's model came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    /// Bytes a client sent.
+    Sent,
+    /// A named model's file or folder.
+    File(std::path::PathBuf),
 }
 
 /// What waiting for a deployment gave.
@@ -183,30 +227,43 @@ pub enum Waited {
     TimedOut,
 }
 
+/// What a loaded network is made of.
+pub struct Parts {
+    pub id: u64,
+    pub request: LoadRequest,
+    pub model: Bytes,
+    pub origin: Origin,
+    pub graph: Arc<Graph>,
+    pub types: std::collections::BTreeMap<String, tessera_common::plan::ReportedType>,
+    pub replicas: Vec<Arc<Replica>>,
+    pub considered: Vec<Considered>,
+    pub generator: Option<Arc<crate::generative::Generative>>,
+}
+
 impl Loaded {
-    pub fn new(
-        request: LoadRequest,
-        model: Bytes,
-        graph: Arc<Graph>,
-        replicas: Vec<Arc<Replica>>,
-        considered: Vec<Considered>,
-        generator: Option<Arc<crate::generative::Generative>>,
-    ) -> Loaded {
-        let id = replicas
-            .first()
-            .and_then(|r| r.deployed())
-            .map_or(0, |d| d.network);
+    pub fn new(parts: Parts) -> Loaded {
         Loaded {
-            id,
-            name: request.name.clone(),
-            graph,
-            request,
-            model,
-            replicas,
-            considered,
-            generator,
+            id: parts.id,
+            name: parts.request.name.clone(),
+            graph: parts.graph,
+            request: parts.request,
+            model: parts.model,
+            replicas: parts.replicas,
+            considered: parts.considered,
+            generator: parts.generator,
             published: std::sync::Mutex::new(None),
+            types: parts.types,
+            origin: parts.origin,
+            model_sha: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The sha-256 of its model, hex (computed once; blocking for a large
+    /// model).
+    pub fn model_sha(&self) -> String {
+        self.model_sha
+            .get_or_init(|| crate::state::sha256_hex(&self.model))
+            .clone()
     }
 
     /// Every deployment on the workers now.

@@ -260,6 +260,9 @@ pub async fn query(
 /// use, typed from the answers, with everything planning needs.
 struct Prepared {
     graph: Graph,
+    /// What the workers' QueryNetwork answers found of the tensors' types
+    /// (kept with the network: its graph is rebuilt from them).
+    types: BTreeMap<String, ReportedType>,
     by_host: ByHost,
     supports: HashMap<DeviceId, SupportSet>,
     cost: AnalyticCostModel,
@@ -331,11 +334,7 @@ async fn prepare_request(
     // The model's weights stay slices of `model`: held once.
     let proto =
         decode_model_shared(model.clone()).map_err(|e| CoordinatorError::Model(e.to_string()))?;
-    let shapes: BTreeMap<String, Vec<usize>> = request
-        .shapes
-        .iter()
-        .map(|(name, dims)| (name.clone(), dims.iter().map(|&d| d as usize).collect()))
-        .collect();
+    let shapes = request_shapes(request);
     // Folding walks the whole model: off the async threads.
     let (graph, simplified) = tokio::task::spawn_blocking(move || prepare(&proto, &shapes))
         .await
@@ -354,10 +353,10 @@ async fn prepare_request(
         .flat_map(|(_, a)| a.types.iter())
         .map(|t| (t.tensor.clone(), t.found.clone()))
         .collect();
-    let graph = if types.is_empty() {
-        graph
+    let (graph, types) = if types.is_empty() {
+        (graph, types)
     } else {
-        tokio::task::spawn_blocking(move || complete_types(graph, &types))
+        tokio::task::spawn_blocking(move || complete_types(graph, &types).map(|g| (g, types)))
             .await
             .map_err(|e| CoordinatorError::Plan(format!("typing failed: {e}")))?
             .map_err(|e| CoordinatorError::Model(e.to_string()))?
@@ -392,6 +391,7 @@ async fn prepare_request(
     let cost = cost_model(shared, &devices);
     Ok(Prepared {
         graph,
+        types,
         by_host,
         supports,
         cost,
@@ -413,6 +413,8 @@ fn state_need(graph: &Graph, request: &LoadRequest) -> BTreeMap<String, u64> {
 /// A load request's copies, each planned.
 pub(crate) struct Scheduled {
     pub graph: Arc<Graph>,
+    /// The tensors' types the workers reported (see [`rebuild_graph`]).
+    pub types: BTreeMap<String, ReportedType>,
     pub by_host: ByHost,
     pub cost: AnalyticCostModel,
     pub schedule: Schedule,
@@ -470,10 +472,39 @@ pub(crate) async fn plan_request(
     }
     Ok(Scheduled {
         graph: Arc::new(prepared.graph),
+        types: prepared.types,
         by_host: prepared.by_host,
         cost: prepared.cost,
         schedule,
     })
+}
+
+/// A loaded network's graph again, from its model, its request's shapes
+/// and the types the workers reported when it was planned: what
+/// [`prepare_request`] made of it, without asking the workers (a restarted
+/// coordinator rebuilds its networks so). Blocking: walks the whole model.
+pub(crate) fn rebuild_graph(
+    model: &Bytes,
+    request: &LoadRequest,
+    types: &BTreeMap<String, ReportedType>,
+) -> Result<Graph, CoordinatorError> {
+    let proto =
+        decode_model_shared(model.clone()).map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let (graph, _) = prepare(&proto, &request_shapes(request))
+        .map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    if types.is_empty() {
+        return Ok(graph);
+    }
+    complete_types(graph, types).map_err(|e| CoordinatorError::Model(e.to_string()))
+}
+
+/// The input shapes a load request fixes.
+fn request_shapes(request: &LoadRequest) -> BTreeMap<String, Vec<usize>> {
+    request
+        .shapes
+        .iter()
+        .map(|(name, dims)| (name.clone(), dims.iter().map(|&d| d as usize).collect()))
+        .collect()
 }
 
 /// One planned copy, as it is deployed.

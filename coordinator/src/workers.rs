@@ -34,6 +34,9 @@ pub struct WorkerEntry {
     pub running: std::sync::atomic::AtomicU32,
     /// Its process's resident memory, from its last heartbeat (0: unknown).
     pub rss_bytes: std::sync::atomic::AtomicU64,
+    /// Its compiles and compile-cache loads since it started, as it last
+    /// reported them.
+    pub compiles: Mutex<tessera_common::wire::control::CompileCounts>,
 }
 
 /// Tensors received between two heartbeats update a link's bandwidth

@@ -306,6 +306,7 @@ async fn a_garbled_stream_fails_alone() {
         sequences: vec![],
         links: vec![],
         rss_bytes: 0,
+        compiles: Default::default(),
     }
     .encode(0, &limits)
     .unwrap();
@@ -325,6 +326,7 @@ async fn a_garbled_stream_fails_alone() {
         sequences: vec![],
         links: vec![],
         rss_bytes: 0,
+        compiles: Default::default(),
     };
     send_frame(&mut peer.send, &beat.encode(0, &limits).unwrap(), None)
         .await

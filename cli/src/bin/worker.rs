@@ -70,6 +70,11 @@ struct Args {
     /// The front door's KServe v2 over gRPC (`IP:PORT`).
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// Seconds what is deployed here keeps serving after the coordinator
+    /// is lost, waiting for one to adopt it (default 300); then it is
+    /// unloaded.
+    #[arg(long, value_name = "SECONDS")]
+    adopt_grace_s: Option<f64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -178,6 +183,7 @@ fn run(args: Args) -> Result<()> {
         file.memory_limit.as_deref(),
         cache_dir.clone(),
     )?;
+    let adopt_grace = adopt_grace(args.adopt_grace_s.or(file.adopt_grace_s))?;
     let options = WorkerOptions {
         name: name.clone(),
         devices,
@@ -193,6 +199,7 @@ fn run(args: Args) -> Result<()> {
         cache_dir,
         config,
         memory_limit,
+        adopt_grace,
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
@@ -227,6 +234,16 @@ fn run(args: Args) -> Result<()> {
         door.abort();
         outcome
     })
+}
+
+/// How long deployments outlive the coordinator (`--adopt-grace-s`,
+/// `adopt_grace_s`).
+fn adopt_grace(seconds: Option<f64>) -> Result<std::time::Duration> {
+    match seconds {
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(std::time::Duration::from_secs_f64(s)),
+        Some(s) => bail!("adopt_grace_s: {s} is not a number of seconds >= 0"),
+        None => Ok(daemon::ADOPT_GRACE),
+    }
 }
 
 /// What the worker's front door serves, from the flags and worker.toml.

@@ -222,6 +222,8 @@ impl Cluster {
         nodes.extend(workers.iter().map(|(w, _, _)| *w));
         certs_init(&certs, CLUSTER, &nodes);
         let config = dir.join("cluster.toml");
+        // `{dir}` in `extra`: the cluster's folder (e.g. a state_dir in it).
+        let extra = extra.replace("{dir}", &dir.display().to_string());
         std::fs::write(
             &config,
             format!(
@@ -269,6 +271,12 @@ impl Cluster {
     /// address.
     pub fn restart_coordinator(&mut self) {
         self.coordinator.kill();
+        self.start_coordinator_again();
+    }
+
+    /// Starts the coordinator again on the same address (after
+    /// `self.coordinator.kill()`), with the same configuration.
+    pub fn start_coordinator_again(&mut self) {
         let config = self.dir.join("cluster.toml");
         let text = std::fs::read_to_string(&config).unwrap().replace(
             "listen = \"127.0.0.1:0\"",

@@ -8,7 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::control::{DeploySpec, DeviceAnswer, DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad};
+use super::control::{
+    CompileCounts, DeploySpec, DeviceAnswer, DeviceInfo, HeldSubgraph, LinkRate, SequenceLoad,
+    SubgraphLoad,
+};
 use super::message::{channel, Failure, Progress, Reply, Status};
 
 /// The coordinator's operations on a worker.
@@ -85,11 +88,19 @@ impl Reply for WorkerAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WorkerReport {
     /// The first message of its control stream: its name, data-plane
-    /// address and devices.
+    /// address and devices, and what it still holds from an earlier
+    /// session (a coordinator that restarted or took over adopts it
+    /// instead of deploying again).
     Register {
         name: String,
         data_addr: String,
         devices: Vec<DeviceInfo>,
+        /// Every subgraph it serves now: deployment, subgraph, model hash.
+        holds: Vec<HeldSubgraph>,
+        /// Its deployments' live sequences.
+        sequences: Vec<SequenceLoad>,
+        /// Its compiles and compile-cache loads since it started.
+        compiles: CompileCounts,
     },
     /// Every heartbeat: what its deployments did since it started
     /// (counters) and hold now, aggregated; no per-request message.
@@ -105,6 +116,8 @@ pub enum WorkerReport {
         links: Vec<LinkRate>,
         /// The process's resident memory, bytes (0: not known).
         rss_bytes: u64,
+        /// Its compiles and compile-cache loads since it started.
+        compiles: CompileCounts,
     },
 }
 
@@ -113,8 +126,14 @@ channel!(WorkerReport, "worker report", [Register, Heartbeat]);
 /// The coordinator's answer to a worker's `Register`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CoordinatorAnswer {
-    /// Welcome; heartbeats are expected this often.
-    Registered { heartbeat_ms: u64 },
+    /// Welcome; heartbeats are expected this often. `adopted`: the
+    /// deployments of its `holds` the coordinator serves (the worker
+    /// unloads the others); `epoch`: the coordinator's.
+    Registered {
+        heartbeat_ms: u64,
+        adopted: Vec<u64>,
+        epoch: u64,
+    },
     /// Refused (the name is taken, the certificate names another node).
     Failed(Failure),
 }

@@ -147,6 +147,25 @@ pub struct WorkerState {
     /// The worker process's resident memory at its last heartbeat, bytes
     /// (0: not reported).
     pub rss_bytes: u64,
+    /// Its compiles and compile-cache loads since it started.
+    pub compiles: CompileCounts,
+}
+
+/// A worker's compiles since it started: subgraphs compiled from a model,
+/// and subgraphs loaded from its compile cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompileCounts {
+    pub compiled: u64,
+    pub cache_loads: u64,
+}
+
+/// A subgraph a worker serves: what a coordinator needs to adopt it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HeldSubgraph {
+    pub deployment: u64,
+    pub subgraph: u32,
+    /// The sha-256 of the subgraph's model, as its `DeploySpec` said.
+    pub model_hash: String,
 }
 
 /// One node's time in one request.

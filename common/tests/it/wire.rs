@@ -5,7 +5,9 @@ use proptest::prelude::*;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::cluster::{CoordinatorAnswer, ToWorker, WorkerAnswer, WorkerReport};
-use tessera_common::wire::control::{Batching, DeploySpec, Destination, ErrorKind, Route};
+use tessera_common::wire::control::{
+    Batching, CompileCounts, DeploySpec, Destination, ErrorKind, HeldSubgraph, Route,
+};
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
 use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::tensor::TensorHeader;
@@ -201,6 +203,7 @@ fn garbled_and_truncated_frames_are_errors() {
         sequences: vec![],
         links: vec![],
         rss_bytes: 0,
+        compiles: Default::default(),
     }
     .encode(0, &limits)
     .unwrap();
@@ -423,6 +426,16 @@ fn every_control_message_round_trips() {
             name: "node-a".into(),
             data_addr: "127.0.0.1:7501".into(),
             devices: vec![device.clone()],
+            holds: vec![HeldSubgraph {
+                deployment: 3,
+                subgraph: 1,
+                model_hash: "ab".repeat(32),
+            }],
+            sequences: vec![],
+            compiles: CompileCounts {
+                compiled: 2,
+                cache_loads: 1,
+            },
         },
         WorkerReport::Heartbeat {
             seq: 9,
@@ -447,6 +460,10 @@ fn every_control_message_round_trips() {
                 micros: 900,
             }],
             rss_bytes: 300 << 20,
+            compiles: CompileCounts {
+                compiled: 2,
+                cache_loads: 1,
+            },
         },
     ]);
     let steps = Steps::one(SequenceStep {
@@ -504,7 +521,11 @@ fn every_control_message_round_trips() {
         DataReply::Done,
     ]);
     round_trip(vec![
-        CoordinatorAnswer::Registered { heartbeat_ms: 1000 },
+        CoordinatorAnswer::Registered {
+            heartbeat_ms: 1000,
+            adopted: vec![3],
+            epoch: 2,
+        },
         CoordinatorAnswer::Failed(Failure::of_operation(ErrorKind::Refused, "name taken")),
     ]);
     round_trip(vec![
@@ -613,6 +634,10 @@ fn every_control_message_round_trips() {
                 running: 3,
                 memory_in_use: vec![("CPU".into(), 64 << 20)],
                 rss_bytes: 200 << 20,
+                compiles: CompileCounts {
+                    compiled: 2,
+                    cache_loads: 5,
+                },
             }],
             networks: 1,
             in_flight: 0,
@@ -702,6 +727,7 @@ fn a_control_message_on_a_data_stream_is_refused() {
         sequences: vec![],
         links: vec![],
         rss_bytes: 0,
+        compiles: Default::default(),
     };
     let bytes = beat.encode(0, &limits).unwrap();
     match decode_all::<PeerMessage>(&bytes, limits) {

@@ -28,7 +28,7 @@ use tessera_common::wire::Progress;
 use tokio::sync::mpsc;
 
 use crate::config::{valid_model_name, ModelConfig};
-use crate::network::{Current, Loaded};
+use crate::network::{Current, Loaded, Origin};
 use crate::{deploy, CoordinatorError, Shared};
 
 mod keep;
@@ -126,6 +126,37 @@ impl Repository {
         names
     }
 
+    /// Puts a kept entry back (a restarted coordinator's).
+    pub fn restore(
+        &self,
+        name: &str,
+        source: Source,
+        request: LoadRequest,
+        wanted: bool,
+        network: Option<u64>,
+    ) {
+        let entry = self.insert(name, source, request, wanted);
+        entry.attach_network(network);
+    }
+
+    /// The networks named models are served by.
+    pub fn networks(&self) -> Vec<u64> {
+        self.entries.iter().filter_map(|e| e.network()).collect()
+    }
+
+    /// Every entry as the state store keeps it: name, source, request,
+    /// wanted, network.
+    pub fn records(&self) -> Vec<(String, Source, LoadRequest, bool, Option<u64>)> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let s = e.lock();
+                let what = (s.source.clone(), s.request.clone(), s.wanted, s.network);
+                (e.name.clone(), what.0, what.1, what.2, what.3)
+            })
+            .collect()
+    }
+
     /// Forgets that `network` belongs to a named model (it was unloaded by
     /// its id): the model is no longer wanted.
     pub fn network_unloaded(&self, network: u64) {
@@ -142,6 +173,16 @@ impl Repository {
 impl Entry {
     fn lock(&self) -> std::sync::MutexGuard<'_, EntryState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Network `network` serves it (a restored one), or none does.
+    pub fn attach_network(&self, network: Option<u64>) {
+        self.lock().network = network;
+    }
+
+    /// Network `network` serves it (a restored one).
+    pub fn attach(&self, network: u64) {
+        self.attach_network(Some(network));
     }
 
     /// The network serving it now, if loaded.
@@ -272,7 +313,7 @@ fn parse(bytes: Bytes) -> Result<Graph, CoordinatorError> {
     Graph::from_model(model).map_err(|e| CoordinatorError::Model(e.to_string()))
 }
 
-async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
+pub(crate) async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
     match source {
         Source::Bytes(b) => Ok(b.clone()),
         Source::File(path) if path.is_dir() => {
@@ -421,6 +462,7 @@ async fn load_entry(
         }
     };
     shared.repository.changed();
+    crate::state::save_models(shared).await;
     if let Some(old) = old {
         if let Err(e) = deploy::unload(shared, old).await {
             tracing::debug!(model = name, "replaced network {old}: {e}");
@@ -455,7 +497,11 @@ async fn load_now(
         request = crate::heal::without_lost(shared, &request)?;
     }
     tracing::info!(model = %entry.name, "loading named model");
-    deploy::load_network(shared, request, bytes, progress).await
+    let origin = match source {
+        Source::File(path) => Origin::File(path),
+        Source::Bytes(_) => Origin::Sent,
+    };
+    deploy::load_network(shared, request, (bytes, origin), progress).await
 }
 
 /// Unloads model `name`: it stays in the repository, not wanted, until it
@@ -474,6 +520,8 @@ pub async fn unload(shared: &Arc<Shared>, name: &str) -> Result<(), CoordinatorE
     };
     if let Some(network) = network {
         deploy::unload(shared, network).await?;
+    } else {
+        crate::state::save_models(shared).await;
     }
     tracing::info!(model = name, "named model unloaded");
     Ok(())

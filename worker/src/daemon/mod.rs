@@ -45,6 +45,7 @@ use tessera_net::{NetError, Node};
 
 use crate::plugin::{Config, DevicePlugin, MetricValue, PluginError};
 use crate::plugins;
+use actor::stop_all;
 use cache::CompileCache;
 use routes::Router;
 use session::session;
@@ -75,7 +76,14 @@ pub struct WorkerOptions {
     pub config: Vec<(String, String)>,
     /// The most memory each device offers for models (none: what it has).
     pub memory_limit: config::MemoryLimits,
+    /// How long what is deployed here keeps serving after the coordinator
+    /// is lost, waiting for one (it restarted, or a standby took over) to
+    /// adopt it; then it is unloaded.
+    pub adopt_grace: Duration,
 }
+
+/// The default of [`WorkerOptions::adopt_grace`].
+pub const ADOPT_GRACE: Duration = Duration::from_secs(300);
 
 /// Why a worker stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +229,9 @@ struct State {
     node: Arc<Node>,
     /// The actix system's arbiter: actors start there (not from tokio tasks).
     arbiter: actix::ArbiterHandle,
+    /// Since when no coordinator has adopted what is deployed here (none:
+    /// the coordinator of the session now did).
+    orphaned: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The longest wait between two tries to reach the coordinator.
@@ -290,13 +301,49 @@ pub async fn run_until(
 }
 
 /// Sessions with the coordinator, one after another while it can be
-/// reached again, until `stopped` turns true. Each session ends in order:
-/// its subgraphs stopped (their compute threads joined), its connections
-/// closed; the devices are dropped when this returns.
+/// reached again, until `stopped` turns true. What is deployed here, and
+/// the connections of requesters and other workers, outlive each session;
+/// they end in order when this returns: the subgraphs stopped (their
+/// compute threads joined), the links closed; the devices are dropped
+/// after.
 async fn serve_sessions(
     options: &WorkerOptions,
     node: &Arc<Node>,
     devices: Vec<Device>,
+    infos: &[DeviceInfo],
+    ready: impl FnOnce(&str),
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let mut config = Config::default();
+    for (k, v) in &options.config {
+        config.set(k, v)?;
+    }
+    let state = Arc::new(State {
+        name: options.name.clone(),
+        devices,
+        router: Arc::new(Router::new(&options.name, node.clone())),
+        cache: options.cache_dir.clone().map(CompileCache::new),
+        mailbox: options.mailbox.max(1),
+        config,
+        node: node.clone(),
+        arbiter: actix::Arbiter::current(),
+        orphaned: std::sync::Mutex::new(None),
+    });
+    let peers = tokio::spawn(session::accept_peers(state.clone()));
+    let orphans = tokio::spawn(session::unload_orphans(state.clone(), options.adopt_grace));
+    let outcome = reconnecting(options, &state, infos, ready, stopped).await;
+    peers.abort();
+    orphans.abort();
+    stop_all(state.router.remove_all()).await;
+    state.router.close_peers().await;
+    outcome
+}
+
+/// [`session`] again (with back-off) while the coordinator can be reached
+/// again, until `stopped` turns true.
+async fn reconnecting(
+    options: &WorkerOptions,
+    state: &Arc<State>,
     infos: &[DeviceInfo],
     ready: impl FnOnce(&str),
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -305,7 +352,7 @@ async fn serve_sessions(
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        let outcome = session(options, node, devices.clone(), infos, &mut ready, &stopped).await;
+        let outcome = session(options, state, infos, &mut ready, &stopped).await;
         let error = match outcome {
             Err(e) if options.reconnect && e.transient() && !*stopped.borrow() => e,
             outcome => return outcome,
@@ -323,6 +370,25 @@ async fn serve_sessions(
 }
 
 impl State {
+    /// The coordinator of this session adopted what is deployed here.
+    fn adopted(&self) {
+        if let Ok(mut o) = self.orphaned.lock() {
+            *o = None;
+        }
+    }
+
+    /// The coordinator is lost: what is deployed here is orphaned from now
+    /// (unless it already was).
+    fn orphaned(&self) {
+        if let Ok(mut o) = self.orphaned.lock() {
+            o.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn orphaned_since(&self) -> Option<Instant> {
+        self.orphaned.lock().ok().and_then(|o| *o)
+    }
+
     pub(super) fn device(&self, kind: &str) -> Result<&Device, operations::OperationError> {
         self.devices.iter().find(|d| d.kind == kind).ok_or_else(|| {
             operations::OperationError::NoDevice {

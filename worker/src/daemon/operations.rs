@@ -212,7 +212,16 @@ async fn deploy(
     let (compiled, cached) = compiled(state, &spec, send, recv).await?;
     let compile_ms = started.elapsed().as_millis() as u64;
     tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
+    let counter = if cached {
+        &state.router.cache_loads
+    } else {
+        &state.router.compiled
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     start_actor(state, &spec, compiled);
+    state
+        .router
+        .hold(spec.network, spec.subgraph, &spec.model_hash);
     dial_peers(state, &spec);
     Ok(WorkerAnswer::Deployed {
         network: spec.network,

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::{
-    Destination, ErrorKind, LinkRate, NodeTime, SequenceLoad, SubgraphLoad, Transfer,
+    CompileCounts, Destination, ErrorKind, HeldSubgraph, LinkRate, NodeTime, SequenceLoad,
+    SubgraphLoad, Transfer,
 };
 use tessera_common::wire::generate::Steps;
 use tessera_common::wire::handshake::Role;
@@ -86,6 +87,13 @@ pub struct Router {
     /// keeps them (and hands them to local and peer readers) but never
     /// sends them back to the requester.
     state_outputs: DashMap<(u64, Arc<str>), ()>,
+    /// The subgraphs deployed here: (deployment, subgraph) → the sha-256
+    /// of its model (what a coordinator adopts).
+    held: DashMap<(u64, u32), String>,
+    /// Subgraphs compiled from a model since the worker started.
+    pub compiled: AtomicU64,
+    /// Subgraphs loaded from the compile cache since the worker started.
+    pub cache_loads: AtomicU64,
 }
 
 impl Router {
@@ -103,6 +111,47 @@ impl Router {
             received: DashMap::new(),
             sequences: DashMap::new(),
             state_outputs: DashMap::new(),
+            held: DashMap::new(),
+            compiled: AtomicU64::new(0),
+            cache_loads: AtomicU64::new(0),
+        }
+    }
+
+    /// Records that subgraph `subgraph` of deployment `network` (its model
+    /// `model_hash`) is served here.
+    pub fn hold(&self, network: u64, subgraph: u32, model_hash: &str) {
+        self.held
+            .insert((network, subgraph), model_hash.to_string());
+    }
+
+    /// Every subgraph served here, sorted.
+    pub fn holds(&self) -> Vec<HeldSubgraph> {
+        let mut all: Vec<HeldSubgraph> = self
+            .held
+            .iter()
+            .map(|e| HeldSubgraph {
+                deployment: e.key().0,
+                subgraph: e.key().1,
+                model_hash: e.value().clone(),
+            })
+            .collect();
+        all.sort_by_key(|h| (h.deployment, h.subgraph));
+        all
+    }
+
+    /// The deployments served here, each once.
+    pub fn deployments(&self) -> std::collections::BTreeSet<u64> {
+        let mut all: std::collections::BTreeSet<u64> =
+            self.held.iter().map(|e| e.key().0).collect();
+        all.extend(self.consumers.iter().map(|e| e.key().0));
+        all
+    }
+
+    /// Compiles and compile-cache loads since the worker started.
+    pub fn compile_counts(&self) -> CompileCounts {
+        CompileCounts {
+            compiled: self.compiled.load(Relaxed),
+            cache_loads: self.cache_loads.load(Relaxed),
         }
     }
 
@@ -240,6 +289,7 @@ impl Router {
             }
         }
         self.state_outputs.retain(|(n, _), _| *n != network);
+        self.held.retain(|(n, _), _| *n != network);
         actors
     }
 
@@ -493,10 +543,10 @@ impl Router {
         self.requests.unreachable(request, error);
     }
 
-    /// Forgets every network (the session is over); returns their actors.
+    /// Forgets every network (the worker stops, or no coordinator adopted
+    /// them in time); returns their actors.
     pub fn remove_all(&self) -> Vec<Addr<SubgraphActor>> {
-        let networks: std::collections::BTreeSet<u64> =
-            self.consumers.iter().map(|e| e.key().0).collect();
+        let networks = self.deployments();
         networks.into_iter().flat_map(|n| self.remove(n)).collect()
     }
 }

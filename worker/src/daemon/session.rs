@@ -1,11 +1,14 @@
-//! One session with the coordinator: dial and register, then serve it
-//! (heartbeats, its operations) and the data channel (requesters'
-//! requests, other workers' intermediate tensors) until it goes away; then
-//! drop everything the session deployed.
+//! One session with the coordinator: dial and register (reporting what
+//! this worker still serves from an earlier session), unload what the
+//! coordinator did not adopt, then serve it (heartbeats, its operations)
+//! until it goes away. The deployments, actors, routes, peer links and
+//! sequences' state outlive the session: requesters and other workers
+//! keep using them while no coordinator is there ([`unload_orphans`]
+//! unloads them once none has adopted them for the grace period).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tessera_common::wire::cluster::{CoordinatorAnswer, WorkerReport};
 use tessera_common::wire::control::DeviceInfo;
@@ -15,10 +18,8 @@ use tessera_common::wire::{Frame, Limits};
 use tessera_net::{exchange, recv_frame, ExchangeError, Link, Node, Peer};
 
 use super::actor::stop_all;
-use super::cache::CompileCache;
 use super::routes::Router;
-use super::{operations, Device, State, WorkerError, WorkerOptions};
-use crate::plugin::Config;
+use super::{operations, State, WorkerError, WorkerOptions};
 
 /// A registration the coordinator accepted.
 struct Registered {
@@ -29,22 +30,24 @@ struct Registered {
     recv: quinn::RecvStream,
     data_addr: String,
     heartbeat: Duration,
+    /// The deployments it serves of those this worker holds.
+    adopted: Vec<u64>,
+    epoch: u64,
 }
 
 /// One registration: serves the coordinator until it goes away (an error)
-/// or `stopped` turns true (`Ok`). Everything deployed in it is stopped at
-/// the end, and waited for.
+/// or `stopped` turns true (`Ok`). What is deployed here stays deployed
+/// either way (the caller stops it at the end).
 pub(super) async fn session<R: FnOnce(&str)>(
     options: &WorkerOptions,
-    node: &Arc<Node>,
-    devices: Vec<Device>,
+    state: &Arc<State>,
     infos: &[DeviceInfo],
     ready: &mut Option<R>,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let mut stop = stopped.clone();
     let registered = tokio::select! {
-        registered = register(options, node, infos) => registered?,
+        registered = register(options, state, infos) => registered?,
         _ = stop.wait_for(|s| *s) => return Ok(()),
     };
     let Registered {
@@ -53,52 +56,34 @@ pub(super) async fn session<R: FnOnce(&str)>(
         recv,
         data_addr,
         heartbeat,
+        adopted,
+        epoch,
     } = registered;
-    let limits = *node.limits();
+    state.adopted();
+    unload_unadopted(&state.router, &adopted, epoch).await;
+    let limits = *state.node.limits();
     let control = Link::on_stream(connection.clone(), send, "coordinator", limits, 256);
-    let router = Arc::new(Router::new(&options.name, node.clone()));
-    let mut config = Config::default();
-    for (k, v) in &options.config {
-        config.set(k, v)?;
-    }
-    let state = Arc::new(State {
-        name: options.name.clone(),
-        devices,
-        router: router.clone(),
-        cache: options.cache_dir.clone().map(CompileCache::new),
-        mailbox: options.mailbox.max(1),
-        config,
-        node: node.clone(),
-        arbiter: actix::Arbiter::current(),
-    });
     if let Some(ready) = ready.take() {
         ready(&data_addr);
     }
-    spawn_heartbeats(control, router.clone(), heartbeat);
-    // Connections requesters and other workers opened in this session:
-    // closed at its end, so that they dial this worker's next session
-    // instead of streaming into this one's router.
-    let incoming: Arc<Mutex<Vec<quinn::Connection>>> = Default::default();
-    let peers = tokio::spawn(accept_peers(state.clone(), incoming.clone()));
+    spawn_heartbeats(control, state.router.clone(), heartbeat);
     let why = tokio::select! {
-        why = serve_operations(connection.clone(), state) => why,
+        why = serve_operations(connection.clone(), state.clone()) => why,
         why = watch_control(recv, limits) => why,
         _ = stop.wait_for(|s| *s) => String::new(),
     };
-    // Stop everything of this session (the compute threads finish the
-    // request they run, then drop their sessions); the endpoint stays for
-    // the next.
-    peers.abort();
-    stop_all(router.remove_all()).await;
-    router.close_peers().await;
-    if let Ok(all) = incoming.lock() {
-        for c in all.iter() {
-            tessera_net::CloseCode::SessionOver.close(c, "session over");
-        }
-    }
     if *stop.borrow() {
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
         return Ok(());
+    }
+    state.orphaned();
+    let held = state.router.deployments().len();
+    if held > 0 {
+        tracing::warn!(
+            deployments = held,
+            grace_s = options.adopt_grace.as_secs_f64(),
+            "the coordinator is gone: serving what is deployed here until one adopts it"
+        );
     }
     tessera_net::CloseCode::SessionOver.close(&connection, "session over");
     Err(WorkerError::CoordinatorLost(
@@ -109,12 +94,59 @@ pub(super) async fn session<R: FnOnce(&str)>(
     ))
 }
 
+/// Unloads the deployments held here that the coordinator did not adopt
+/// (it does not serve them: it re-planned them elsewhere, or it does not
+/// know them).
+async fn unload_unadopted(router: &Router, adopted: &[u64], epoch: u64) {
+    let dropped: Vec<u64> = router
+        .deployments()
+        .into_iter()
+        .filter(|d| !adopted.contains(d))
+        .collect();
+    if !adopted.is_empty() {
+        tracing::info!(epoch, deployments = ?adopted, "the coordinator adopted what is deployed here");
+    }
+    for deployment in dropped {
+        tracing::info!(
+            deployment,
+            epoch,
+            "unloading a deployment the coordinator did not adopt"
+        );
+        stop_all(router.remove(deployment)).await;
+    }
+}
+
+/// Whether deployments held since `orphaned` (when the coordinator was
+/// lost; none: one adopted them) are due to be unloaded at `now`.
+pub(super) fn orphans_due(orphaned: Option<Instant>, now: Instant, grace: Duration) -> bool {
+    orphaned.is_some_and(|since| now.saturating_duration_since(since) >= grace)
+}
+
+/// Unloads everything deployed here once no coordinator has adopted it
+/// for `grace` (checked every second, or sooner for a short grace).
+pub(super) async fn unload_orphans(state: Arc<State>, grace: Duration) {
+    let every = (grace / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let due = orphans_due(state.orphaned_since(), Instant::now(), grace);
+        if due && !state.router.deployments().is_empty() {
+            tracing::warn!(
+                grace_s = grace.as_secs_f64(),
+                "no coordinator adopted what is deployed here in time: unloading it"
+            );
+            stop_all(state.router.remove_all()).await;
+            state.router.close_peers().await;
+        }
+    }
+}
+
 /// Dials the coordinator and registers this worker's devices.
 async fn register(
     options: &WorkerOptions,
-    node: &Arc<Node>,
+    state: &State,
     infos: &[DeviceInfo],
 ) -> Result<Registered, WorkerError> {
+    let node = &state.node;
     let coordinator = tessera_net::resolve(&options.coordinator).await?;
     let Peer {
         connection,
@@ -131,25 +163,33 @@ async fn register(
         name: options.name.clone(),
         data_addr: data_addr.clone(),
         devices: infos.to_vec(),
+        holds: state.router.holds(),
+        sequences: state.router.sequence_loads(),
+        compiles: state.router.compile_counts(),
     };
     exchange::send_message(&mut send, &register, None, &limits).await?;
-    let heartbeat = match exchange::answer::<CoordinatorAnswer>(&mut recv, &limits, |_| {}).await {
-        Ok(CoordinatorAnswer::Registered { heartbeat_ms }) => {
-            Duration::from_millis(heartbeat_ms.max(50))
-        }
+    let answer = exchange::answer::<CoordinatorAnswer>(&mut recv, &limits, |_| {}).await;
+    let (heartbeat, adopted, epoch) = match answer {
+        Ok(CoordinatorAnswer::Registered {
+            heartbeat_ms,
+            adopted,
+            epoch,
+        }) => (Duration::from_millis(heartbeat_ms.max(50)), adopted, epoch),
         Ok(CoordinatorAnswer::Failed(refused)) => {
             return Err(WorkerError::Registration(refused.error))
         }
         Err(ExchangeError::Net(e)) => return Err(e.into()),
         Err(e) => return Err(WorkerError::Registration(e.to_string())),
     };
-    tracing::info!(name = %options.name, %data_addr, "registered with the coordinator");
+    tracing::info!(name = %options.name, %data_addr, epoch, "registered with the coordinator");
     Ok(Registered {
         connection,
         send,
         recv,
         data_addr,
         heartbeat,
+        adopted,
+        epoch,
     })
 }
 
@@ -189,6 +229,7 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
                 sequences: router.sequence_loads(),
                 links: router.link_rates(),
                 rss_bytes: super::resident_bytes(),
+                compiles: router.compile_counts(),
             };
             if control.send_control(&beat).await.is_err() {
                 break;
@@ -198,22 +239,18 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
 }
 
 /// Accepts the connections of requesters (clients, front doors, the
-/// coordinator's front door) and other workers, remembering each in
-/// `incoming`.
-async fn accept_peers(state: Arc<State>, incoming: Arc<Mutex<Vec<quinn::Connection>>>) {
+/// coordinator's front door) and other workers, for as long as the worker
+/// runs (they outlive its sessions with the coordinator).
+pub(super) async fn accept_peers(state: Arc<State>) {
     // Each connection handshakes on its own task (one slow peer holds up
     // no other).
     while let Some(connecting) = state.node.incoming().await {
-        let (state, incoming) = (state.clone(), incoming.clone());
+        let state = state.clone();
         tokio::spawn(async move {
             let roles = [Role::Worker, Role::Client, Role::Coordinator];
             match state.node.handshake(connecting, &roles).await {
                 Ok(peer) => {
                     tracing::debug!(peer = %peer.hello.node, role = ?peer.hello.role, "connected");
-                    if let Ok(mut all) = incoming.lock() {
-                        all.retain(|c| c.close_reason().is_none());
-                        all.push(peer.connection.clone());
-                    }
                     super::data::serve_connection(state, peer).await;
                 }
                 Err(e) => tracing::warn!("refused a peer: {e}"),
@@ -298,5 +335,27 @@ pub(super) fn tensor_handler(
                 Frame::Handshake(_) => tracing::warn!("unexpected handshake on a data stream"),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_no_coordinator_adopted_is_unloaded_once_the_grace_is_over() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(300);
+        // Adopted (or never orphaned): kept however long.
+        assert!(!orphans_due(None, t0 + grace * 2, grace));
+        assert!(!orphans_due(Some(t0), t0, grace));
+        assert!(!orphans_due(
+            Some(t0),
+            t0 + grace - Duration::from_millis(1),
+            grace
+        ));
+        assert!(orphans_due(Some(t0), t0 + grace, grace));
+        // A clock read before the loss (a race) is not due.
+        assert!(!orphans_due(Some(t0 + grace), t0, grace));
     }
 }

@@ -14,6 +14,7 @@ fn the_example_parses() {
     assert_eq!(cfg.devices, Some(vec!["CPU".to_string()]));
     assert_eq!(cfg.coordinator.as_deref(), Some("127.0.0.1:7400"));
     assert_eq!(cfg.mailbox, Some(64));
+    assert_eq!(cfg.adopt_grace_s, Some(300.0));
 }
 
 #[test]
@@ -71,6 +72,7 @@ fn unknown_devices_list_what_this_machine_has() {
         cache_dir: None,
         config: Vec::new(),
         memory_limit: Default::default(),
+        adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
     };
     let err = rt
         .block_on(daemon::run(options, &ids[0], |_| {}))

@@ -1,0 +1,208 @@
+//! What the state store keeps, as JSON values: a loaded network with its
+//! copies' deployments, and a named model's entry.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tessera_common::dump::PlanReport;
+use tessera_common::graph::Graph;
+use tessera_common::plan::ReportedType;
+use tessera_common::schedule::Considered;
+use tessera_common::wire::control::LoadRequest;
+
+use crate::network::{Deployed, Loaded, Origin, Placement, SubgraphModel};
+use crate::repository::Source;
+
+/// Where a model's bytes are kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModelRef {
+    /// In the store's `blobs/`, by sha-256 (bytes a client sent).
+    Blob { sha256: String },
+    /// A named model's file or folder, read again (and checked against
+    /// the hash, when it has one) at a restore.
+    File {
+        path: PathBuf,
+        #[serde(default)]
+        sha256: String,
+    },
+}
+
+/// A loaded network.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkRecord {
+    pub id: u64,
+    pub request: LoadRequest,
+    pub model: ModelRef,
+    /// The tensors' types the workers reported when it was planned.
+    pub types: BTreeMap<String, ReportedType>,
+    pub considered: Vec<Considered>,
+    pub replicas: Vec<ReplicaRecord>,
+}
+
+/// One copy of a network.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    pub index: usize,
+    pub hosts: Option<Vec<String>>,
+    /// Its deployment (none: it had none, being re-planned or broken).
+    pub deployed: Option<DeployedRecord>,
+    /// Where its nodes ran last (node → `host/DEVICE`).
+    pub placement: BTreeMap<String, String>,
+}
+
+/// A deployment: [`Deployed`] without its graph (the network's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeployedRecord {
+    pub id: u64,
+    pub network: u64,
+    pub name: String,
+    pub outputs: Vec<String>,
+    pub state_outputs: Vec<String>,
+    pub input_routes: Vec<(String, Vec<String>)>,
+    pub output_makers: Vec<(String, String)>,
+    pub addrs: Vec<(String, String)>,
+    pub trigger_hosts: Vec<String>,
+    pub state_trigger_hosts: Vec<String>,
+    pub hosts: Vec<String>,
+    pub placements: Vec<Placement>,
+    pub plan: PlanReport,
+    pub predicted_latency_us: f64,
+    pub predicted_rps: f64,
+    pub models: Vec<SubgraphModel>,
+}
+
+impl DeployedRecord {
+    pub fn of(d: &Deployed) -> DeployedRecord {
+        DeployedRecord {
+            id: d.id,
+            network: d.network,
+            name: d.name.clone(),
+            outputs: d.outputs.clone(),
+            state_outputs: d.state_outputs.clone(),
+            input_routes: d.input_routes.clone(),
+            output_makers: d.output_makers.clone(),
+            addrs: d.addrs.clone(),
+            trigger_hosts: d.trigger_hosts.clone(),
+            state_trigger_hosts: d.state_trigger_hosts.clone(),
+            hosts: d.hosts.clone(),
+            placements: d.placements.clone(),
+            plan: d.plan.clone(),
+            predicted_latency_us: finite(d.predicted_latency_us),
+            predicted_rps: finite(d.predicted_rps),
+            models: d.models.clone(),
+        }
+    }
+
+    /// The deployment again, on the network's `graph`.
+    pub fn into_deployed(self, graph: Arc<Graph>) -> Deployed {
+        Deployed {
+            id: self.id,
+            network: self.network,
+            name: self.name,
+            graph,
+            outputs: self.outputs,
+            state_outputs: self.state_outputs,
+            input_routes: self.input_routes,
+            output_makers: self.output_makers,
+            addrs: self.addrs,
+            trigger_hosts: self.trigger_hosts,
+            state_trigger_hosts: self.state_trigger_hosts,
+            hosts: self.hosts,
+            placements: self.placements,
+            plan: self.plan,
+            predicted_latency_us: self.predicted_latency_us,
+            predicted_rps: self.predicted_rps,
+            models: self.models,
+        }
+    }
+}
+
+/// JSON has no NaN or infinity: a prediction that is not finite is kept as
+/// 0 (not predicted).
+fn finite(v: f64) -> f64 {
+    if v.is_finite() {
+        v
+    } else {
+        0.0
+    }
+}
+
+impl NetworkRecord {
+    /// `loaded` as it is now. Blocking: hashes its model the first time.
+    pub fn of(loaded: &Loaded) -> NetworkRecord {
+        let sha256 = loaded.model_sha();
+        let model = match &loaded.origin {
+            Origin::Sent => ModelRef::Blob { sha256 },
+            Origin::File(path) => ModelRef::File {
+                path: path.clone(),
+                sha256,
+            },
+        };
+        NetworkRecord {
+            id: loaded.id,
+            request: loaded.request.clone(),
+            model,
+            types: loaded.types.clone(),
+            considered: loaded.considered.clone(),
+            replicas: loaded
+                .replicas
+                .iter()
+                .map(|r| ReplicaRecord {
+                    index: r.index,
+                    hosts: r.hosts.clone(),
+                    deployed: r.deployed().map(|d| DeployedRecord::of(&d)),
+                    placement: r.placement(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A named model's entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelRecord {
+    pub name: String,
+    pub source: ModelRef,
+    pub request: LoadRequest,
+    pub wanted: bool,
+    /// The network serving it, if loaded.
+    pub network: Option<u64>,
+}
+
+impl ModelRecord {
+    /// An entry as it is now. Blocking: hashes sent bytes.
+    pub fn of(
+        name: String,
+        source: &Source,
+        request: LoadRequest,
+        wanted: bool,
+        network: Option<u64>,
+    ) -> (ModelRecord, Option<Bytes>) {
+        let (source, bytes) = match source {
+            Source::File(path) => (
+                ModelRef::File {
+                    path: path.clone(),
+                    sha256: String::new(),
+                },
+                None,
+            ),
+            Source::Bytes(b) => (
+                ModelRef::Blob {
+                    sha256: super::sha256_hex(b),
+                },
+                Some(b.clone()),
+            ),
+        };
+        let record = ModelRecord {
+            name,
+            source,
+            request,
+            wanted,
+            network,
+        };
+        (record, bytes)
+    }
+}

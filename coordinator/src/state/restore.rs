@@ -1,0 +1,315 @@
+//! A restarted coordinator's way back: every kept network is rebuilt (its
+//! model read from the store or its file, its graph rebuilt from the
+//! types the workers reported, nothing asked of them) with its copies'
+//! deployments as they were, and the model repository's entries point at
+//! them again. Nothing is deployed: the workers, which kept serving,
+//! register again with what they hold, and [`adoption`] takes it as is;
+//! a copy whose worker holds nothing of it (it restarted too), or has not
+//! come back within [`REGISTER_AGAIN_WITHIN`] (or `worker_timeout_ms`, if
+//! longer), is re-planned as after a loss.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_common::wire::control::HeldSubgraph;
+
+use super::records::{ModelRecord, ModelRef, NetworkRecord};
+use crate::network::{Current, Loaded, Origin, Parts, Replica, SubgraphModel};
+use crate::repository::Source;
+use crate::{CoordinatorError, Shared};
+
+/// How long a restarted coordinator waits for the workers of its kept
+/// deployments: a worker notices its coordinator is gone when QUIC's idle
+/// timeout (5 s) passes without a packet from it, then dials again within
+/// its back-off (at most 1 s).
+pub const REGISTER_AGAIN_WITHIN: Duration = Duration::from_secs(8);
+
+/// Restores what the state store keeps (logged; a network that cannot be
+/// restored is forgotten, with why), then gives absent workers
+/// [`REGISTER_AGAIN_WITHIN`] to register again before their copies heal.
+pub async fn restore(shared: &Arc<Shared>) {
+    let (networks, models) = match shared.state.load() {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::error!("the kept state cannot be read, starting empty: {e}");
+            return;
+        }
+    };
+    if networks.is_empty() && models.is_empty() {
+        return;
+    }
+    let mut restored = 0;
+    for record in networks {
+        let id = record.id;
+        match network(shared, record).await {
+            Ok(loaded) => {
+                shared.networks.insert(id, Arc::new(loaded));
+                restored += 1;
+            }
+            Err(e) => {
+                tracing::warn!(network = id, "a kept network cannot be restored: {e}");
+                shared.state.remove_network(id).await;
+            }
+        }
+    }
+    for record in models {
+        model_entry(shared, record).await;
+    }
+    forget_unnamed_replaced(shared).await;
+    super::save_models(shared).await;
+    tracing::info!(
+        networks = restored,
+        epoch = shared.state.epoch(),
+        "restored the kept state; waiting for the workers to register again"
+    );
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let timeout = Duration::from_millis(shared.config.worker_timeout_ms);
+        tokio::time::sleep(timeout.max(REGISTER_AGAIN_WITHIN)).await;
+        heal_absent(&shared);
+    });
+}
+
+/// A kept network, rebuilt.
+async fn network(shared: &Arc<Shared>, record: NetworkRecord) -> Result<Loaded, CoordinatorError> {
+    let (model, origin, sha256) = model_bytes(shared, &record.model).await?;
+    let (request, types) = (record.request.clone(), record.types.clone());
+    let bytes = model.clone();
+    let graph = tokio::task::spawn_blocking(move || {
+        crate::planning::rebuild_graph(&bytes, &request, &types)
+    })
+    .await
+    .map_err(|e| CoordinatorError::Model(format!("rebuilding its graph failed: {e}")))??;
+    let graph = Arc::new(graph);
+    let generator = match &record.request.generation {
+        Some(spec) => Some(Arc::new(crate::generative::check(spec, &graph)?)),
+        None => None,
+    };
+    let replicas = record
+        .replicas
+        .into_iter()
+        .map(|r| {
+            let current = match r.deployed {
+                Some(d) => Current::Ready(Arc::new(d.into_deployed(graph.clone()))),
+                None => Current::Broken("it had no deployment when the coordinator stopped".into()),
+            };
+            Arc::new(Replica::restored(r.index, r.hosts, current, r.placement))
+        })
+        .collect();
+    let loaded = Loaded::new(Parts {
+        id: record.id,
+        request: record.request,
+        model,
+        origin,
+        graph,
+        types: record.types,
+        replicas,
+        considered: record.considered,
+        generator,
+    });
+    let _ = loaded.model_sha.set(sha256);
+    Ok(loaded)
+}
+
+/// A kept model's bytes, where they came from and their sha-256 (checked:
+/// a file that changed since is not the model that was deployed).
+async fn model_bytes(
+    shared: &Arc<Shared>,
+    model: &ModelRef,
+) -> Result<(bytes::Bytes, Origin, String), CoordinatorError> {
+    match model {
+        ModelRef::Blob { sha256 } => {
+            let bytes = read_blob(shared, sha256.clone()).await?;
+            Ok((bytes, Origin::Sent, sha256.clone()))
+        }
+        ModelRef::File { path, sha256 } => {
+            let bytes = crate::repository::read(&Source::File(path.clone())).await?;
+            let b = bytes.clone();
+            let now = tokio::task::spawn_blocking(move || super::sha256_hex(&b))
+                .await
+                .unwrap_or_default();
+            if !sha256.is_empty() && now != *sha256 {
+                return Err(CoordinatorError::Model(format!(
+                    "{} changed since it was loaded",
+                    path.display()
+                )));
+            }
+            Ok((bytes, Origin::File(path.clone()), now))
+        }
+    }
+}
+
+async fn read_blob(shared: &Arc<Shared>, sha256: String) -> Result<bytes::Bytes, CoordinatorError> {
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || shared.state.blob(&sha256))
+        .await
+        .map_err(|e| CoordinatorError::Model(e.to_string()))?
+        .map_err(|e| CoordinatorError::Model(e.to_string()))
+}
+
+/// A kept entry of the model repository, back in it. A model the
+/// configuration names keeps the configuration's definition: its kept
+/// network serves it again only if it was loaded from the same definition.
+async fn model_entry(shared: &Arc<Shared>, record: ModelRecord) {
+    let ModelRecord {
+        name,
+        source,
+        request,
+        wanted,
+        network,
+    } = record;
+    let network = network.filter(|n| shared.networks.contains_key(n));
+    if let Some(entry) = shared.repository.get(&name) {
+        let same = matches!(&source, ModelRef::File { path, .. }
+            if matches!(entry.source(), Source::File(p) if p == *path))
+            && entry.request() == request;
+        if same && wanted {
+            if let Some(n) = network {
+                entry.attach(n);
+            }
+        }
+        return;
+    }
+    let source = match source {
+        ModelRef::File { path, .. } => Source::File(path),
+        ModelRef::Blob { sha256 } => match read_blob(shared, sha256).await {
+            Ok(bytes) => Source::Bytes(bytes),
+            Err(e) => {
+                tracing::warn!(model = %name, "a kept model cannot be restored: {e}");
+                return;
+            }
+        },
+    };
+    shared
+        .repository
+        .restore(&name, source, request, wanted, network);
+}
+
+/// Networks kept for a named model that no entry points at any more (the
+/// configuration redefined the model): unloaded, as a replaced network is.
+async fn forget_unnamed_replaced(shared: &Arc<Shared>) {
+    let named: Vec<u64> = shared.repository.networks();
+    let orphans: Vec<u64> = shared
+        .networks
+        .iter()
+        .filter(|n| matches!(n.origin, Origin::File(_)) && !named.contains(&n.id))
+        .map(|n| n.id)
+        .collect();
+    for id in orphans {
+        tracing::info!(
+            network = id,
+            "a kept network of a redefined named model: unloaded"
+        );
+        if let Err(e) = crate::deploy::unload(shared, id).await {
+            tracing::debug!("{e}");
+        }
+    }
+}
+
+/// Copies with a worker that has not registered again: healed as after a
+/// loss.
+fn heal_absent(shared: &Arc<Shared>) {
+    let mut absent: Vec<String> = shared
+        .networks
+        .iter()
+        .flat_map(|n| n.deployments())
+        .flat_map(|d| d.hosts.clone())
+        .filter(|h| !shared.workers.contains_key(h))
+        .collect();
+    absent.sort();
+    absent.dedup();
+    for host in absent {
+        tracing::warn!(worker = %host, "did not register again after the restart: its copies heal");
+        crate::heal::worker_lost(shared, &host);
+    }
+}
+
+/// What a registering worker brings.
+pub struct Adoption {
+    /// The ready deployments on it it holds every subgraph of.
+    pub adopted: Vec<u64>,
+    /// The copies whose subgraphs there it lacks (to re-plan).
+    pub lacking: Vec<(Arc<Loaded>, Arc<Replica>)>,
+}
+
+/// What registering worker `name`, holding `holds`, brings.
+pub fn adoption(shared: &Shared, name: &str, holds: &[HeldSubgraph]) -> Adoption {
+    let mut adopted = Vec::new();
+    let mut lacking = Vec::new();
+    for loaded in shared.networks.iter() {
+        for replica in &loaded.replicas {
+            let Current::Ready(d) = replica.current() else {
+                continue;
+            };
+            if !d.hosts.iter().any(|h| h == name) {
+                continue;
+            }
+            if holds_all(d.id, &d.models, name, holds) {
+                adopted.push(d.id);
+            } else {
+                lacking.push((loaded.clone(), replica.clone()));
+            }
+        }
+    }
+    Adoption { adopted, lacking }
+}
+
+/// Whether worker `name` holds every subgraph of deployment `id` that
+/// `models` places on it, each with the same model hash.
+fn holds_all(id: u64, models: &[SubgraphModel], name: &str, holds: &[HeldSubgraph]) -> bool {
+    models.iter().filter(|m| m.host == name).all(|m| {
+        holds
+            .iter()
+            .any(|h| h.deployment == id && h.subgraph == m.subgraph && h.model_hash == m.model_hash)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(host: &str, subgraph: u32, hash: &str) -> SubgraphModel {
+        SubgraphModel {
+            host: host.into(),
+            subgraph,
+            model_hash: hash.into(),
+        }
+    }
+
+    fn held(deployment: u64, subgraph: u32, hash: &str) -> HeldSubgraph {
+        HeldSubgraph {
+            deployment,
+            subgraph,
+            model_hash: hash.into(),
+        }
+    }
+
+    #[test]
+    fn a_deployment_is_adopted_only_with_every_subgraph_of_the_worker_and_the_same_hashes() {
+        let models = [
+            model("a", 0, "h0"),
+            model("b", 1, "h1"),
+            model("a", 2, "h2"),
+        ];
+        let all = [held(5, 0, "h0"), held(5, 2, "h2")];
+        assert!(holds_all(5, &models, "a", &all));
+        // Another worker's subgraph is not asked of this one.
+        assert!(holds_all(5, &models, "b", &[held(5, 1, "h1")]));
+        // One missing, another deployment's, another model: not adopted.
+        assert!(!holds_all(5, &models, "a", &all[..1]));
+        assert!(!holds_all(
+            5,
+            &models,
+            "a",
+            &[held(6, 0, "h0"), held(6, 2, "h2")]
+        ));
+        assert!(!holds_all(
+            5,
+            &models,
+            "a",
+            &[held(5, 0, "h0"), held(5, 2, "other")]
+        ));
+        // A worker that restarted holds nothing.
+        assert!(!holds_all(5, &models, "a", &[]));
+    }
+}
