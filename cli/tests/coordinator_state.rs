@@ -157,6 +157,13 @@ fn a_killed_coordinator_comes_back_with_its_models_and_adopts_without_compiling(
         "{log}"
     );
     assert!(!log.contains("re-planned"), "{log}");
+    // The restarted coordinator (same identity, same address) reset the
+    // workers' connections to its last process at their next packet: they
+    // did not wait for the idle timeout.
+    for w in &cluster.workers {
+        let log = w.log_text();
+        assert!(log.contains("reset by peer"), "{}: {log}", w.name);
+    }
 }
 
 #[test]

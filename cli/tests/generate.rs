@@ -6,8 +6,10 @@
 //! rebuilt by replaying its tokens); bad requests get clear errors; a full
 //! stage refuses a new sequence until a client that left frees its state;
 //! the real `openai` Python client gets the same text over HTTP, whole and
-//! streamed; the 4-bit variant (MatMulNBits) split over two workers
-//! gives onnxruntime-genai's text on that folder.
+//! streamed, and a stream through a worker's front door finishes with it
+//! when the coordinator is killed mid-stream; the 4-bit variant
+//! (MatMulNBits) split over two workers gives onnxruntime-genai's text on
+//! that folder.
 
 mod util;
 
@@ -566,6 +568,93 @@ fn the_openai_client_streams_completions_and_chats() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A generation streaming through a worker's front door (the real `openai`
+/// client) when the coordinator is killed with SIGKILL: it finishes with
+/// onnxruntime-genai's greedy text (the front door and the workers need no
+/// coordinator mid-generation); the coordinator, started again with its
+/// `state_dir`, serves the model again without loading it.
+#[test]
+fn a_generation_through_a_workers_front_door_finishes_when_the_coordinator_is_killed() {
+    let _one = one_at_a_time();
+    let model = folder("smollm2-135m-instruct");
+    let config = format!(
+        "state_dir = \"{{dir}}/state\"\n[models.smollm2]\npath = {:?}\ndevices = \"CPU\"\n\
+         context = 256\nmax_sequences = 2\n",
+        model.display().to_string()
+    );
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let door: &[&str] = &["--http-listen", &listen];
+    let mut cluster = Cluster::start_configured_with_args(
+        "generate-coordinator-killed",
+        &[("node-a", "CPU", door)],
+        1,
+        &config,
+    );
+    let prompt = "Once upon a time";
+    let want = genai(&model, &[prompt], 48, false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let streaming = std::thread::spawn({
+        let listen = listen.clone();
+        move || openai_stream(&listen, prompt, 48, Some(tx))
+    });
+    // Four chunks in, the coordinator dies.
+    for _ in 0..4 {
+        rx.recv_timeout(Duration::from_secs(180))
+            .expect("the stream started");
+    }
+    cluster.coordinator.kill();
+    let got = streaming.join().expect("the stream finished");
+    assert_eq!(
+        got, want[0].text,
+        "the text despite the coordinator's death"
+    );
+    cluster.start_coordinator_again();
+    let again = openai_stream(&listen, prompt, 48, None);
+    assert_eq!(again, want[0].text, "after the restart");
+    let log = std::fs::read_to_string(cluster.dir.join("coordinator-restarted.log")).unwrap();
+    assert!(
+        log.contains("adopted what the worker still serves"),
+        "{log}"
+    );
+}
+
+/// One greedy completion streamed through the real `openai` client from
+/// the front door at `listen`; `chunks` hears of each chunk as it comes.
+fn openai_stream(
+    listen: &str,
+    prompt: &str,
+    max_tokens: u32,
+    chunks: Option<std::sync::mpsc::Sender<()>>,
+) -> String {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/python/openai_stream.py"
+    );
+    let mut child = std::process::Command::new("python3")
+        .arg(script)
+        .arg(format!("http://{listen}/v1"))
+        .args(["smollm2", prompt, &max_tokens.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with openai (scripts/test.sh installs it)");
+    let stdout = child.stdout.take().unwrap();
+    let mut text = None;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+        if line.starts_with("chunk: ") {
+            if let Some(tx) = &chunks {
+                let _ = tx.send(());
+            }
+        } else if let Some(json) = line.strip_prefix("text: ") {
+            text = serde_json::from_str::<String>(json).ok();
+        }
+    }
+    assert!(child.wait().unwrap().success(), "the stream failed");
+    text.expect("a text")
 }
 
 #[test]

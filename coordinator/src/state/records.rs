@@ -34,7 +34,11 @@ pub enum ModelRef {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetworkRecord {
     pub id: u64,
+    /// Its request; a generative network's `tokenizer.json`, which the
+    /// wire form of the request leaves out, is `tokenizer_json`.
     pub request: LoadRequest,
+    #[serde(default)]
+    pub tokenizer_json: Option<String>,
     pub model: ModelRef,
     /// The tensors' types the workers reported when it was planned.
     pub types: BTreeMap<String, ReportedType>,
@@ -144,6 +148,7 @@ impl NetworkRecord {
         NetworkRecord {
             id: loaded.id,
             request: loaded.request.clone(),
+            tokenizer_json: tokenizer_of(&loaded.request),
             model,
             types: loaded.types.clone(),
             considered: loaded.considered.clone(),
@@ -161,12 +166,32 @@ impl NetworkRecord {
     }
 }
 
+/// A generative request's `tokenizer.json` (kept beside the request).
+fn tokenizer_of(request: &LoadRequest) -> Option<String> {
+    request
+        .generation
+        .as_ref()
+        .map(|g| g.tokenizer_json.clone())
+        .filter(|t| !t.is_empty())
+}
+
+/// `request` with its kept `tokenizer.json` back in.
+pub fn with_tokenizer(mut request: LoadRequest, tokenizer_json: Option<String>) -> LoadRequest {
+    if let (Some(g), Some(t)) = (request.generation.as_mut(), tokenizer_json) {
+        g.tokenizer_json = t;
+    }
+    request
+}
+
 /// A named model's entry.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
     pub name: String,
     pub source: ModelRef,
+    /// Its request, the tokenizer kept beside it (see [`NetworkRecord`]).
     pub request: LoadRequest,
+    #[serde(default)]
+    pub tokenizer_json: Option<String>,
     pub wanted: bool,
     /// The network serving it, if loaded.
     pub network: Option<u64>,
@@ -199,6 +224,7 @@ impl ModelRecord {
         let record = ModelRecord {
             name,
             source,
+            tokenizer_json: tokenizer_of(&request),
             request,
             wanted,
             network,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tessera_common::wire::control::HeldSubgraph;
 
-use super::records::{ModelRecord, ModelRef, NetworkRecord};
+use super::records::{with_tokenizer, ModelRecord, ModelRef, NetworkRecord};
 use crate::network::{Current, Loaded, Origin, Parts, Replica, SubgraphModel};
 use crate::repository::Source;
 use crate::{CoordinatorError, Shared};
@@ -71,7 +71,11 @@ pub async fn restore(shared: &Arc<Shared>) {
 }
 
 /// A kept network, rebuilt.
-async fn network(shared: &Arc<Shared>, record: NetworkRecord) -> Result<Loaded, CoordinatorError> {
+async fn network(
+    shared: &Arc<Shared>,
+    mut record: NetworkRecord,
+) -> Result<Loaded, CoordinatorError> {
+    record.request = with_tokenizer(record.request, record.tokenizer_json.take());
     let (model, origin, sha256) = model_bytes(shared, &record.model).await?;
     let (request, types) = (record.request.clone(), record.types.clone());
     let bytes = model.clone();
@@ -155,9 +159,11 @@ async fn model_entry(shared: &Arc<Shared>, record: ModelRecord) {
         name,
         source,
         request,
+        tokenizer_json,
         wanted,
         network,
     } = record;
+    let request = with_tokenizer(request, tokenizer_json);
     let network = network.filter(|n| shared.networks.contains_key(n));
     if let Some(entry) = shared.repository.get(&name) {
         let same = matches!(&source, ModelRef::File { path, .. }

@@ -26,6 +26,7 @@ fn network(id: u64, model: ModelRef) -> NetworkRecord {
     NetworkRecord {
         id,
         request: request(&format!("net-{id}")),
+        tokenizer_json: None,
         model,
         types: Default::default(),
         considered: Vec::new(),
@@ -93,6 +94,7 @@ fn records_and_blobs_are_read_back_and_unnamed_blobs_collected() {
             name: "cnn".into(),
             source: a,
             request: request("cnn"),
+            tokenizer_json: None,
             wanted: true,
             network: Some(7),
         };

@@ -76,6 +76,11 @@ pub(super) async fn session<R: FnOnce(&str)>(
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
         return Ok(());
     }
+    // Why, before this side closes it too (then it reads "closed").
+    let why = connection
+        .close_reason()
+        .map(|r| r.to_string())
+        .unwrap_or(why);
     state.orphaned();
     let held = state.router.deployments().len();
     if held > 0 {
@@ -86,12 +91,7 @@ pub(super) async fn session<R: FnOnce(&str)>(
         );
     }
     tessera_net::CloseCode::SessionOver.close(&connection, "session over");
-    Err(WorkerError::CoordinatorLost(
-        connection
-            .close_reason()
-            .map(|r| r.to_string())
-            .unwrap_or(why),
-    ))
+    Err(WorkerError::CoordinatorLost(why))
 }
 
 /// Unloads the deployments held here that the coordinator did not adopt
