@@ -18,6 +18,11 @@
 //! retry there. A worker that comes back registers again and is used by
 //! new plans.
 //!
+//! With `state_dir` set, what it serves is kept ([`state`]): a coordinator
+//! killed and started again restores its networks and named models and
+//! adopts what the workers, which kept serving, still run: nothing is
+//! deployed or compiled again.
+//!
 //! Named models ([`repository`]) are networks the coordinator keeps
 //! loaded: from `[models.NAME]` tables at start, or loaded by name through
 //! the SDK or a front door's model control. Front doors (KServe v2 over
@@ -32,7 +37,8 @@
 //! network's state), [`routes`] (routing tables and their subscriptions),
 //! [`heal`] (re-planning after a loss), [`clients`] (client sessions),
 //! [`repository`] (named models), [`generative`] (a generative network's
-//! spec), [`metrics`] (Prometheus).
+//! spec), [`metrics`] (Prometheus), [`state`] (the kept state, restore and
+//! adoption).
 //!
 //! # Example
 //!
