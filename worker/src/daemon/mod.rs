@@ -232,6 +232,9 @@ struct State {
     /// Since when no coordinator has adopted what is deployed here (none:
     /// the coordinator of the session now did).
     orphaned: std::sync::Mutex<Option<Instant>>,
+    /// The registration now (one more at each): a Deploy of an earlier
+    /// one that ends after it is not started.
+    session: std::sync::atomic::AtomicU64,
 }
 
 /// The longest wait between two tries to reach the coordinator.
@@ -328,6 +331,7 @@ async fn serve_sessions(
         node: node.clone(),
         arbiter: actix::Arbiter::current(),
         orphaned: std::sync::Mutex::new(None),
+        session: Default::default(),
     });
     let peers = tokio::spawn(session::accept_peers(state.clone()));
     let orphans = tokio::spawn(session::unload_orphans(state.clone(), options.adopt_grace));
@@ -383,6 +387,18 @@ impl State {
         if let Ok(mut o) = self.orphaned.lock() {
             o.get_or_insert_with(Instant::now);
         }
+    }
+
+    /// A new registration's number.
+    fn next_session(&self) -> u64 {
+        self.session
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1
+    }
+
+    /// The registration now.
+    fn session(&self) -> u64 {
+        self.session.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn orphaned_since(&self) -> Option<Instant> {

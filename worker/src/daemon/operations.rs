@@ -24,12 +24,15 @@ use super::State;
 /// One operation stream from the coordinator.
 pub(super) async fn serve_operation(
     state: Arc<State>,
+    session: u64,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
     let limits = *state.node.limits();
     let reply = match exchange::read_operation::<ToWorker>(&mut recv, &limits).await {
-        Ok(Some((msg, payload))) => operation(&state, msg, payload, &mut send, &mut recv).await,
+        Ok(Some((msg, payload))) => {
+            operation(&state, session, msg, payload, &mut send, &mut recv).await
+        }
         Ok(None) => return,
         Err(e) => Err(OperationError::Read(e)),
     };
@@ -54,6 +57,7 @@ pub(super) async fn serve_operation(
 
 async fn operation(
     state: &Arc<State>,
+    session: u64,
     msg: ToWorker,
     payload: Bytes,
     send: &mut quinn::SendStream,
@@ -93,7 +97,7 @@ async fn operation(
             .await
             .map_err(OperationError::Task)?
         }
-        ToWorker::Deploy(spec) => deploy(state, spec, send, recv).await,
+        ToWorker::Deploy(spec) => deploy(state, session, spec, send, recv).await,
         ToWorker::Undeploy { network } => {
             // Answered once the compute threads have ended and dropped
             // their sessions: the memory is free when the answer comes.
@@ -125,6 +129,9 @@ pub(super) enum OperationError {
         device: String,
         source: PluginError,
     },
+    /// The coordinator that sent a Deploy was lost while it compiled.
+    #[error("subgraph {subgraph} of deployment {network} was compiled for a coordinator session that is over")]
+    SessionOver { network: u64, subgraph: u32 },
     #[error("a model came without a Deploy to ask for it")]
     UnaskedModel,
     #[error("asking for the model: {0}")]
@@ -204,12 +211,21 @@ async fn receive_model(
 #[tracing::instrument(skip_all, fields(network = spec.network, subgraph = spec.subgraph, device = %spec.device))]
 async fn deploy(
     state: &Arc<State>,
+    session: u64,
     spec: DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
 ) -> Result<WorkerAnswer, OperationError> {
     let started = Instant::now();
     let (compiled, cached) = compiled(state, &spec, send, recv).await?;
+    // Its coordinator was lost meanwhile: the next one neither knows nor
+    // adopts it, so it is not started (nothing would ever unload it).
+    if state.session() != session {
+        return Err(OperationError::SessionOver {
+            network: spec.network,
+            subgraph: spec.subgraph,
+        });
+    }
     let compile_ms = started.elapsed().as_millis() as u64;
     tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
     let counter = if cached {

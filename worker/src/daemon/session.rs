@@ -59,6 +59,7 @@ pub(super) async fn session<R: FnOnce(&str)>(
         adopted,
         epoch,
     } = registered;
+    let session = state.next_session();
     state.adopted();
     unload_unadopted(&state.router, &adopted, epoch).await;
     let limits = *state.node.limits();
@@ -68,7 +69,7 @@ pub(super) async fn session<R: FnOnce(&str)>(
     }
     spawn_heartbeats(control, state.router.clone(), heartbeat);
     let why = tokio::select! {
-        why = serve_operations(connection.clone(), state.clone()) => why,
+        why = serve_operations(connection.clone(), state.clone(), session) => why,
         why = watch_control(recv, limits) => why,
         _ = stop.wait_for(|s| *s) => String::new(),
     };
@@ -261,13 +262,22 @@ pub(super) async fn accept_peers(state: Arc<State>) {
 
 /// Operations from the coordinator, one per stream, until the connection
 /// ends; returns why.
-async fn serve_operations(connection: quinn::Connection, state: Arc<State>) -> String {
+async fn serve_operations(
+    connection: quinn::Connection,
+    state: Arc<State>,
+    session: u64,
+) -> String {
     loop {
         let (send, recv) = match connection.accept_bi().await {
             Ok(s) => s,
             Err(e) => return e.to_string(),
         };
-        tokio::spawn(operations::serve_operation(state.clone(), send, recv));
+        tokio::spawn(operations::serve_operation(
+            state.clone(),
+            session,
+            send,
+            recv,
+        ));
     }
 }
 
