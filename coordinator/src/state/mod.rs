@@ -58,6 +58,9 @@ pub struct Keeper {
     reserved: AtomicU64,
     /// Writes one at a time, in order.
     order: tokio::sync::Mutex<()>,
+    /// Networks removed in this run (ids never repeat): a save that comes
+    /// after, from a re-plan that raced the unload, is dropped.
+    removed: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Keeper {
@@ -69,6 +72,7 @@ impl Keeper {
             next: AtomicU64::new(1),
             reserved: AtomicU64::new(u64::MAX),
             order: tokio::sync::Mutex::new(()),
+            removed: Default::default(),
         }
     }
 
@@ -88,6 +92,7 @@ impl Keeper {
             next: AtomicU64::new(next),
             reserved: AtomicU64::new(next),
             order: tokio::sync::Mutex::new(()),
+            removed: Default::default(),
         })
     }
 
@@ -139,6 +144,9 @@ impl Keeper {
             return;
         }
         let _one = self.order.lock().await;
+        if self.was_removed(loaded.id) {
+            return;
+        }
         let loaded = loaded.clone();
         self.write("saving a network", move |store| {
             let record = NetworkRecord::of(&loaded);
@@ -150,12 +158,19 @@ impl Keeper {
         .await;
     }
 
+    fn was_removed(&self, id: u64) -> bool {
+        self.removed.lock().is_ok_and(|r| r.contains(&id))
+    }
+
     /// Forgets network `id`.
     pub async fn remove_network(&self, id: u64) {
         if !self.keeps() {
             return;
         }
         let _one = self.order.lock().await;
+        if let Ok(mut removed) = self.removed.lock() {
+            removed.insert(id);
+        }
         self.write("removing a network", move |store| {
             store.remove_network(id)?;
             store.collect_blobs()
