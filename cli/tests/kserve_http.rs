@@ -140,29 +140,40 @@ fn split_models_config() -> String {
     )
 }
 
-#[test]
-fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
-    let config = split_models_config();
+/// node-a with its own front door (returned: its address) and node-b,
+/// under a coordinator configured with `config`.
+fn front_door_cluster(test: &str, config: &str) -> (Cluster, String) {
     let listen = format!("127.0.0.1:{}", free_port());
     let door: &[&str] = &["--http-listen", &listen];
-    let mut cluster = Cluster::start_configured_with_args(
-        "front-door",
+    let cluster = Cluster::start_configured_with_args(
+        test,
         &[("node-a", "CPU", door), ("node-b", "CPU", &[])],
         1,
-        &config,
+        config,
     );
+    (cluster, listen)
+}
+
+/// tritonclient requests through `listen` for `seconds`, every answer
+/// checked against onnxruntime, on a thread of their own.
+fn kserve_loop(listen: &str, seconds: u32) -> std::thread::JoinHandle<()> {
+    let listen = listen.to_string();
+    std::thread::spawn(move || {
+        let seconds = seconds.to_string();
+        python(
+            "kserve_test.py",
+            &listen,
+            &["--phase", "loop", "--seconds", &seconds],
+        )
+    })
+}
+
+#[test]
+fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
+    let (mut cluster, listen) = front_door_cluster("front-door", &split_models_config());
     // The front door answers before the pause (its routes followed).
     kserve(&listen, "serving");
-    let looping = std::thread::spawn({
-        let listen = listen.clone();
-        move || {
-            python(
-                "kserve_test.py",
-                &listen,
-                &["--phase", "loop", "--seconds", "7"],
-            )
-        }
-    });
+    let looping = kserve_loop(&listen, 7);
     std::thread::sleep(Duration::from_secs(2));
     cluster.coordinator.pause();
     std::thread::sleep(Duration::from_secs(3));
@@ -201,25 +212,9 @@ fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
 #[test]
 fn a_workers_front_door_answers_through_a_coordinator_kill_and_restart() {
     let config = format!("state_dir = \"{{dir}}/state\"\n{}", split_models_config());
-    let listen = format!("127.0.0.1:{}", free_port());
-    let door: &[&str] = &["--http-listen", &listen];
-    let mut cluster = Cluster::start_configured_with_args(
-        "front-door-restart",
-        &[("node-a", "CPU", door), ("node-b", "CPU", &[])],
-        1,
-        &config,
-    );
+    let (mut cluster, listen) = front_door_cluster("front-door-restart", &config);
     kserve(&listen, "serving");
-    let looping = std::thread::spawn({
-        let listen = listen.clone();
-        move || {
-            python(
-                "kserve_test.py",
-                &listen,
-                &["--phase", "loop", "--seconds", "9"],
-            )
-        }
-    });
+    let looping = kserve_loop(&listen, 9);
     std::thread::sleep(Duration::from_secs(2));
     cluster.coordinator.kill();
     std::thread::sleep(Duration::from_secs(3));

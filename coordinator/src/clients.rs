@@ -117,7 +117,10 @@ async fn operation(
             let new = match request {
                 // Placed anew from the model as the coordinator has it.
                 Some(r) if payload.is_empty() => Some(placed_anew(shared, &name, r)?),
-                Some(r) => Some((crate::repository::Source::Bytes(payload), r)),
+                Some(r) => Some((
+                    crate::repository::Source::Bytes(crate::repository::Sent::new(payload)),
+                    r,
+                )),
                 None => None,
             };
             let (tx, rx) = mpsc::channel::<Progress>(64);

@@ -45,7 +45,40 @@ pub enum Source {
     /// the next load).
     File(std::path::PathBuf),
     /// Bytes a client sent.
-    Bytes(Bytes),
+    Bytes(Sent),
+}
+
+/// Bytes a client sent, with their sha-256 once the state store needed it
+/// (computed once however often the repository is saved; shared by
+/// clones).
+#[derive(Clone)]
+pub struct Sent {
+    pub bytes: Bytes,
+    sha256: Arc<std::sync::OnceLock<String>>,
+}
+
+impl Sent {
+    pub fn new(bytes: Bytes) -> Sent {
+        Sent {
+            bytes,
+            sha256: Default::default(),
+        }
+    }
+
+    /// Bytes whose sha-256 is known (kept ones).
+    pub fn hashed(bytes: Bytes, sha256: String) -> Sent {
+        Sent {
+            bytes,
+            sha256: Arc::new(sha256.into()),
+        }
+    }
+
+    /// Their sha-256, hex (blocking the first time, for large bytes).
+    pub fn sha256(&self) -> String {
+        self.sha256
+            .get_or_init(|| crate::state::sha256_hex(&self.bytes))
+            .clone()
+    }
 }
 
 /// One named model.
@@ -315,7 +348,7 @@ fn parse(bytes: Bytes) -> Result<Graph, CoordinatorError> {
 
 pub(crate) async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
     match source {
-        Source::Bytes(b) => Ok(b.clone()),
+        Source::Bytes(sent) => Ok(sent.bytes.clone()),
         Source::File(path) if path.is_dir() => {
             let p = path.join("model.onnx");
             tokio::task::spawn_blocking(move || tessera_common::onnx::load_model(&p))

@@ -214,11 +214,11 @@ impl ModelRecord {
                 },
                 None,
             ),
-            Source::Bytes(b) => (
+            Source::Bytes(sent) => (
                 ModelRef::Blob {
-                    sha256: super::sha256_hex(b),
+                    sha256: sent.sha256(),
                 },
-                Some(b.clone()),
+                Some(sent.bytes.clone()),
             ),
         };
         let record = ModelRecord {

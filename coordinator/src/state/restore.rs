@@ -15,7 +15,7 @@ use tessera_common::wire::control::HeldSubgraph;
 
 use super::records::{with_tokenizer, ModelRecord, ModelRef, NetworkRecord};
 use crate::network::{Current, Loaded, Origin, Parts, Replica, SubgraphModel};
-use crate::repository::Source;
+use crate::repository::{Sent, Source};
 use crate::{CoordinatorError, Shared};
 
 /// How long a restarted coordinator waits for the workers of its kept
@@ -178,8 +178,8 @@ async fn model_entry(shared: &Arc<Shared>, record: ModelRecord) {
     }
     let source = match source {
         ModelRef::File { path, .. } => Source::File(path),
-        ModelRef::Blob { sha256 } => match read_blob(shared, sha256).await {
-            Ok(bytes) => Source::Bytes(bytes),
+        ModelRef::Blob { sha256 } => match read_blob(shared, sha256.clone()).await {
+            Ok(bytes) => Source::Bytes(Sent::hashed(bytes, sha256)),
             Err(e) => {
                 tracing::warn!(model = %name, "a kept model cannot be restored: {e}");
                 return;

@@ -162,25 +162,30 @@ impl Store {
     }
 
     pub fn networks(&self) -> Result<Vec<NetworkRecord>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.db_error(e))?;
-        let table = tx.open_table(NETWORKS).map_err(|e| self.db_error(e))?;
-        let mut all = Vec::new();
-        for item in table.iter().map_err(|e| self.db_error(e))? {
-            let (key, value) = item.map_err(|e| self.db_error(e))?;
-            let what = format!("network {}", key.value());
-            all.push(parse(&what, value.value())?);
-        }
-        Ok(all)
+        self.records(NETWORKS, "network")
     }
 
     pub fn models(&self) -> Result<Vec<ModelRecord>, StoreError> {
+        self.records(MODELS, "model")
+    }
+
+    /// Every record of `table` (`what` names them in errors, with the key).
+    fn records<K, T>(
+        &self,
+        table: TableDefinition<K, &[u8]>,
+        what: &str,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        K: redb::Key + 'static,
+        for<'a> K::SelfType<'a>: std::fmt::Display,
+        T: serde::de::DeserializeOwned,
+    {
         let tx = self.db.begin_read().map_err(|e| self.db_error(e))?;
-        let table = tx.open_table(MODELS).map_err(|e| self.db_error(e))?;
+        let table = tx.open_table(table).map_err(|e| self.db_error(e))?;
         let mut all = Vec::new();
         for item in table.iter().map_err(|e| self.db_error(e))? {
             let (key, value) = item.map_err(|e| self.db_error(e))?;
-            let what = format!("model {}", key.value());
-            all.push(parse(&what, value.value())?);
+            all.push(parse(&format!("{what} {}", key.value()), value.value())?);
         }
         Ok(all)
     }
