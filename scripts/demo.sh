@@ -7,6 +7,7 @@
 # write the output to out/. Extra arguments go to `tessera run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/need-protoc.sh
 cargo build --release --quiet -p tessera-cli --bin tessera
 ./target/release/tessera run examples/models/small_cnn.onnx \
   --devices HETERO:node-a/CPU,node-b/CPU --affinity examples/small_cnn_affinity.json \

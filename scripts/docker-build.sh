@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the image `tessera:local` without pulling anything: compiles the
-# coordinator, worker and tessera binaries, stages them with the shared
+# coordinator, worker and tessera binaries, stages them (and Debian's etcd,
+# for HA coordinators) with the shared
 # libraries they link (found by ldd) in docker/rootfs/, and builds the
 # `FROM scratch` Dockerfile on top. Works the same with or without registry
 # access.
@@ -10,6 +11,12 @@
 #            already) instead of a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/need-protoc.sh
+# etcd for HA coordinators (compose runs one): Debian's etcd-server.
+if ! command -v etcd >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get install -y -q etcd-server || { apt-get update -q && apt-get install -y -q etcd-server; }; } >/dev/null 2>&1
+fi
+command -v etcd >/dev/null || { echo "etcd is needed in the image (apt-get install etcd-server)" >&2; exit 1; }
 if [ "${1:-}" = "--debug" ]; then
   profile=debug
   # The test build makes the binaries too (and is what CI has warm).
@@ -25,6 +32,7 @@ chmod 1777 "$root/tmp"
 for bin in coordinator worker tessera; do
   objcopy --strip-debug "target/$profile/$bin" "$root/usr/local/bin/$bin"
 done
+cp "$(command -v etcd)" "$root/usr/local/bin/etcd"
 # onnxruntime's library for the CPU device, from the onnxruntime==1.32.0
 # wheel (no Python in the image; ORT_DYLIB_PATH in the Dockerfile names it).
 ort_lib=libonnxruntime.so.1.32.0

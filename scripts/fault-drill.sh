@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fault drill across containers. Builds the image, brings up the
-# compose cluster (a coordinator and three workers, each its own container
-# and address), then runs a steady load of concurrent PP-OCRv4 rec requests
+# compose cluster (etcd, two HA coordinators and three workers, each its
+# own container and address), then runs a steady load of concurrent PP-OCRv4 rec requests
 # (rapidocr-onnxruntime==1.4.4), every answer checked against onnxruntime,
 # while it
 #   1. kills node-b (docker kill), then starts it again (it rejoins);
@@ -9,10 +9,12 @@
 #      exits), then starts it again;
 #   2. cuts node-c off the network (docker network disconnect), then
 #      reconnects it;
-#   3. kills and restarts the coordinator (docker restart -t 0): the load
-#      goes on without it; restarted with its state volume it serves the
-#      network again and adopts what the workers run, and the workers
-#      register again by themselves.
+#   3. kills the leading coordinator (docker kill: SIGKILL): the load goes
+#      on without it; the standby takes the lead when the leader's etcd
+#      lease runs out, serves the network from the state in etcd and adopts
+#      what the workers run, and the workers follow it by themselves (the
+#      time without a leader is printed); then starts the killed one again,
+#      which stands by.
 # Prints requests sent / succeeded / failed with a clear error / lost and
 # the recovery times; fails unless lost = 0 and every success is right.
 # The cluster is torn down at the end, even on failure.
@@ -47,26 +49,33 @@ say() { echo "[drill $(date +%T)] $*"; }
 ./scripts/fetch-test-models.sh >/dev/null
 model=${TESSERA_MODELS_DIR:-.cache/models}/ch_PP-OCRv4_rec_infer.onnx
 tessera=target/$profile/tessera
-remote=(--coordinator 127.0.0.1:7400 --certs certs --cluster tessera)
+remote=(--coordinator 127.0.0.1:7400,127.0.0.1:7401 --certs certs --cluster tessera)
+# The leading coordinator's container name (coordinator or coordinator-b).
+leader_of() {
+  "$tessera" cluster "${remote[@]}" 2>/dev/null | sed -n 's/^coordinator \([a-z-]*\):7400 (leader).*/\1/p'
+}
 
 compose down -v --remove-orphans -t 1 >/dev/null 2>&1 || true
 say "docker compose up"
 compose up -d
 for i in $(seq 1 120); do
   if "$tessera" cluster "${remote[@]}" >"$work/cluster.txt" 2>/dev/null &&
-    grep -q "^3 workers" "$work/cluster.txt"; then
+    grep -q "^3 workers" "$work/cluster.txt" && grep -q "(standby)" "$work/cluster.txt"; then
     break
   fi
   [ "$i" -eq 120 ] && { say "the cluster did not come up within 60 s"; exit 1; }
   sleep 0.5
 done
 say "healthy:"; cat "$work/cluster.txt"
-# The coordinator's HTTP listener (KServe v2), published on the loopback.
-if ! curl -fsS http://127.0.0.1:8000/v2/health/live >/dev/null ||
-  ! curl -fsS http://127.0.0.1:8000/metrics | grep -q '^tessera_worker_up{worker="node-a"} 1'; then
-  say "the coordinator's HTTP listener does not answer on 127.0.0.1:8000"; exit 1
+# The leading coordinator's HTTP listener (KServe v2), published on the
+# loopback: 8000 for `coordinator`, 8002 for `coordinator-b`.
+leader=$(leader_of)
+http=8000; [ "$leader" = coordinator-b ] && http=8002
+if ! curl -fsS "http://127.0.0.1:$http/v2/health/live" >/dev/null ||
+  ! curl -fsS "http://127.0.0.1:$http/metrics" | grep -q '^tessera_worker_up{worker="node-a"} 1'; then
+  say "the leader's ($leader) HTTP listener does not answer on 127.0.0.1:$http"; exit 1
 fi
-say "HTTP: /v2/health/live and /metrics answer"
+say "HTTP: /v2/health/live and /metrics answer ($leader leads)"
 # node-a's and node-b's own front doors (published as 8010 and 8020).
 for port in 8010 8020; do
   for i in $(seq 1 40); do
@@ -123,8 +132,21 @@ sleep 10
 mark reconnect-node-c
 docker network connect tessera tessera-node-c
 sleep 10
-mark restart-coordinator
-docker restart -t 0 tessera-coordinator >/dev/null
+leader=$(leader_of)
+mark kill-leader
+killed=$(date +%s%3N)
+docker kill "tessera-$leader" >/dev/null
+for i in $(seq 1 300); do
+  now=$(leader_of) || true
+  [ -n "$now" ] && [ "$now" != "$leader" ] && break
+  [ "$i" -eq 300 ] && { say "no coordinator took the lead within 30 s"; exit 1; }
+  sleep 0.1
+done
+led=$(date +%s%3N)
+say "$now leads: the cluster had no leader for $(( led - killed )) ms after $leader's kill -9"
+sleep 5
+docker start "tessera-$leader" >/dev/null
+say "$leader started again (it stands by)"
 set +e
 wait "$soak"
 soak_status=$?
@@ -143,7 +165,7 @@ for (name, t), end in zip(marks, ends):
         before = {e["deployment"] for e in events if e["unix_ms"] < t and e["outcome"] == "ok"}
         new = [e["unix_ms"] for e in phase if e["outcome"] == "ok" and e["deployment"] not in before]
         line += f"; first success on the new plan {(min(new) - t) / 1e3:.2f} s after" if new else "; no success on a new plan"
-    if name == "restart-coordinator":
+    if name == "kill-leader":
         reloaded = [e["unix_ms"] for e in phase if e["outcome"] == "ok" and e["generation"] > 0]
         line += f"; the client had to load again: first success {(min(reloaded) - t) / 1e3:.2f} s after" if reloaded else "; served throughout, nothing loaded again"
         oks = sorted(e["unix_ms"] for e in phase if e["outcome"] == "ok")

@@ -58,6 +58,13 @@ if ! command -v gdb >/dev/null && command -v apt-get >/dev/null; then
   { apt-get install -y -q gdb || { apt-get update -q && apt-get install -y -q gdb; }; } >/dev/null 2>&1 ||
     echo "warning: could not install gdb; a crash prints Rust's backtrace of its own thread only"
 fi
+# protoc builds etcd's client; etcd itself (Debian's etcd-server) runs in
+# the HA tests, each on its own loopback ports.
+. scripts/need-protoc.sh
+if ! command -v etcd >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get install -y -q etcd-server || { apt-get update -q && apt-get install -y -q etcd-server; }; } >/dev/null 2>&1 ||
+    echo "warning: could not install etcd-server; the HA tests need it"
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)

@@ -360,6 +360,10 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
                 state.networks,
                 state.in_flight
             );
+            for c in &state.coordinators {
+                let role = if c.leading { "leader" } else { "standby" };
+                let _ = writeln!(out, "coordinator {} ({role}), epoch {}", c.addr, c.epoch);
+            }
             for w in &state.workers {
                 let rss = match w.rss_bytes {
                     0 => String::new(),

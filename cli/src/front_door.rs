@@ -44,7 +44,7 @@ fn bind(what: &'static str, addr: Option<SocketAddr>) -> Result<Option<tokio::ne
 /// `identity` (whose certificate is of `role`), on the listeners
 /// `settings` names; `None` when it names none.
 pub async fn start(
-    coordinator: SocketAddr,
+    coordinators: &[SocketAddr],
     identity: &NodeIdentity,
     cluster: &str,
     role: Role,
@@ -57,7 +57,7 @@ pub async fn start(
     let rules = Rules::from_config(&settings.serving, identity, &settings.cert_path)?;
     let http = bind("HTTP", settings.http)?;
     let grpc = bind("gRPC", settings.grpc)?;
-    let client = connect(coordinator, identity, cluster, role).await?;
+    let client = connect(coordinators, identity, cluster, role).await?;
     Ok(Some(FrontDoor::start(
         client,
         rules,
@@ -71,7 +71,7 @@ pub async fn start(
 /// The front door's requester: the coordinator dialled until it answers
 /// (it may be starting too), for up to a minute.
 async fn connect(
-    coordinator: SocketAddr,
+    coordinators: &[SocketAddr],
     identity: &NodeIdentity,
     cluster: &str,
     role: Role,
@@ -79,7 +79,7 @@ async fn connect(
     let mut wait = Duration::from_millis(100);
     let started = std::time::Instant::now();
     loop {
-        match Client::connect_as(coordinator, identity, cluster, role).await {
+        match Client::connect_any(coordinators, identity, cluster, role).await {
             Ok(client) => return Ok(client),
             Err(e) if started.elapsed() < Duration::from_secs(60) => {
                 tracing::debug!("the front door's coordinator: {e}; again in {wait:?}");
@@ -116,7 +116,7 @@ pub async fn of_coordinator(
     let shared = coordinator.shared().clone();
     let cluster_metrics: ExtraMetrics = Box::new(move || shared.metrics.render());
     start(
-        addr,
+        &[addr],
         identity,
         &config.cluster,
         Role::Coordinator,

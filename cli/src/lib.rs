@@ -90,6 +90,22 @@ pub async fn terminated() {
     }
 }
 
+/// The coordinators of `--coordinator a:7400,b:7400` (one, or every
+/// coordinator of an HA cluster), resolved.
+pub async fn resolve_coordinators(list: &str) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+    let mut addrs = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let addr = tessera_net::resolve(item)
+            .await
+            .map_err(|e| anyhow::anyhow!("coordinator '{item}': {e}"))?;
+        addrs.push(addr);
+    }
+    if addrs.is_empty() {
+        anyhow::bail!("no coordinator address in '{list}'");
+    }
+    Ok(addrs)
+}
+
 /// One line on stdout, flushed at once (scripts and tests wait for it).
 pub fn announce(line: &str) {
     use std::io::Write;

@@ -20,7 +20,9 @@ use crate::run::{read_inputs, write_outputs, RunArgs};
 /// or an embedded local cluster started in this process.
 #[derive(Args, Clone)]
 pub struct RemoteArgs {
-    /// The cluster's coordinator (default: start an embedded local cluster).
+    /// The cluster's coordinator (default: start an embedded local
+    /// cluster); with HA, every coordinator, comma-separated (the leader is
+    /// found among them).
     #[arg(long, value_name = "ADDR")]
     pub coordinator: Option<String>,
     /// Directory made by `tessera certs init` (with --coordinator).
@@ -92,10 +94,11 @@ pub async fn connect(
 ) -> Result<(Client, Option<tessera_cli::cluster::Embedded>)> {
     match &args.coordinator {
         Some(addr) => {
-            let addr = tessera_net::resolve(addr).await?;
+            let addrs = tessera_cli::resolve_coordinators(addr).await?;
             let id = tessera_net::certs::load_identity(&args.certs, &args.name)
                 .context("the client's certificate (make one with `tessera certs init`)")?;
-            let client = Client::connect(addr, &id, &args.cluster).await?;
+            let role = tessera_common::wire::handshake::Role::Client;
+            let client = Client::connect_any(&addrs, &id, &args.cluster, role).await?;
             Ok((client, None))
         }
         None => {

@@ -89,9 +89,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let identity = tessera_net::certs::load_identity(&args.certs, &args.name)
         .context("the gateway's certificate (make one with `tessera certs init`)")?;
     tessera_cli::cluster::run_system(async move {
-        let coordinator = tessera_net::resolve(&args.coordinator).await?;
+        let coordinators = tessera_cli::resolve_coordinators(&args.coordinator).await?;
         let door = tessera_cli::front_door::start(
-            coordinator,
+            &coordinators,
             &identity,
             &args.cluster,
             Role::Client,

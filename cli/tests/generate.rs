@@ -571,17 +571,17 @@ fn the_openai_client_streams_completions_and_chats() {
 }
 
 /// A generation streaming through a worker's front door (the real `openai`
-/// client) when the coordinator is killed with SIGKILL: it finishes with
-/// onnxruntime-genai's greedy text (the front door and the workers need no
-/// coordinator mid-generation); the coordinator, started again with its
-/// `state_dir`, serves the model again without loading it.
+/// client) when the leading coordinator of two (HA, on a real etcd) is
+/// killed with SIGKILL: it finishes with onnxruntime-genai's greedy text
+/// (the front door and the workers need no coordinator mid-generation);
+/// the standby takes over, adopts the model as the worker runs it, and
+/// the next generation has the same text.
 #[test]
-fn a_generation_through_a_workers_front_door_finishes_when_the_coordinator_is_killed() {
+fn a_generation_through_a_workers_front_door_finishes_when_the_leader_is_killed() {
     let _one = one_at_a_time();
     let model = folder("smollm2-135m-instruct");
     let config = format!(
-        "state_dir = \"{{dir}}/state\"\n[models.smollm2]\npath = {:?}\ndevices = \"CPU\"\n\
-         context = 256\nmax_sequences = 2\n",
+        "[models.smollm2]\npath = {:?}\ndevices = \"CPU\"\ncontext = 256\nmax_sequences = 2\n",
         model.display().to_string()
     );
     let listen = {
@@ -589,12 +589,8 @@ fn a_generation_through_a_workers_front_door_finishes_when_the_coordinator_is_ki
         format!("127.0.0.1:{}", l.local_addr().unwrap().port())
     };
     let door: &[&str] = &["--http-listen", &listen];
-    let mut cluster = Cluster::start_configured_with_args(
-        "generate-coordinator-killed",
-        &[("node-a", "CPU", door)],
-        1,
-        &config,
-    );
+    let mut cluster =
+        util::ha::HaCluster::start("generate-leader-killed", &[("node-a", door)], &config);
     let prompt = "Once upon a time";
     let want = genai(&model, &[prompt], 48, false);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -602,25 +598,26 @@ fn a_generation_through_a_workers_front_door_finishes_when_the_coordinator_is_ki
         let listen = listen.clone();
         move || openai_stream(&listen, prompt, 48, Some(tx))
     });
-    // Four chunks in, the coordinator dies.
+    // Four chunks in, the leader dies.
     for _ in 0..4 {
         rx.recv_timeout(Duration::from_secs(180))
             .expect("the stream started");
     }
-    cluster.coordinator.kill();
+    cluster.coordinators[0].kill();
     let got = streaming.join().expect("the stream finished");
-    assert_eq!(
-        got, want[0].text,
-        "the text despite the coordinator's death"
-    );
-    cluster.start_coordinator_again();
-    let again = openai_stream(&listen, prompt, 48, None);
-    assert_eq!(again, want[0].text, "after the restart");
-    let log = std::fs::read_to_string(cluster.dir.join("coordinator-restarted.log")).unwrap();
+    assert_eq!(got, want[0].text, "the text despite the leader's death");
+    let standby = &cluster.coordinators[1];
     assert!(
-        log.contains("adopted what the worker still serves"),
-        "{log}"
+        util::ha::wait_log(
+            standby,
+            "adopted what the worker still serves",
+            Duration::from_secs(30)
+        ),
+        "{}",
+        standby.log_text()
     );
+    let again = openai_stream(&listen, prompt, 48, None);
+    assert_eq!(again, want[0].text, "after the takeover");
 }
 
 /// One greedy completion streamed through the real `openai` client from

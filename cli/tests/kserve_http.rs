@@ -14,30 +14,15 @@
 
 mod util;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use util::cluster::Cluster;
-use util::kserve::{free_port, python};
+use util::kserve::{free_port, python, split_models_config};
 
 const MAX_BODY: usize = 1 << 20;
 /// `[serving] header_timeout_ms`: short, so the slow-loris check is quick.
 const HEADER_TIMEOUT_MS: u64 = 2000;
-
-/// `{ "node" = "host/CPU", ... }` pinning the second half of the model's
-/// ops (as planned with `shapes`) to `host`.
-fn second_half_on(model: &Path, shapes: &BTreeMap<String, Vec<usize>>, host: &str) -> String {
-    let bytes = std::fs::read(model).unwrap();
-    let proto = tessera_common::onnx::decode_model(&bytes).unwrap();
-    let (graph, _) = tessera_common::plan::prepare(&proto, shapes).unwrap();
-    let ops = graph.topo_ops();
-    let pins: Vec<String> = ops[ops.len() / 2..]
-        .iter()
-        .map(|&n| format!("{:?} = \"{host}/CPU\"", graph.node(n).name))
-        .collect();
-    format!("{{ {} }}", pins.join(", "))
-}
 
 fn kserve(url: &str, phase: &str) {
     let max_body = MAX_BODY.to_string();
@@ -71,23 +56,14 @@ fn model_repository(dir: &Path) {
 
 #[test]
 fn tritonclient_curl_and_prometheus_against_two_workers() {
-    let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
-    let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
-    let rec_shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 48, 320])]);
     let (port, grpc_port) = (free_port(), free_port());
     let repository = util::Scratch::new("kserve-repository");
     model_repository(&repository.join("models"));
     let config = format!(
         "http_listen = \"127.0.0.1:{port}\"\ngrpc_listen = \"127.0.0.1:{grpc_port}\"\n\
-         http_max_body_bytes = {MAX_BODY}\n\
-         [models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
-         shapes = {{ x = [1, 3, 48, 320] }}\naffinity = {}\n\
-         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n\
+         http_max_body_bytes = {MAX_BODY}\n{}\
          [serving]\nmodel_control = true\nmodel_repository = {:?}\nheader_timeout_ms = {HEADER_TIMEOUT_MS}\n",
-        rec.display().to_string(),
-        second_half_on(&rec, &rec_shapes, "node-b"),
-        minilm.display().to_string(),
-        second_half_on(&minilm, &BTreeMap::new(), "node-a"),
+        split_models_config(),
         repository.join("models").display().to_string(),
     );
     let mut cluster = Cluster::start_configured(
@@ -119,27 +95,6 @@ fn tritonclient_curl_and_prometheus_against_two_workers() {
     kserve(&url, "serving");
 }
 
-/// A worker's own front door (`worker --http-listen`) serves the named
-/// models straight from the workers: it keeps answering, every answer
-/// checked against onnxruntime, while the coordinator is paused with
-/// SIGSTOP for 3 s (no request passes through the coordinator; the front
-/// door holds each model's routing table).
-/// rec and MiniLM as named models, each split over node-a and node-b.
-fn split_models_config() -> String {
-    let rec = util::model("ch_PP-OCRv4_rec_infer.onnx");
-    let minilm = util::model("paraphrase-MiniLM-L3-v2.onnx");
-    let rec_shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 48, 320])]);
-    format!(
-        "[models.rec]\npath = {:?}\ndevices = \"HETERO:node-a/CPU,node-b/CPU\"\n\
-         shapes = {{ x = [1, 3, 48, 320] }}\naffinity = {}\n\
-         [models.minilm]\npath = {:?}\ndevices = \"HETERO:node-b/CPU,node-a/CPU\"\naffinity = {}\n",
-        rec.display().to_string(),
-        second_half_on(&rec, &rec_shapes, "node-b"),
-        minilm.display().to_string(),
-        second_half_on(&minilm, &BTreeMap::new(), "node-a"),
-    )
-}
-
 /// node-a with its own front door (returned: its address) and node-b,
 /// under a coordinator configured with `config`.
 fn front_door_cluster(test: &str, config: &str) -> (Cluster, String) {
@@ -168,6 +123,11 @@ fn kserve_loop(listen: &str, seconds: u32) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// A worker's own front door (`worker --http-listen`) serves the named
+/// models straight from the workers: it keeps answering, every answer
+/// checked against onnxruntime, while the coordinator is paused with
+/// SIGSTOP for 3 s (no request passes through the coordinator; the front
+/// door holds each model's routing table).
 #[test]
 fn a_workers_front_door_keeps_answering_while_the_coordinator_is_stopped() {
     let (mut cluster, listen) = front_door_cluster("front-door", &split_models_config());

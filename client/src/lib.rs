@@ -49,6 +49,7 @@
 mod error;
 pub mod generate;
 pub mod infer;
+pub mod leader;
 pub mod peers;
 pub mod plan;
 pub mod routes;
@@ -163,8 +164,9 @@ impl Outputs {
 struct Inner {
     /// The endpoint: the coordinator's connection and every worker's.
     node: Arc<Node>,
-    /// The coordinator's address, dialled again when its connection closed.
-    coordinator: SocketAddr,
+    /// The coordinators' addresses (HA: several, the leader is found
+    /// among them), dialled again when the connection closed.
+    coordinators: Vec<SocketAddr>,
     connection: Mutex<quinn::Connection>,
     limits: Limits,
     /// The requester's name (its certificate's).
@@ -217,7 +219,22 @@ impl Client {
         cluster: &str,
         role: Role,
     ) -> Result<Client, ClientError> {
-        let any: SocketAddr = if addr.is_ipv6() {
+        Client::connect_any(&[addr], identity, cluster, role).await
+    }
+
+    /// Connects to the leading coordinator of `addrs` (HA: every
+    /// coordinator; one address works as [`Client::connect_as`]), and
+    /// follows the leader from then on.
+    pub async fn connect_any(
+        addrs: &[SocketAddr],
+        identity: &NodeIdentity,
+        cluster: &str,
+        role: Role,
+    ) -> Result<Client, ClientError> {
+        let Some(first) = addrs.first() else {
+            return Err(ClientError::Connection("no coordinator address".into()));
+        };
+        let any: SocketAddr = if first.is_ipv6() {
             "[::]:0".parse()
         } else {
             "0.0.0.0:0".parse()
@@ -225,18 +242,12 @@ impl Client {
         .map_err(|e: std::net::AddrParseError| ClientError::Connection(e.to_string()))?;
         let node =
             Arc::new(Node::bind(any, identity, cluster, role).map_err(ClientError::Connect)?);
-        let peer = node.dial(addr).await.map_err(ClientError::Connect)?;
-        if peer.hello.role != Role::Coordinator {
-            return Err(ClientError::Protocol(format!(
-                "{addr} is the {} '{}', not a coordinator",
-                peer.hello.role, peer.hello.node
-            )));
-        }
+        let connection = leader::find(&node, addrs).await?;
         Ok(Client {
             inner: Arc::new(Inner {
                 limits: *node.limits(),
-                connection: Mutex::new(peer.connection),
-                coordinator: addr,
+                connection: Mutex::new(connection),
+                coordinators: addrs.to_vec(),
                 name: identity.name.clone(),
                 peers: peers::Peers::new(node.clone()),
                 ids: infer::Ids::new(),
@@ -258,16 +269,22 @@ impl Client {
         self.inner.limits
     }
 
-    /// Dials the coordinator again if its connection closed (it restarted).
+    /// The coordinator of the connection stands by (HA): the next
+    /// operation finds the leader.
+    pub(crate) fn not_leader(&self) {
+        self.connection().close(0u32.into(), b"not the leader");
+    }
+
+    /// Dials the coordinator (the leader) again if its connection closed.
     pub(crate) async fn reconnect_if_closed(&self) {
         let _one = self.inner.redial.lock().await;
         if self.connection().close_reason().is_none() {
             return;
         }
-        match self.inner.node.dial(self.inner.coordinator).await {
-            Ok(peer) => {
+        match leader::find(&self.inner.node, &self.inner.coordinators).await {
+            Ok(connection) => {
                 if let Ok(mut c) = self.inner.connection.lock() {
-                    *c = peer.connection;
+                    *c = connection;
                 }
                 tracing::info!("connected to the coordinator again");
             }
@@ -485,10 +502,12 @@ impl Client {
                 workers,
                 networks,
                 in_flight,
+                coordinators,
             } => Ok(ClusterState {
                 workers,
                 networks,
                 in_flight,
+                coordinators,
             }),
             other => Err(ClientError::unexpected(op, &other)),
         }
@@ -503,17 +522,30 @@ impl Client {
         payload: Option<Bytes>,
         mut progress: impl FnMut(&str, u64, u64),
     ) -> Result<ClientReply, ClientError> {
-        let report = |p: Progress| progress(&p.what, p.done, p.total);
-        self.reconnect_if_closed().await;
-        exchange::request(
-            &self.connection(),
-            msg,
-            payload.as_ref(),
-            &self.inner.limits,
-            report,
-        )
-        .await
-        .map_err(|e| ClientError::of(op, e))
+        let mut report = |p: Progress| progress(&p.what, p.done, p.total);
+        // A standby's answer names the leader: the operation goes there
+        // (a leader is searched for at most once per try).
+        let mut tries = 0;
+        loop {
+            self.reconnect_if_closed().await;
+            let reply = exchange::request(
+                &self.connection(),
+                msg,
+                payload.as_ref(),
+                &self.inner.limits,
+                &mut report,
+            )
+            .await
+            .map_err(|e| ClientError::of(op, e))?;
+            tries += 1;
+            match reply {
+                ClientReply::NotLeader { leader } if tries < 3 => {
+                    tracing::debug!(?leader, "the coordinator stands by: finding the leader");
+                    self.not_leader();
+                }
+                reply => return Ok(reply),
+            }
+        }
     }
 }
 
@@ -555,6 +587,8 @@ pub struct ClusterState {
     pub networks: u32,
     /// Requests running.
     pub in_flight: u32,
+    /// The coordinators: the leader first, then the standbys.
+    pub coordinators: Vec<tessera_common::wire::control::CoordinatorInfo>,
 }
 
 impl Network {

@@ -326,6 +326,10 @@ async fn follow(
                 });
                 return Ok(());
             }
+            Some(Frame::Control(ClientReply::NotLeader { .. }, _)) => {
+                client.not_leader();
+                return Err(ClientError::Connection("the coordinator stands by".into()));
+            }
             Some(Frame::Control(ClientReply::Failed(f), _)) => {
                 tx.send_modify(|k| {
                     k.gone = Some(f.error);

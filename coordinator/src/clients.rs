@@ -5,13 +5,15 @@
 //! routing table and its changes, and `Generation`, a generative
 //! network's spec); many run at once. A malformed operation fails on its
 //! own stream; the session and the others go on. No request comes here.
+//! A standby (HA) answers `Leader` and, to every other operation,
+//! `NotLeader` with the leader's address.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use tessera_common::wire::client::{ClientReply, ClientRequest};
-use tessera_common::wire::control::WorkerState;
+use tessera_common::wire::control::{CoordinatorInfo, WorkerState};
 use tessera_common::wire::{Limits, Progress};
 use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
@@ -55,6 +57,15 @@ async fn serve_operation(
 ) {
     let limits = *shared.node.limits();
     let result = match exchange::read_operation::<ClientRequest>(&mut recv, &limits).await {
+        Ok(Some((ClientRequest::Leader, _))) => {
+            let reply = crate::ha::leader_answer(&shared).await;
+            write(&mut send, &reply, &limits).await
+        }
+        // A standby serves no operation: it names the leader.
+        Ok(Some(_)) if !shared.leads() => {
+            let leader = shared.leader.borrow().leader.clone();
+            write(&mut send, &ClientReply::NotLeader { leader }, &limits).await
+        }
         // A subscription keeps its stream.
         Ok(Some((ClientRequest::Routes { network, model }, _))) => {
             return crate::routes::subscription(shared, network, model, send).await;
@@ -84,6 +95,14 @@ async fn operation(
 ) -> Result<(), CoordinatorError> {
     let limits = *shared.node.limits();
     let (msg, payload) = take_tokenizer(msg, payload)?;
+    if matches!(
+        msg,
+        ClientRequest::LoadNetwork(_)
+            | ClientRequest::LoadModel { .. }
+            | ClientRequest::QueryNetwork { .. }
+    ) {
+        crate::state::restore::rejoined(shared).await;
+    }
     match msg {
         ClientRequest::LoadNetwork(request) if request.dry_run => {
             let (tx, rx) = mpsc::channel::<Progress>(64);
@@ -153,7 +172,10 @@ async fn operation(
             .await?;
             write(send, &ClientReply::QueryResult { answers }, &limits).await
         }
-        ClientRequest::ClusterInfo => write(send, &cluster_state(shared), &limits).await,
+        ClientRequest::ClusterInfo => {
+            let coordinators = crate::ha::coordinators(shared).await;
+            write(send, &cluster_state(shared, coordinators), &limits).await
+        }
         ClientRequest::Generation { network } => {
             send_generation_spec(shared, network, send, &limits).await
         }
@@ -163,6 +185,9 @@ async fn operation(
         ClientRequest::Unload { network } => {
             deploy::unload(shared, network).await?;
             write(send, &ClientReply::Unloaded { network }, &limits).await
+        }
+        ClientRequest::Leader => {
+            write(send, &crate::ha::leader_answer(shared).await, &limits).await
         }
     }
 }
@@ -251,7 +276,7 @@ fn placed_anew(
 }
 
 /// The cluster's workers as clients see them (`tessera cluster`).
-fn cluster_state(shared: &Shared) -> ClientReply {
+fn cluster_state(shared: &Shared, coordinators: Vec<CoordinatorInfo>) -> ClientReply {
     let in_use = crate::planning::memory_in_use(shared, None);
     let mut workers: Vec<WorkerState> = shared
         .workers
@@ -296,6 +321,7 @@ fn cluster_state(shared: &Shared) -> ClientReply {
         workers,
         networks: shared.networks.len() as u32,
         in_flight,
+        coordinators,
     }
 }
 

@@ -38,6 +38,7 @@ pub const KEYS: [&str; 12] = [
     "state_dir",
 ];
 
+pub use crate::ha::config::{HaConfig, HA_KEYS};
 pub use tessera_common::serving::{ServingConfig, DEFAULT_HEADER_TIMEOUT_MS, SERVING_KEYS};
 
 pub use tessera_common::models::{
@@ -82,6 +83,8 @@ pub struct CoordinatorConfig {
     pub state_dir: PathBuf,
     /// Who may do what over HTTP and gRPC.
     pub serving: ServingConfig,
+    /// Two or more coordinators, one leading (`[ha]`; off by default).
+    pub ha: HaConfig,
     /// The model repository: models loaded by name at start.
     pub models: BTreeMap<String, ModelConfig>,
 }
@@ -102,6 +105,7 @@ impl Default for CoordinatorConfig {
             grpc_listen: String::new(),
             state_dir: PathBuf::new(),
             serving: ServingConfig::default(),
+            ha: HaConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -151,14 +155,23 @@ impl CoordinatorConfig {
                     .map_err(|e| err(format!("{var}: {e}")))?;
             }
         }
+        for key in HA_KEYS {
+            let var = format!("TESSERA_HA_{}", key.to_uppercase());
+            if let Some(value) = env(&var) {
+                builder = builder
+                    .set_override(format!("ha.{key}"), value)
+                    .map_err(|e| err(format!("{var}: {e}")))?;
+            }
+        }
         let built = builder.build().map_err(|e| err(e.to_string()))?;
         let cfg: CoordinatorConfig = built.try_deserialize().map_err(|e| {
             let text = e.to_string();
             if text.contains("unknown field") {
                 err(format!(
-                    "{text} (known keys: {}; [serving]: {})",
+                    "{text} (known keys: {}; [serving]: {}; [ha]: {})",
                     KEYS.join(", "),
-                    SERVING_KEYS.join(", ")
+                    SERVING_KEYS.join(", "),
+                    HA_KEYS.join(", ")
                 ))
             } else {
                 err(text)
@@ -186,6 +199,14 @@ impl CoordinatorConfig {
         }
         if cfg.http_max_body_bytes == 0 {
             return Err(err("http_max_body_bytes must be positive".into()));
+        }
+        cfg.ha.check(cfg.listen).map_err(err)?;
+        if cfg.ha.enabled() && cfg.state_dir.as_os_str().is_empty() {
+            return Err(err(
+                "[ha] needs state_dir: the model bytes clients send are kept \
+                 there, on a volume every coordinator reads"
+                    .into(),
+            ));
         }
         for (name, model) in &cfg.models {
             model.check(name).map_err(|e| err(e.at(name)))?;

@@ -513,7 +513,10 @@ async fn deploy_one(
     let (mut send, mut recv) = exchange::open(&worker.connection)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    let msg = ToWorker::Deploy(shipment.spec.clone());
+    let msg = ToWorker::Deploy {
+        spec: shipment.spec.clone(),
+        epoch: worker.epoch,
+    };
     exchange::send_message(&mut send, &msg, None, limits)
         .await
         .map_err(|e| failed(e.to_string()))?;
@@ -571,7 +574,10 @@ pub async fn undeploy(shared: &Arc<Shared>, network: u64, hosts: &[String]) {
         let Some(worker) = shared.workers.get(host).map(|w| w.clone()) else {
             continue;
         };
-        let msg = ToWorker::Undeploy { network };
+        let msg = ToWorker::Undeploy {
+            network,
+            epoch: worker.epoch,
+        };
         if let Err(e) = worker.ask(shared.node.limits(), &msg, None, None).await {
             tracing::warn!("undeploy network {network}: {e}");
         }

@@ -57,6 +57,7 @@ pub mod clients;
 pub mod config;
 pub mod deploy;
 pub mod generative;
+pub mod ha;
 pub mod heal;
 pub mod members;
 pub mod metrics;
@@ -117,6 +118,9 @@ pub enum CoordinatorError {
     /// The state directory cannot be opened.
     #[error("state_dir: {0}")]
     State(#[from] state::StoreError),
+    /// HA cannot start (etcd cannot be reached).
+    #[error("ha: {0}")]
+    Ha(String),
 }
 
 impl CoordinatorError {
@@ -134,7 +138,8 @@ impl CoordinatorError {
             }
             CoordinatorError::NotReady(_)
             | CoordinatorError::Net(_)
-            | CoordinatorError::State(_) => ErrorKind::Unavailable,
+            | CoordinatorError::State(_)
+            | CoordinatorError::Ha(_) => ErrorKind::Unavailable,
             CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
         }
     }
@@ -156,6 +161,14 @@ pub struct Shared {
     closing: tokio::sync::watch::Sender<bool>,
     /// When the coordinator started.
     pub started: std::time::Instant,
+    /// HA (`[ha]`): its place in etcd's election.
+    pub ha: Option<Arc<ha::Ha>>,
+    /// Who leads (without HA: this one, always).
+    pub leader: tokio::sync::watch::Sender<ha::LeaderView>,
+    /// Why this coordinator stepped down (HA), once it did.
+    pub stepped_down: tokio::sync::watch::Sender<Option<String>>,
+    /// When its lead began (its start without HA).
+    pub led_since: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl Shared {
@@ -167,6 +180,26 @@ impl Shared {
     /// A fresh id for a network or a deployment.
     pub async fn next_id(&self) -> u64 {
         self.state.next_id().await
+    }
+
+    /// Whether this coordinator leads now: always without HA; with it,
+    /// once elected and while its lease is surely alive.
+    pub fn leads(&self) -> bool {
+        match &self.ha {
+            None => true,
+            Some(ha) => self.leader.borrow().leading && ha.lease_alive(std::time::Instant::now()),
+        }
+    }
+
+    /// The address workers and clients dial for this coordinator.
+    pub fn advertised(&self) -> String {
+        match &self.ha {
+            Some(ha) => ha.advertise.clone(),
+            None => self
+                .config
+                .ha
+                .advertised(self.node.local_addr().unwrap_or(self.config.listen)),
+        }
     }
 
     /// Waits until [`Coordinator::shutdown`] is called.
@@ -186,26 +219,71 @@ pub struct Coordinator {
 impl Coordinator {
     /// Binds the configured address (port 0: any free port) and opens the
     /// state directory, if one is set (a second coordinator on the same
-    /// one is refused). Must run inside a tokio runtime.
+    /// one is refused). Must run inside a tokio runtime. With `[ha]`, use
+    /// [`Coordinator::open`].
     pub fn bind(
         config: CoordinatorConfig,
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
+        if config.ha.enabled() {
+            return Err(CoordinatorError::Ha(
+                "[ha] coordinators start with Coordinator::open".into(),
+            ));
+        }
         let state = state::Keeper::open(&config.state_dir)?;
+        Coordinator::with(config, identity, state, None)
+    }
+
+    /// [`Coordinator::bind`], or with `[ha]` also reaches etcd (an error
+    /// if it cannot) and stands by until [`Coordinator::serve`] campaigns.
+    pub async fn open(
+        config: CoordinatorConfig,
+        identity: &tessera_net::certs::NodeIdentity,
+    ) -> Result<Coordinator, CoordinatorError> {
+        if !config.ha.enabled() {
+            return Coordinator::bind(config, identity);
+        }
+        let advertise = config.ha.advertised(config.listen);
+        let ha = ha::Ha::connect(&config.ha, advertise)
+            .await
+            .map_err(|e| CoordinatorError::Ha(e.to_string()))?;
+        let state = state::Keeper::etcd(ha.client(), &config.ha.prefix, &config.state_dir)?;
+        Coordinator::with(config, identity, state, Some(Arc::new(ha)))
+    }
+
+    fn with(
+        config: CoordinatorConfig,
+        identity: &tessera_net::certs::NodeIdentity,
+        state: state::Keeper,
+        ha: Option<Arc<ha::Ha>>,
+    ) -> Result<Coordinator, CoordinatorError> {
         let node = Node::bind(config.listen, identity, &config.cluster, Role::Coordinator)?;
-        Ok(Coordinator {
-            shared: Arc::new(Shared {
-                repository: repository::Repository::from_config(&config.models),
-                metrics: metrics::Metrics::new(),
-                config,
-                node,
-                workers: DashMap::new(),
-                networks: DashMap::new(),
-                state,
-                closing: tokio::sync::watch::Sender::new(false),
-                started: std::time::Instant::now(),
-            }),
-        })
+        let leading = ha.is_none();
+        let leader = ha::LeaderView {
+            leading,
+            leader: None,
+            epoch: if leading { state.epoch() } else { 0 },
+        };
+        let shared = Arc::new(Shared {
+            repository: repository::Repository::from_config(&config.models),
+            metrics: metrics::Metrics::new(),
+            config,
+            node,
+            workers: DashMap::new(),
+            networks: DashMap::new(),
+            state,
+            closing: tokio::sync::watch::Sender::new(false),
+            started: std::time::Instant::now(),
+            ha,
+            leader: tokio::sync::watch::Sender::new(leader),
+            stepped_down: tokio::sync::watch::Sender::new(None),
+            led_since: std::sync::OnceLock::new(),
+        });
+        if leading {
+            let addr = shared.advertised();
+            shared.leader.send_modify(|v| v.leader = Some(addr));
+        }
+        Ok(Coordinator { shared })
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, CoordinatorError> {
@@ -228,13 +306,17 @@ impl Coordinator {
         names
     }
 
-    /// Restores the kept state (if any), then accepts workers and clients
-    /// until the endpoint closes. A peer that fails TLS or the handshake is
-    /// logged and refused; the others go on.
+    /// Leads (restores the kept state, if any) or, with `[ha]`,
+    /// campaigns for the lead; meanwhile accepts workers and clients until
+    /// the endpoint closes (at a shutdown or a step-down). A peer that
+    /// fails TLS or the handshake is logged and refused; the others go on.
     pub async fn serve(&self) {
-        state::restore::restore(&self.shared).await;
-        tokio::spawn(members::watchdog(self.shared.clone()));
-        tokio::spawn(repository::keep_loaded(self.shared.clone()));
+        match &self.shared.ha {
+            None => lead(&self.shared).await,
+            Some(ha) => {
+                tokio::spawn(ha::run(self.shared.clone(), ha.clone()));
+            }
+        }
         // Each connection handshakes on its own task: one slow or silent
         // peer holds up no other.
         while let Some(incoming) = self.shared.node.incoming().await {
@@ -258,11 +340,26 @@ impl Coordinator {
         }
     }
 
+    /// Why this coordinator stepped down (lost its lead or etcd), if it
+    /// did: [`Coordinator::serve`] has returned.
+    pub fn stepped_down(&self) -> Option<String> {
+        self.shared.stepped_down.borrow().clone()
+    }
+
     /// Closes every connection.
     pub async fn shutdown(&self) {
         self.shared.closing.send_replace(true);
         self.shared.node.shutdown().await;
     }
+}
+
+/// What the leader does when its lead begins: restores the kept state,
+/// then watches the workers and keeps the named models loaded.
+pub(crate) async fn lead(shared: &Arc<Shared>) {
+    let _ = shared.led_since.set(std::time::Instant::now());
+    state::restore::restore(shared).await;
+    tokio::spawn(members::watchdog(shared.clone()));
+    tokio::spawn(repository::keep_loaded(shared.clone()));
 }
 
 /// Runs futures concurrently until every one has finished; then the first

@@ -37,6 +37,20 @@ pub async fn serve_worker_or_client(shared: Arc<Shared>, peer: Peer) {
             return;
         }
     };
+    if let Ok(Some((WorkerReport::WatchLeader { .. }, _))) = &first {
+        return crate::ha::watch_leader(shared, connection, send).await;
+    }
+    if !shared.leads() {
+        // A standby: the worker goes to the leader.
+        let view = shared.leader.borrow().clone();
+        let standby = CoordinatorAnswer::Standby {
+            leader: view.leader,
+            epoch: view.epoch,
+        };
+        let _ = exchange::send_message(&mut send, &standby, None, &limits).await;
+        let _ = send.finish();
+        return;
+    }
     let Some(entry) = register(&shared, &connection, &hello.node, &mut send, first).await else {
         return;
     };
@@ -127,6 +141,7 @@ async fn register(
         running: Default::default(),
         rss_bytes: Default::default(),
         compiles: Mutex::new(compiles),
+        epoch: shared.state.epoch(),
     });
     entry.heard(Vec::new(), sequences, Vec::new(), Instant::now());
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
@@ -192,8 +207,8 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
             load_metrics(shared, worker, &subgraphs);
             entry.heard(subgraphs, sequences, links, Instant::now());
         }
-        WorkerReport::Register { name, .. } => {
-            tracing::warn!(%worker, "registered again as '{name}' on an open session; ignored")
+        WorkerReport::Register { name, .. } | WorkerReport::WatchLeader { name } => {
+            tracing::warn!(%worker, "'{name}' registered or watched again on an open session; ignored")
         }
     }
 }

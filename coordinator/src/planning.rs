@@ -200,6 +200,7 @@ async fn query_all(
     let queries = by_host.values().map(|(w, kinds)| {
         let msg = ToWorker::QueryNetwork {
             devices: kinds.clone(),
+            epoch: w.epoch,
         };
         async move {
             let _ = progress

@@ -37,6 +37,9 @@ pub struct WorkerEntry {
     /// Its compiles and compile-cache loads since it started, as it last
     /// reported them.
     pub compiles: Mutex<tessera_common::wire::control::CompileCounts>,
+    /// The coordinator's epoch when it registered: every operation sent
+    /// to it carries it.
+    pub epoch: u64,
 }
 
 /// Tensors received between two heartbeats update a link's bandwidth

@@ -81,6 +81,7 @@ async fn mutual_tls_carries_control_and_tensor_frames() {
     let model = Bytes::from(vec![3u8; 4096]);
     let query = ToWorker::QueryNetwork {
         devices: vec!["CPU".into()],
+        epoch: 1,
     };
     // Sender and receiver run together: QUIC flow control holds the sender
     // until the receiver reads.

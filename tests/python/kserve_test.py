@@ -15,7 +15,7 @@ and the server keeps serving), limits (a 2 GB Content-Length, a slow-loris
 connection), the repository extension (loads confined to the model
 repository folder), and /metrics counters moving. `serving` waits until the server is ready and checks one
 request of each model (after a worker loss or a coordinator restart).
-`loop` sends rec and minilm requests one after another for `--seconds`,
+`loop` sends rec and minilm requests one after another for `--seconds` (or `--requests` of them),
 each checked, and fails on the first that fails (a front door that must
 keep answering while the coordinator is stopped).
 """
@@ -400,6 +400,8 @@ def main():
     p.add_argument("models")
     p.add_argument("--phase", default="full", choices=["full", "serving", "loop"])
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--requests", type=int, default=0,
+                   help="loop: this many requests instead of --seconds")
     p.add_argument("--max-body", type=int, default=1 << 20)
     p.add_argument("--header-timeout-ms", type=int, default=10000)
     args = p.parse_args()
@@ -414,13 +416,14 @@ def main():
     if args.phase == "loop":
         print("loop: started", flush=True)
         until, n, slowest = time.time() + args.seconds, 0, 0.0
-        while time.time() < until:
+        while (n < args.requests) if args.requests else (time.time() < until):
             started = time.time()
             rec_infer(client, oracle, n, True)
             minilm_infer(client, oracle, n + 1, n % 2 == 0)
             slowest = max(slowest, time.time() - started)
             n += 2
-        print(f"loop: {n} requests in {args.seconds:.0f} s answered correctly "
+        took = time.time() - (until - args.seconds)
+        print(f"loop: {n} requests in {took:.1f} s answered correctly "
               f"(the slowest pair took {slowest * 1e3:.0f} ms)")
         return
     before = metrics(args.url)

@@ -45,7 +45,7 @@ fn run(args: Args) -> Result<()> {
         .build()
         .context("tokio runtime")?;
     runtime.block_on(async move {
-        let coordinator = Coordinator::bind(config.clone(), &identity)?;
+        let coordinator = Coordinator::open(config.clone(), &identity).await?;
         let serving = coordinator.clone();
         let served = tokio::spawn(async move { serving.serve().await });
         let front_door = tessera_cli::front_door::of_coordinator(&coordinator, &config, &identity)
@@ -60,7 +60,11 @@ fn run(args: Args) -> Result<()> {
         }
         tessera_cli::announce(&format!("listening on {}", coordinator.local_addr()?));
         tokio::select! {
-            _ = served => {}
+            _ = served => {
+                if let Some(why) = coordinator.stepped_down() {
+                    anyhow::bail!("stepped down: {why}");
+                }
+            }
             () = tessera_cli::terminated() => {
                 tracing::info!("closing connections");
                 if let Some(door) = &front_door {

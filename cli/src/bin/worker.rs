@@ -28,7 +28,8 @@ struct Args {
     /// Address other workers dial (`host:port`), if not the bound one.
     #[arg(long)]
     advertise: Option<String>,
-    /// The coordinator's address (`host:port`, e.g. coordinator:7400).
+    /// The coordinator's address (`host:port`, e.g. coordinator:7400); with
+    /// HA, every coordinator's, comma-separated (a:7400,b:7400).
     #[arg(long)]
     coordinator: Option<String>,
     /// Exit when the coordinator goes away instead of dialling it again.
@@ -288,8 +289,8 @@ async fn serve_front_door(
         return;
     }
     let started = async {
-        let addr = tessera_net::resolve(&coordinator).await?;
-        tessera_cli::front_door::start(addr, &identity, &cluster, Role::Worker, &settings, None)
+        let addrs = tessera_cli::resolve_coordinators(&coordinator).await?;
+        tessera_cli::front_door::start(&addrs, &identity, &cluster, Role::Worker, &settings, None)
             .await
     };
     match started.await {

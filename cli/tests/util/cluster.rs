@@ -308,25 +308,7 @@ impl Cluster {
     }
 
     pub fn worker_args(&self, name: &str, certs: &Path, threads: usize) -> Vec<String> {
-        [
-            "--devices",
-            "CPU",
-            "--name",
-            name,
-            "--coordinator",
-            &self.addr.to_string(),
-            "--certs",
-            certs.to_str().unwrap(),
-            "--cluster",
-            CLUSTER,
-            "--threads",
-            &threads.to_string(),
-            "--cache-dir",
-            &self.dir.join(format!("cache-{name}")).display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        worker_args(&self.addr.to_string(), &self.dir, name, certs, threads)
     }
 
     /// Arguments that point `tessera` at this cluster.
@@ -348,4 +330,34 @@ impl Cluster {
             .await
             .unwrap()
     }
+}
+
+/// A worker's arguments: `--coordinator coordinators` (one address, or
+/// several comma-separated), its compile cache in `dir`.
+pub fn worker_args(
+    coordinators: &str,
+    dir: &Path,
+    name: &str,
+    certs: &Path,
+    threads: usize,
+) -> Vec<String> {
+    [
+        "--devices",
+        "CPU",
+        "--name",
+        name,
+        "--coordinator",
+        coordinators,
+        "--certs",
+        certs.to_str().unwrap(),
+        "--cluster",
+        CLUSTER,
+        "--threads",
+        &threads.to_string(),
+        "--cache-dir",
+        &dir.join(format!("cache-{name}")).display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 pub mod cluster;
+pub mod ha;
 pub mod kserve;
 #[path = "../../../tests/rust/models.rs"]
 mod models;

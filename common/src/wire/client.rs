@@ -7,7 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::control::{DeviceAnswer, ErrorKind, LoadRequest, ModelStatus, WorkerState};
+use super::control::{
+    CoordinatorInfo, DeviceAnswer, ErrorKind, LoadRequest, ModelStatus, WorkerState,
+};
 use super::generate::GenerationSpec;
 use super::message::{channel, Failure, Progress, Reply, Status};
 use super::routes::RoutingTable;
@@ -53,6 +55,9 @@ pub enum ClientRequest {
     Unload {
         network: u64,
     },
+    /// Which coordinator leads: answered by `Coordinators`, by a standby
+    /// too (every other operation a standby answers `NotLeader`).
+    Leader,
 }
 
 channel!(
@@ -67,7 +72,8 @@ channel!(
         ClusterInfo,
         Routes,
         Generation,
-        Unload
+        Unload,
+        Leader
     ]
 );
 
@@ -97,6 +103,8 @@ pub enum ClientReply {
         workers: Vec<WorkerState>,
         networks: u32,
         in_flight: u32,
+        /// The coordinators: the leader first, then the standbys.
+        coordinators: Vec<CoordinatorInfo>,
     },
     /// A network's routing table (on a `Routes` stream, again at every
     /// change).
@@ -106,6 +114,22 @@ pub enum ClientReply {
     Generation(Box<GenerationSpec>),
     Unloaded {
         network: u64,
+    },
+    /// Whether this coordinator leads, and who does.
+    Coordinators {
+        /// This one leads (its operations are served here).
+        leading: bool,
+        /// The leader's address, when one leads.
+        leader: Option<String>,
+        /// The leader's epoch (0: none leads).
+        epoch: u64,
+        /// Every coordinator known: the leader first, then the standbys.
+        coordinators: Vec<CoordinatorInfo>,
+    },
+    /// This coordinator is a standby: ask `leader` (none leads now: ask
+    /// again shortly).
+    NotLeader {
+        leader: Option<String>,
     },
 }
 
@@ -122,7 +146,9 @@ channel!(
         ClusterState,
         Routes,
         Generation,
-        Unloaded
+        Unloaded,
+        Coordinators,
+        NotLeader
     ]
 );
 

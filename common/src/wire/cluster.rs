@@ -14,18 +14,34 @@ use super::control::{
 };
 use super::message::{channel, Failure, Progress, Reply, Status};
 
-/// The coordinator's operations on a worker.
+/// The coordinator's operations on a worker. Each carries the epoch of
+/// the coordinator that sends it: a worker refuses one older than the
+/// newest epoch it knows (a coordinator that lost its lead, say paused
+/// past its lease, changes nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToWorker {
     /// Which nodes of the payload model can these device kinds run?
-    QueryNetwork { devices: Vec<String> },
+    QueryNetwork { devices: Vec<String>, epoch: u64 },
     /// Compile and serve a subgraph (its model follows only if the worker
     /// answers [`WorkerAnswer::NeedModel`]).
-    Deploy(DeploySpec),
-    /// After `NeedModel`: the subgraph's model is the payload.
+    Deploy { spec: DeploySpec, epoch: u64 },
+    /// After `NeedModel`: the subgraph's model is the payload (on the
+    /// `Deploy`'s stream: its epoch).
     Model,
     /// Stop a deployment's subgraphs.
-    Undeploy { network: u64 },
+    Undeploy { network: u64, epoch: u64 },
+}
+
+impl ToWorker {
+    /// The sender's epoch (none: a follow-up on an operation's stream).
+    pub fn epoch(&self) -> Option<u64> {
+        match self {
+            ToWorker::QueryNetwork { epoch, .. }
+            | ToWorker::Deploy { epoch, .. }
+            | ToWorker::Undeploy { epoch, .. } => Some(*epoch),
+            ToWorker::Model => None,
+        }
+    }
 }
 
 channel!(
@@ -119,9 +135,17 @@ pub enum WorkerReport {
         /// Its compiles and compile-cache loads since it started.
         compiles: CompileCounts,
     },
+    /// The first message of a stream on which a worker only follows who
+    /// leads (HA): answered by `Leading` or `Standby` now and again at
+    /// every change, until the stream ends.
+    WatchLeader { name: String },
 }
 
-channel!(WorkerReport, "worker report", [Register, Heartbeat]);
+channel!(
+    WorkerReport,
+    "worker report",
+    [Register, Heartbeat, WatchLeader]
+);
 
 /// The coordinator's answer to a worker's `Register`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,12 +160,19 @@ pub enum CoordinatorAnswer {
     },
     /// Refused (the name is taken, the certificate names another node).
     Failed(Failure),
+    /// This coordinator is a standby (HA): `leader` leads (its address,
+    /// when one does) with `epoch`. Answers a `Register`, and a
+    /// `WatchLeader` at every change.
+    Standby { leader: Option<String>, epoch: u64 },
+    /// On a `WatchLeader` stream: this coordinator leads now, with `epoch`
+    /// (register with it).
+    Leading { epoch: u64 },
 }
 
 channel!(
     CoordinatorAnswer,
     "registration answer",
-    [Registered, Failed]
+    [Registered, Failed, Standby, Leading]
 );
 
 impl Reply for CoordinatorAnswer {

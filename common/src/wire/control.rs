@@ -159,6 +159,17 @@ pub struct CompileCounts {
     pub cache_loads: u64,
 }
 
+/// One coordinator of the cluster (HA: the leader and its standbys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorInfo {
+    /// The address workers and clients dial.
+    pub addr: String,
+    /// The leader's epoch; a standby's place in line (its candidacy's
+    /// revision: the next leader is the standby with the lowest).
+    pub epoch: u64,
+    pub leading: bool,
+}
+
 /// A subgraph a worker serves: what a coordinator needs to adopt it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HeldSubgraph {

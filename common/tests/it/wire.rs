@@ -6,7 +6,8 @@ use tessera_common::tensor::Tensor;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::cluster::{CoordinatorAnswer, ToWorker, WorkerAnswer, WorkerReport};
 use tessera_common::wire::control::{
-    Batching, CompileCounts, DeploySpec, Destination, ErrorKind, HeldSubgraph, Route,
+    Batching, CompileCounts, CoordinatorInfo, DeploySpec, Destination, ErrorKind, HeldSubgraph,
+    Route,
 };
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
 use tessera_common::wire::peer::PeerMessage;
@@ -31,36 +32,39 @@ fn decode_all<M: Message>(bytes: &[u8], limits: Limits) -> Result<Vec<Frame<M>>,
 fn frames_round_trip_whatever_the_read_sizes() {
     let limits = Limits::default();
     let hello = Handshake::Hello(Hello::new("lab", "node-a", Role::Worker));
-    let deploy = ToWorker::Deploy(DeploySpec {
-        network: 3,
-        subgraph: 1,
-        device: "CPU".into(),
-        model_hash: "ab".repeat(32),
-        model_bytes: 1 << 20,
-        inputs: vec!["x".into()],
-        outputs: vec![Route {
-            tensor: "y".into(),
-            to: vec![
-                Destination::Worker {
-                    name: "node-b".into(),
-                    addr: "127.0.0.1:7001".into(),
-                },
-                Destination::Requester,
-            ],
-        }],
-        batching: Some(Batching {
-            max_batch: 8,
-            max_queue_delay_us: 500,
-        }),
-        state: vec![tessera_common::graph::StatePair {
-            present: "present.0.key".into(),
-            past: "past_key_values.0.key".into(),
-            axis: Some(2),
-        }],
-        max_sequences: 4,
-        max_queued: 16,
-        queue_timeout_ms: 30_000,
-    });
+    let deploy = ToWorker::Deploy {
+        epoch: 7,
+        spec: DeploySpec {
+            network: 3,
+            subgraph: 1,
+            device: "CPU".into(),
+            model_hash: "ab".repeat(32),
+            model_bytes: 1 << 20,
+            inputs: vec!["x".into()],
+            outputs: vec![Route {
+                tensor: "y".into(),
+                to: vec![
+                    Destination::Worker {
+                        name: "node-b".into(),
+                        addr: "127.0.0.1:7001".into(),
+                    },
+                    Destination::Requester,
+                ],
+            }],
+            batching: Some(Batching {
+                max_batch: 8,
+                max_queue_delay_us: 500,
+            }),
+            state: vec![tessera_common::graph::StatePair {
+                present: "present.0.key".into(),
+                past: "past_key_values.0.key".into(),
+                axis: Some(2),
+            }],
+            max_sequences: 4,
+            max_queued: 16,
+            queue_timeout_ms: 30_000,
+        },
+    };
     let model = Bytes::from(vec![7u8; 1000]);
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();
     let mut stream = hello.encode(&limits).unwrap();
@@ -465,6 +469,9 @@ fn every_control_message_round_trips() {
                 cache_loads: 1,
             },
         },
+        WorkerReport::WatchLeader {
+            name: "node-a".into(),
+        },
     ]);
     let steps = Steps::one(SequenceStep {
         id: 77,
@@ -527,13 +534,22 @@ fn every_control_message_round_trips() {
             epoch: 2,
         },
         CoordinatorAnswer::Failed(Failure::of_operation(ErrorKind::Refused, "name taken")),
+        CoordinatorAnswer::Standby {
+            leader: Some("10.0.0.2:7400".into()),
+            epoch: 91,
+        },
+        CoordinatorAnswer::Leading { epoch: 104 },
     ]);
     round_trip(vec![
         ToWorker::QueryNetwork {
             devices: vec!["CPU".into()],
+            epoch: 3,
         },
         ToWorker::Model,
-        ToWorker::Undeploy { network: 1 },
+        ToWorker::Undeploy {
+            network: 1,
+            epoch: 3,
+        },
     ]);
     let answers = vec![DeviceAnswer {
         types: vec![TypeReport {
@@ -641,7 +657,19 @@ fn every_control_message_round_trips() {
             }],
             networks: 1,
             in_flight: 0,
+            coordinators: vec![CoordinatorInfo {
+                addr: "10.0.0.1:7400".into(),
+                epoch: 88,
+                leading: true,
+            }],
         },
+        ClientReply::Coordinators {
+            leading: false,
+            leader: Some("10.0.0.1:7400".into()),
+            epoch: 88,
+            coordinators: Vec::new(),
+        },
+        ClientReply::NotLeader { leader: None },
         ClientReply::Routes(Box::new(RoutingTable {
             network: 1,
             name: "rec".into(),

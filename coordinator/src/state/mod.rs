@@ -15,7 +15,13 @@
 //! sha-256 (written once, then renamed: never half a file); a named model
 //! read from a file is kept by path and hash. Without `state_dir`, nothing
 //! is kept. Restoring is [`restore`].
+//!
+//! With `[ha]`, the same records are etcd keys ([`EtcdStore`]) that only
+//! the leader writes, fenced by its epoch, and the blobs are in
+//! `state_dir`, a volume every coordinator mounts.
 
+mod blobs;
+mod etcd;
 mod records;
 pub mod restore;
 mod store;
@@ -28,6 +34,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+pub use etcd::{EtcdStore, Fence};
 pub use records::{DeployedRecord, ModelRecord, ModelRef, NetworkRecord, ReplicaRecord};
 pub use store::{Store, StoreError};
 
@@ -45,14 +52,37 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// A change to the kept state.
+pub enum Change {
+    /// Every id below this is reserved.
+    ReserveIds(u64),
+    /// A network as it is now, with its model's bytes when it names a blob.
+    PutNetwork(Box<NetworkRecord>, Option<bytes::Bytes>),
+    RemoveNetwork(u64),
+    /// The model repository's entries (replacing all), with the bytes of
+    /// those a client sent.
+    PutModels(Vec<(ModelRecord, Option<bytes::Bytes>)>),
+}
+
+/// Where the state is kept.
+enum Backend {
+    None,
+    /// One coordinator: `state_dir/state.redb`.
+    Redb(Arc<Store>),
+    /// HA: etcd, blobs in the shared `state_dir`.
+    Etcd(Arc<EtcdStore>),
+}
+
 /// The state store as the coordinator uses it: ids, the epoch, and writes
 /// in the order they are asked (one at a time, each a committed
 /// transaction, off the async threads). Failed writes are logged: the
-/// coordinator goes on serving what it has.
+/// coordinator goes on serving what it has; a write etcd refused because
+/// this coordinator no longer leads is reported on [`Keeper::fenced`].
 pub struct Keeper {
-    store: Option<Arc<Store>>,
-    /// The coordinator's epoch: one more at every start with this state.
-    epoch: u64,
+    backend: Backend,
+    /// The coordinator's epoch: one more at every start with an embedded
+    /// store; with etcd, the revision its lead began at.
+    epoch: AtomicU64,
     next: AtomicU64,
     /// Ids below this are reserved in the store.
     reserved: AtomicU64,
@@ -61,19 +91,26 @@ pub struct Keeper {
     /// Networks removed in this run (ids never repeat): a save that comes
     /// after, from a re-plan that raced the unload, is dropped.
     removed: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Set when etcd refused a write: this coordinator no longer leads.
+    fenced: tokio::sync::watch::Sender<bool>,
 }
 
 impl Keeper {
-    /// Nothing kept: epoch 1, ids from 1.
-    pub fn none() -> Keeper {
+    fn with(backend: Backend, epoch: u64, next: u64, reserved: u64) -> Keeper {
         Keeper {
-            store: None,
-            epoch: 1,
-            next: AtomicU64::new(1),
-            reserved: AtomicU64::new(u64::MAX),
+            backend,
+            epoch: AtomicU64::new(epoch),
+            next: AtomicU64::new(next),
+            reserved: AtomicU64::new(reserved),
             order: tokio::sync::Mutex::new(()),
             removed: Default::default(),
+            fenced: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Nothing kept: epoch 1, ids from 1.
+    pub fn none() -> Keeper {
+        Keeper::with(Backend::None, 1, 1, u64::MAX)
     }
 
     /// Opens (or makes) the state in `dir`; an empty path keeps nothing.
@@ -86,23 +123,52 @@ impl Keeper {
         let epoch = store.start_epoch()?;
         let next = store.reserved_ids()?.max(1);
         tracing::info!(dir = %dir.display(), epoch, "state kept in the state directory");
-        Ok(Keeper {
-            store: Some(Arc::new(store)),
+        Ok(Keeper::with(
+            Backend::Redb(Arc::new(store)),
             epoch,
-            next: AtomicU64::new(next),
-            reserved: AtomicU64::new(next),
-            order: tokio::sync::Mutex::new(()),
-            removed: Default::default(),
-        })
+            next,
+            next,
+        ))
+    }
+
+    /// The state in etcd (blobs in `dir/blobs`), for a standby: epoch 0
+    /// and no ids until it leads ([`Keeper::lead`]).
+    pub fn etcd(
+        client: etcd_client::Client,
+        prefix: &str,
+        dir: &Path,
+    ) -> Result<Keeper, StoreError> {
+        let store = EtcdStore::new(client, prefix, blobs::Blobs::open(dir)?);
+        Ok(Keeper::with(Backend::Etcd(Arc::new(store)), 0, 0, 0))
+    }
+
+    /// This coordinator leads from now on with `fence` (etcd): its epoch,
+    /// and ids from the first one not reserved.
+    pub async fn lead(&self, fence: Fence) -> Result<(), StoreError> {
+        let Backend::Etcd(store) = &self.backend else {
+            return Ok(());
+        };
+        let next = store.reserved_ids().await?.max(1);
+        self.epoch.store(fence.epoch, Ordering::Relaxed);
+        store.lead(fence);
+        self.next.store(next, Ordering::Relaxed);
+        self.reserved.store(next, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::Relaxed)
     }
 
     /// Whether anything is kept.
     pub fn keeps(&self) -> bool {
-        self.store.is_some()
+        !matches!(self.backend, Backend::None)
+    }
+
+    /// Turns true once etcd refused a write (this coordinator no longer
+    /// leads).
+    pub fn fenced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.fenced.subscribe()
     }
 
     /// A fresh id (a network's or a deployment's), never given before with
@@ -115,25 +181,30 @@ impl Keeper {
         let _one = self.order.lock().await;
         if id >= self.reserved.load(Ordering::Relaxed) {
             let upto = id + ID_BLOCK;
-            self.write("reserving ids", move |s| s.reserve_ids(upto))
-                .await;
+            self.apply("reserving ids", Change::ReserveIds(upto)).await;
             self.reserved.store(upto, Ordering::Relaxed);
         }
         id
     }
 
-    /// Runs `op` on the store off the async threads; logs a failure.
-    async fn write(
-        &self,
-        what: &str,
-        op: impl FnOnce(&Store) -> Result<(), StoreError> + Send + 'static,
-    ) {
-        let Some(store) = self.store.clone() else {
-            return;
+    /// Makes `change` in the store (off the async threads); logs a failure.
+    async fn apply(&self, what: &str, change: Change) {
+        let done = match &self.backend {
+            Backend::None => return,
+            Backend::Redb(store) => {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || store.apply(change))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::Etcd(e.to_string())))
+            }
+            Backend::Etcd(store) => store.apply(change).await,
         };
-        match tokio::task::spawn_blocking(move || op(&store)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("state store, {what}: {e}"),
+        match done {
+            Ok(()) => {}
+            Err(e @ StoreError::Fenced(_)) => {
+                tracing::error!("state store, {what}: {e}");
+                self.fenced.send_replace(true);
+            }
             Err(e) => tracing::error!("state store, {what}: {e}"),
         }
     }
@@ -147,15 +218,13 @@ impl Keeper {
         if self.was_removed(loaded.id) {
             return;
         }
-        let loaded = loaded.clone();
-        self.write("saving a network", move |store| {
-            let record = NetworkRecord::of(&loaded);
-            if let ModelRef::Blob { sha256 } = &record.model {
-                store.put_blob(sha256, &loaded.model)?;
-            }
-            store.put_network(&record)
-        })
-        .await;
+        let of = loaded.clone();
+        let Ok(record) = tokio::task::spawn_blocking(move || NetworkRecord::of(&of)).await else {
+            return;
+        };
+        let bytes = record.model.blob().map(|_| loaded.model.clone());
+        let change = Change::PutNetwork(Box::new(record), bytes);
+        self.apply("saving a network", change).await;
     }
 
     fn was_removed(&self, id: u64) -> bool {
@@ -171,11 +240,8 @@ impl Keeper {
         if let Ok(mut removed) = self.removed.lock() {
             removed.insert(id);
         }
-        self.write("removing a network", move |store| {
-            store.remove_network(id)?;
-            store.collect_blobs()
-        })
-        .await;
+        self.apply("removing a network", Change::RemoveNetwork(id))
+            .await;
     }
 
     /// Keeps the model repository's entries as they are now.
@@ -184,32 +250,30 @@ impl Keeper {
             return;
         }
         let _one = self.order.lock().await;
-        self.write("saving the model repository", move |store| {
-            for (record, bytes) in &records {
-                if let (ModelRef::Blob { sha256 }, Some(bytes)) = (&record.source, bytes) {
-                    store.put_blob(sha256, bytes)?;
-                }
-            }
-            let records: Vec<ModelRecord> = records.into_iter().map(|(r, _)| r).collect();
-            store.put_models(&records)?;
-            store.collect_blobs()
-        })
-        .await;
+        self.apply("saving the model repository", Change::PutModels(records))
+            .await;
     }
 
     /// What the store holds (nothing without a store).
-    pub fn load(&self) -> Result<(Vec<NetworkRecord>, Vec<ModelRecord>), StoreError> {
-        match &self.store {
-            Some(s) => Ok((s.networks()?, s.models()?)),
-            None => Ok((Vec::new(), Vec::new())),
+    pub async fn load(&self) -> Result<(Vec<NetworkRecord>, Vec<ModelRecord>), StoreError> {
+        match &self.backend {
+            Backend::None => Ok((Vec::new(), Vec::new())),
+            Backend::Redb(store) => {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || Ok((store.networks()?, store.models()?)))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::Etcd(e.to_string())))
+            }
+            Backend::Etcd(store) => store.load().await,
         }
     }
 
-    /// The bytes of blob `sha256`.
+    /// The bytes of blob `sha256` (blocking).
     pub fn blob(&self, sha256: &str) -> Result<bytes::Bytes, StoreError> {
-        match &self.store {
-            Some(s) => s.blob(sha256),
-            None => Err(StoreError::NoBlob(sha256.to_string())),
+        match &self.backend {
+            Backend::None => Err(StoreError::NoBlob(sha256.to_string())),
+            Backend::Redb(store) => store.blob(sha256),
+            Backend::Etcd(store) => store.blobs().get(sha256),
         }
     }
 }

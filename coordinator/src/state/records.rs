@@ -30,6 +30,16 @@ pub enum ModelRef {
     },
 }
 
+impl ModelRef {
+    /// The blob it names, if it is one.
+    pub fn blob(&self) -> Option<&str> {
+        match self {
+            ModelRef::Blob { sha256 } => Some(sha256),
+            ModelRef::File { .. } => None,
+        }
+    }
+}
+
 /// A loaded network.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetworkRecord {

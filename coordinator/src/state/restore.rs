@@ -28,7 +28,7 @@ pub const REGISTER_AGAIN_WITHIN: Duration = Duration::from_secs(8);
 /// restored is forgotten, with why), then gives absent workers
 /// [`REGISTER_AGAIN_WITHIN`] to register again before their copies heal.
 pub async fn restore(shared: &Arc<Shared>) {
-    let (networks, models) = match shared.state.load() {
+    let (networks, models) = match shared.state.load().await {
         Ok(kept) => kept,
         Err(e) => {
             tracing::error!("the kept state cannot be read, starting empty: {e}");
@@ -68,6 +68,28 @@ pub async fn restore(shared: &Arc<Shared>) {
         tokio::time::sleep(timeout.max(REGISTER_AGAIN_WITHIN)).await;
         heal_absent(&shared);
     });
+}
+
+/// Waits until the workers of the kept deployments have registered again
+/// (at most [`REGISTER_AGAIN_WITHIN`] after the lead began): a load just
+/// after a restart or takeover is planned over all of them, not over the
+/// first back.
+pub async fn rejoined(shared: &Shared) {
+    let Some(since) = shared.led_since.get().copied() else {
+        return;
+    };
+    let deadline = since + REGISTER_AGAIN_WITHIN;
+    loop {
+        let absent = shared.networks.iter().any(|n| {
+            n.deployments()
+                .iter()
+                .any(|d| d.hosts.iter().any(|h| !shared.workers.contains_key(h)))
+        });
+        if !absent || std::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A kept network, rebuilt.

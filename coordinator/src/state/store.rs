@@ -1,5 +1,6 @@
 //! The state store on disk: `state.redb` (tables `meta`, `networks`,
-//! `models`; values are JSON) and `blobs/` (model bytes by sha-256).
+//! `models`; values are JSON) and `blobs/` (model bytes by sha-256;
+//! [`Blobs`]).
 //! Blocking: called off the async threads.
 
 // redb's error type is 160 bytes; its results come back from a disk write
@@ -11,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableTable, TableDefinition};
 
-use super::records::{ModelRecord, ModelRef, NetworkRecord};
+use super::blobs::Blobs;
+use super::records::{ModelRecord, NetworkRecord};
+use super::Change;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NETWORKS: TableDefinition<u64, &[u8]> = TableDefinition::new("networks");
@@ -37,13 +40,20 @@ pub enum StoreError {
     },
     #[error("no kept model bytes with sha-256 {0}")]
     NoBlob(String),
+    /// etcd: a read or write failed (unreachable, refused).
+    #[error("etcd: {0}")]
+    Etcd(String),
+    /// etcd: the write was refused because this coordinator no longer
+    /// leads (its candidacy's key is gone or another leads).
+    #[error("refused: this coordinator no longer leads (epoch {0})")]
+    Fenced(u64),
 }
 
 /// The store: one redb database and a folder of blobs.
 pub struct Store {
     db: Database,
     path: PathBuf,
-    blobs: PathBuf,
+    blobs: Blobs,
 }
 
 impl Store {
@@ -54,8 +64,8 @@ impl Store {
             path: dir.to_path_buf(),
             source,
         };
-        let blobs = dir.join("blobs");
-        std::fs::create_dir_all(&blobs).map_err(io)?;
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let blobs = Blobs::open(dir)?;
         let path = dir.join("state.redb");
         let db = Database::create(&path).map_err(|e| StoreError::Db {
             path: path.clone(),
@@ -190,84 +200,70 @@ impl Store {
         Ok(all)
     }
 
-    fn blob_path(&self, sha256: &str) -> Option<PathBuf> {
-        let hex = sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit());
-        hex.then(|| self.blobs.join(sha256))
-    }
-
-    /// Writes blob `sha256` unless it is there (synced, then renamed into
-    /// place).
+    /// Writes blob `sha256` unless it is there.
     pub fn put_blob(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        let Some(path) = self.blob_path(sha256) else {
-            return Err(StoreError::NoBlob(sha256.to_string()));
-        };
-        if path.exists() {
-            return Ok(());
-        }
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = (|| {
-            use std::io::Write;
-            let mut file = std::fs::File::create(&tmp)?;
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(io)
+        self.blobs.put(sha256, bytes)
     }
 
     pub fn blob(&self, sha256: &str) -> Result<bytes::Bytes, StoreError> {
-        let path = self
-            .blob_path(sha256)
-            .ok_or_else(|| StoreError::NoBlob(sha256.to_string()))?;
-        match std::fs::read(&path) {
-            Ok(b) => Ok(b.into()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(StoreError::NoBlob(sha256.to_string()))
-            }
-            Err(source) => Err(StoreError::Io { path, source }),
-        }
+        self.blobs.get(sha256)
+    }
+
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
     }
 
     /// Deletes the blobs no record names (and left-over partial writes).
     pub fn collect_blobs(&self) -> Result<(), StoreError> {
-        let mut named: BTreeSet<String> = BTreeSet::new();
-        let mut name = |m: &ModelRef| {
-            if let ModelRef::Blob { sha256 } = m {
-                named.insert(sha256.clone());
+        let mut named = BTreeSet::new();
+        self.networks()?
+            .iter()
+            .for_each(|n| named.extend(n.model.blob().map(String::from)));
+        self.models()?
+            .iter()
+            .for_each(|m| named.extend(m.source.blob().map(String::from)));
+        self.blobs.collect(&named)
+    }
+
+    /// Makes `change` (one committed transaction per record, blobs first).
+    pub fn apply(&self, change: Change) -> Result<(), StoreError> {
+        match change {
+            Change::ReserveIds(upto) => self.reserve_ids(upto),
+            Change::PutNetwork(record, bytes) => {
+                if let (Some(sha256), Some(bytes)) = (record.model.blob(), bytes) {
+                    self.put_blob(sha256, &bytes)?;
+                }
+                self.put_network(&record)
             }
-        };
-        self.networks()?.iter().for_each(|n| name(&n.model));
-        self.models()?.iter().for_each(|m| name(&m.source));
-        let io = |source| StoreError::Io {
-            path: self.blobs.clone(),
-            source,
-        };
-        for entry in std::fs::read_dir(&self.blobs).map_err(io)? {
-            let entry = entry.map_err(io)?;
-            let file = entry.file_name().to_string_lossy().into_owned();
-            if !named.contains(&file) {
-                let _ = std::fs::remove_file(entry.path());
+            Change::RemoveNetwork(id) => {
+                self.remove_network(id)?;
+                self.collect_blobs()
+            }
+            Change::PutModels(records) => {
+                for (record, bytes) in &records {
+                    if let (Some(sha256), Some(bytes)) = (record.source.blob(), bytes) {
+                        self.put_blob(sha256, bytes)?;
+                    }
+                }
+                let records: Vec<ModelRecord> = records.into_iter().map(|(r, _)| r).collect();
+                self.put_models(&records)?;
+                self.collect_blobs()
             }
         }
-        Ok(())
     }
 }
 
-fn json<T: serde::Serialize>(what: &str, value: &T) -> Result<Vec<u8>, StoreError> {
+pub(super) fn json<T: serde::Serialize>(what: &str, value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|source| StoreError::Record {
         what: what.to_string(),
         source,
     })
 }
 
-fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
+    what: &str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|source| StoreError::Record {
         what: what.to_string(),
         source,

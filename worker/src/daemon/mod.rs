@@ -16,7 +16,8 @@
 //! (one registration and what it serves), `operations` (the coordinator's
 //! operations: QueryNetwork, Deploy, ...), `data` (the data channel),
 //! [`requesters`], [`actor`], `admission` (fresh sequences waiting for
-//! room), [`routes`], [`cache`], [`config`] (the worker's TOML file).
+//! room), [`routes`], [`cache`], [`config`] (the worker's TOML file),
+//! `leader` (following the leading coordinator of several, and fencing).
 //!
 //! [`run`] must be called inside an actix system on a tokio multi-thread
 //! runtime (`actix_rt::System::with_tokio_rt`).
@@ -27,6 +28,7 @@ mod batch;
 pub mod cache;
 pub mod config;
 mod data;
+mod leader;
 mod operations;
 pub mod requesters;
 pub mod routes;
@@ -62,7 +64,8 @@ pub struct WorkerOptions {
     /// address, with the address the coordinator is reached from when
     /// bound to all interfaces).
     pub advertise: Option<String>,
-    /// The coordinator, `host:port`.
+    /// The coordinator, `host:port`; with HA, every coordinator,
+    /// comma-separated (`a:7400,b:7400`): the worker follows the leader.
     pub coordinator: String,
     /// Dial the coordinator again (with back-off) when it goes away or
     /// cannot be reached, instead of returning.
@@ -103,6 +106,9 @@ pub enum WorkerError {
     Registration(String),
     #[error("lost the coordinator: {0}")]
     CoordinatorLost(String),
+    /// No listed coordinator leads now (HA: a standby is taking over).
+    #[error("no coordinator leads: {0}")]
+    NoLeader(String),
     #[error(transparent)]
     Plugin(#[from] PluginError),
 }
@@ -127,6 +133,7 @@ impl WorkerError {
         matches!(
             self,
             WorkerError::CoordinatorLost(_)
+                | WorkerError::NoLeader(_)
                 | WorkerError::Net(
                     NetError::Stream(_) | NetError::Resolve { .. } | NetError::Connect { .. },
                 )
@@ -235,6 +242,8 @@ struct State {
     /// The registration now (one more at each): a Deploy of an earlier
     /// one that ends after it is not started.
     session: std::sync::atomic::AtomicU64,
+    /// The coordinators, who leads, and the newest epoch (fencing).
+    leaders: leader::Leaders,
 }
 
 /// The longest wait between two tries to reach the coordinator.
@@ -332,7 +341,9 @@ async fn serve_sessions(
         arbiter: actix::Arbiter::current(),
         orphaned: std::sync::Mutex::new(None),
         session: Default::default(),
+        leaders: leader::Leaders::new(&options.coordinator),
     });
+    leader::spawn_watches(&state, &options.name);
     let peers = tokio::spawn(session::accept_peers(state.clone()));
     let orphans = tokio::spawn(session::unload_orphans(state.clone(), options.adopt_grace));
     let outcome = reconnecting(options, &state, infos, ready, stopped).await;
@@ -361,12 +372,16 @@ async fn reconnecting(
             Err(e) if options.reconnect && e.transient() && !*stopped.borrow() => e,
             outcome => return outcome,
         };
-        if started.elapsed() > Duration::from_secs(10) {
+        if started.elapsed() > Duration::from_secs(10) || matches!(error, WorkerError::NoLeader(_))
+        {
+            // A standby is taking over: news of it ends the wait at once.
             backoff = Duration::from_millis(100);
         }
         tracing::warn!("{error}; dialling the coordinator again in {backoff:?}");
+        let mut news = state.leaders.news.subscribe();
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
+            _ = news.changed() => {}
             _ = stopped.wait_for(|s| *s) => return Ok(()),
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -63,8 +63,14 @@ async fn operation(
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
 ) -> Result<WorkerAnswer, OperationError> {
+    if let Some(epoch) = msg.epoch() {
+        if !state.leaders.allows(epoch) {
+            let newest = state.leaders.newest();
+            return Err(OperationError::Fenced { epoch, newest });
+        }
+    }
     match msg {
-        ToWorker::QueryNetwork { devices } => {
+        ToWorker::QueryNetwork { devices, .. } => {
             let model = decode_model(&payload).map_err(OperationError::BadModel)?;
             let state = state.clone();
             tokio::task::spawn_blocking(move || {
@@ -97,8 +103,8 @@ async fn operation(
             .await
             .map_err(OperationError::Task)?
         }
-        ToWorker::Deploy(spec) => deploy(state, session, spec, send, recv).await,
-        ToWorker::Undeploy { network } => {
+        ToWorker::Deploy { spec, .. } => deploy(state, session, spec, send, recv).await,
+        ToWorker::Undeploy { network, .. } => {
             // Answered once the compute threads have ended and dropped
             // their sessions: the memory is free when the answer comes.
             stop_all(state.router.remove(network)).await;
@@ -132,6 +138,10 @@ pub(super) enum OperationError {
     /// The coordinator that sent a Deploy was lost while it compiled.
     #[error("subgraph {subgraph} of deployment {network} was compiled for a coordinator session that is over")]
     SessionOver { network: u64, subgraph: u32 },
+    /// From a coordinator whose epoch is older than the newest leader's:
+    /// it no longer leads.
+    #[error("refused: epoch {epoch} is older than the leader's ({newest}); this coordinator no longer leads")]
+    Fenced { epoch: u64, newest: u64 },
     #[error("a model came without a Deploy to ask for it")]
     UnaskedModel,
     #[error("asking for the model: {0}")]

@@ -68,10 +68,15 @@ pub(super) async fn session<R: FnOnce(&str)>(
         ready(&data_addr);
     }
     spawn_heartbeats(control, state.router.clone(), heartbeat);
+    let mut news = state.leaders.news.subscribe();
     let why = tokio::select! {
         why = serve_operations(connection.clone(), state.clone(), session) => why,
         why = watch_control(recv, limits) => why,
         _ = stop.wait_for(|s| *s) => String::new(),
+        newer = news.wait_for(|n| n.epoch > epoch) => match newer {
+            Ok(n) => format!("a newer leader (epoch {}) at {}", n.epoch, n.addr.clone().unwrap_or_default()),
+            Err(_) => String::new(),
+        },
     };
     if *stop.borrow() {
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
@@ -141,20 +146,67 @@ pub(super) async fn unload_orphans(state: Arc<State>, grace: Duration) {
     }
 }
 
-/// Dials the coordinator and registers this worker's devices.
+/// Registers with the leading coordinator: the one last named leader
+/// first, then the others listed; a standby's answer names the leader,
+/// tried next.
 async fn register(
     options: &WorkerOptions,
     state: &State,
     infos: &[DeviceInfo],
 ) -> Result<Registered, WorkerError> {
+    let mut order = state.leaders.order();
+    let mut tried = Vec::new();
+    let mut last = None;
+    while let Some(addr) = (!order.is_empty()).then(|| order.remove(0)) {
+        if tried.contains(&addr) {
+            continue;
+        }
+        tried.push(addr.clone());
+        match register_at(options, state, infos, &addr).await {
+            Ok(Attempt::Registered(r)) => return Ok(r),
+            Ok(Attempt::Standby(Some(leader))) => order.insert(0, leader),
+            Ok(Attempt::Standby(None)) => {
+                last = Some(WorkerError::NoLeader(format!(
+                    "{addr} stands by, none leads"
+                )))
+            }
+            Err(e @ WorkerError::Registration(_)) => return Err(e),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| WorkerError::NoLeader("no coordinator is listed".into())))
+}
+
+/// What one coordinator answered a registration.
+enum Attempt {
+    Registered(Registered),
+    /// A standby: the leader's address, when one leads.
+    Standby(Option<String>),
+}
+
+/// Dials `addr` and registers this worker's devices there.
+async fn register_at(
+    options: &WorkerOptions,
+    state: &State,
+    infos: &[DeviceInfo],
+    addr: &str,
+) -> Result<Attempt, WorkerError> {
     let node = &state.node;
-    let coordinator = tessera_net::resolve(&options.coordinator).await?;
+    let coordinator = tessera_net::resolve(addr).await?;
+    let dial = node.dial(coordinator);
+    let dialled = if state.leaders.ha() {
+        tokio::time::timeout(super::leader::DIAL_TIMEOUT, dial)
+            .await
+            .map_err(|_| WorkerError::NoLeader(format!("{addr} does not answer")))?
+    } else {
+        dial.await
+    };
     let Peer {
         connection,
         mut send,
         mut recv,
         ..
-    } = node.dial(coordinator).await?;
+    } = dialled?;
     let data_addr = match &options.advertise {
         Some(a) => a.clone(),
         None => advertised(node, &connection, coordinator)?,
@@ -176,14 +228,22 @@ async fn register(
             adopted,
             epoch,
         }) => (Duration::from_millis(heartbeat_ms.max(50)), adopted, epoch),
+        Ok(CoordinatorAnswer::Standby { leader, .. }) => return Ok(Attempt::Standby(leader)),
         Ok(CoordinatorAnswer::Failed(refused)) => {
             return Err(WorkerError::Registration(refused.error))
         }
+        Ok(other) => return Err(WorkerError::Registration(format!("answered {other:?}"))),
         Err(ExchangeError::Net(e)) => return Err(e.into()),
         Err(e) => return Err(WorkerError::Registration(e.to_string())),
     };
-    tracing::info!(name = %options.name, %data_addr, epoch, "registered with the coordinator");
-    Ok(Registered {
+    if !state.leaders.registered(epoch) {
+        let newest = state.leaders.newest();
+        tracing::warn!(coordinator = %addr, epoch, newest, "refused a coordinator whose epoch is older than the newest leader's");
+        tessera_net::CloseCode::SessionOver.close(&connection, "fenced: an older epoch");
+        return Ok(Attempt::Standby(None));
+    }
+    tracing::info!(name = %options.name, coordinator = %addr, %data_addr, epoch, "registered with the coordinator");
+    Ok(Attempt::Registered(Registered {
         connection,
         send,
         recv,
@@ -191,7 +251,7 @@ async fn register(
         heartbeat,
         adopted,
         epoch,
-    })
+    }))
 }
 
 /// The address other workers dial: the bound one, with the address the

@@ -1,0 +1,241 @@
+//! An HA cluster for end-to-end tests: a real etcd (Debian's
+//! `etcd-server`, `scripts/test.sh` installs it) on loopback ports, two
+//! coordinator processes campaigning in it with one shared `state_dir`,
+//! and worker processes that follow the leader (`--coordinator a,b`).
+//! Every process is killed when the cluster is dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::cluster::{certs_init, worker_args, Proc, CLUSTER};
+use super::kserve::free_port;
+
+/// etcd's election timeout here, ms: its shortest lease is 1.5 × this,
+/// rounded up to whole seconds (1 s; etcd's defaults make it 2 s).
+const ETCD_ELECTION_MS: u64 = 250;
+
+/// A single-member etcd on loopback, killed on drop.
+pub struct Etcd {
+    child: Child,
+    pub endpoint: String,
+    pub log: PathBuf,
+}
+
+impl Etcd {
+    /// Starts etcd with its data in `dir/etcd` and waits until it serves.
+    pub fn start(dir: &Path) -> Etcd {
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = dir.join("etcd.log");
+        let heartbeat = (ETCD_ELECTION_MS / 10).to_string();
+        let election = ETCD_ELECTION_MS.to_string();
+        let args = [
+            "--name",
+            "test",
+            "--data-dir",
+            &dir.join("etcd").display().to_string(),
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("test={peer_url}"),
+            "--heartbeat-interval",
+            &heartbeat,
+            "--election-timeout",
+            &election,
+        ];
+        let child = Command::new("etcd")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("etcd (Debian's etcd-server; scripts/test.sh installs it)");
+        let etcd = Etcd {
+            child,
+            endpoint,
+            log,
+        };
+        let started = Instant::now();
+        while !etcd.healthy() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "etcd did not start: {}",
+                std::fs::read_to_string(&etcd.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd
+    }
+
+    /// etcd's `/health` answers `"health":"true"`.
+    pub fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let addr = self.endpoint.trim_start_matches("http://");
+        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let asked = write!(stream, "GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        let mut answer = String::new();
+        asked.is_ok()
+            && stream.read_to_string(&mut answer).is_ok()
+            && answer.contains("\"health\":\"true\"")
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// etcd, two coordinators (`a` leads first) and workers.
+pub struct HaCluster {
+    pub certs: PathBuf,
+    /// The coordinators' addresses: `a`, `b`.
+    pub addrs: Vec<SocketAddr>,
+    pub coordinators: Vec<Proc>,
+    pub workers: Vec<Proc>,
+    pub etcd: Etcd,
+    pub dir: super::Scratch,
+}
+
+impl HaCluster {
+    /// etcd, coordinator `a` (leading), coordinator `b` (standing by), then
+    /// each worker (name, extra arguments). `extra`: more cluster.toml,
+    /// top-level keys and tables (named models), for both coordinators.
+    pub fn start(test: &str, workers: &[(&str, &[&str])], extra: &str) -> HaCluster {
+        let dir = super::Scratch::new(&format!("ha-{test}"));
+        let certs = dir.join("certs");
+        let mut nodes = vec![
+            "coordinator-a:coordinator",
+            "coordinator-b:coordinator",
+            "client",
+        ];
+        nodes.extend(workers.iter().map(|(w, _)| *w));
+        certs_init(&certs, CLUSTER, &nodes);
+        let etcd = Etcd::start(&dir);
+        let addrs: Vec<SocketAddr> = (0..2)
+            .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+            .collect();
+        let mut cluster = HaCluster {
+            certs,
+            addrs,
+            coordinators: Vec::new(),
+            workers: Vec::new(),
+            etcd,
+            dir,
+        };
+        for (i, name) in ["a", "b"].into_iter().enumerate() {
+            cluster.write_config(name, cluster.addrs[i], extra);
+            let coordinator = cluster.start_coordinator(name);
+            let wanted = if i == 0 {
+                "leading the cluster"
+            } else {
+                "standing by"
+            };
+            assert!(
+                wait_log(&coordinator, wanted, Duration::from_secs(30)),
+                "coordinator-{name} did not log '{wanted}':\n{}",
+                coordinator.log_text()
+            );
+            cluster.coordinators.push(coordinator);
+        }
+        for (name, more) in workers {
+            let mut args = worker_args(&cluster.list(), &cluster.dir, name, &cluster.certs, 1);
+            args.extend(more.iter().map(|a| a.to_string()));
+            let (w, _) = Proc::start(
+                name,
+                env!("CARGO_BIN_EXE_worker"),
+                &args,
+                &cluster.dir,
+                "registered as ",
+                "info",
+            );
+            cluster.workers.push(w);
+        }
+        cluster
+    }
+
+    fn write_config(&self, name: &str, listen: SocketAddr, extra: &str) {
+        let text = format!(
+            "cluster = \"{CLUSTER}\"\nname = \"coordinator-{name}\"\nlisten = \"{listen}\"\n\
+             certs = \"{}\"\nheartbeat_ms = 200\nworker_timeout_ms = 1500\n\
+             request_deadline_ms = 60000\nstate_dir = \"{}\"\n{extra}\n\
+             [ha]\netcd = [\"{}\"]\nlease_ttl_s = 1\n",
+            self.certs.display(),
+            self.dir.join("state").display(),
+            self.etcd.endpoint,
+        );
+        std::fs::write(self.dir.join(format!("coordinator-{name}.toml")), text).unwrap();
+    }
+
+    /// Starts coordinator `name` (`a` or `b`) with its configuration.
+    pub fn start_coordinator(&self, name: &str) -> Proc {
+        let config = self.dir.join(format!("coordinator-{name}.toml"));
+        let (proc, _) = Proc::start(
+            &format!("coordinator-{name}"),
+            env!("CARGO_BIN_EXE_coordinator"),
+            &["--config".into(), config.display().to_string()],
+            &self.dir,
+            "listening on ",
+            "info",
+        );
+        proc
+    }
+
+    /// `a,b`: what workers and clients are given.
+    pub fn list(&self) -> String {
+        self.addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Arguments that point `tessera` at every coordinator.
+    pub fn client_args(&self) -> Vec<String> {
+        vec![
+            "--coordinator".into(),
+            self.list(),
+            "--certs".into(),
+            self.certs.display().to_string(),
+            "--cluster".into(),
+            CLUSTER.into(),
+        ]
+    }
+
+    /// A client of the leader, found among every coordinator.
+    pub async fn client(&self) -> tessera_client::Client {
+        let id = tessera_net::certs::load_identity(&self.certs, "client").unwrap();
+        let role = tessera_common::wire::handshake::Role::Client;
+        tessera_client::Client::connect_any(&self.addrs, &id, CLUSTER, role)
+            .await
+            .unwrap()
+    }
+}
+
+/// Whether `proc`'s log holds `text` within `within`.
+pub fn wait_log(proc: &Proc, text: &str, within: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if proc.log_text().contains(text) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}

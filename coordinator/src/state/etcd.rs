@@ -1,0 +1,257 @@
+//! The kept state in etcd (HA): the same JSON records as the embedded
+//! store, one key each under `PREFIX/state/`:
+//!
+//! - `meta/next_id`: the first id not reserved;
+//! - `networks/<id, 20 digits>`: a [`NetworkRecord`];
+//! - `models/<name>`: a [`ModelRecord`].
+//!
+//! A value over [`INLINE_LIMIT`] (a generative network's tokenizer, a big
+//! plan) is a blob in the shared `blobs/` folder, and the key holds
+//! `{"blob": sha256}`: etcd refuses requests over 1.5 MiB by default.
+//!
+//! Every write is one transaction that holds only while this
+//! coordinator's candidacy key still has the creation revision it led
+//! with (its epoch): a coordinator that lost its lead, say paused past its
+//! lease, writes nothing.
+
+use std::collections::BTreeSet;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+
+use super::blobs::Blobs;
+use super::records::{ModelRecord, NetworkRecord};
+use super::store::{json, parse};
+use super::{sha256_hex, Change, StoreError};
+
+/// Values longer than this are kept as blobs.
+pub const INLINE_LIMIT: usize = 512 << 10;
+
+/// How long one etcd request of the store may take.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `request`, failed as [`StoreError::Etcd`] past [`REQUEST_TIMEOUT`].
+async fn timed<T>(
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(answer) => answer.map_err(etcd_error),
+        Err(_) => Err(StoreError::Etcd(format!(
+            "no answer in {REQUEST_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Where this coordinator's writes hold: its candidacy key and the
+/// creation revision it leads with.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub key: Vec<u8>,
+    pub epoch: u64,
+}
+
+/// The state under `prefix/state/` in etcd, and the shared blobs.
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    blobs: Blobs,
+    fence: std::sync::Mutex<Option<Fence>>,
+}
+
+/// A value as kept: the record's JSON, or where it is.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Pointer {
+    blob: String,
+}
+
+fn etcd_error(e: etcd_client::Error) -> StoreError {
+    StoreError::Etcd(e.to_string())
+}
+
+impl EtcdStore {
+    pub fn new(client: Client, prefix: &str, blobs: Blobs) -> EtcdStore {
+        EtcdStore {
+            client,
+            prefix: format!("{}/state/", prefix.trim_end_matches('/')),
+            blobs,
+            fence: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
+    }
+
+    /// From now on, writes hold only while `fence` does.
+    pub fn lead(&self, fence: Fence) {
+        if let Ok(mut f) = self.fence.lock() {
+            *f = Some(fence);
+        }
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    fn network_key(&self, id: u64) -> String {
+        self.key(&format!("networks/{id:020}"))
+    }
+
+    /// The first id not reserved yet.
+    pub async fn reserved_ids(&self) -> Result<u64, StoreError> {
+        let mut client = self.client.clone();
+        let got = timed(client.get(self.key("meta/next_id"), None)).await?;
+        match got.kvs().first() {
+            Some(kv) => parse("meta/next_id", kv.value()),
+            None => Ok(0),
+        }
+    }
+
+    /// Makes `change` in one fenced transaction (blobs first).
+    pub async fn apply(&self, change: Change) -> Result<(), StoreError> {
+        let collect = matches!(change, Change::RemoveNetwork(_) | Change::PutModels(_));
+        let ops = match change {
+            Change::ReserveIds(upto) => vec![self.put("meta/next_id".into(), &upto).await?],
+            Change::PutNetwork(record, bytes) => {
+                self.put_blob(record.model.blob(), bytes).await?;
+                let key = format!("networks/{:020}", record.id);
+                vec![self.put(key, &record).await?]
+            }
+            Change::RemoveNetwork(id) => vec![TxnOp::delete(self.network_key(id), None)],
+            Change::PutModels(records) => self.model_ops(records).await?,
+        };
+        self.commit(ops).await?;
+        if collect {
+            self.collect_blobs().await?;
+        }
+        Ok(())
+    }
+
+    /// Puts every model record and deletes the others (one txn may not
+    /// both delete a range and put a key in it).
+    async fn model_ops(
+        &self,
+        records: Vec<(ModelRecord, Option<bytes::Bytes>)>,
+    ) -> Result<Vec<TxnOp>, StoreError> {
+        let mut ops = Vec::new();
+        let mut names = BTreeSet::new();
+        for (record, bytes) in records {
+            self.put_blob(record.source.blob(), bytes).await?;
+            names.insert(self.key(&format!("models/{}", record.name)));
+            ops.push(self.put(format!("models/{}", record.name), &record).await?);
+        }
+        for (key, _) in self.list("models/").await? {
+            if !names.contains(&key) {
+                ops.push(TxnOp::delete(key, None));
+            }
+        }
+        Ok(ops)
+    }
+
+    async fn put_blob(
+        &self,
+        sha256: Option<&str>,
+        bytes: Option<bytes::Bytes>,
+    ) -> Result<(), StoreError> {
+        let (Some(sha256), Some(bytes)) = (sha256, bytes) else {
+            return Ok(());
+        };
+        let (blobs, sha256) = (self.blobs.clone(), sha256.to_string());
+        tokio::task::spawn_blocking(move || blobs.put(&sha256, &bytes))
+            .await
+            .map_err(|e| StoreError::Etcd(format!("writing a blob: {e}")))?
+    }
+
+    /// A put of `value` at `rest`: inline, or as a blob and its pointer.
+    async fn put<T: serde::Serialize>(&self, rest: String, value: &T) -> Result<TxnOp, StoreError> {
+        let mut bytes = json(&rest, value)?;
+        if bytes.len() > INLINE_LIMIT {
+            let sha256 = sha256_hex(&bytes);
+            self.put_blob(Some(&sha256), Some(bytes.into())).await?;
+            bytes = json(&rest, &Pointer { blob: sha256 })?;
+        }
+        Ok(TxnOp::put(self.key(&rest), bytes, None))
+    }
+
+    async fn commit(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        let fence = self.fence.lock().ok().and_then(|f| f.clone());
+        let Some(fence) = fence else {
+            return Err(StoreError::Fenced(0));
+        };
+        let when = Compare::create_revision(fence.key, CompareOp::Equal, fence.epoch as i64);
+        let txn = Txn::new().when([when]).and_then(ops);
+        let mut client = self.client.clone();
+        let done = timed(client.txn(txn)).await?;
+        if done.succeeded() {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced(fence.epoch))
+        }
+    }
+
+    /// Every (key, value) under `rest`, values read back from their blobs.
+    async fn list(&self, rest: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut client = self.client.clone();
+        let options = GetOptions::new().with_prefix();
+        let got = timed(client.get(self.key(rest), Some(options))).await?;
+        let mut all = Vec::new();
+        for kv in got.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            all.push((key, kv.value().to_vec()));
+        }
+        Ok(all)
+    }
+
+    /// The records under `rest`, and the blobs their pointers name.
+    async fn records<T: serde::de::DeserializeOwned>(
+        &self,
+        rest: &str,
+    ) -> Result<(Vec<T>, Vec<String>), StoreError> {
+        let mut records = Vec::new();
+        let mut pointed = Vec::new();
+        for (key, value) in self.list(rest).await? {
+            let value = match serde_json::from_slice::<Pointer>(&value) {
+                Ok(p) => {
+                    let blobs = self.blobs.clone();
+                    let sha = p.blob.clone();
+                    pointed.push(p.blob);
+                    tokio::task::spawn_blocking(move || blobs.get(&sha))
+                        .await
+                        .map_err(|e| StoreError::Etcd(format!("reading a blob: {e}")))??
+                        .to_vec()
+                }
+                Err(_) => value,
+            };
+            records.push(parse(&key, &value)?);
+        }
+        Ok((records, pointed))
+    }
+
+    /// Every kept network and model record.
+    pub async fn load(&self) -> Result<(Vec<NetworkRecord>, Vec<ModelRecord>), StoreError> {
+        let (networks, _) = self.records("networks/").await?;
+        let (models, _) = self.records("models/").await?;
+        Ok((networks, models))
+    }
+
+    /// Deletes the blobs no record or pointer names.
+    async fn collect_blobs(&self) -> Result<(), StoreError> {
+        let (networks, mut named) = self.records::<NetworkRecord>("networks/").await?;
+        let (models, pointed) = self.records::<ModelRecord>("models/").await?;
+        named.extend(pointed);
+        let mut named: BTreeSet<String> = named.into_iter().collect();
+        named.extend(
+            networks
+                .iter()
+                .filter_map(|n| n.model.blob().map(String::from)),
+        );
+        named.extend(
+            models
+                .iter()
+                .filter_map(|m| m.source.blob().map(String::from)),
+        );
+        let blobs = self.blobs.clone();
+        tokio::task::spawn_blocking(move || blobs.collect(&named))
+            .await
+            .map_err(|e| StoreError::Etcd(format!("collecting blobs: {e}")))?
+    }
+}
