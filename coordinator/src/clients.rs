@@ -133,24 +133,7 @@ async fn operation(
             write(send, &network_loaded(&loaded), &limits).await
         }
         ClientRequest::LoadModel { name, request } => {
-            let new = match request {
-                // Placed anew from the model as the coordinator has it.
-                Some(r) if payload.is_empty() => Some(placed_anew(shared, &name, r)?),
-                Some(r) => Some((
-                    crate::repository::Source::Bytes(crate::repository::Sent::new(payload)),
-                    r,
-                )),
-                None => None,
-            };
-            let (tx, rx) = mpsc::channel::<Progress>(64);
-            let loaded = with_progress(
-                crate::repository::load(shared, &name, new, tx),
-                rx,
-                send,
-                &limits,
-            )
-            .await?;
-            write(send, &network_loaded(&loaded), &limits).await
+            load_model(shared, name, request, payload, send).await
         }
         ClientRequest::UnloadModel { name } => {
             crate::repository::unload(shared, &name).await?;
@@ -190,6 +173,36 @@ async fn operation(
             write(send, &crate::ha::leader_answer(shared).await, &limits).await
         }
     }
+}
+
+/// `LoadModel`: a named model loaded (defined anew from the payload, or
+/// placed anew, or as the repository has it).
+async fn load_model(
+    shared: &Arc<Shared>,
+    name: String,
+    request: Option<tessera_common::wire::control::LoadRequest>,
+    payload: Bytes,
+    send: &mut quinn::SendStream,
+) -> Result<(), CoordinatorError> {
+    let limits = *shared.node.limits();
+    let new = match request {
+        // Placed anew from the model as the coordinator has it.
+        Some(r) if payload.is_empty() => Some(placed_anew(shared, &name, r)?),
+        Some(r) => Some((
+            crate::repository::Source::Bytes(crate::repository::Sent::new(payload)),
+            r,
+        )),
+        None => None,
+    };
+    let (tx, rx) = mpsc::channel::<Progress>(64);
+    let loaded = with_progress(
+        crate::repository::load(shared, &name, new, tx),
+        rx,
+        send,
+        &limits,
+    )
+    .await?;
+    write(send, &network_loaded(&loaded), &limits).await
 }
 
 /// A generative network's spec, its tokenizer as the payload.

@@ -17,7 +17,7 @@ pub struct WorkerConfig {
     pub listen: Option<String>,
     /// The address other workers should dial, if not `listen`'s.
     pub advertise: Option<String>,
-    /// The coordinator's address.
+    /// The coordinator's address; with HA, every coordinator's, comma-separated.
     pub coordinator: Option<String>,
     pub cluster: Option<String>,
     /// Directory made by `tessera certs init`.
