@@ -7,7 +7,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::Client;
-use tessera_common::schedule::Replicas;
 use tessera_common::wire::control::LoadRequest;
 use tessera_coordinator::state::{Fence, Keeper, ModelRecord, ModelRef};
 
@@ -63,15 +62,7 @@ fn model(name: &str, tokenizer: Option<String>) -> ModelRecord {
         },
         request: LoadRequest {
             name: name.into(),
-            devices: String::new(),
-            policy: Default::default(),
-            strict: false,
-            affinity: Vec::new(),
-            dry_run: false,
-            shapes: Vec::new(),
-            replicas: Replicas::Count(1),
-            batching: None,
-            generation: None,
+            ..Default::default()
         },
         tokenizer_json: tokenizer,
         wanted: true,

@@ -313,14 +313,7 @@ impl Cluster {
 
     /// Arguments that point `tessera` at this cluster.
     pub fn client_args(&self) -> Vec<String> {
-        vec![
-            "--coordinator".into(),
-            self.addr.to_string(),
-            "--certs".into(),
-            self.certs.display().to_string(),
-            "--cluster".into(),
-            CLUSTER.into(),
-        ]
+        client_args(&self.addr.to_string(), &self.certs)
     }
 
     /// A client with the cluster's `client` certificate.
@@ -360,4 +353,17 @@ pub fn worker_args(
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// Arguments that point `tessera` at `coordinators` (one, or several
+/// comma-separated) with the `client` certificate of `certs`.
+pub fn client_args(coordinators: &str, certs: &Path) -> Vec<String> {
+    vec![
+        "--coordinator".into(),
+        coordinators.into(),
+        "--certs".into(),
+        certs.display().to_string(),
+        "--cluster".into(),
+        CLUSTER.into(),
+    ]
 }

@@ -208,14 +208,7 @@ impl HaCluster {
 
     /// Arguments that point `tessera` at every coordinator.
     pub fn client_args(&self) -> Vec<String> {
-        vec![
-            "--coordinator".into(),
-            self.list(),
-            "--certs".into(),
-            self.certs.display().to_string(),
-            "--cluster".into(),
-            CLUSTER.into(),
-        ]
+        super::cluster::client_args(&self.list(), &self.certs)
     }
 
     /// A client of the leader, found among every coordinator.

@@ -101,7 +101,8 @@ pub struct TypeReport {
 }
 
 /// What a client asks when it loads a network (its model is the payload).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Its default: every device by priority, one copy, no batching.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadRequest {
     pub name: String,
     /// A device priority, e.g. `HETERO:node-a/GPU.0,node-b/CPU`.

@@ -4,21 +4,12 @@
 use super::records::{ModelRecord, ModelRef, NetworkRecord, ReplicaRecord};
 use super::store::{Store, StoreError};
 use super::Keeper;
-use tessera_common::schedule::Replicas;
 use tessera_common::wire::control::LoadRequest;
 
 fn request(name: &str) -> LoadRequest {
     LoadRequest {
         name: name.into(),
-        devices: String::new(),
-        policy: Default::default(),
-        strict: false,
-        affinity: Vec::new(),
-        dry_run: false,
-        shapes: Vec::new(),
-        replicas: Replicas::Count(1),
-        batching: None,
-        generation: None,
+        ..Default::default()
     }
 }
 
