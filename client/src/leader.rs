@@ -80,7 +80,7 @@ async fn search(node: &Node, addrs: &[SocketAddr]) -> Result<quinn::Connection, 
     }
 }
 
-/// Asks `addr` every 100 ms until it leads: its connection. The leaders
+/// Asks `addr` every 50 ms until it leads: its connection. The leaders
 /// a standby names go to `named`.
 async fn poll(
     node: &Node,
@@ -97,7 +97,7 @@ async fn poll(
             }
             Err(e) => tracing::debug!("finding the leader: {e}"),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

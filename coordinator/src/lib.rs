@@ -169,6 +169,8 @@ pub struct Shared {
     pub stepped_down: tokio::sync::watch::Sender<Option<String>>,
     /// When its lead began (its start without HA).
     pub led_since: std::sync::OnceLock<std::time::Instant>,
+    /// What a standby prepared for a takeover (HA).
+    pub warm: state::restore::Warm,
 }
 
 impl Shared {
@@ -278,6 +280,7 @@ impl Coordinator {
             leader: tokio::sync::watch::Sender::new(leader),
             stepped_down: tokio::sync::watch::Sender::new(None),
             led_since: std::sync::OnceLock::new(),
+            warm: Default::default(),
         });
         if leading {
             let addr = shared.advertised();

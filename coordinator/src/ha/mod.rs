@@ -137,6 +137,7 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
     };
     tokio::spawn(keep_lease(shared.clone(), ha.clone(), lease));
     tokio::spawn(observe_leader(shared.clone(), ha.clone()));
+    tokio::spawn(crate::state::restore::keep_warm(shared.clone()));
     tracing::info!(advertise = %ha.advertise, "standing by: campaigning for the lead in etcd");
     let campaign = client.campaign(ha.election.clone(), ha.advertise.clone(), lease);
     let elected = tokio::select! {
@@ -151,6 +152,7 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
         return step_down(&shared, "etcd answered the campaign without a key".into());
     };
     let epoch = key.rev() as u64;
+    tracing::info!(epoch, "elected: restoring the kept state from etcd");
     let fence = crate::state::Fence {
         key: key.key().to_vec(),
         epoch,

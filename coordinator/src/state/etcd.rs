@@ -226,6 +226,16 @@ impl EtcdStore {
         Ok((records, pointed))
     }
 
+    /// The revision of the last change under `prefix/state/` (a removal
+    /// shows as fewer keys: the count goes in too).
+    pub async fn changed_at(&self) -> Result<i64, StoreError> {
+        let mut client = self.client.clone();
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let got = timed(client.get(self.key(""), Some(options))).await?;
+        let newest = got.kvs().iter().map(|kv| kv.mod_revision()).max();
+        Ok(newest.unwrap_or(0) * 1_000_000 + got.kvs().len() as i64)
+    }
+
     /// Every kept network and model record.
     pub async fn load(&self) -> Result<(Vec<NetworkRecord>, Vec<ModelRecord>), StoreError> {
         let (networks, _) = self.records("networks/").await?;

@@ -268,6 +268,14 @@ impl Keeper {
         }
     }
 
+    /// The revision of the last change to the kept state (etcd only).
+    pub async fn changed_at(&self) -> Option<i64> {
+        match &self.backend {
+            Backend::Etcd(store) => store.changed_at().await.ok(),
+            _ => None,
+        }
+    }
+
     /// The bytes of blob `sha256` (blocking).
     pub fn blob(&self, sha256: &str) -> Result<bytes::Bytes, StoreError> {
         match &self.backend {

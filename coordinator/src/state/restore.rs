@@ -38,13 +38,14 @@ pub async fn restore(shared: &Arc<Shared>) {
     if networks.is_empty() && models.is_empty() {
         return;
     }
-    let mut restored = 0;
+    let (mut restored, mut prepared) = (0, 0);
     for record in networks {
         let id = record.id;
         match network(shared, record).await {
-            Ok(loaded) => {
+            Ok((loaded, warm)) => {
                 shared.networks.insert(id, Arc::new(loaded));
                 restored += 1;
+                prepared += usize::from(warm);
             }
             Err(e) => {
                 tracing::warn!(network = id, "a kept network cannot be restored: {e}");
@@ -59,6 +60,7 @@ pub async fn restore(shared: &Arc<Shared>) {
     super::save_models(shared).await;
     tracing::info!(
         networks = restored,
+        prepared,
         epoch = shared.state.epoch(),
         "restored the kept state; waiting for the workers to register again"
     );
@@ -92,21 +94,113 @@ pub async fn rejoined(shared: &Shared) {
     }
 }
 
-/// A kept network, rebuilt.
-async fn network(
+/// What a standby prepares ahead of a takeover (HA): each kept network's
+/// model bytes and rebuilt graph, by network id, with the inputs they were
+/// built from; a takeover uses those that still match and prepares the
+/// rest.
+#[derive(Default)]
+pub struct Warm(dashmap::DashMap<u64, Arc<Prepared>>);
+
+/// A kept network's model and graph, rebuilt.
+pub struct Prepared {
+    /// What they were built from ([`fingerprint`]).
+    fingerprint: String,
+    model: bytes::Bytes,
+    origin: Origin,
+    sha256: String,
+    graph: Arc<tessera_common::graph::Graph>,
+}
+
+/// The inputs a kept network's graph is rebuilt from: where its model is
+/// (with its hash), its request and the reported types.
+fn fingerprint(record: &NetworkRecord) -> String {
+    let tokenizer = record
+        .tokenizer_json
+        .as_ref()
+        .map(|t| super::sha256_hex(t.as_bytes()));
+    serde_json::to_string(&(&record.model, &record.request, tokenizer, &record.types))
+        .unwrap_or_default()
+}
+
+/// Reads a kept network's model and rebuilds its graph.
+async fn prepare(
     shared: &Arc<Shared>,
-    mut record: NetworkRecord,
-) -> Result<Loaded, CoordinatorError> {
-    record.request = with_tokenizer(record.request, record.tokenizer_json.take());
+    record: &NetworkRecord,
+) -> Result<Prepared, CoordinatorError> {
+    let fingerprint = fingerprint(record);
+    let request = with_tokenizer(record.request.clone(), record.tokenizer_json.clone());
     let (model, origin, sha256) = model_bytes(shared, &record.model).await?;
-    let (request, types) = (record.request.clone(), record.types.clone());
-    let bytes = model.clone();
+    let (types, bytes) = (record.types.clone(), model.clone());
     let graph = tokio::task::spawn_blocking(move || {
         crate::planning::rebuild_graph(&bytes, &request, &types)
     })
     .await
     .map_err(|e| CoordinatorError::Model(format!("rebuilding its graph failed: {e}")))??;
-    let graph = Arc::new(graph);
+    Ok(Prepared {
+        fingerprint,
+        model,
+        origin,
+        sha256,
+        graph: Arc::new(graph),
+    })
+}
+
+/// While standing by: prepares every kept network that changed since the
+/// last look (checked every second; etcd's revisions say what changed).
+pub async fn keep_warm(shared: Arc<Shared>) {
+    let mut seen = None;
+    while !shared.leads() && !shared.shutting_down() {
+        let now = shared.state.changed_at().await;
+        if now.is_some() && now != seen {
+            if let Ok((networks, _)) = shared.state.load().await {
+                let ids: Vec<u64> = networks.iter().map(|n| n.id).collect();
+                shared.warm.0.retain(|id, _| ids.contains(id));
+                for record in &networks {
+                    let fresh = shared
+                        .warm
+                        .0
+                        .get(&record.id)
+                        .is_some_and(|w| w.fingerprint == fingerprint(record));
+                    if !fresh {
+                        match prepare(&shared, record).await {
+                            Ok(p) => {
+                                shared.warm.0.insert(record.id, Arc::new(p));
+                            }
+                            Err(e) => tracing::debug!(
+                                network = record.id,
+                                "preparing a kept network: {e}"
+                            ),
+                        }
+                    }
+                }
+                seen = now;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Leading (its restore took what matched) or stopped: nothing more to
+    // keep in memory.
+    shared.warm.0.clear();
+}
+
+/// A kept network, rebuilt (from what a standby prepared, when it
+/// matches: then `true`).
+async fn network(
+    shared: &Arc<Shared>,
+    mut record: NetworkRecord,
+) -> Result<(Loaded, bool), CoordinatorError> {
+    let warm = shared.warm.0.remove(&record.id).map(|(_, p)| p);
+    let (prepared, warm) = match warm {
+        Some(p) if p.fingerprint == fingerprint(&record) => (p, true),
+        _ => (Arc::new(prepare(shared, &record).await?), false),
+    };
+    record.request = with_tokenizer(record.request, record.tokenizer_json.take());
+    let (model, origin, sha256) = (
+        prepared.model.clone(),
+        prepared.origin.clone(),
+        prepared.sha256.clone(),
+    );
+    let graph = prepared.graph.clone();
     let generator = match &record.request.generation {
         Some(spec) => Some(Arc::new(crate::generative::check(spec, &graph)?)),
         None => None,
@@ -134,7 +228,7 @@ async fn network(
         generator,
     });
     let _ = loaded.model_sha.set(sha256);
-    Ok(loaded)
+    Ok((loaded, warm))
 }
 
 /// A kept model's bytes, where they came from and their sha-256 (checked:

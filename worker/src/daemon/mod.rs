@@ -109,6 +109,9 @@ pub enum WorkerError {
     /// No listed coordinator leads now (HA: a standby is taking over).
     #[error("no coordinator leads: {0}")]
     NoLeader(String),
+    /// A newer leader took over (HA): register with it at once.
+    #[error("{0}")]
+    NewLeader(String),
     #[error(transparent)]
     Plugin(#[from] PluginError),
 }
@@ -134,6 +137,7 @@ impl WorkerError {
             self,
             WorkerError::CoordinatorLost(_)
                 | WorkerError::NoLeader(_)
+                | WorkerError::NewLeader(_)
                 | WorkerError::Net(
                     NetError::Stream(_) | NetError::Resolve { .. } | NetError::Connect { .. },
                 )
@@ -372,6 +376,10 @@ async fn reconnecting(
             Err(e) if options.reconnect && e.transient() && !*stopped.borrow() => e,
             outcome => return outcome,
         };
+        if let WorkerError::NewLeader(why) = &error {
+            tracing::info!("{why}: registering with it");
+            continue;
+        }
         if started.elapsed() > Duration::from_secs(10) || matches!(error, WorkerError::NoLeader(_))
         {
             // A standby is taking over: news of it ends the wait at once.

@@ -73,10 +73,12 @@ pub(super) async fn session<R: FnOnce(&str)>(
         why = serve_operations(connection.clone(), state.clone(), session) => why,
         why = watch_control(recv, limits) => why,
         _ = stop.wait_for(|s| *s) => String::new(),
-        newer = news.wait_for(|n| n.epoch > epoch) => match newer {
-            Ok(n) => format!("a newer leader (epoch {}) at {}", n.epoch, n.addr.clone().unwrap_or_default()),
-            Err(_) => String::new(),
-        },
+        newer = news.wait_for(|n| n.epoch > epoch) => {
+            let newer = newer
+                .map(|n| format!("a newer leader (epoch {}) at {}", n.epoch, n.addr.clone().unwrap_or_default()))
+                .unwrap_or_default();
+            return Err(WorkerError::NewLeader(leave(state, &connection, options, newer)));
+        }
     };
     if *stop.borrow() {
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
@@ -87,6 +89,22 @@ pub(super) async fn session<R: FnOnce(&str)>(
         .close_reason()
         .map(|r| r.to_string())
         .unwrap_or(why);
+    Err(WorkerError::CoordinatorLost(leave(
+        state,
+        &connection,
+        options,
+        why,
+    )))
+}
+
+/// Ends a session with a coordinator that is gone (or no longer leads):
+/// what is deployed here is orphaned until one adopts it; returns `why`.
+fn leave(
+    state: &State,
+    connection: &quinn::Connection,
+    options: &WorkerOptions,
+    why: String,
+) -> String {
     state.orphaned();
     let held = state.router.deployments().len();
     if held > 0 {
@@ -96,8 +114,8 @@ pub(super) async fn session<R: FnOnce(&str)>(
             "the coordinator is gone: serving what is deployed here until one adopts it"
         );
     }
-    tessera_net::CloseCode::SessionOver.close(&connection, "session over");
-    Err(WorkerError::CoordinatorLost(why))
+    tessera_net::CloseCode::SessionOver.close(connection, "session over");
+    why
 }
 
 /// Unloads the deployments held here that the coordinator did not adopt
