@@ -149,7 +149,13 @@ async fn prepare(
 /// last look (checked every second; etcd's revisions say what changed).
 pub async fn keep_warm(shared: Arc<Shared>) {
     let mut seen = None;
-    while !shared.leads() && !shared.shutting_down() {
+    loop {
+        // A second first: a coordinator elected at once (the first to
+        // start) restores without preparing everything twice.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if shared.leads() || shared.shutting_down() {
+            break;
+        }
         let now = shared.state.changed_at().await;
         if now.is_some() && now != seen {
             if let Ok((networks, _)) = shared.state.load().await {
@@ -176,7 +182,6 @@ pub async fn keep_warm(shared: Arc<Shared>) {
                 seen = now;
             }
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Leading (its restore took what matched) or stopped: nothing more to
     // keep in memory.
