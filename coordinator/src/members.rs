@@ -42,11 +42,7 @@ pub async fn serve_worker_or_client(shared: Arc<Shared>, peer: Peer) {
     }
     if !shared.leads() {
         // A standby: the worker goes to the leader.
-        let view = shared.leader.borrow().clone();
-        let standby = CoordinatorAnswer::Standby {
-            leader: view.leader,
-            epoch: view.epoch,
-        };
+        let standby = shared.leader.borrow().answer();
         let _ = exchange::send_message(&mut send, &standby, None, &limits).await;
         let _ = send.finish();
         return;

@@ -254,14 +254,7 @@ impl Cluster {
             let mut args = cluster.worker_args(name, &cluster.certs.clone(), threads);
             args[1] = devices.to_string();
             args.extend(more.iter().map(|a| a.to_string()));
-            let (w, _) = Proc::start(
-                name,
-                env!("CARGO_BIN_EXE_worker"),
-                &args,
-                &cluster.dir,
-                "registered as ",
-                log,
-            );
+            let (w, _) = start_worker(name, &args, &cluster.dir, log);
             cluster.workers.push(w);
         }
         cluster
@@ -297,14 +290,8 @@ impl Cluster {
     /// Starts worker `name` with certificates from `certs`; returns it and
     /// its announcement line.
     pub fn worker(&self, name: &str, certs: &Path, threads: usize) -> (Proc, String) {
-        Proc::start(
-            name,
-            env!("CARGO_BIN_EXE_worker"),
-            &self.worker_args(name, certs, threads),
-            &self.dir,
-            "registered as ",
-            &self.log,
-        )
+        let args = self.worker_args(name, certs, threads);
+        start_worker(name, &args, &self.dir, &self.log)
     }
 
     pub fn worker_args(&self, name: &str, certs: &Path, threads: usize) -> Vec<String> {
@@ -366,4 +353,17 @@ pub fn client_args(coordinators: &str, certs: &Path) -> Vec<String> {
         "--cluster".into(),
         CLUSTER.into(),
     ]
+}
+
+/// Starts the `worker` binary with `args` (logs in `dir`, `RUST_LOG=log`)
+/// and waits until it has registered; returns it and that line.
+pub fn start_worker(name: &str, args: &[String], dir: &Path, log: &str) -> (Proc, String) {
+    Proc::start(
+        name,
+        env!("CARGO_BIN_EXE_worker"),
+        args,
+        dir,
+        "registered as ",
+        log,
+    )
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::cluster::{certs_init, worker_args, Proc, CLUSTER};
+use super::cluster::{certs_init, start_worker, worker_args, Proc, CLUSTER};
 use super::kserve::free_port;
 
 /// etcd's election timeout here, ms: its shortest lease is 1.5 × this,
@@ -157,14 +157,7 @@ impl HaCluster {
         for (name, more) in workers {
             let mut args = worker_args(&cluster.list(), &cluster.dir, name, &cluster.certs, 1);
             args.extend(more.iter().map(|a| a.to_string()));
-            let (w, _) = Proc::start(
-                name,
-                env!("CARGO_BIN_EXE_worker"),
-                &args,
-                &cluster.dir,
-                "registered as ",
-                "info",
-            );
+            let (w, _) = start_worker(name, &args, &cluster.dir, "info");
             cluster.workers.push(w);
         }
         cluster

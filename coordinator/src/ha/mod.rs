@@ -34,6 +34,18 @@ use lease::{LeaseClock, Renewal};
 /// How long reaching etcd at start may take before it is an error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// An etcd request with a limit: its answer, or why not (its error, or
+/// none within `limit`).
+pub(crate) async fn within<T>(
+    limit: Duration,
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer in {limit:?}")),
+    }
+}
+
 /// Who leads, as this coordinator knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaderView {
@@ -43,6 +55,22 @@ pub struct LeaderView {
     pub leader: Option<String>,
     /// The leader's epoch (0: none known).
     pub epoch: u64,
+}
+
+impl LeaderView {
+    /// What a worker is told of it: `Leading` when this coordinator
+    /// leads, else `Standby` with the leader's address.
+    pub fn answer(&self) -> tessera_common::wire::cluster::CoordinatorAnswer {
+        use tessera_common::wire::cluster::CoordinatorAnswer;
+        if self.leading {
+            CoordinatorAnswer::Leading { epoch: self.epoch }
+        } else {
+            CoordinatorAnswer::Standby {
+                leader: self.leader.clone(),
+                epoch: self.epoch,
+            }
+        }
+    }
 }
 
 /// Why HA cannot start.
@@ -76,17 +104,12 @@ impl Ha {
         // leads (the store times its own requests out).
         let options = ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
         let connect = Client::connect(config.etcd.clone(), Some(options));
-        let client = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(unreachable(e.to_string())),
-            Err(_) => return Err(unreachable(format!("no answer in {CONNECT_TIMEOUT:?}"))),
-        };
+        let client = within(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(unreachable)?;
         // The client connects lazily: ask something to know.
-        match tokio::time::timeout(CONNECT_TIMEOUT, client.clone().status()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(unreachable(e.to_string())),
-            Err(_) => return Err(unreachable(format!("no answer in {CONNECT_TIMEOUT:?}"))),
-        }
+        let status = within(CONNECT_TIMEOUT, client.clone().status()).await;
+        status.map_err(unreachable)?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
         Ok(Ha {
             advertise,
@@ -127,13 +150,12 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
     let mut client = ha.client();
     let sent = Instant::now();
     let grant = client.lease_grant(ha.ttl.as_secs() as i64, None);
-    let lease = match tokio::time::timeout(CONNECT_TIMEOUT, grant).await {
-        Ok(Ok(grant)) => {
+    let lease = match within(CONNECT_TIMEOUT, grant).await {
+        Ok(grant) => {
             ha.renewed(sent, grant.ttl());
             grant.id()
         }
-        Ok(Err(e)) => return step_down(&shared, format!("etcd refused a lease: {e}")),
-        Err(_) => return step_down(&shared, "etcd did not grant a lease in time".into()),
+        Err(e) => return step_down(&shared, format!("etcd granted no lease: {e}")),
     };
     tokio::spawn(keep_lease(shared.clone(), ha.clone(), lease));
     tokio::spawn(observe_leader(shared.clone(), ha.clone()));
@@ -201,10 +223,7 @@ async fn keep_lease(shared: Arc<Shared>, ha: Arc<Ha>, lease: i64) {
         }
         if channel.is_none() {
             let open = client.lease_keep_alive(lease);
-            channel = tokio::time::timeout(ha.renew_every(), open)
-                .await
-                .ok()
-                .and_then(Result::ok);
+            channel = within(ha.renew_every(), open).await.ok();
         }
         let Some((keeper, stream)) = channel.as_mut() else {
             continue;
@@ -294,7 +313,7 @@ pub async fn coordinators(shared: &Shared) -> Vec<CoordinatorInfo> {
     let prefix = format!("{}/", ha.election);
     let mut client = ha.client();
     let get = client.get(prefix, Some(options));
-    let Ok(Ok(got)) = tokio::time::timeout(CONNECT_TIMEOUT, get).await else {
+    let Ok(got) = within(CONNECT_TIMEOUT, get).await else {
         return Vec::new();
     };
     got.kvs()
@@ -326,19 +345,10 @@ pub async fn watch_leader(
     connection: quinn::Connection,
     mut send: quinn::SendStream,
 ) {
-    use tessera_common::wire::cluster::CoordinatorAnswer;
     let limits = *shared.node.limits();
     let mut views = shared.leader.subscribe();
     loop {
-        let view = views.borrow_and_update().clone();
-        let answer = if view.leading {
-            CoordinatorAnswer::Leading { epoch: view.epoch }
-        } else {
-            CoordinatorAnswer::Standby {
-                leader: view.leader,
-                epoch: view.epoch,
-            }
-        };
+        let answer = views.borrow_and_update().answer();
         let sent = tessera_net::exchange::send_message(&mut send, &answer, None, &limits);
         if sent.await.is_err() {
             return;

@@ -33,12 +33,9 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 async fn timed<T>(
     request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(answer) => answer.map_err(etcd_error),
-        Err(_) => Err(StoreError::Etcd(format!(
-            "no answer in {REQUEST_TIMEOUT:?}"
-        ))),
-    }
+    crate::ha::within(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(StoreError::Etcd)
 }
 
 /// Where this coordinator's writes hold: its candidacy key and the
@@ -61,10 +58,6 @@ pub struct EtcdStore {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Pointer {
     blob: String,
-}
-
-fn etcd_error(e: etcd_client::Error) -> StoreError {
-    StoreError::Etcd(e.to_string())
 }
 
 impl EtcdStore {

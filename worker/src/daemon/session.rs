@@ -172,17 +172,17 @@ async fn register(
     state: &State,
     infos: &[DeviceInfo],
 ) -> Result<Registered, WorkerError> {
-    let mut order = state.leaders.order();
+    let mut order: std::collections::VecDeque<String> = state.leaders.order().into();
     let mut tried = Vec::new();
     let mut last = None;
-    while let Some(addr) = (!order.is_empty()).then(|| order.remove(0)) {
+    while let Some(addr) = order.pop_front() {
         if tried.contains(&addr) {
             continue;
         }
         tried.push(addr.clone());
         match register_at(options, state, infos, &addr).await {
             Ok(Attempt::Registered(r)) => return Ok(r),
-            Ok(Attempt::Standby(Some(leader))) => order.insert(0, leader),
+            Ok(Attempt::Standby(Some(leader))) => order.push_front(leader),
             Ok(Attempt::Standby(None)) => {
                 last = Some(WorkerError::NoLeader(format!(
                     "{addr} stands by, none leads"
