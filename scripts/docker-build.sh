@@ -50,8 +50,33 @@ PY
 fi
 mkdir -p "$root/usr/local/lib/tessera"
 cp "$ort_dir/$ort_lib" "$root/usr/local/lib/tessera/$ort_lib"
-# The dynamic loader and every library the binaries (and onnxruntime) link.
-libs=$(for bin in "$root"/usr/local/bin/* "$root/usr/local/lib/tessera/$ort_lib"; do
+# The GPU device (wgpu over Vulkan): the Vulkan loader, and Mesa's lavapipe,
+# a software Vulkan device, for machines without a GPU. On an NVIDIA node
+# the NVIDIA container toolkit mounts the driver and its ICD
+# (/etc/vulkan/icd.d/nvidia_icd.json) when NVIDIA_DRIVER_CAPABILITIES
+# names graphics; the loader then lists both and wgpu prefers the real GPU.
+# Mesa's device-selection layer is left out (it only reorders devices).
+lvp_icd=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json
+if [ ! -e "$lvp_icd" ] || ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+  if command -v apt-get >/dev/null; then
+    { apt-get install -y -q mesa-vulkan-drivers libvulkan1 ||
+      { apt-get update -q && apt-get install -y -q mesa-vulkan-drivers libvulkan1; }; } >/dev/null 2>&1
+  fi
+fi
+[ -e "$lvp_icd" ] || { echo "the image's GPU device needs Mesa's lavapipe (apt-get install mesa-vulkan-drivers)" >&2; exit 1; }
+vulkan_loader=$(ldconfig -p | awk '/libvulkan.so.1 .*x86-64/ {print $NF; exit}')
+[ -n "$vulkan_loader" ] || { echo "the image's GPU device needs the Vulkan loader (apt-get install libvulkan1)" >&2; exit 1; }
+lvp_lib=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ICD"]["library_path"])' "$lvp_icd")
+gpu_libs=("$vulkan_loader" "$lvp_lib")
+for lib in "${gpu_libs[@]}"; do
+  mkdir -p "$root$(dirname "$lib")"
+  cp -L "$lib" "$root$lib"
+done
+mkdir -p "$root/usr/share/vulkan/icd.d"
+cp "$lvp_icd" "$root$lvp_icd"
+# The dynamic loader and every library the binaries, onnxruntime and the
+# Vulkan libraries link.
+libs=$(for bin in "$root"/usr/local/bin/* "$root/usr/local/lib/tessera/$ort_lib" "${gpu_libs[@]}"; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
 done | sort -u)
 for lib in $libs; do

@@ -15,6 +15,8 @@
 #      what the workers run, and the workers follow it by themselves (the
 #      time without a leader is printed); then starts the killed one again,
 #      which stands by.
+# Then node-c's GPU (Mesa's lavapipe inside the image) runs rec, checked
+# against onnxruntime within 1e-3.
 # Prints requests sent / succeeded / failed with a clear error / lost and
 # the recovery times; fails unless lost = 0 and every success is right.
 # The cluster is torn down at the end, even on failure.
@@ -173,4 +175,31 @@ for (name, t), end in zip(marks, ends):
         line += f"; longest gap between two answers {gap / 1e3:.2f} s"
     print(line)
 PY
-exit "$soak_status"
+[ "$soak_status" -eq 0 ] || exit "$soak_status"
+
+# node-c's GPU, on Mesa's lavapipe inside the image: rec on node-c/GPU with
+# what the GPU plugin lacks on node-c/CPU, on case 0's inputs. The answer
+# must match onnxruntime's within 1e-3 and the plan must put nodes on the
+# GPU.
+gpu_inputs=()
+for f in "$cases"/case0_*.npy; do
+  name=$(basename "$f" .npy); gpu_inputs+=(--input "${name#case0_}=$f")
+done
+"$tessera" run "$model" "${remote[@]}" --devices HETERO:node-c/GPU,node-c/CPU "${gpu_inputs[@]}" \
+  --output-dir "$work/gpu" >"$work/gpu.txt"
+python3 - "$work/gpu.txt" "$work/gpu" "$cases/expected/out0.npy" <<'PY'
+import glob, re, sys
+import numpy as np
+plan, out_dir, expected = sys.argv[1:]
+nodes = {}
+for m in re.finditer(r"^subgraph\d+ on (\S+): (\d+) nodes", open(plan).read(), re.M):
+    nodes[m.group(1)] = nodes.get(m.group(1), 0) + int(m.group(2))
+outs = glob.glob(f"{out_dir}/*.npy")
+assert len(outs) == 1, outs
+got, want = np.load(outs[0]), np.load(expected)
+diff = float(np.abs(got - want).max())
+print(f"GPU worker (lavapipe in the image): {nodes.get('node-c/GPU', 0)} nodes on node-c/GPU, "
+      f"{nodes.get('node-c/CPU', 0)} on node-c/CPU; max abs difference from onnxruntime {diff:.2e}")
+assert nodes.get("node-c/GPU", 0) > 0, f"no node on the GPU: {nodes}"
+assert diff <= 1e-3, f"the GPU worker's answer differs from onnxruntime's by {diff}"
+PY

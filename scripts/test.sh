@@ -28,6 +28,17 @@ fi
 if ! python3 -c "import openai" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0"
 fi
+# deploy/kubernetes's check: Kubernetes' schemas (offline, bundled) and
+# jsonschema for LeaderWorkerSet's; kubectl renders the overlays.
+if ! python3 -c "import kubernetes_validate, jsonschema, yaml" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check \
+    "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "PyYAML==6.0.3"
+fi
+if command -v kubectl >/dev/null; then
+  export TESSERA_K8S_TESTS=${TESSERA_K8S_TESTS:-required}
+else
+  echo "warning: no kubectl; the Kubernetes manifests' check is skipped"
+fi
 ./scripts/fetch-test-models.sh >/dev/null
 ./scripts/fetch-llm.sh >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);

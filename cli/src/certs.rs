@@ -7,8 +7,8 @@ use clap::{Args, Subcommand};
 
 #[derive(Subcommand)]
 pub enum CertsCommand {
-    /// Create the cluster CA (or reuse the one in --dir) and sign a
-    /// certificate for each node. Keys are written with mode 0600.
+    /// Create the cluster CA (or reuse the one in --dir or --ca-dir) and
+    /// sign a certificate for each node. Keys are written with mode 0600.
     Init(InitArgs),
 }
 
@@ -17,6 +17,11 @@ pub struct InitArgs {
     /// Where to write ca.pem, ca.key and <node>.pem / <node>.key.
     #[arg(long, default_value = "certs")]
     dir: PathBuf,
+    /// Sign with the CA in this folder (ca.pem, ca.key) instead: only
+    /// ca.pem is copied into --dir, the key stays here (a Kubernetes init
+    /// container signs its pod's certificate from a Secret this way).
+    #[arg(long, value_name = "DIR")]
+    ca_dir: Option<PathBuf>,
     /// The cluster's name (peers of other clusters are refused).
     #[arg(long, default_value = "tessera")]
     cluster: String,
@@ -59,8 +64,14 @@ pub fn run(command: CertsCommand) -> anyhow::Result<()> {
                 .filter(|n| !(args.keep && has(n)))
                 .collect();
             let hosts: Vec<&str> = args.hosts.iter().map(String::as_str).collect();
-            let written = tessera_net::certs::init_dir(&args.dir, &args.cluster, &nodes, &hosts)
-                .with_context(|| format!("creating certificates in {}", args.dir.display()))?;
+            let written = tessera_net::certs::init_dir_with_ca(
+                &args.dir,
+                args.ca_dir.as_deref(),
+                &args.cluster,
+                &nodes,
+                &hosts,
+            )
+            .with_context(|| format!("creating certificates in {}", args.dir.display()))?;
             let mut out = String::new();
             for path in written {
                 out.push_str(&format!("wrote {}\n", path.display()));

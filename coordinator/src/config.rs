@@ -119,6 +119,27 @@ pub struct ConfigError {
 }
 
 impl CoordinatorConfig {
+    /// The `TESSERA_*` names among `names` that set no key (a misspelt
+    /// `TESSERA_HA_ETDC` would otherwise be ignored), sorted.
+    pub fn unknown_env<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Vec<String> {
+        let known = |name: &str| {
+            let key = |prefix: &str, keys: &[&str]| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|k| keys.iter().any(|key| key.to_uppercase() == k))
+            };
+            key("TESSERA_", &KEYS)
+                || key("TESSERA_SERVING_", &SERVING_KEYS)
+                || key("TESSERA_HA_", &HA_KEYS)
+        };
+        let mut unknown: Vec<String> = names
+            .into_iter()
+            .map(|n| n.as_ref().to_string())
+            .filter(|n| n.starts_with("TESSERA_") && !known(n))
+            .collect();
+        unknown.sort();
+        unknown
+    }
+
     /// Reads `path` (if given), then applies `TESSERA_<KEY>` variables from
     /// `env`.
     pub fn load(

@@ -202,3 +202,34 @@ fn bad_serving_keys_are_clear_errors() {
         assert!(err.contains(wanted), "{text:?}: {err}");
     }
 }
+
+#[test]
+fn unknown_tessera_variables_are_named_and_an_empty_etcd_is_no_ha() {
+    let names = [
+        "TESSERA_LISTEN",
+        "TESSERA_HA_ETDC",
+        "TESSERA_SERVING_TOKENS_FILE",
+        "TESSERA_SERVING_TOKEN_FILE",
+        "TESSERA_HA_LEASE_TTL_S",
+        "PATH",
+        "TESSERA_NAMES",
+    ];
+    assert_eq!(
+        CoordinatorConfig::unknown_env(names),
+        [
+            "TESSERA_HA_ETDC",
+            "TESSERA_NAMES",
+            "TESSERA_SERVING_TOKEN_FILE"
+        ]
+    );
+    // A Kubernetes ConfigMap's empty `etcd` (one coordinator, no HA).
+    let cfg =
+        CoordinatorConfig::load(None, |k| (k == "TESSERA_HA_ETCD").then(String::new)).unwrap();
+    assert!(!cfg.ha.enabled());
+    let env: HashMap<&str, &str> = HashMap::from([
+        ("TESSERA_HA_ETCD", "http://a:2379,http://b:2379"),
+        ("TESSERA_STATE_DIR", "/var/lib/tessera"),
+    ]);
+    let cfg = CoordinatorConfig::load(None, |k| env.get(k).map(|v| v.to_string())).unwrap();
+    assert_eq!(cfg.ha.etcd, ["http://a:2379", "http://b:2379"]);
+}

@@ -263,20 +263,53 @@ pub fn init_dir(
     nodes: &[&str],
     hosts: &[&str],
 ) -> Result<Vec<PathBuf>, NetError> {
+    init_dir_with_ca(dir, None, cluster, nodes, hosts)
+}
+
+/// As [`init_dir`], with the CA taken from `ca_dir` (its `ca.pem` and
+/// `ca.key`) when given: only `ca.pem` is copied into `dir`, so the key
+/// stays where it was (a Kubernetes init container signs its pod's
+/// certificate from a Secret this way). A `dir` that holds another CA's
+/// `ca.pem` is an error.
+pub fn init_dir_with_ca(
+    dir: &Path,
+    ca_dir: Option<&Path>,
+    cluster: &str,
+    nodes: &[&str],
+    hosts: &[&str],
+) -> Result<Vec<PathBuf>, NetError> {
     std::fs::create_dir_all(dir).map_err(|e| NetError::Io {
         what: format!("create {}", dir.display()),
         reason: e.to_string(),
     })?;
     let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let mut written = Vec::new();
-    let ca = if ca_cert.exists() && ca_key.exists() {
-        ClusterCa::from_pem(&read(&ca_cert)?, &read(&ca_key)?)?
-    } else {
-        let ca = ClusterCa::generate(cluster)?;
-        write(&ca_cert, &ca.cert_pem, false)?;
-        write(&ca_key, &ca.key_pem(), true)?;
-        written.extend([ca_cert, ca_key]);
-        ca
+    let ca = match ca_dir {
+        Some(from) => {
+            let cert_pem = read(&from.join("ca.pem"))?;
+            let ca = ClusterCa::from_pem(&cert_pem, &read(&from.join("ca.key"))?)?;
+            if !ca_cert.exists() {
+                write(&ca_cert, &cert_pem, false)?;
+                written.push(ca_cert);
+            } else if read(&ca_cert)?.trim() != cert_pem.trim() {
+                return Err(NetError::Certificate(format!(
+                    "{} is another CA's than {}",
+                    ca_cert.display(),
+                    from.join("ca.pem").display()
+                )));
+            }
+            ca
+        }
+        None if ca_cert.exists() && ca_key.exists() => {
+            ClusterCa::from_pem(&read(&ca_cert)?, &read(&ca_key)?)?
+        }
+        None => {
+            let ca = ClusterCa::generate(cluster)?;
+            write(&ca_cert, &ca.cert_pem, false)?;
+            write(&ca_key, &ca.key_pem(), true)?;
+            written.extend([ca_cert, ca_key]);
+            ca
+        }
     };
     for spec in nodes {
         let (node, role) = parse_node(spec)?;

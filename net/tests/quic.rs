@@ -370,6 +370,39 @@ fn certs_init_writes_and_reuses_the_cluster_ca() {
     }
 }
 
+#[test]
+fn certs_init_from_a_ca_folder_copies_only_its_certificate() {
+    let ca = tempfile::tempdir().unwrap();
+    certs::init_dir(ca.path(), "lab", &[], &[]).unwrap();
+    let pod = tempfile::tempdir().unwrap();
+    let written =
+        certs::init_dir_with_ca(pod.path(), Some(ca.path()), "lab", &["node-a"], &[]).unwrap();
+    let names: Vec<String> = written
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["ca.pem", "node-a.pem", "node-a.key"]);
+    assert!(!pod.path().join("ca.key").exists(), "the CA key stays");
+    // Signed by that CA: it verifies against the CA folder's certificate.
+    let a = certs::load_identity(pod.path(), "node-a").unwrap();
+    assert_eq!(
+        a.ca_pem,
+        std::fs::read_to_string(ca.path().join("ca.pem")).unwrap()
+    );
+    // Again into the same folder: the same CA is fine; another is refused.
+    certs::init_dir_with_ca(pod.path(), Some(ca.path()), "lab", &["node-b"], &[]).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    certs::init_dir(other.path(), "lab", &[], &[]).unwrap();
+    let e = certs::init_dir_with_ca(pod.path(), Some(other.path()), "lab", &["node-c"], &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("another CA"), "{e}");
+    // A folder without a CA is a clear error.
+    let empty = tempfile::tempdir().unwrap();
+    let e = certs::init_dir_with_ca(pod.path(), Some(empty.path()), "lab", &["node-c"], &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("ca.pem"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_says_hello_holds_up_no_other() {
     let ca = ClusterCa::generate("lab").unwrap();

@@ -1,7 +1,9 @@
 //! The bearer-token check in front of both listeners (one middleware for
 //! the HTTP routes and the gRPC service): with `[serving] tokens_file`,
-//! every request but liveness (`GET /v2/health/live`, gRPC `ServerLive`)
-//! wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
+//! every request but the health probes (`GET /v2/health/live` and
+//! `/v2/health/ready`, gRPC `ServerLive` and `ServerReady`: Kubernetes'
+//! kubelet and load balancers probe without a token, and the answer tells
+//! nothing but up or down) wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
 //! `WWW-Authenticate: Bearer`; gRPC callers get UNAUTHENTICATED. Neither the
 //! header nor the token is logged.
 
@@ -15,10 +17,12 @@ use axum::response::{IntoResponse, Response};
 use crate::tokens::bearer;
 use crate::Door;
 
-/// Paths open to anyone: liveness only.
-const OPEN: [&str; 2] = [
+/// Paths open to anyone: the server's health probes.
+const OPEN: [&str; 4] = [
     "/v2/health/live",
+    "/v2/health/ready",
     "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
 ];
 
 /// The middleware: passes the request on, or refuses it.

@@ -7,7 +7,7 @@
 //!   `model_repository` ([`crate::confine`]). The cluster's own clients
 //!   (QUIC, mutual TLS) always may.
 //! - **Tokens** ([`crate::tokens`]): with `tokens_file`, every endpoint
-//!   but liveness wants `Authorization: Bearer TOKEN` (401 /
+//!   but the health probes want `Authorization: Bearer TOKEN` (401 /
 //!   UNAUTHENTICATED), checked by one middleware ([`crate::auth`]) in
 //!   front of both listeners.
 //! - **Connections** ([`crate::listener`]): plain or TLS (rustls; the

@@ -186,19 +186,21 @@ def check_bad_requests(server, oracle, max_body):
 
 
 def check_token_required(server, oracle):
-    """With tokens: ServerLive open, everything else UNAUTHENTICATED
-    without the token or with a wrong one."""
+    """With tokens: ServerLive and ServerReady open (probes send no
+    token), everything else UNAUTHENTICATED without the token or with a
+    wrong one."""
     c = server.client
     assert c.is_server_live(), "liveness needs no token"
+    assert c.is_server_ready(), "readiness needs no token"
     for headers in (None, {"authorization": "Bearer wrong"}):
-        expect_status(f"ready with {headers}", grpc.StatusCode.UNAUTHENTICATED,
-                      lambda: c.is_server_ready(headers=headers))
+        expect_status(f"metadata with {headers}", grpc.StatusCode.UNAUTHENTICATED,
+                      lambda: c.get_server_metadata(headers=headers))
         x = oracle.rec_input(31)
         inp = grpcclient.InferInput("x", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         expect_status(f"infer with {headers}", grpc.StatusCode.UNAUTHENTICATED,
                       lambda: c.infer("rec", [inp], headers=headers))
-    print("gRPC tokens: liveness open, the rest UNAUTHENTICATED without the token")
+    print("gRPC tokens: liveness and readiness open, the rest UNAUTHENTICATED without the token")
 
 
 def check_repository(server, oracle, model_control):

@@ -18,6 +18,12 @@ struct Args {
     /// Override `listen`.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Check the configuration (the file, TESSERA_* variables: an unknown
+    /// one is an error here, a warning at start) and the certificate and
+    /// tokens file it names, print the settings as JSON and exit without
+    /// serving.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +38,22 @@ fn run(args: Args) -> Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    let unknown = CoordinatorConfig::unknown_env(
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| !tessera_cli::PROCESS_ENV.contains(&k.as_str())),
+    );
+    if !unknown.is_empty() {
+        let text = format!(
+            "unknown environment variables {} (TESSERA_<KEY>, TESSERA_SERVING_<KEY>, \
+             TESSERA_HA_<KEY> for the keys of configs/cluster.toml)",
+            unknown.join(", ")
+        );
+        if args.check_config {
+            anyhow::bail!(text);
+        }
+        tracing::warn!("{text}");
+    }
     let identity =
         tessera_net::certs::load_identity(&config.certs, &config.name).with_context(|| {
             format!(
@@ -40,6 +62,9 @@ fn run(args: Args) -> Result<()> {
                 config.certs.display()
             )
         })?;
+    if args.check_config {
+        return check_config(&config);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -75,4 +100,45 @@ fn run(args: Args) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// `--check-config`: what the loaded configuration names exists and
+/// parses; prints the settings a deployment check compares (listeners,
+/// paths, HA) as JSON.
+fn check_config(config: &CoordinatorConfig) -> Result<()> {
+    let serving = &config.serving;
+    if !serving.tokens_file.as_os_str().is_empty() {
+        let tokens = tessera_serving::tokens::Tokens::load(&serving.tokens_file)
+            .with_context(|| format!("tokens_file {}", serving.tokens_file.display()))?;
+        anyhow::ensure!(
+            tokens.count() > 0,
+            "tokens_file {} holds no token",
+            serving.tokens_file.display()
+        );
+    }
+    let repository = &serving.model_repository;
+    if !repository.as_os_str().is_empty() && !repository.is_dir() {
+        anyhow::bail!("model_repository {} is not a folder", repository.display());
+    }
+    let settings = serde_json::json!({
+        "name": config.name,
+        "cluster": config.cluster,
+        "listen": config.listen.to_string(),
+        "certs": config.certs,
+        "state_dir": config.state_dir,
+        "http_listen": config.http_listen,
+        "grpc_listen": config.grpc_listen,
+        "tokens_file": serving.tokens_file,
+        "model_control": serving.model_control,
+        "model_repository": repository,
+        "models": config.models.keys().collect::<Vec<_>>(),
+        "ha": {
+            "etcd": config.ha.etcd,
+            "advertise": config.ha.advertise,
+            "lease_ttl_s": config.ha.lease_ttl_s,
+            "prefix": config.ha.prefix,
+        },
+    });
+    tessera_cli::announce(&format!("{settings:#}"));
+    Ok(())
 }

@@ -57,6 +57,12 @@ struct Args {
     /// GPU what its adapter reports.
     #[arg(long, value_name = "SIZE")]
     memory_limit: Option<MemoryLimits>,
+    /// Memory kept back from the CPU's (its --memory-limit, or what the
+    /// machine has available) for the worker process itself, e.g. 384MiB:
+    /// with --memory-limit at a container's limit, the planner never
+    /// places more than the container may use.
+    #[arg(long, value_name = "SIZE")]
+    memory_reserve: Option<String>,
     /// The CPU backend: auto (onnxruntime where its library loads, else
     /// tract), tract or onnxruntime.
     #[arg(long)]
@@ -76,6 +82,10 @@ struct Args {
     /// unloaded.
     #[arg(long, value_name = "SECONDS")]
     adopt_grace_s: Option<f64>,
+    /// Check the flags and --config, and the certificate and tokens file
+    /// they name, print the settings as JSON and exit without serving.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -96,6 +106,7 @@ struct ComputeFlags {
     cpu_backend: Option<CpuBackend>,
     threads: Option<usize>,
     memory_limit: Option<MemoryLimits>,
+    memory_reserve: Option<String>,
     onnxruntime_library: Option<PathBuf>,
 }
 
@@ -106,9 +117,10 @@ struct ComputeFlags {
 fn compute_settings(
     flags: ComputeFlags,
     mut plugin: std::collections::BTreeMap<String, String>,
-    memory_limit: Option<&str>,
+    memory: (Option<&str>, Option<&str>),
     cache_dir: Option<PathBuf>,
 ) -> Result<(Vec<(String, String)>, MemoryLimits)> {
+    let (memory_limit, memory_reserve) = memory;
     let cpu_backend = match (flags.cpu_backend, plugin.remove("backend")) {
         (Some(b), _) => b,
         (None, Some(text)) => text
@@ -134,6 +146,15 @@ fn compute_settings(
             .map_err(anyhow::Error::msg)
             .context("memory_limit in the worker's config")?,
         (None, None) => MemoryLimits::default(),
+    };
+    let memory_limit = match flags.memory_reserve.as_deref().or(memory_reserve) {
+        Some(text) => {
+            let reserve = tessera_common::memory::parse_limit(text)
+                .map_err(anyhow::Error::msg)
+                .context("memory_reserve")?;
+            memory_limit.reserving(reserve)?
+        }
+        None => memory_limit,
     };
     Ok((config, memory_limit))
 }
@@ -178,10 +199,11 @@ fn run(args: Args) -> Result<()> {
             cpu_backend: args.cpu_backend,
             threads: args.threads,
             memory_limit: args.memory_limit,
+            memory_reserve: args.memory_reserve,
             onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
         },
         file.plugin,
-        file.memory_limit.as_deref(),
+        (file.memory_limit.as_deref(), file.memory_reserve.as_deref()),
         cache_dir.clone(),
     )?;
     let adopt_grace = adopt_grace(args.adopt_grace_s.or(file.adopt_grace_s))?;
@@ -211,6 +233,9 @@ fn run(args: Args) -> Result<()> {
         &certs,
         &name,
     )?;
+    if args.check_config {
+        return check_config(&options, &certs, &front_door);
+    }
     tessera_cli::cluster::run_system(async move {
         let announced = name.clone();
         let (registered, first) = tokio::sync::oneshot::channel::<()>();
@@ -314,4 +339,53 @@ struct FileServing {
     http_max_body_bytes: Option<u64>,
     request_deadline_ms: Option<u64>,
     serving: tessera_common::serving::ServingConfig,
+}
+
+/// `--check-config`: the devices are ones this build serves and the
+/// front door's tokens file parses; prints the settings a deployment
+/// check compares (listeners, paths, the memory the planner may use) as
+/// JSON.
+fn check_config(options: &WorkerOptions, certs: &std::path::Path, door: &Settings) -> Result<()> {
+    for kind in &options.devices {
+        let known = plugins::BACKENDS
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case(kind));
+        anyhow::ensure!(known, "device kind '{kind}' is unknown");
+    }
+    let tokens_file = &door.serving.tokens_file;
+    if !tokens_file.as_os_str().is_empty() {
+        let tokens = tessera_serving::tokens::Tokens::load(tokens_file)
+            .with_context(|| format!("tokens_file {}", tokens_file.display()))?;
+        anyhow::ensure!(
+            tokens.count() > 0,
+            "tokens_file {} holds no token",
+            tokens_file.display()
+        );
+    }
+    let offered: serde_json::Map<String, serde_json::Value> = options
+        .devices
+        .iter()
+        .map(|kind| {
+            let kind = kind.to_ascii_uppercase();
+            let reported = (kind == "CPU").then(daemon::available_memory).flatten();
+            let bytes = options.memory_limit.offered(&kind, reported);
+            (kind, serde_json::json!(bytes))
+        })
+        .collect();
+    let settings = serde_json::json!({
+        "name": options.name,
+        "cluster": options.cluster,
+        "devices": options.devices,
+        "listen": options.listen.to_string(),
+        "advertise": options.advertise,
+        "coordinators": options.coordinator.split(',').map(str::trim).collect::<Vec<_>>(),
+        "certs": certs,
+        "cache_dir": options.cache_dir,
+        "http_listen": door.http.map(|a| a.to_string()),
+        "grpc_listen": door.grpc.map(|a| a.to_string()),
+        "tokens_file": tokens_file,
+        "memory_offered": offered,
+    });
+    tessera_cli::announce(&format!("{settings:#}"));
+    Ok(())
 }

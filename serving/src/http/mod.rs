@@ -152,11 +152,16 @@ async fn live() -> StatusCode {
     StatusCode::OK
 }
 
+/// Open to probes without a token; with tokens on, a 503 says no more than
+/// "not ready" (the reason names models).
 async fn ready(State(door): State<Arc<Door>>) -> Result<StatusCode, HttpError> {
-    door.ready()
-        .await
-        .map(|()| StatusCode::OK)
-        .map_err(|why| HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why.to_string()))
+    door.ready().await.map(|()| StatusCode::OK).map_err(|why| {
+        let why = match door.rules.tokens {
+            Some(_) => "not ready".to_string(),
+            None => why.to_string(),
+        };
+        HttpError::new(StatusCode::SERVICE_UNAVAILABLE, why)
+    })
 }
 
 async fn server_metadata() -> Json<Value> {

@@ -33,6 +33,9 @@ pub struct WorkerConfig {
     /// device (`"2GiB"`) or sizes by kind (`"CPU=2GiB,GPU=8GiB"`); without
     /// it a device offers what it has available.
     pub memory_limit: Option<String>,
+    /// Memory kept back from the CPU's for the worker process itself
+    /// (`"384MiB"`).
+    pub memory_reserve: Option<String>,
     /// onnxruntime's shared library (default: `ORT_DYLIB_PATH`, then the
     /// installed Python package, then next to the executable).
     pub onnxruntime_library: Option<PathBuf>,
@@ -93,6 +96,8 @@ pub enum MemoryLimitError {
     NotSizeOrKind(String),
     #[error("memory limit: '{0}' names no device kind")]
     NoKind(String),
+    #[error("memory reserve: {reserve} bytes leave nothing of the CPU's limit of {limit} bytes")]
+    ReserveTooBig { reserve: u64, limit: u64 },
 }
 
 /// Memory limits of a worker's devices: one size for every device
@@ -101,12 +106,39 @@ pub enum MemoryLimitError {
 pub struct MemoryLimits {
     all: Option<u64>,
     by_kind: BTreeMap<String, u64>,
+    /// Kept back from the CPU's memory for the worker process itself.
+    cpu_reserve: u64,
 }
 
 impl MemoryLimits {
     /// The limit of a device of `kind`, if any.
     pub fn of(&self, kind: &str) -> Option<u64> {
         self.by_kind.get(kind).copied().or(self.all)
+    }
+
+    /// The same limits with `reserve` bytes kept back from the CPU's
+    /// memory (its limit, or what the machine has available) for the
+    /// worker process itself: its runtime, allocator and buffers. In a
+    /// container the limit is the container's, so the planner never places
+    /// more than the container may use.
+    pub fn reserving(mut self, reserve: u64) -> Result<Self, MemoryLimitError> {
+        if let Some(limit) = self.of("CPU") {
+            if reserve >= limit {
+                return Err(MemoryLimitError::ReserveTooBig { reserve, limit });
+            }
+        }
+        self.cpu_reserve = reserve;
+        Ok(self)
+    }
+
+    /// What a device of `kind` offers for models: its limit, else what it
+    /// `reported`, less the reserve for a CPU; `None` when neither is known.
+    pub fn offered(&self, kind: &str, reported: Option<u64>) -> Option<u64> {
+        let memory = self.of(kind).or(reported)?;
+        Some(match kind {
+            "CPU" => memory.saturating_sub(self.cpu_reserve),
+            _ => memory,
+        })
     }
 }
 
@@ -151,6 +183,23 @@ mod tests {
             let e = bad.parse::<MemoryLimits>().unwrap_err();
             assert!(e.to_string().starts_with("memory limit"), "{bad}: {e}");
         }
+        let reserved = "CPU=2GiB"
+            .parse::<MemoryLimits>()
+            .unwrap()
+            .reserving(512 << 20)
+            .unwrap();
+        assert_eq!(reserved.offered("CPU", Some(1 << 40)), Some(1536 << 20));
+        assert_eq!(reserved.offered("GPU", Some(8 << 30)), Some(8 << 30));
+        assert_eq!(reserved.offered("GPU", None), None);
+        let unlimited = MemoryLimits::default().reserving(1 << 30).unwrap();
+        assert_eq!(unlimited.offered("CPU", Some(5 << 30)), Some(4 << 30));
+        assert_eq!(
+            all.reserving(64 << 20),
+            Err(MemoryLimitError::ReserveTooBig {
+                reserve: 64 << 20,
+                limit: 64 << 20
+            })
+        );
         assert_eq!(
             "=2GiB".parse::<MemoryLimits>(),
             Err(MemoryLimitError::NoKind("=2GiB".into()))

@@ -198,16 +198,14 @@ fn device_info(d: &Device, limits: &config::MemoryLimits) -> DeviceInfo {
 /// The memory a device offers for models, as the coordinator plans
 /// against it: the worker's limit for its kind where one is set, else
 /// what the device reports (see the `MEMORY_BYTES` metric: a CPU device
-/// the machine's available memory, a GPU its adapter's); 0 when neither
-/// is known (not limited).
+/// the machine's available memory, a GPU its adapter's), less the CPU's
+/// reserve; 0 when neither is known (not limited).
 fn memory_bytes(d: &Device, limits: &config::MemoryLimits) -> u64 {
-    if let Some(limit) = limits.of(&d.kind) {
-        return limit;
-    }
-    match d.plugin.metric("MEMORY_BYTES") {
-        Ok(MetricValue::Number(n)) if n > 0.0 => n as u64,
-        _ => 0,
-    }
+    let reported = match d.plugin.metric("MEMORY_BYTES") {
+        Ok(MetricValue::Number(n)) if n > 0.0 => Some(n as u64),
+        _ => None,
+    };
+    limits.offered(&d.kind, reported).unwrap_or(0)
 }
 
 /// Linux's `/proc` figure `key` (in kB) from `file`, in bytes.
