@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the image `tessera:local` without pulling anything: compiles the
-# coordinator, worker and tessera binaries, stages them (and Debian's etcd,
-# for HA coordinators) with the shared
-# libraries they link (found by ldd) in docker/rootfs/, and builds the
-# `FROM scratch` Dockerfile on top. Works the same with or without registry
+# tessera binary (also the coordinator and worker, by the links named so),
+# stages it (and Debian's etcd, for HA coordinators; the Vulkan loader and
+# Mesa's lavapipe for the GPU device) with the shared libraries they link
+# (found by ldd) in docker/rootfs/, and builds the `FROM scratch`
+# Dockerfile on top. Works the same with or without registry
 # access.
 #
 # Usage: scripts/docker-build.sh [--debug]
@@ -29,8 +30,11 @@ root=docker/rootfs
 rm -rf "$root"
 mkdir -p "$root/usr/local/bin" "$root/etc" "$root/tmp" "$root/certs"
 chmod 1777 "$root/tmp"
-for bin in coordinator worker tessera; do
-  objcopy --strip-debug "target/$profile/$bin" "$root/usr/local/bin/$bin"
+# One binary: `tessera` is also `coordinator` and `worker` when called by
+# those names (links), instead of three copies of the same code.
+objcopy --strip-debug "target/$profile/tessera" "$root/usr/local/bin/tessera"
+for bin in coordinator worker; do
+  ln -s tessera "$root/usr/local/bin/$bin"
 done
 cp "$(command -v etcd)" "$root/usr/local/bin/etcd"
 # onnxruntime's library for the CPU device, from the onnxruntime==1.32.0

@@ -4,6 +4,7 @@
 //! ([`front_door`]).
 
 pub mod cluster;
+pub mod daemons;
 pub mod front_door;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only

@@ -132,6 +132,13 @@ pub(crate) fn print_stdout(text: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    // Called `coordinator` or `worker` (the container image's links).
+    if let Some(program) = std::env::args_os()
+        .next()
+        .and_then(|argv0| tessera_cli::daemons::Program::called(&argv0))
+    {
+        return program.run();
+    }
     tessera_cli::tune_allocator();
     tessera_worker::crash::install();
     tessera_cli::quiet_vulkan_device_select();

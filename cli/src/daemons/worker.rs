@@ -1,0 +1,391 @@
+//! `worker --devices CPU [--name node-a] [--listen ADDR] [--coordinator
+//! ADDR] [--config worker.toml]`: serves this machine's devices to a
+//! cluster. Prints `registered as NAME, data on ADDR` once registered.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::front_door::Settings;
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use tessera_common::wire::handshake::Role;
+use tessera_worker::daemon::config::{MemoryLimits, WorkerConfig};
+use tessera_worker::daemon::{self, WorkerOptions};
+use tessera_worker::plugins::{self, CpuBackend, PluginOptions};
+
+#[derive(Parser)]
+#[command(name = "worker", version, about = "Tessera's worker")]
+struct Args {
+    /// Device kinds to serve, e.g. CPU,GPU.
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<String>,
+    /// This worker's name (its certificate is <certs>/<name>.pem).
+    #[arg(long)]
+    name: Option<String>,
+    /// Address for worker-to-worker streams (port 0: any free port).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Address other workers dial (`host:port`), if not the bound one.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// The coordinator's address (`host:port`, e.g. coordinator:7400); with
+    /// HA, every coordinator's, comma-separated (a:7400,b:7400).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// Exit when the coordinator goes away instead of dialling it again.
+    #[arg(long)]
+    once: bool,
+    /// TOML configuration (keys: configs/worker.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory made by `tessera certs init`.
+    #[arg(long)]
+    certs: Option<PathBuf>,
+    /// The cluster's name, as its certificates carry it (default: the
+    /// config's, else tessera).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Threads per subgraph (plugin NUM_THREADS).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Compiled-subgraph cache directory.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// The most memory each device offers for models: a size (64MiB,
+    /// 2GiB) for every device, or KIND=SIZE pairs (CPU=2GiB,GPU=8GiB).
+    /// Without it a CPU device offers the machine's available memory and a
+    /// GPU what its adapter reports.
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<MemoryLimits>,
+    /// Memory kept back from the CPU's (its --memory-limit, or what the
+    /// machine has available) for the worker process itself, e.g. 384MiB:
+    /// with --memory-limit at a container's limit, the planner never
+    /// places more than the container may use.
+    #[arg(long, value_name = "SIZE")]
+    memory_reserve: Option<String>,
+    /// The CPU backend: auto (onnxruntime where its library loads, else
+    /// tract), tract or onnxruntime.
+    #[arg(long)]
+    cpu_backend: Option<CpuBackend>,
+    /// onnxruntime's shared library (libonnxruntime.so.1.32.0).
+    #[arg(long)]
+    onnxruntime_library: Option<PathBuf>,
+    /// Serve a front door here: KServe v2 over HTTP and OpenAI
+    /// (`IP:PORT`); requests go from it straight to the workers.
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<SocketAddr>,
+    /// The front door's KServe v2 over gRPC (`IP:PORT`).
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
+    /// Seconds what is deployed here keeps serving after the coordinator
+    /// is lost, waiting for one to adopt it (default 300); then it is
+    /// unloaded.
+    #[arg(long, value_name = "SECONDS")]
+    adopt_grace_s: Option<f64>,
+    /// Check the flags and --config, and the certificate and tokens file
+    /// they name, print the settings as JSON and exit without serving.
+    #[arg(long)]
+    check_config: bool,
+}
+
+/// The program: parses its arguments, runs, and says how it ended.
+pub fn main() -> std::process::ExitCode {
+    crate::tune_allocator();
+    tessera_worker::crash::install();
+    crate::quiet_vulkan_device_select();
+    crate::init_tracing();
+    crate::exit(run(Args::parse()))
+}
+
+fn parse_addr(what: &str, text: &str) -> Result<SocketAddr> {
+    text.parse()
+        .with_context(|| format!("{what}: '{text}' is not an address like 127.0.0.1:7400"))
+}
+
+/// The flags that shape how subgraphs compute.
+struct ComputeFlags {
+    cpu_backend: Option<CpuBackend>,
+    threads: Option<usize>,
+    memory_limit: Option<MemoryLimits>,
+    memory_reserve: Option<String>,
+    onnxruntime_library: Option<PathBuf>,
+}
+
+/// Configures the plugins (the CPU backend, onnxruntime's library, where
+/// the CPU calibration is kept) from the flags and worker.toml's
+/// `[plugin]` table; returns the configuration for every compile and the
+/// devices' memory limits.
+fn compute_settings(
+    flags: ComputeFlags,
+    mut plugin: std::collections::BTreeMap<String, String>,
+    memory: (Option<&str>, Option<&str>),
+    cache_dir: Option<PathBuf>,
+) -> Result<(Vec<(String, String)>, MemoryLimits)> {
+    let (memory_limit, memory_reserve) = memory;
+    let cpu_backend = match (flags.cpu_backend, plugin.remove("backend")) {
+        (Some(b), _) => b,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("[plugin] backend")?,
+        (None, None) => CpuBackend::Auto,
+    };
+    plugins::configure(PluginOptions {
+        cpu_backend,
+        onnxruntime_library: flags.onnxruntime_library,
+        // What it measured of its CPU is kept with its compile cache.
+        calibration_dir: cache_dir,
+    });
+    let mut config: Vec<(String, String)> = plugin.into_iter().collect();
+    if let Some(t) = flags.threads {
+        config.push(("NUM_THREADS".into(), t.to_string()));
+    }
+    let memory_limit = match (flags.memory_limit, memory_limit) {
+        (Some(l), _) => l,
+        (None, Some(text)) => text
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .context("memory_limit in the worker's config")?,
+        (None, None) => MemoryLimits::default(),
+    };
+    let memory_limit = match flags.memory_reserve.as_deref().or(memory_reserve) {
+        Some(text) => {
+            let reserve = tessera_common::memory::parse_limit(text)
+                .map_err(anyhow::Error::msg)
+                .context("memory_reserve")?;
+            memory_limit.reserving(reserve)?
+        }
+        None => memory_limit,
+    };
+    Ok((config, memory_limit))
+}
+
+fn run(args: Args) -> Result<()> {
+    let file = match &args.config {
+        Some(path) => WorkerConfig::load(path)?,
+        None => WorkerConfig::default(),
+    };
+    let devices = if args.devices.is_empty() {
+        file.devices.clone().unwrap_or_else(|| vec!["CPU".into()])
+    } else {
+        args.devices.clone()
+    };
+    let name = args
+        .name
+        .or(file.name)
+        .unwrap_or_else(|| "node-a".to_string());
+    let listen = match (args.listen, &file.listen) {
+        (Some(a), _) => a,
+        (None, Some(text)) => parse_addr("listen", text)?,
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let advertise = args.advertise.or(file.advertise);
+    let file_serving = FileServing {
+        http_listen: file.http_listen.clone(),
+        grpc_listen: file.grpc_listen.clone(),
+        http_max_body_bytes: file.http_max_body_bytes,
+        request_deadline_ms: file.request_deadline_ms,
+        serving: file.serving.clone(),
+    };
+    let Some(coordinator) = args.coordinator.or(file.coordinator) else {
+        bail!("no coordinator: pass --coordinator ADDR or set it in --config");
+    };
+    let certs = args
+        .certs
+        .or(file.certs)
+        .unwrap_or_else(|| PathBuf::from("certs"));
+    let cache_dir = args.cache_dir.or(file.cache_dir);
+    let (config, memory_limit) = compute_settings(
+        ComputeFlags {
+            cpu_backend: args.cpu_backend,
+            threads: args.threads,
+            memory_limit: args.memory_limit,
+            memory_reserve: args.memory_reserve,
+            onnxruntime_library: args.onnxruntime_library.or(file.onnxruntime_library),
+        },
+        file.plugin,
+        (file.memory_limit.as_deref(), file.memory_reserve.as_deref()),
+        cache_dir.clone(),
+    )?;
+    let adopt_grace = adopt_grace(args.adopt_grace_s.or(file.adopt_grace_s))?;
+    let options = WorkerOptions {
+        name: name.clone(),
+        devices,
+        listen,
+        advertise,
+        coordinator,
+        reconnect: !args.once,
+        cluster: args
+            .cluster
+            .or(file.cluster)
+            .unwrap_or_else(|| "tessera".into()),
+        mailbox: file.mailbox.unwrap_or(64),
+        cache_dir,
+        config,
+        memory_limit,
+        adopt_grace,
+    };
+    let identity = tessera_net::certs::load_identity(&certs, &name)
+        .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
+    let front_door = front_door_settings(
+        &args.http_listen,
+        &args.grpc_listen,
+        &file_serving,
+        &certs,
+        &name,
+    )?;
+    if args.check_config {
+        return check_config(&options, &certs, &front_door);
+    }
+    crate::cluster::run_system(async move {
+        let announced = name.clone();
+        let (registered, first) = tokio::sync::oneshot::channel::<()>();
+        let door = tokio::spawn(serve_front_door(
+            options.coordinator.clone(),
+            identity.clone(),
+            options.cluster.clone(),
+            front_door,
+            first,
+        ));
+        let outcome = daemon::run_until(
+            options,
+            &identity,
+            move |addr: &str| {
+                crate::announce(&format!("registered as {announced}, data on {addr}"));
+                let _ = registered.send(());
+            },
+            crate::terminated(),
+        )
+        .await
+        .map_err(anyhow::Error::from);
+        door.abort();
+        outcome
+    })
+}
+
+/// How long deployments outlive the coordinator (`--adopt-grace-s`,
+/// `adopt_grace_s`).
+fn adopt_grace(seconds: Option<f64>) -> Result<std::time::Duration> {
+    match seconds {
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(std::time::Duration::from_secs_f64(s)),
+        Some(s) => bail!("adopt_grace_s: {s} is not a number of seconds >= 0"),
+        None => Ok(daemon::ADOPT_GRACE),
+    }
+}
+
+/// What the worker's front door serves, from the flags and worker.toml.
+fn front_door_settings(
+    http: &Option<SocketAddr>,
+    grpc: &Option<SocketAddr>,
+    file: &FileServing,
+    certs: &std::path::Path,
+    name: &str,
+) -> Result<Settings> {
+    let addr = |flag: &Option<SocketAddr>, key: &str, text: &Option<String>| match (flag, text) {
+        (Some(a), _) => Ok(Some(*a)),
+        (None, Some(t)) => parse_addr(key, t).map(Some),
+        (None, None) => Ok(None),
+    };
+    let mut limits = tessera_serving::Limits::default();
+    if let Some(b) = file.http_max_body_bytes {
+        limits.max_body_bytes = b;
+    }
+    if let Some(ms) = file.request_deadline_ms {
+        limits.request_deadline = std::time::Duration::from_millis(ms);
+    }
+    Ok(Settings {
+        http: addr(http, "http_listen", &file.http_listen)?,
+        grpc: addr(grpc, "grpc_listen", &file.grpc_listen)?,
+        serving: file.serving.clone(),
+        cert_path: certs.join(format!("{name}.pem")),
+        limits,
+    })
+}
+
+/// Starts the worker's front door once it has registered (its
+/// coordinator answers), and keeps it until the worker stops.
+async fn serve_front_door(
+    coordinator: String,
+    identity: tessera_net::certs::NodeIdentity,
+    cluster: String,
+    settings: Settings,
+    registered: tokio::sync::oneshot::Receiver<()>,
+) {
+    if !settings.any() || registered.await.is_err() {
+        return;
+    }
+    let started = async {
+        let addrs = crate::resolve_coordinators(&coordinator).await?;
+        crate::front_door::start(&addrs, &identity, &cluster, Role::Worker, &settings, None).await
+    };
+    match started.await {
+        Ok(Some(door)) => {
+            for (what, addr) in [("HTTP", door.http_addr()), ("gRPC", door.grpc_addr())] {
+                if let Some(addr) = addr {
+                    crate::announce(&format!("front door: {what} on {addr}"));
+                }
+            }
+            std::future::pending::<()>().await;
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!("the worker's front door did not start: {e:#}"),
+    }
+}
+
+/// The front-door keys of worker.toml.
+struct FileServing {
+    http_listen: Option<String>,
+    grpc_listen: Option<String>,
+    http_max_body_bytes: Option<u64>,
+    request_deadline_ms: Option<u64>,
+    serving: tessera_common::serving::ServingConfig,
+}
+
+/// `--check-config`: the devices are ones this build serves and the
+/// front door's tokens file parses; prints the settings a deployment
+/// check compares (listeners, paths, the memory the planner may use) as
+/// JSON.
+fn check_config(options: &WorkerOptions, certs: &std::path::Path, door: &Settings) -> Result<()> {
+    for kind in &options.devices {
+        let known = plugins::BACKENDS
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case(kind));
+        anyhow::ensure!(known, "device kind '{kind}' is unknown");
+    }
+    let tokens_file = &door.serving.tokens_file;
+    if !tokens_file.as_os_str().is_empty() {
+        let tokens = tessera_serving::tokens::Tokens::load(tokens_file)
+            .with_context(|| format!("tokens_file {}", tokens_file.display()))?;
+        anyhow::ensure!(
+            tokens.count() > 0,
+            "tokens_file {} holds no token",
+            tokens_file.display()
+        );
+    }
+    let offered: serde_json::Map<String, serde_json::Value> = options
+        .devices
+        .iter()
+        .map(|kind| {
+            let kind = kind.to_ascii_uppercase();
+            let reported = (kind == "CPU").then(daemon::available_memory).flatten();
+            let bytes = options.memory_limit.offered(&kind, reported);
+            (kind, serde_json::json!(bytes))
+        })
+        .collect();
+    let settings = serde_json::json!({
+        "name": options.name,
+        "cluster": options.cluster,
+        "devices": options.devices,
+        "listen": options.listen.to_string(),
+        "advertise": options.advertise,
+        "coordinators": options.coordinator.split(',').map(str::trim).collect::<Vec<_>>(),
+        "certs": certs,
+        "cache_dir": options.cache_dir,
+        "http_listen": door.http.map(|a| a.to_string()),
+        "grpc_listen": door.grpc.map(|a| a.to_string()),
+        "tokens_file": tokens_file,
+        "memory_offered": offered,
+    });
+    crate::announce(&format!("{settings:#}"));
+    Ok(())
+}
