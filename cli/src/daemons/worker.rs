@@ -165,6 +165,7 @@ fn run(args: Args) -> Result<()> {
         Some(path) => WorkerConfig::load(path)?,
         None => WorkerConfig::default(),
     };
+    let file_serving = FileServing::of(&file);
     let devices = if args.devices.is_empty() {
         file.devices.clone().unwrap_or_else(|| vec!["CPU".into()])
     } else {
@@ -180,13 +181,6 @@ fn run(args: Args) -> Result<()> {
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 0)),
     };
     let advertise = args.advertise.or(file.advertise);
-    let file_serving = FileServing {
-        http_listen: file.http_listen.clone(),
-        grpc_listen: file.grpc_listen.clone(),
-        http_max_body_bytes: file.http_max_body_bytes,
-        request_deadline_ms: file.request_deadline_ms,
-        serving: file.serving.clone(),
-    };
     let Some(coordinator) = args.coordinator.or(file.coordinator) else {
         bail!("no coordinator: pass --coordinator ADDR or set it in --config");
     };
@@ -339,6 +333,18 @@ struct FileServing {
     http_max_body_bytes: Option<u64>,
     request_deadline_ms: Option<u64>,
     serving: tessera_common::serving::ServingConfig,
+}
+
+impl FileServing {
+    fn of(file: &WorkerConfig) -> FileServing {
+        FileServing {
+            http_listen: file.http_listen.clone(),
+            grpc_listen: file.grpc_listen.clone(),
+            http_max_body_bytes: file.http_max_body_bytes,
+            request_deadline_ms: file.request_deadline_ms,
+            serving: file.serving.clone(),
+        }
+    }
 }
 
 /// `--check-config`: the devices are ones this build serves and the
