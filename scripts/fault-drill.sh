@@ -5,8 +5,9 @@
 # (rapidocr-onnxruntime==1.4.4), every answer checked against onnxruntime,
 # while it
 #   1. kills node-b (docker kill), then starts it again (it rejoins);
-#      stops node-a (docker stop: SIGTERM, it closes its connections and
-#      exits), then starts it again;
+#      stops node-a (docker stop: SIGTERM, it drains: its stage moves to
+#      the others while it finishes what it holds, then it exits), then
+#      starts it again;
 #   2. cuts node-c off the network (docker network disconnect), then
 #      reconnects it;
 #   3. kills the leading coordinator (docker kill: SIGKILL): the load goes
@@ -120,8 +121,8 @@ sleep 10
 mark start-node-b
 docker start tessera-node-b >/dev/null
 sleep 10
-# SIGTERM (docker stop): the worker closes its connections and exits; the
-# coordinator re-plans at once instead of waiting for heartbeats.
+# SIGTERM (docker stop): the worker drains (the coordinator moves its stage
+# to the others while it finishes what it holds), then exits.
 mark stop-node-a
 docker stop -t 10 tessera-node-a >/dev/null
 sleep 10

@@ -182,6 +182,8 @@ pub async fn start_workers(
             config: spec.config.clone(),
             memory_limit: spec.memory_limit.clone(),
             adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
+            // Its workers stop with it (nobody to move anything to).
+            drain_timeout: Duration::ZERO,
         };
         let id = id.clone();
         let name = name.clone();

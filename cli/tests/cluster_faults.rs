@@ -276,39 +276,82 @@ fn a_restarted_coordinator_gets_its_workers_back_and_clients_reload() {
 }
 
 #[test]
-fn a_worker_stopped_with_sigterm_says_so_and_its_networks_move_at_once() {
+fn a_worker_stopped_with_sigterm_drains_and_no_request_is_retried() {
     let mut cluster = Cluster::start("faults-sigterm", &["node-a", "node-b"], 1);
     let (model, inputs, want, options) = small_cnn_on_two(&cluster, 5);
+    let node_b = cluster.workers[1].pid() as libc::pid_t;
     let rt = runtime();
-    rt.block_on(async {
+    let answered = rt.block_on(async {
         let client = cluster.client().await;
         let network = client
             .load_network(encode_model(&model), options)
             .await
             .unwrap()
             .with_deadline(DEADLINE);
-        network.infer(inputs.clone()).await.unwrap();
-
-        // SIGTERM: the worker closes its connections (code Shutdown) and
-        // exits 0; the coordinator learns it from the close, not from
-        // missing heartbeats, and re-plans onto node-a.
-        let status = cluster.workers[1].terminate();
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "node-b's exit: {status:?}"
+        let first = network.infer(inputs.clone()).await.unwrap();
+        // Four requesters in a loop while node-b is stopped: SIGTERM makes
+        // it drain (the coordinator moves its half onto node-a while node-b
+        // serves what it holds), so none of them fails or is retried.
+        let done = AtomicBool::new(false);
+        let requester = || async {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let got = network
+                    .infer(inputs.clone())
+                    .await
+                    .expect("no request fails");
+                assert!(max_abs_diff(&got.tensors[0].1, &want[0][0]) <= TOLERANCE);
+                seen.push((got.deployment, got.attempts));
+            }
+            seen
+        };
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // SAFETY: kill(2) on our own child's pid; no memory is touched.
+            unsafe { libc::kill(node_b, libc::SIGTERM) };
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            done.store(true, Ordering::Relaxed);
+        };
+        let (answered, ()) = tokio::join!(
+            futures_util::future::join_all((0..4).map(|_| requester())),
+            stopper
         );
-        let got = network.infer(inputs.clone()).await.unwrap();
-        assert!(max_abs_diff(&got.tensors[0].1, &want[0][0]) <= TOLERANCE);
+        let answered: Vec<(u64, u32)> = answered.into_iter().flatten().collect();
+        let moved = answered
+            .iter()
+            .filter(|(d, _)| *d != first.deployment)
+            .count();
+        let retried = answered.iter().filter(|(_, a)| *a > 1).count();
+        println!(
+            "SIGTERM under load: {} answered, {moved} by the new deployment, {retried} retried",
+            answered.len()
+        );
+        assert!(moved > 0, "the network moved off node-b");
+        assert_eq!(retried, 0, "a drain retries nothing");
+        answered
     });
-    let worker_log = cluster.workers[1].log_text();
-    assert!(worker_log.contains("shutting down"), "{worker_log}");
-    let log = cluster.coordinator.log_text();
-    let lost = log
-        .lines()
-        .find(|l| l.contains("worker lost") && l.contains("node-b"))
-        .unwrap_or_else(|| panic!("node-b's loss is logged:\n{log}"));
+    assert!(!answered.is_empty());
+    let status = cluster.workers[1].terminate();
     assert!(
-        lost.contains("shutdown") && !lost.contains("no heartbeat"),
-        "lost by its close, not a timeout: {lost}"
+        status.is_some_and(|s| s.success()),
+        "node-b's exit: {status:?}"
+    );
+    let worker_log = cluster.workers[1].log_text();
+    assert!(worker_log.contains("drained"), "{worker_log}");
+    let log = cluster.coordinator.log_text();
+    for said in [
+        "worker draining",
+        "network moved off draining worker node-b",
+        "worker left after draining",
+    ] {
+        assert!(
+            log.contains(said),
+            "'{said}' in the coordinator's log:\n{log}"
+        );
+    }
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("worker lost") && l.contains("node-b")),
+        "a drained worker is not lost:\n{log}"
     );
 }

@@ -227,14 +227,17 @@ async fn moved_away(
         let gone = {
             let known = watch.borrow_and_update();
             let state = known.table.as_ref().and_then(|t| {
-                t.copies
-                    .iter()
-                    .find(|c| c.index == copy)
-                    .map(|c| (c.state.clone(), c.deployment.as_ref().map(|d| d.id)))
+                t.copies.iter().find(|c| c.index == copy).map(|c| {
+                    let id = c.deployment.as_ref().map(|d| d.id);
+                    (c.state.clone(), id, c.retiring.contains(&deployment))
+                })
             });
             match state {
-                Some((CopyState::Ready, Some(id))) if id == deployment => None,
-                Some((CopyState::Broken(why), _)) => Some(format!("copy {copy} broke: {why}")),
+                Some((CopyState::Ready, Some(id), _)) if id == deployment => None,
+                // It moved off a draining worker: the old deployment
+                // finishes what it holds.
+                Some((CopyState::Ready, Some(_), true)) => None,
+                Some((CopyState::Broken(why), _, _)) => Some(format!("copy {copy} broke: {why}")),
                 Some(_) => Some(format!(
                     "copy {copy} was re-planned (a worker of it was lost)"
                 )),

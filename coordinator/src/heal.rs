@@ -28,7 +28,14 @@ const HEAL_TRIES: usize = 3;
 /// serving). Call before failing its requests, so that their retries find
 /// the copies that remain or wait for the new deployment.
 pub fn worker_lost(shared: &Arc<Shared>, name: &str) {
-    let hit: Vec<(Arc<Loaded>, Arc<Replica>)> = shared
+    for (loaded, replica) in copies_on(shared, name) {
+        replan(shared, loaded, replica, format!("worker {name} was lost"));
+    }
+}
+
+/// Every copy (of every network) deployed on worker `name`.
+pub(crate) fn copies_on(shared: &Shared, name: &str) -> Vec<(Arc<Loaded>, Arc<Replica>)> {
+    shared
         .networks
         .iter()
         .flat_map(|n| {
@@ -42,10 +49,7 @@ pub fn worker_lost(shared: &Arc<Shared>, name: &str) {
                 .map(|r| (loaded.clone(), r.clone()))
                 .collect::<Vec<_>>()
         })
-        .collect();
-    for (loaded, replica) in hit {
-        replan(shared, loaded, replica, format!("worker {name} was lost"));
-    }
+        .collect()
 }
 
 /// Marks a copy as healing and re-plans it (`why`: for the logs).
@@ -257,7 +261,7 @@ fn broken(id: u64, name: &str, (index, copies): (usize, usize), why: &str, last:
 }
 
 /// `request` without the devices and manual pins that name workers no
-/// longer connected (their nodes fall to the policy).
+/// longer connected or leaving (their nodes fall to the policy).
 pub(crate) fn without_lost(
     shared: &Shared,
     request: &LoadRequest,
@@ -265,7 +269,7 @@ pub(crate) fn without_lost(
     let here = |d: &DeviceId| {
         d.host
             .as_ref()
-            .is_none_or(|h| shared.workers.contains_key(h))
+            .is_none_or(|h| shared.workers.get(h).is_some_and(|w| !w.draining()))
     };
     let mut out = request.clone();
     if !request.devices.trim().is_empty() {

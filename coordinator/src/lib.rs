@@ -56,6 +56,7 @@
 pub mod clients;
 pub mod config;
 pub mod deploy;
+pub mod drain;
 pub mod generative;
 pub mod ha;
 pub mod heal;

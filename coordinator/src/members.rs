@@ -138,6 +138,7 @@ async fn register(
         rss_bytes: Default::default(),
         compiles: Mutex::new(compiles),
         epoch: shared.state.epoch(),
+        draining: Default::default(),
     });
     entry.heard(Vec::new(), sequences, Vec::new(), Instant::now());
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
@@ -203,6 +204,7 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
             load_metrics(shared, worker, &subgraphs);
             entry.heard(subgraphs, sequences, links, Instant::now());
         }
+        WorkerReport::Draining => crate::drain::worker_draining(shared, worker),
         WorkerReport::Register { name, .. } | WorkerReport::WatchLeader { name } => {
             tracing::warn!(%worker, "'{name}' registered or watched again on an open session; ignored")
         }
@@ -212,9 +214,9 @@ fn on_report(shared: &Arc<Shared>, worker: &str, report: WorkerReport) {
 /// Drops a worker: the networks on it start healing (their routing tables
 /// say so, and requesters retry on the healed copies).
 pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
-    if shared.workers.remove(name).is_none() {
+    let Some((_, entry)) = shared.workers.remove(name) else {
         return;
-    }
+    };
     shared.metrics.worker_up(name, false);
     shared.repository.changed();
     if !shared.shutting_down() {
@@ -222,6 +224,8 @@ pub fn lost(shared: &Arc<Shared>, name: &str, why: &str) {
     }
     if shared.shutting_down() {
         tracing::debug!(worker = %name, "worker disconnected at shutdown: {why}");
+    } else if entry.draining() {
+        tracing::info!(worker = %name, "worker left after draining: {why}");
     } else {
         tracing::warn!(worker = %name, "worker lost: {why}");
     }

@@ -111,6 +111,9 @@ pub struct Replica {
     /// Where its nodes ran last (node → `host/DEVICE`), kept through a
     /// loss: a re-plan keeps a pipelined placement that still fits.
     placement: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// Its earlier deployments that still finish what they hold (it moved
+    /// off a draining worker), until they are undeployed.
+    pub(crate) retiring: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Replica {
@@ -122,6 +125,7 @@ impl Replica {
             current: watch::Sender::new(Current::Ready(deployed)),
             healing: tokio::sync::Mutex::new(()),
             placement: std::sync::Mutex::new(placement),
+            retiring: Default::default(),
         }
     }
 
@@ -138,6 +142,22 @@ impl Replica {
             current: watch::Sender::new(current),
             healing: tokio::sync::Mutex::new(()),
             placement: std::sync::Mutex::new(placement),
+            retiring: Default::default(),
+        }
+    }
+
+    /// Its deployments that still finish what they hold.
+    pub fn retiring(&self) -> Vec<u64> {
+        self.retiring.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// `old` finishes what it holds (`true`) or is gone (`false`).
+    pub(crate) fn set_retiring(&self, old: u64, retiring: bool) {
+        if let Ok(mut r) = self.retiring.lock() {
+            r.retain(|&id| id != old);
+            if retiring {
+                r.push(old);
+            }
         }
     }
 

@@ -38,6 +38,7 @@ fn devices(
         .workers
         .iter()
         .filter(|w| only.is_none_or(|hosts| hosts.contains(&w.name)))
+        .filter(|w| !w.draining())
         .map(|w| w.clone())
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));

@@ -64,6 +64,7 @@ fn build(shared: &Shared, loaded: &Loaded, name: &str) -> RoutingTable {
                 state,
                 deployment: deployed.as_deref().map(route_of),
                 load,
+                retiring: r.retiring(),
             }
         })
         .collect();
@@ -106,7 +107,7 @@ fn route_of(d: &Deployed) -> DeploymentRoute {
 }
 
 /// Each deployment's load, summed over the workers that reported it.
-fn reported_loads(shared: &Shared) -> HashMap<u64, CopyLoad> {
+pub(crate) fn reported_loads(shared: &Shared) -> HashMap<u64, CopyLoad> {
     let mut loads: HashMap<u64, CopyLoad> = HashMap::new();
     for worker in shared.workers.iter() {
         let reported = worker.reported();

@@ -40,6 +40,8 @@ pub struct WorkerEntry {
     /// The coordinator's epoch when it registered: every operation sent
     /// to it carries it.
     pub epoch: u64,
+    /// It said it is leaving: nothing new is planned on it.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// Tensors received between two heartbeats update a link's bandwidth
@@ -73,6 +75,11 @@ impl Reported {
 }
 
 impl WorkerEntry {
+    /// Whether it is leaving (planned around).
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// One operation on its own stream to this worker: sends `msg` (with
     /// `payload`), forwards `Progress` frames (best effort: a full channel
     /// drops a step, never the operation), returns the final answer.

@@ -82,6 +82,11 @@ struct Args {
     /// unloaded.
     #[arg(long, value_name = "SECONDS")]
     adopt_grace_s: Option<f64>,
+    /// Stopped (SIGTERM) with deployments here, the longest it keeps
+    /// serving while the coordinator moves them elsewhere (default 20; 0:
+    /// stop at once, their requests retried by their requesters).
+    #[arg(long, value_name = "SECONDS")]
+    drain_timeout_s: Option<f64>,
     /// Check the flags and --config, and the certificate and tokens file
     /// they name, print the settings as JSON and exit without serving.
     #[arg(long)]
@@ -201,7 +206,16 @@ fn run(args: Args) -> Result<()> {
         (file.memory_limit.as_deref(), file.memory_reserve.as_deref()),
         cache_dir.clone(),
     )?;
-    let adopt_grace = adopt_grace(args.adopt_grace_s.or(file.adopt_grace_s))?;
+    let adopt_grace = seconds(
+        "adopt_grace_s",
+        args.adopt_grace_s.or(file.adopt_grace_s),
+        daemon::ADOPT_GRACE,
+    )?;
+    let drain_timeout = seconds(
+        "drain_timeout_s",
+        args.drain_timeout_s.or(file.drain_timeout_s),
+        daemon::DRAIN_TIMEOUT,
+    )?;
     let options = WorkerOptions {
         name: name.clone(),
         devices,
@@ -218,6 +232,7 @@ fn run(args: Args) -> Result<()> {
         config,
         memory_limit,
         adopt_grace,
+        drain_timeout,
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
@@ -257,13 +272,17 @@ fn run(args: Args) -> Result<()> {
     })
 }
 
-/// How long deployments outlive the coordinator (`--adopt-grace-s`,
-/// `adopt_grace_s`).
-fn adopt_grace(seconds: Option<f64>) -> Result<std::time::Duration> {
+/// A duration in seconds (`--adopt-grace-s`, `drain_timeout_s`, ...),
+/// `default` when unset.
+fn seconds(
+    key: &str,
+    seconds: Option<f64>,
+    default: std::time::Duration,
+) -> Result<std::time::Duration> {
     match seconds {
         Some(s) if s.is_finite() && s >= 0.0 => Ok(std::time::Duration::from_secs_f64(s)),
-        Some(s) => bail!("adopt_grace_s: {s} is not a number of seconds >= 0"),
-        None => Ok(daemon::ADOPT_GRACE),
+        Some(s) => bail!("{key}: {s} is not a number of seconds >= 0"),
+        None => Ok(default),
     }
 }
 

@@ -139,12 +139,16 @@ pub enum WorkerReport {
     /// leads (HA): answered by `Leading` or `Standby` now and again at
     /// every change, until the stream ends.
     WatchLeader { name: String },
+    /// The worker is leaving (SIGTERM): the coordinator plans around it,
+    /// deploys what runs there elsewhere while it finishes what it holds,
+    /// undeploys the old deployments once idle, then closes its session.
+    Draining,
 }
 
 channel!(
     WorkerReport,
     "worker report",
-    [Register, Heartbeat, WatchLeader]
+    [Register, Heartbeat, WatchLeader, Draining]
 );
 
 /// The coordinator's answer to a worker's `Register`.

@@ -71,6 +71,9 @@ pub struct CopyRoute {
     pub deployment: Option<DeploymentRoute>,
     /// What its workers reported in their last heartbeats.
     pub load: CopyLoad,
+    /// Its earlier deployments that still finish what they hold (it moved
+    /// off a draining worker): a request in flight on one is not moved.
+    pub retiring: Vec<u64>,
 }
 
 /// Where one deployment's tensors go.

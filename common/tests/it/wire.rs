@@ -709,12 +709,14 @@ fn every_control_message_round_trips() {
                         waiting: 0,
                         rate: 30.5,
                     },
+                    retiring: vec![2],
                 },
                 CopyRoute {
                     index: 2,
                     state: CopyState::Broken("node-b was lost".into()),
                     deployment: None,
                     load: CopyLoad::default(),
+                    retiring: vec![],
                 },
             ],
             generation: Some(GenerationLimits {

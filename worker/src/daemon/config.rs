@@ -29,6 +29,9 @@ pub struct WorkerConfig {
     /// Seconds what is deployed here keeps serving after the coordinator
     /// is lost, waiting for one to adopt it (default 300).
     pub adopt_grace_s: Option<f64>,
+    /// Stopped with deployments here, the longest it keeps serving while
+    /// the coordinator moves them (default 20; 0: stop at once).
+    pub drain_timeout_s: Option<f64>,
     /// The most memory each device may use for models: one size for every
     /// device (`"2GiB"`) or sizes by kind (`"CPU=2GiB,GPU=8GiB"`); without
     /// it a device offers what it has available.

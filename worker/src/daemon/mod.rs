@@ -83,10 +83,18 @@ pub struct WorkerOptions {
     /// is lost, waiting for one (it restarted, or a standby took over) to
     /// adopt it; then it is unloaded.
     pub adopt_grace: Duration,
+    /// When stopped (SIGTERM) with deployments here, the longest it keeps
+    /// serving while the coordinator moves them elsewhere (zero: it stops
+    /// at once, and their requests are retried by their requesters).
+    pub drain_timeout: Duration,
 }
 
 /// The default of [`WorkerOptions::adopt_grace`].
 pub const ADOPT_GRACE: Duration = Duration::from_secs(300);
+
+/// The default of [`WorkerOptions::drain_timeout`]: within Kubernetes'
+/// default grace period of 30 s (less a preStop pause).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a worker stopped or could not start.
 #[derive(Debug, thiserror::Error)]

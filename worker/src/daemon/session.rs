@@ -67,11 +67,14 @@ pub(super) async fn session<R: FnOnce(&str)>(
     if let Some(ready) = ready.take() {
         ready(&data_addr);
     }
-    spawn_heartbeats(control, state.router.clone(), heartbeat);
+    spawn_heartbeats(control.clone(), state.router.clone(), heartbeat);
     let mut news = state.leaders.news.subscribe();
+    let operations = serve_operations(connection.clone(), state.clone(), session);
+    let control_ended = watch_control(recv, limits);
+    tokio::pin!(operations, control_ended);
     let why = tokio::select! {
-        why = serve_operations(connection.clone(), state.clone(), session) => why,
-        why = watch_control(recv, limits) => why,
+        why = &mut operations => why,
+        why = &mut control_ended => why,
         _ = stop.wait_for(|s| *s) => String::new(),
         newer = news.wait_for(|n| n.epoch > epoch) => {
             let newer = newer
@@ -81,6 +84,13 @@ pub(super) async fn session<R: FnOnce(&str)>(
         }
     };
     if *stop.borrow() {
+        let session_ended = async {
+            tokio::select! {
+                _ = operations => {}
+                _ = control_ended => {}
+            }
+        };
+        drain(&control, state, options.drain_timeout, session_ended).await;
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
         return Ok(());
     }
@@ -95,6 +105,39 @@ pub(super) async fn session<R: FnOnce(&str)>(
         options,
         why,
     )))
+}
+
+/// Stopping with deployments here: asks the coordinator to move them
+/// (`Draining`) and keeps serving what they hold until it has (it then
+/// closes the session: `session_ended`), at most `limit`.
+async fn drain(
+    control: &Link,
+    state: &State,
+    limit: Duration,
+    session_ended: impl std::future::Future<Output = ()>,
+) {
+    let held = state.router.deployments().len();
+    if held == 0 || limit.is_zero() {
+        return;
+    }
+    tracing::info!(
+        deployments = held,
+        limit_s = limit.as_secs_f64(),
+        "draining: serving what runs here while the coordinator moves it elsewhere"
+    );
+    let started = std::time::Instant::now();
+    if control.send_control(&WorkerReport::Draining).await.is_err() {
+        return;
+    }
+    tokio::select! {
+        () = session_ended => tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "drained: the coordinator moved what ran here"
+        ),
+        () = tokio::time::sleep(limit) => tracing::warn!(
+            "drain: not done within {limit:?}; stopping what still runs here"
+        ),
+    }
 }
 
 /// Ends a session with a coordinator that is gone (or no longer leads):

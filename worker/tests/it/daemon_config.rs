@@ -15,6 +15,7 @@ fn the_example_parses() {
     assert_eq!(cfg.coordinator.as_deref(), Some("127.0.0.1:7400"));
     assert_eq!(cfg.mailbox, Some(64));
     assert_eq!(cfg.adopt_grace_s, Some(300.0));
+    assert_eq!(cfg.drain_timeout_s, Some(20.0));
 }
 
 #[test]
@@ -73,6 +74,7 @@ fn unknown_devices_list_what_this_machine_has() {
         config: Vec::new(),
         memory_limit: Default::default(),
         adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
+        drain_timeout: tessera_worker::daemon::DRAIN_TIMEOUT,
     };
     let err = rt
         .block_on(daemon::run(options, &ids[0], |_| {}))
