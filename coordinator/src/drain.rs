@@ -53,7 +53,7 @@ async fn move_copy(
     replica: Arc<Replica>,
     leaving: &str,
 ) {
-    let _one_at_a_time = replica.healing.lock().await;
+    let one_at_a_time = replica.healing.lock().await;
     let Current::Ready(old) = replica.current() else {
         return;
     };
@@ -100,6 +100,9 @@ async fn move_copy(
         took_ms = started.elapsed().as_millis() as u64,
         "network moved off draining worker {leaving}"
     );
+    // The copy is whole again: another re-plan (a second worker
+    // draining, a loss) need not wait for the old deployment to empty.
+    drop(one_at_a_time);
     wait_idle(shared, &old).await;
     crate::deploy::undeploy(shared, old.id, &old.hosts).await;
     replica.set_retiring(old.id, false);

@@ -72,10 +72,10 @@ pub(super) async fn session<R: FnOnce(&str)>(
     let operations = serve_operations(connection.clone(), state.clone(), session);
     let control_ended = watch_control(recv, limits);
     tokio::pin!(operations, control_ended);
-    let why = tokio::select! {
-        why = &mut operations => why,
-        why = &mut control_ended => why,
-        _ = stop.wait_for(|s| *s) => String::new(),
+    let (why, stopping) = tokio::select! {
+        why = &mut operations => (why, false),
+        why = &mut control_ended => (why, false),
+        _ = stop.wait_for(|s| *s) => (String::new(), true),
         newer = news.wait_for(|n| n.epoch > epoch) => {
             let newer = newer
                 .map(|n| format!("a newer leader (epoch {}) at {}", n.epoch, n.addr.clone().unwrap_or_default()))
@@ -83,7 +83,9 @@ pub(super) async fn session<R: FnOnce(&str)>(
             return Err(WorkerError::NewLeader(leave(state, &connection, options, newer)));
         }
     };
-    if *stop.borrow() {
+    if stopping {
+        // Both session futures are still running (only the stop ended the
+        // select), so the drain may wait on them.
         let session_ended = async {
             tokio::select! {
                 _ = operations => {}
@@ -91,6 +93,8 @@ pub(super) async fn session<R: FnOnce(&str)>(
             }
         };
         drain(&control, state, options.drain_timeout, session_ended).await;
+    }
+    if *stop.borrow() {
         tessera_net::CloseCode::Shutdown.close(&connection, "shutdown");
         return Ok(());
     }
@@ -125,7 +129,7 @@ async fn drain(
         limit_s = limit.as_secs_f64(),
         "draining: serving what runs here while the coordinator moves it elsewhere"
     );
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     if control.send_control(&WorkerReport::Draining).await.is_err() {
         return;
     }
