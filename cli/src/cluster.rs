@@ -141,6 +141,26 @@ pub async fn start_configured(
     start_workers(&specs, configure).await
 }
 
+/// An embedded worker's options.
+fn embedded_worker(name: &str, spec: &WorkerSpec, coordinator: SocketAddr) -> WorkerOptions {
+    WorkerOptions {
+        name: name.to_string(),
+        devices: spec.devices.clone(),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        advertise: None,
+        coordinator: coordinator.to_string(),
+        reconnect: false,
+        cluster: CLUSTER.into(),
+        mailbox: 64,
+        cache_dir: None,
+        config: spec.config.clone(),
+        memory_limit: spec.memory_limit.clone(),
+        adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
+        // Its workers stop with it (nobody to move anything to).
+        drain_timeout: Duration::ZERO,
+    }
+}
+
 /// A coordinator and one worker per spec (named node-a, node-b, ...),
 /// the coordinator's configuration changed by `configure` first; returns
 /// once all have registered.
@@ -169,22 +189,7 @@ pub async fn start_workers(
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
     for ((name, id), spec) in names.iter().zip(&ids[2..]).zip(specs) {
-        let options = WorkerOptions {
-            name: name.clone(),
-            devices: spec.devices.clone(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            advertise: None,
-            coordinator: addr.to_string(),
-            reconnect: false,
-            cluster: CLUSTER.into(),
-            mailbox: 64,
-            cache_dir: None,
-            config: spec.config.clone(),
-            memory_limit: spec.memory_limit.clone(),
-            adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
-            // Its workers stop with it (nobody to move anything to).
-            drain_timeout: Duration::ZERO,
-        };
+        let options = embedded_worker(name, spec, addr);
         let id = id.clone();
         let name = name.clone();
         let coordinator = coordinator.clone();

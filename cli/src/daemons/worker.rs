@@ -206,15 +206,9 @@ fn run(args: Args) -> Result<()> {
         (file.memory_limit.as_deref(), file.memory_reserve.as_deref()),
         cache_dir.clone(),
     )?;
-    let adopt_grace = seconds(
-        "adopt_grace_s",
+    let (adopt_grace, drain_timeout) = timings(
         args.adopt_grace_s.or(file.adopt_grace_s),
-        daemon::ADOPT_GRACE,
-    )?;
-    let drain_timeout = seconds(
-        "drain_timeout_s",
         args.drain_timeout_s.or(file.drain_timeout_s),
-        daemon::DRAIN_TIMEOUT,
     )?;
     let options = WorkerOptions {
         name: name.clone(),
@@ -272,8 +266,19 @@ fn run(args: Args) -> Result<()> {
     })
 }
 
-/// A duration in seconds (`--adopt-grace-s`, `drain_timeout_s`, ...),
-/// `default` when unset.
+/// How long deployments outlive the coordinator (`adopt_grace_s`) and
+/// how long a stopped worker drains (`drain_timeout_s`).
+fn timings(
+    adopt_grace_s: Option<f64>,
+    drain_timeout_s: Option<f64>,
+) -> Result<(std::time::Duration, std::time::Duration)> {
+    Ok((
+        seconds("adopt_grace_s", adopt_grace_s, daemon::ADOPT_GRACE)?,
+        seconds("drain_timeout_s", drain_timeout_s, daemon::DRAIN_TIMEOUT)?,
+    ))
+}
+
+/// A duration in seconds, `default` when unset.
 fn seconds(
     key: &str,
     seconds: Option<f64>,
