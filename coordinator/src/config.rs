@@ -111,6 +111,25 @@ impl Default for CoordinatorConfig {
     }
 }
 
+/// Every environment variable that sets a key, with the key's path:
+/// `TESSERA_<KEY>`, `TESSERA_SERVING_<KEY>` (`serving.key`) and
+/// `TESSERA_HA_<KEY>` (`ha.key`).
+fn env_keys() -> impl Iterator<Item = (String, String)> {
+    let tables: [(&str, &str, &[&str]); 3] = [
+        ("TESSERA_", "", &KEYS),
+        ("TESSERA_SERVING_", "serving.", &SERVING_KEYS),
+        ("TESSERA_HA_", "ha.", &HA_KEYS),
+    ];
+    tables.into_iter().flat_map(|(prefix, section, keys)| {
+        keys.iter().map(move |key| {
+            (
+                format!("{prefix}{}", key.to_uppercase()),
+                format!("{section}{key}"),
+            )
+        })
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("configuration {origin}: {reason}")]
 pub struct ConfigError {
@@ -122,19 +141,11 @@ impl CoordinatorConfig {
     /// The `TESSERA_*` names among `names` that set no key (a misspelt
     /// `TESSERA_HA_ETDC` would otherwise be ignored), sorted.
     pub fn unknown_env<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Vec<String> {
-        let known = |name: &str| {
-            let key = |prefix: &str, keys: &[&str]| {
-                name.strip_prefix(prefix)
-                    .is_some_and(|k| keys.iter().any(|key| key.to_uppercase() == k))
-            };
-            key("TESSERA_", &KEYS)
-                || key("TESSERA_SERVING_", &SERVING_KEYS)
-                || key("TESSERA_HA_", &HA_KEYS)
-        };
+        let known: Vec<String> = env_keys().map(|(var, _)| var).collect();
         let mut unknown: Vec<String> = names
             .into_iter()
             .map(|n| n.as_ref().to_string())
-            .filter(|n| n.starts_with("TESSERA_") && !known(n))
+            .filter(|n| n.starts_with("TESSERA_") && !known.contains(n))
             .collect();
         unknown.sort();
         unknown
@@ -160,27 +171,10 @@ impl CoordinatorConfig {
             }
             builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }
-        for key in KEYS {
-            let var = format!("TESSERA_{}", key.to_uppercase());
+        for (var, key) in env_keys() {
             if let Some(value) = env(&var) {
                 builder = builder
                     .set_override(key, value)
-                    .map_err(|e| err(format!("{var}: {e}")))?;
-            }
-        }
-        for key in SERVING_KEYS {
-            let var = format!("TESSERA_SERVING_{}", key.to_uppercase());
-            if let Some(value) = env(&var) {
-                builder = builder
-                    .set_override(format!("serving.{key}"), value)
-                    .map_err(|e| err(format!("{var}: {e}")))?;
-            }
-        }
-        for key in HA_KEYS {
-            let var = format!("TESSERA_HA_{}", key.to_uppercase());
-            if let Some(value) = env(&var) {
-                builder = builder
-                    .set_override(format!("ha.{key}"), value)
                     .map_err(|e| err(format!("{var}: {e}")))?;
             }
         }

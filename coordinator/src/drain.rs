@@ -61,31 +61,15 @@ async fn move_copy(
         return;
     }
     let started = Instant::now();
-    let moved = match crate::heal::without_lost(shared, &loaded.request) {
-        Ok(request) => {
-            let (progress, _) = tokio::sync::mpsc::channel(1);
-            let scope = crate::planning::Scope {
-                only: replica.hosts.as_deref(),
-                network: Some(loaded.id),
-                previous: replica.placement(),
-            };
-            crate::deploy::deploy(shared, &request, &loaded.model, &scope, progress).await
-        }
-        Err(e) => Err(e),
-    };
-    let new = match moved {
-        Ok(new) => new,
+    let new = match crate::heal::redeploy(shared, &loaded, &replica).await {
+        Ok(Some(new)) => new,
+        Ok(None) => return,
         Err(e) => {
             tracing::warn!(network = loaded.id, replica = replica.index, worker = %leaving,
                 "cannot move off the draining worker (it heals once the worker is gone): {e}");
             return;
         }
     };
-    if !shared.networks.contains_key(&loaded.id) {
-        // Unloaded meanwhile.
-        crate::deploy::undeploy(shared, new.id, &new.hosts).await;
-        return;
-    }
     replica.placed(&new);
     // Requests in flight on the old deployment finish there.
     replica.set_retiring(old.id, true);

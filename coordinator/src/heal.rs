@@ -124,26 +124,9 @@ async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why
         }
         // The old deployment is gone from the workers from here on.
         replica.current.send_replace(Current::Healing(None));
-        let outcome = match without_lost(shared, &loaded.request) {
-            Ok(request) => {
-                // Nobody watches a re-plan's progress but the logs.
-                let (progress, _) = tokio::sync::mpsc::channel(1);
-                let scope = crate::planning::Scope {
-                    only: replica.hosts.as_deref(),
-                    network: Some(loaded.id),
-                    previous: replica.placement(),
-                };
-                deploy::deploy(shared, &request, &loaded.model, &scope, progress).await
-            }
-            Err(e) => Err(e),
-        };
-        let e = match outcome {
-            Ok(deployed) => {
-                if !shared.networks.contains_key(&loaded.id) {
-                    // Unloaded meanwhile.
-                    deploy::undeploy(shared, deployed.id, &deployed.hosts).await;
-                    return;
-                }
+        let e = match redeploy(shared, loaded, replica).await {
+            Ok(None) => return,
+            Ok(Some(deployed)) => {
                 tracing::info!(
                     network = loaded.id,
                     replica = replica.index,
@@ -178,6 +161,31 @@ async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why
             }
         }
     }
+}
+
+/// Plans and deploys `replica` of `loaded` again over the workers that
+/// remain (and are not draining), keeping a placement that still fits;
+/// `None` when the network was unloaded meanwhile (the new deployment is
+/// undeployed again).
+pub(crate) async fn redeploy(
+    shared: &Arc<Shared>,
+    loaded: &Loaded,
+    replica: &Replica,
+) -> Result<Option<Arc<Deployed>>, CoordinatorError> {
+    let request = without_lost(shared, &loaded.request)?;
+    // Nobody watches a re-plan's progress but the logs.
+    let (progress, _) = tokio::sync::mpsc::channel(1);
+    let scope = crate::planning::Scope {
+        only: replica.hosts.as_deref(),
+        network: Some(loaded.id),
+        previous: replica.placement(),
+    };
+    let deployed = deploy::deploy(shared, &request, &loaded.model, &scope, progress).await?;
+    if !shared.networks.contains_key(&loaded.id) {
+        deploy::undeploy(shared, deployed.id, &deployed.hosts).await;
+        return Ok(None);
+    }
+    Ok(Some(deployed))
 }
 
 /// What a heal pass sees of its copy.
