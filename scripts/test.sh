@@ -34,6 +34,20 @@ if ! python3 -c "import kubernetes_validate, jsonschema, yaml" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
     "kubernetes-validate==1.37.0" "jsonschema==4.26.0" "PyYAML==6.0.3"
 fi
+# The cluster page's browser tests: Debian's chromium and its driver,
+# driven by selenium.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    { apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; } >/dev/null 2>&1 ||
+      echo "warning: could not install chromium and chromium-driver; the page's browser tests are skipped"
+  fi
+fi
+if ! python3 -c "import selenium" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check "selenium==4.51.0"
+fi
+if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+  export TESSERA_BROWSER_TESTS=${TESSERA_BROWSER_TESTS:-required}
+fi
 if command -v kubectl >/dev/null; then
   export TESSERA_K8S_TESTS=${TESSERA_K8S_TESTS:-required}
 else

@@ -111,6 +111,10 @@ pub struct BenchArgs {
 
 #[derive(Args)]
 pub struct ClusterArgs {
+    /// Print the cluster document (JSON), as a front door's `GET
+    /// /api/cluster` answers it.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     remote: RemoteArgs,
 }
@@ -351,6 +355,11 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
     tessera_cli::cluster::run_system(async move {
         with_client(&args.remote, async |client| {
             let state = client.cluster().await?;
+            if args.json {
+                let doc = tessera_serving::views::ClusterDoc::of(&state);
+                crate::print_stdout(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
+                return Ok(());
+            }
             let mut out = String::new();
             use std::fmt::Write as _;
             let _ = writeln!(

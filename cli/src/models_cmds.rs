@@ -20,6 +20,11 @@ pub struct LoadArgs {
 
 #[derive(Args)]
 pub struct ModelsArgs {
+    /// Print the models document (JSON: state, inputs and outputs,
+    /// copies, plans as subgraphs), as a front door's `GET /api/models`
+    /// answers it.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     remote: RemoteArgs,
 }
@@ -67,6 +72,11 @@ pub fn models(args: ModelsArgs) -> Result<()> {
     needs_coordinator(&args.remote, "models")?;
     tessera_cli::cluster::run_system(async move {
         let (client, _) = connect(&args.remote).await?;
+        if args.json {
+            let doc = tessera_serving::views::models_doc(&client).await?;
+            crate::print_stdout(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
+            return Ok(());
+        }
         let models = client.models().await?;
         let mut out = String::new();
         use std::fmt::Write as _;

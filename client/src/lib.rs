@@ -471,6 +471,19 @@ impl Client {
         }
     }
 
+    /// Loaded network `network`'s plan: where each copy's subgraphs run,
+    /// with what their workers measured of their runs.
+    pub async fn loaded_plan(&self, network: u64) -> Result<Plan, ClientError> {
+        let op = Operation::Plan;
+        match self
+            .operation(op, &ClientRequest::Plan { network }, None, |_, _, _| {})
+            .await?
+        {
+            ClientReply::NetworkLoaded { plan, .. } => Ok(*plan),
+            other => Err(ClientError::unexpected(op, &other)),
+        }
+    }
+
     /// QueryNetwork on every device of `devices` (a priority string; empty:
     /// every device): which nodes each `host/DEVICE` can run.
     pub async fn query(

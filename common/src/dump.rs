@@ -194,6 +194,9 @@ pub struct ReplicaReport {
     pub predicted_latency_us: f64,
     /// Predicted requests per second when pipelined.
     pub predicted_rps: f64,
+    /// Its subgraphs' runs, in subgraph order (a loaded network's plan).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<Option<MeasuredRuns>>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -225,6 +228,39 @@ pub struct SubgraphReport {
     /// Its memory need (weights, activations, state).
     #[serde(default)]
     pub memory: crate::memory::MemoryNeed,
+    /// Each node's op type, in `nodes`' order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub op_types: Vec<String>,
+    /// Each input's bytes per request, in `inputs`' order: from its
+    /// shape, a dimension the model leaves open counted as the cost
+    /// model's default (an estimate).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_bytes: Vec<u64>,
+    /// Measured on its worker since it was deployed (the coordinator's
+    /// plan of a loaded network; absent before any heartbeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredRuns>,
+}
+
+/// A deployed subgraph's runs, from its worker's heartbeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredRuns {
+    pub runs: u64,
+    pub failed: u64,
+    /// Compute time over all runs, µs.
+    pub busy_us: u64,
+    /// Requests it holds now.
+    pub depth: u32,
+}
+
+impl MeasuredRuns {
+    /// Mean compute time of a run, µs (0 before the first).
+    pub fn us_per_run(&self) -> f64 {
+        match self.runs {
+            0 => 0.0,
+            n => self.busy_us as f64 / n as f64,
+        }
+    }
 }
 
 /// Why a node runs where it does.
@@ -251,6 +287,16 @@ pub fn plan_report(graph: &Graph, a: &Assignment, p: &Partition) -> PlanReport {
                 .nodes
                 .iter()
                 .map(|&n| graph.node(n).name.clone())
+                .collect(),
+            op_types: sg
+                .nodes
+                .iter()
+                .map(|&n| graph.node(n).op_type.clone())
+                .collect(),
+            input_bytes: sg
+                .inputs
+                .iter()
+                .map(|&t| crate::affinity::cost::tensor_bytes(graph, t))
                 .collect(),
             inputs: names(&sg.inputs),
             outputs: names(&sg.outputs),

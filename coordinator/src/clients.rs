@@ -3,7 +3,8 @@
 //! `Unload`, `QueryNetwork`, `ClusterInfo`, for named models `LoadModel`,
 //! `UnloadModel`, `ListModels`, and for requesters `Routes`, a network's
 //! routing table and its changes, and `Generation`, a generative
-//! network's spec); many run at once. A malformed operation fails on its
+//! network's spec, and `Plan`, a loaded network's plan with its measured
+//! runs); many run at once. A malformed operation fails on its
 //! own stream; the session and the others go on. No request comes here.
 //! A standby (HA) answers `Leader` and, to every other operation,
 //! `NotLeader` with the leader's address.
@@ -12,6 +13,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use tessera_common::dump::{MeasuredRuns, PlanReport};
+use tessera_common::memory::MemoryNeed;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::{CoordinatorInfo, WorkerState};
 use tessera_common::wire::{Limits, Progress};
@@ -19,6 +22,7 @@ use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
 
 use crate::network::Origin;
+use crate::workers::WorkerEntry;
 use crate::{deploy, planning, CoordinatorError, Shared};
 
 /// Serves one client until it disconnects.
@@ -172,6 +176,10 @@ async fn operation(
         ClientRequest::Leader => {
             write(send, &crate::ha::leader_answer(shared).await, &limits).await
         }
+        ClientRequest::Plan { network } => {
+            let plan = Box::new(measured_plan(shared, network)?);
+            write(send, &ClientReply::NetworkLoaded { network, plan }, &limits).await
+        }
     }
 }
 
@@ -290,7 +298,16 @@ fn placed_anew(
 
 /// The cluster's workers as clients see them (`tessera cluster`).
 fn cluster_state(shared: &Shared, coordinators: Vec<CoordinatorInfo>) -> ClientReply {
-    let in_use = crate::planning::memory_in_use(shared, None);
+    let in_use = crate::planning::memory_needs(shared, None);
+    let per_kind = |w: &WorkerEntry, of: fn(&MemoryNeed) -> u64| -> Vec<(String, u64)> {
+        w.devices
+            .iter()
+            .map(|d| {
+                let id = format!("{}/{}", w.name, d.device);
+                (d.device.clone(), in_use.get(&id).map_or(0, of))
+            })
+            .collect()
+    };
     let mut workers: Vec<WorkerState> = shared
         .workers
         .iter()
@@ -312,16 +329,11 @@ fn cluster_state(shared: &Shared, coordinators: Vec<CoordinatorInfo>) -> ClientR
                 .filter(|n| n.deployments().iter().any(|d| d.hosts.contains(&w.name)))
                 .map(|n| n.id)
                 .collect(),
-            memory_in_use: w
-                .devices
-                .iter()
-                .map(|d| {
-                    let id = format!("{}/{}", w.name, d.device);
-                    (d.device.clone(), in_use.get(&id).copied().unwrap_or(0))
-                })
-                .collect(),
+            memory_in_use: per_kind(&w, MemoryNeed::total),
+            state_in_use: per_kind(&w, |n| n.state),
             rss_bytes: w.rss_bytes.load(std::sync::atomic::Ordering::Relaxed),
             compiles: w.compiles.lock().map(|c| *c).unwrap_or_default(),
+            phase: w.phase(),
         })
         .collect();
     workers.sort_by(|a, b| a.name.cmp(&b.name));
@@ -374,4 +386,45 @@ async fn write(
     limits: &Limits,
 ) -> Result<(), CoordinatorError> {
     Ok(exchange::send_message(send, msg, None, limits).await?)
+}
+
+/// Network `network`'s plan with its subgraphs' runs as their workers'
+/// last heartbeats counted them.
+fn measured_plan(shared: &Shared, network: u64) -> Result<PlanReport, CoordinatorError> {
+    let loaded = shared
+        .networks
+        .get(&network)
+        .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    let mut plan = loaded.plan();
+    let measured_of = |deployed: &crate::network::Deployed| -> Vec<Option<MeasuredRuns>> {
+        deployed
+            .plan
+            .subgraphs
+            .iter()
+            .map(|sg| {
+                let worker = shared.workers.get(sg.host.as_deref()?)?;
+                let reported = worker.reported();
+                let load = reported
+                    .subgraphs
+                    .iter()
+                    .find(|l| l.network == deployed.id && l.subgraph as usize == sg.id)?;
+                Some(MeasuredRuns {
+                    runs: load.runs,
+                    failed: load.failed,
+                    busy_us: load.busy_us,
+                    depth: load.depth,
+                })
+            })
+            .collect()
+    };
+    let deployed = loaded.deployments();
+    if let Some(first) = deployed.first() {
+        for (sg, m) in plan.subgraphs.iter_mut().zip(measured_of(first)) {
+            sg.measured = m;
+        }
+    }
+    for (replica, d) in plan.replicas.iter_mut().zip(&deployed) {
+        replica.measured = measured_of(d);
+    }
+    Ok(plan)
 }

@@ -84,6 +84,7 @@ impl Deployed {
                 .collect(),
             predicted_latency_us: self.predicted_latency_us.round(),
             predicted_rps: self.predicted_rps,
+            measured: Vec::new(),
         }
     }
 }

@@ -274,15 +274,25 @@ struct Prepared {
 /// What the networks deployed now need on each device (`host/DEVICE`),
 /// but network `except`'s (being planned again), bytes.
 pub(crate) fn memory_in_use(shared: &Shared, except: Option<u64>) -> HashMap<String, u64> {
-    let mut used: HashMap<String, u64> = HashMap::new();
+    memory_needs(shared, except)
+        .into_iter()
+        .map(|(device, need)| (device, need.total()))
+        .collect()
+}
+
+/// [`memory_in_use`] as weights, activations and state.
+pub(crate) fn memory_needs(
+    shared: &Shared,
+    except: Option<u64>,
+) -> HashMap<String, tessera_common::memory::MemoryNeed> {
+    let mut used: HashMap<String, tessera_common::memory::MemoryNeed> = HashMap::new();
     for loaded in shared.networks.iter() {
         if Some(loaded.id) == except {
             continue;
         }
         for deployed in loaded.deployments() {
             for d in &deployed.plan.memory.devices {
-                let entry = used.entry(d.device.clone()).or_default();
-                *entry = entry.saturating_add(d.need.total());
+                *used.entry(d.device.clone()).or_default() += d.need;
             }
         }
     }
@@ -584,6 +594,7 @@ pub async fn dry_run(
                 devices: c.plan.stages.iter().map(|s| s.device.to_string()).collect(),
                 predicted_latency_us: c.cost.latency_us.round(),
                 predicted_rps: c.cost.throughput_rps(),
+                measured: Vec::new(),
             })
             .collect();
     }

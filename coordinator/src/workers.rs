@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
-use tessera_common::wire::control::{DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad};
+use tessera_common::wire::control::{
+    DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad, WorkerPhase,
+};
 use tessera_common::wire::Limits;
 use tessera_common::wire::Progress;
 use tessera_net::exchange;
@@ -78,6 +80,17 @@ impl WorkerEntry {
     /// Whether it is leaving (planned around).
     pub fn draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Joining until its first heartbeat, then ready, or draining.
+    pub fn phase(&self) -> WorkerPhase {
+        if self.draining() {
+            return WorkerPhase::Draining;
+        }
+        match self.reported.lock().map(|r| r.at.is_some()) {
+            Ok(false) => WorkerPhase::Joining,
+            _ => WorkerPhase::Ready,
+        }
     }
 
     /// One operation on its own stream to this worker: sends `msg` (with

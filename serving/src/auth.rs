@@ -3,7 +3,8 @@
 //! every request but the health probes (`GET /v2/health/live` and
 //! `/v2/health/ready`, gRPC `ServerLive` and `ServerReady`: Kubernetes'
 //! kubelet and load balancers probe without a token, and the answer tells
-//! nothing but up or down) wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
+//! nothing but up or down) and the cluster page's files (`/` and its
+//! assets: they hold no data; the page asks for a token) wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
 //! `WWW-Authenticate: Bearer`; gRPC callers get UNAUTHENTICATED. Neither the
 //! header nor the token is logged.
 
@@ -34,7 +35,8 @@ pub async fn require_token(
     let Some(tokens) = &door.rules.tokens else {
         return next.run(request).await;
     };
-    if OPEN.contains(&request.uri().path()) {
+    let path = request.uri().path();
+    if OPEN.contains(&path) || crate::http::page::OPEN.contains(&path) {
         return next.run(request).await;
     }
     let presented = request

@@ -40,7 +40,9 @@ const CONTROL_WAIT: Duration = Duration::from_secs(2);
 /// Keeps [`Door::seen`] fresh until the front door closes.
 pub async fn watch_cluster(door: Arc<Door>) {
     loop {
-        let _ = door.look().await;
+        if door.look().await.is_ok() {
+            door.sample_live().await;
+        }
         tokio::select! {
             () = tokio::time::sleep(LOOK_EVERY) => {}
             () = door.closed() => return,
@@ -168,7 +170,26 @@ impl Door {
         wanted: &[String],
         deadline: Option<Duration>,
     ) -> Result<Vec<(String, Tensor)>, ServeError> {
+        let started = Instant::now();
         let network = self.network(name).await?;
+        let result = self
+            .infer_named(name, &network, inputs, wanted, deadline)
+            .await;
+        match &result {
+            Ok(_) => self.live_served(name, started.elapsed()),
+            Err(_) => self.live_failed(name),
+        }
+        result
+    }
+
+    async fn infer_named(
+        &self,
+        name: &str,
+        network: &Network,
+        inputs: HashMap<String, Tensor>,
+        wanted: &[String],
+        deadline: Option<Duration>,
+    ) -> Result<Vec<(String, Tensor)>, ServeError> {
         let table = network.routes();
         if let Some(unknown) = wanted.iter().find(|w| {
             table
@@ -193,7 +214,9 @@ impl Door {
         }
         let _in_flight = self.metrics.started(name);
         let started = Instant::now();
-        let network = network.with_deadline(deadline.unwrap_or(self.limits.request_deadline));
+        let network = network
+            .clone()
+            .with_deadline(deadline.unwrap_or(self.limits.request_deadline));
         let outputs: Outputs = match network.infer(inputs.into_iter().collect()).await {
             Ok(o) => o,
             Err(e) => {

@@ -14,7 +14,8 @@
 //! model control, generation), [`http`] and [`grpc`] (thin codecs over the
 //! core), [`rules`] (who may call and what), [`auth`], [`tokens`],
 //! [`control`] (model control), [`confine`] (the model repository), [`listener`] (connections: TLS,
-//! limits), [`metrics`], [`error`].
+//! limits), [`metrics`], [`error`], [`views`] and [`live`] (the cluster
+//! page's JSON documents; the page itself is [`http::page`]).
 
 pub mod auth;
 pub mod confine;
@@ -24,9 +25,11 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod listener;
+pub mod live;
 pub mod metrics;
 pub mod rules;
 pub mod tokens;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -72,6 +75,10 @@ pub struct Door {
     /// The cluster as last seen (readiness while the coordinator is
     /// away).
     seen: Mutex<Option<core::Seen>>,
+    /// The page's live figures.
+    live: Mutex<live::Live>,
+    /// The workers seen, to list those that left as lost.
+    roster: Mutex<views::Roster>,
     closing: tokio::sync::watch::Sender<bool>,
     extra_metrics: Option<ExtraMetrics>,
 }
@@ -102,6 +109,8 @@ impl FrontDoor {
             metrics: metrics::Metrics::new(),
             networks: DashMap::new(),
             seen: Mutex::new(None),
+            live: Mutex::new(live::Live::new(std::time::Instant::now())),
+            roster: Mutex::new(views::Roster::default()),
             closing: tokio::sync::watch::Sender::new(false),
             extra_metrics,
         });

@@ -58,6 +58,11 @@ pub enum ClientRequest {
     /// Which coordinator leads: answered by `Coordinators`, by a standby
     /// too (every other operation a standby answers `NotLeader`).
     Leader,
+    /// A loaded network's plan, with its subgraphs' measured runs:
+    /// answered by `NetworkLoaded`.
+    Plan {
+        network: u64,
+    },
 }
 
 channel!(
@@ -73,7 +78,8 @@ channel!(
         Routes,
         Generation,
         Unload,
-        Leader
+        Leader,
+        Plan
     ]
 );
 

@@ -145,11 +145,36 @@ pub struct WorkerState {
     /// What the networks deployed on it need, per device kind, bytes (as
     /// the planner counts it against each device's offer).
     pub memory_in_use: Vec<(String, u64)>,
+    /// Of `memory_in_use`, what its stages keep for sequences' state (KV
+    /// caches), per device kind, bytes.
+    pub state_in_use: Vec<(String, u64)>,
     /// The worker process's resident memory at its last heartbeat, bytes
     /// (0: not reported).
     pub rss_bytes: u64,
     /// Its compiles and compile-cache loads since it started.
     pub compiles: CompileCounts,
+    pub phase: WorkerPhase,
+}
+
+/// Where a registered worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerPhase {
+    /// Registered, no heartbeat yet.
+    Joining,
+    /// Heartbeating: plans may use it.
+    Ready,
+    /// Leaving (SIGTERM): nothing new is planned on it.
+    Draining,
+}
+
+impl WorkerPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerPhase::Joining => "joining",
+            WorkerPhase::Ready => "ready",
+            WorkerPhase::Draining => "draining",
+        }
+    }
 }
 
 /// A worker's compiles since it started: subgraphs compiled from a model,

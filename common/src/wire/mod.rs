@@ -65,7 +65,7 @@ pub use message::{Failure, Message, Progress, Reply, Status};
 /// The protocol version this build speaks. Peers must match exactly.
 /// 13: requests go from requesters to workers (the data channel and
 /// routing tables); the coordinator is off the data path.
-pub const PROTOCOL_VERSION: u16 = 13;
+pub const PROTOCOL_VERSION: u16 = 14;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

@@ -7,7 +7,7 @@ use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::cluster::{CoordinatorAnswer, ToWorker, WorkerAnswer, WorkerReport};
 use tessera_common::wire::control::{
     Batching, CompileCounts, CoordinatorInfo, DeploySpec, Destination, ErrorKind, HeldSubgraph,
-    Route,
+    Route, WorkerPhase,
 };
 use tessera_common::wire::handshake::{self, Handshake, HandshakeError, Hello, Role};
 use tessera_common::wire::peer::PeerMessage;
@@ -612,6 +612,7 @@ fn every_control_message_round_trips() {
         },
         ClientRequest::Generation { network: 1 },
         ClientRequest::Unload { network: 1 },
+        ClientRequest::Plan { network: 3 },
     ]);
     round_trip(vec![
         ClientReply::Progress(progress),
@@ -649,11 +650,13 @@ fn every_control_message_round_trips() {
                 networks: vec![1],
                 running: 3,
                 memory_in_use: vec![("CPU".into(), 64 << 20)],
+                state_in_use: vec![("CPU".into(), 8 << 20)],
                 rss_bytes: 200 << 20,
                 compiles: CompileCounts {
                     compiled: 2,
                     cache_loads: 5,
                 },
+                phase: WorkerPhase::Draining,
             }],
             networks: 1,
             in_flight: 0,

@@ -16,6 +16,7 @@
 //! | `POST /v2/repository/models/{name}/load` / `unload` | the repository extension (only with `[serving] model_control`; loads confined to `model_repository`: [`crate::control`]) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` | OpenAI-compatible generation ([`openai`]) |
+//! | `GET /`, `GET /api/...` | the cluster page and its JSON API ([`page`]) |
 //!
 //! Errors are `{"error": "..."}` with 400 (bad request), 401 (no token the
 //! server accepts, with `[serving] tokens_file`), 403 (model control off),
@@ -27,10 +28,12 @@
 //!
 //! Layout: this file (routes, health, metadata, repository, metrics);
 //! `infer` (the infer endpoint); `tensors` (datatypes, JSON and binary
-//! tensor codecs); `openai` (OpenAI-compatible generation).
+//! tensor codecs); `openai` (OpenAI-compatible generation); `page` (the
+//! cluster page and its API).
 
 mod infer;
 pub mod openai;
+pub mod page;
 pub mod tensors;
 
 use std::sync::Arc;
@@ -85,6 +88,7 @@ pub fn router(door: Arc<Door>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .merge(page::routes())
         .fallback(|| async { HttpError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             door.clone(),

@@ -293,6 +293,8 @@ struct Envelope {
     answer: Answer,
     /// The most likely tokens' log-probabilities asked for (`None`: none).
     logprobs: Option<u32>,
+    /// Counts the tokens in its live figures.
+    door: Arc<Door>,
 }
 
 /// Completion ids: unique in the process and across processes (a random
@@ -385,7 +387,14 @@ async fn serve(
     answer: Answer,
 ) -> Result<Response, OpenAiError> {
     let asked = logprobs(&common, answer)?;
-    let mut generation = door.generate(&common.model, prompt, params).await?;
+    let mut generation = match door.generate(&common.model, prompt, params).await {
+        Ok(g) => g,
+        Err(e) => {
+            door.live_failed(&common.model);
+            return Err(e.into());
+        }
+    };
+    let started = std::time::Instant::now();
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -395,18 +404,25 @@ async fn serve(
         model: common.model,
         answer,
         logprobs: asked,
+        door: door.clone(),
     };
     if !common.stream {
         let (mut text, mut drawn) = (String::new(), Vec::new());
         let stats = loop {
             match generation.next().await.map_err(ServeError::from)? {
                 Some(Generated::Tokens {
-                    text: t, logprobs, ..
+                    text: t,
+                    logprobs,
+                    ids,
                 }) => {
+                    door.live_tokens(&envelope.model, ids.len());
                     text.push_str(&t);
                     drawn.extend(logprobs);
                 }
-                Some(Generated::Done(stats)) => break stats,
+                Some(Generated::Done(stats)) => {
+                    door.live_served(&envelope.model, started.elapsed());
+                    break stats;
+                }
                 None => return Err(bad("the generation ended without figures")),
             }
         };
@@ -472,12 +488,19 @@ fn event(
 ) -> (Event, bool) {
     let data = |body: Value| Event::default().data(body.to_string());
     match next {
-        Ok(Some(Generated::Tokens { text, logprobs, .. })) => {
+        Ok(Some(Generated::Tokens {
+            text,
+            logprobs,
+            ids,
+        })) => {
+            envelope.door.live_tokens(&envelope.model, ids.len());
             let lp = envelope.logprobs(generation, &logprobs);
             let choice = envelope.answer.choice(&text, lp, None, true);
             (data(envelope.body(choice, true, None)), true)
         }
         Ok(Some(Generated::Done(stats))) => {
+            let total = std::time::Duration::from_micros(stats.total_us);
+            envelope.door.live_served(&envelope.model, total);
             let choice = envelope
                 .answer
                 .choice("", Value::Null, Some(stats.finish.as_str()), true);
