@@ -5,13 +5,19 @@
 # memory limits, and SmolLM2 (4-bit) on node-c for the playground where
 # scripts/fetch-llm.sh fetched it. Opens
 # http://127.0.0.1:${PORT:-8000}/ in a browser where there is one (and
-# prints the address). Ctrl-C stops everything.
+# prints the address). Ctrl-C stops everything. BIN_DIR=target/debug uses
+# binaries built already (the tests' debug build) instead of a release
+# build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/need-protoc.sh
 ./scripts/fetch-test-models.sh >/dev/null
-cargo build --release --quiet -p tessera-cli --bins
-bin=$PWD/target/release
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$(cd "$BIN_DIR" && pwd)
+else
+  cargo build --release --quiet -p tessera-cli --bins
+  bin=$PWD/target/release
+fi
 dir=$PWD/out/page-demo
 port=${PORT:-8000}
 quic=${QUIC_PORT:-7431}

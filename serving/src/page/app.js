@@ -43,6 +43,10 @@ function micros(us) {
   return us >= 1000 ? (us / 1000).toFixed(2) + " ms" : us.toFixed(0) + " µs";
 }
 
+function plural(n, one, many) {
+  return n + " " + (n === 1 ? one : (many || one + "s"));
+}
+
 function colorOf(device) {
   if (!(device in state.deviceColors)) {
     state.deviceColors[device] = PALETTE[Object.keys(state.deviceColors).length % PALETTE.length];
@@ -157,7 +161,7 @@ function workerCard(w) {
     el("h3", {}, w.name, el("span", { class: "badge " + w.state }, w.state)),
     el("div", { class: "muted" }, w.data_addr + " · " + age),
     el("div", {}, "running " + w.running + " · rtt " + micros(w.rtt_us) + " · rss " + bytes(w.rss_bytes) +
-      " · networks " + (w.networks.length ? w.networks.join(", ") : "none")),
+      " · networks " + (w.networks.length ? w.networks.map((n) => "#" + n).join(", ") : "none")),
     ...devices);
 }
 
@@ -165,8 +169,8 @@ async function refreshCluster() {
   const doc = await api("/api/cluster");
   const coordinators = doc.coordinators.map((c) => c.addr + (c.leading ? " (leading)" : " (standby)"));
   document.getElementById("coordinators").textContent =
-    "coordinators: " + (coordinators.join(", ") || "one") + " · " + doc.workers.length + " workers · " +
-    doc.networks + " networks · " + doc.in_flight + " runs under way";
+    "coordinators: " + (coordinators.join(", ") || "one") + " · " + plural(doc.workers.length, "worker") + " · " +
+    plural(doc.networks, "network") + " · " + plural(doc.in_flight, "run") + " under way";
   const cards = doc.workers.map(workerCard);
   if (cards.length === 0) cards.push(el("p", { class: "muted" }, "No worker has registered."));
   cards.push(el("div", { class: "legend muted" }, "memory:", el("span", { style: "background:#80b1d3" }), "stages",
@@ -223,7 +227,7 @@ function drawModel() {
   const picture = document.getElementById("model-picture");
   if (!model) { picture.replaceChildren(); summary.textContent = "No model is loaded."; return; }
   summary.textContent = model.state + (model.reason ? " (" + model.reason + ")" : "") + " · network " + model.network +
-    (model.plan ? " · " + model.plan.subgraphs.length + " subgraphs · " + model.plan.copies.length + " copies · predicted " +
+    (model.plan ? " · " + plural(model.plan.subgraphs.length, "subgraph") + " · " + plural(model.plan.copies.length, "copy", "copies") + " · predicted " +
       model.plan.predicted_rps.toFixed(1) + " requests/s" : "");
   const key = JSON.stringify([model.name, model.network, model.plan && model.plan.copies.map((c) => [c.deployment, c.devices]),
     model.plan && model.plan.copies.map((c) => c.us_per_run)]);
