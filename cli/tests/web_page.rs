@@ -129,14 +129,23 @@ fn the_page_draws_the_split_its_live_figures_and_a_lost_worker() {
 #[test]
 fn the_api_documents_equal_the_clis_json() {
     let port = free_port();
-    let cluster = Cluster::start_configured(
+    // node-c runs a front door of its own: the same page and documents.
+    let worker_door = format!("127.0.0.1:{}", free_port());
+    let door: &[&str] = &["--http-listen", &worker_door];
+    let cluster = Cluster::start_configured_with_args(
         "web-page-api",
-        &[("node-a", "CPU"), ("node-b", "CPU"), ("node-c", "CPU")],
+        &[
+            ("node-a", "CPU", &[]),
+            ("node-b", "CPU", &[]),
+            ("node-c", "CPU", door),
+        ],
         1,
         &rec_config(port),
     );
     let url = format!("http://127.0.0.1:{port}");
     wait_ready(&url);
+    let worker_url = format!("http://{worker_door}");
+    wait_ready(&worker_url);
     let mut args = vec!["cluster".to_string(), "--json".to_string()];
     args.extend(cluster.client_args());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -212,9 +221,31 @@ fn the_api_documents_equal_the_clis_json() {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&status.stdout), "404", "{missing}");
     }
-    // The live document names the model.
-    let live = curl_json(&format!("{url}/api/live"));
-    assert_eq!(live["models"][0]["name"], "rec", "{live}");
+    // The live document names the model once the front door has sampled
+    // its load (every second).
+    let started = Instant::now();
+    loop {
+        let live = curl_json(&format!("{url}/api/live"));
+        if live["models"][0]["name"] == "rec" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{live}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A worker's front door serves the page and the same documents.
+    let page = Command::new("curl")
+        .args(["-sf", &format!("{worker_url}/")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&page.stdout).contains("<title>Tessera</title>"));
+    let doc = curl_json(&format!("{worker_url}/api/cluster"));
+    assert_eq!(names(&doc), ["node-a", "node-b", "node-c"]);
+    let doc = curl_json(&format!("{worker_url}/api/models"));
+    let subgraphs = doc["models"][0]["plan"]["subgraphs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(subgraphs >= 2, "{doc}");
 }
 
 #[test]

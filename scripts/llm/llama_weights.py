@@ -4,7 +4,9 @@ Arrays keep the PyTorch layout: a linear layer's weight is [out, in]. They
 come either from a GGUF file (dequantized, with llama.cpp's Q/K row
 permutation undone) or from a seeded random generator (the tiny test model).
 With `keep_q4`, a GGUF's Q4_1 linear weights stay 4-bit instead
-(`Q4Weight`, in onnxruntime's MatMulNBits layout).
+(`Q4Weight`, in onnxruntime's MatMulNBits layout), and with
+`keep_q8_embedding` a Q8_0 token embedding stays 8-bit (`Q8Weight`, the
+same layout with 8 bits).
 """
 
 from dataclasses import dataclass
@@ -17,6 +19,9 @@ import numpy as np
 # its low nibble and value j + 16 in its high one); a weight is d * q + m.
 _Q4_1_BLOCK = 32
 _Q4_1_BYTES = 20
+# Q8_0: blocks of 32 weights along the input, each a float16 scale d and 32
+# int8 values q; a weight is d * q.
+_Q8_0_BYTES = 34
 
 
 @dataclass
@@ -46,6 +51,37 @@ def q4_from_q4_1(raw: np.ndarray, out_dim: int, in_dim: int) -> Q4Weight:
     values = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [out, blocks, 32] in order
     blobs = (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
     return Q4Weight(blobs, d, m)
+
+
+@dataclass
+class Q8Weight:
+    """A [out, in] Q8_0 weight: per block of 32 along the input, a weight is
+    (q - 128) * scale with q in 0..255 (GGUF's int8 value plus 128): what
+    MatMulNBits (bits 8, block 32) takes without zero points (its default
+    zero point is 128), and what a Gather of rows dequantizes exactly."""
+
+    blobs: np.ndarray  # uint8 [out, in / 32, 32]
+    scales: np.ndarray  # float32 [out, in / 32]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        out, blocks, _ = self.blobs.shape
+        return out, blocks * _Q4_1_BLOCK
+
+
+def q8_from_q8_0(raw: np.ndarray, out_dim: int, in_dim: int) -> Q8Weight:
+    """A GGUF Q8_0 tensor's bytes ([out, in / 32 * 34]) in MatMulNBits' layout."""
+    blocks = in_dim // _Q4_1_BLOCK
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_dim, blocks, _Q8_0_BYTES)
+    d = raw[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = raw[:, :, 2:].view(np.int8).astype(np.int16) + 128
+    return Q8Weight(q.astype(np.uint8), d)
+
+
+def dequantize_q8(w: Q8Weight) -> np.ndarray:
+    """The float32 [out, in] weight a Q8Weight stands for."""
+    values = w.blobs.astype(np.float32) - 128.0
+    return (values * w.scales[..., None]).reshape(w.shape)
 
 
 def dequantize_q4(w: Q4Weight) -> np.ndarray:
@@ -102,17 +138,24 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def weights_from_gguf(
-    reader: gguf.GGUFReader, config: LlamaConfig, keep_q4: bool = False
-) -> dict[str, np.ndarray | Q4Weight]:
-    """Every tensor of the GGUF file, dequantized to float32 (the Q4_1
-    linear weights kept 4-bit with `keep_q4`)."""
+    reader: gguf.GGUFReader,
+    config: LlamaConfig,
+    keep_q4: bool = False,
+    keep_q8_embedding: bool = False,
+) -> dict[str, np.ndarray | Q4Weight | Q8Weight]:
+    """Every tensor of the GGUF file, dequantized to float32 (with
+    `keep_q4`, the Q4_1 linear weights kept 4-bit; with
+    `keep_q8_embedding`, a Q8_0 token embedding kept 8-bit)."""
     weights = {}
     for tensor in reader.tensors:
         expected = tuple(int(d) for d in reversed(tensor.shape))
         name = hf_name(tensor.name)
         is_q4_1 = tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
+        is_q8_0 = tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
         if keep_q4 and is_q4_1 and name.endswith("_proj.weight"):
             array = q4_from_q4_1(tensor.data, *expected)
+        elif keep_q8_embedding and is_q8_0 and name == "model.embed_tokens.weight":
+            array = q8_from_q8_0(tensor.data, *expected)
         else:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(
                 np.float32, copy=False
@@ -127,7 +170,8 @@ def weights_from_gguf(
                     if isinstance(array, Q4Weight)
                     else unpermute_rope_rows(array, count)
                 )
-        weights[name] = array if isinstance(array, Q4Weight) else np.ascontiguousarray(array)
+        quantized = isinstance(array, (Q4Weight, Q8Weight))
+        weights[name] = array if quantized else np.ascontiguousarray(array)
     check_complete(weights, config)
     return weights
 
@@ -152,7 +196,9 @@ def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_complete(weights: dict[str, np.ndarray | Q4Weight], config: LlamaConfig) -> None:
+def check_complete(
+    weights: dict[str, np.ndarray | Q4Weight | Q8Weight], config: LlamaConfig
+) -> None:
     """Raise unless `weights` holds exactly the expected names and shapes."""
     shapes = weight_shapes(config)
     missing = sorted(set(shapes) - set(weights))

@@ -4,6 +4,12 @@ It reads its weights back from the ONNX initializers (linear weights are
 stored [in, out]) and follows the Hugging Face implementation directly:
 K/V heads repeated for grouped-query attention, rotate_half RoPE, a causal
 plus padding mask. It shares no code with the graph builder.
+
+Or it reads them from the GGUF file itself (`load_gguf`): dequantized by
+the gguf library, in llama.cpp's row order, with llama.cpp's interleaved
+RoPE (pairs of adjacent dimensions) instead of rotate_half: nothing of the
+converter's own dequantization or Q/K row permutation is used, so a bug in
+either shows as a difference.
 """
 
 from pathlib import Path
@@ -27,11 +33,49 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """x [B, H, S, D] rotated by position ids [B, S]."""
+def load_gguf(path: Path) -> dict[str, np.ndarray]:
+    """A GGUF file's weights under Hugging Face names, dequantized by the
+    gguf library, in llama.cpp's row order; linear weights [in, out]."""
+    import gguf
+
+    weights = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        name = _hf_name(tensor.name)
+        weights[name] = array.T if name.endswith("_proj.weight") else array
+    return weights
+
+
+def _hf_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    blocks = {
+        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+        "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    }
+    globals_ = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
+    base, suffix = gguf_name.rsplit(".", 1)
+    if base in globals_:
+        return f"{globals_[base]}.{suffix}"
+    _, layer, kind = base.split(".", 2)
+    return f"model.layers.{layer}.{blocks[kind]}.{suffix}"
+
+
+def _rope(x: np.ndarray, positions: np.ndarray, theta: float, interleaved: bool) -> np.ndarray:
+    """x [B, H, S, D] rotated by position ids [B, S]: dimension i with i + D/2
+    (Hugging Face's rotate_half), or 2i with 2i + 1 (llama.cpp's order)."""
     dim = x.shape[-1]
     inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     angles = positions[..., None].astype(np.float64) * inv_freq
+    if interleaved:
+        cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = even * sin + odd * cos
+        return out
     angles = np.concatenate([angles, angles], axis=-1)[:, None]
     half = dim // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
@@ -43,12 +87,12 @@ def _heads(x: np.ndarray, count: int, dim: int) -> np.ndarray:
     return x.reshape(batch, seq, count, dim).transpose(0, 2, 1, 3)
 
 
-def _attention(w, prefix: str, config: LlamaConfig, x, positions, mask) -> np.ndarray:
+def _attention(w, prefix: str, config: LlamaConfig, x, positions, mask, interleaved) -> np.ndarray:
     d, theta = config.head_dim, config.rope_theta
     q = _heads(x @ w[f"{prefix}.q_proj.weight"], config.num_heads, d)
     k = _heads(x @ w[f"{prefix}.k_proj.weight"], config.num_kv_heads, d)
     v = _heads(x @ w[f"{prefix}.v_proj.weight"], config.num_kv_heads, d)
-    q, k = _rope(q, positions, theta), _rope(k, positions, theta)
+    q, k = _rope(q, positions, theta, interleaved), _rope(k, positions, theta, interleaved)
     k = np.repeat(k, config.kv_groups, axis=1)
     v = np.repeat(v, config.kv_groups, axis=1)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
@@ -65,8 +109,10 @@ def forward(
     config: LlamaConfig,
     input_ids: np.ndarray,
     attention_mask: np.ndarray,
+    interleaved_rope: bool = False,
 ) -> np.ndarray:
     """Logits [B, S, V] of a full sequence (no cache); position ids from the mask.
+    `interleaved_rope` for weights in llama.cpp's row order (`load_gguf`).
 
     Rows whose attention_mask is 0 (left padding) are not meaningful.
     """
@@ -79,7 +125,10 @@ def forward(
     for layer in range(config.num_layers):
         prefix = f"model.layers.{layer}"
         normed = _rms_norm(x, w[f"{prefix}.input_layernorm.weight"], config.rms_eps)
-        x = x + _attention(w, f"{prefix}.self_attn", config, normed, positions, mask)
+        attention = _attention(
+            w, f"{prefix}.self_attn", config, normed, positions, mask, interleaved_rope
+        )
+        x = x + attention
         normed = _rms_norm(x, w[f"{prefix}.post_attention_layernorm.weight"], config.rms_eps)
         gate = normed @ w[f"{prefix}.mlp.gate_proj.weight"]
         up = normed @ w[f"{prefix}.mlp.up_proj.weight"]

@@ -4,8 +4,11 @@ The interface is the Hugging Face Optimum / onnxruntime-genai one:
 inputs input_ids, attention_mask, position_ids and past_key_values.N.key /
 .value; outputs logits and present.N.key / .value. Only standard ONNX
 operators are used (no com.microsoft ops), so any ONNX runtime can run it,
-except where linear weights are kept 4-bit: those become onnxruntime's
-com.microsoft MatMulNBits (bits 4, block 32, float zero points).
+except where weights are kept quantized: 4-bit linear weights become
+onnxruntime's com.microsoft MatMulNBits (bits 4, block 32, float zero
+points), and an 8-bit token embedding (Q8_0) stays 8-bit for both its uses:
+the lookup gathers its rows and their scales and dequantizes them (standard
+ops), the tied head is MatMulNBits (bits 8) over the same bytes.
 RoPE and the attention mask are computed once and shared by every layer;
 grouped-query attention broadcasts K/V over the query groups instead of
 copying them.
@@ -18,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from llama_config import LlamaConfig
-from llama_weights import Q4Weight
+from llama_weights import Q4Weight, Q8Weight
 
 OPSET = 17
 IR_VERSION = 8
@@ -28,7 +31,7 @@ MASKED_SCORE = float(np.finfo(np.float32).min)
 MS_DOMAIN = "com.microsoft"
 # MatMulNBits' accuracy level: 4 computes with int8 activations (onnxruntime's
 # fastest CPU kernels), 0 in float32.
-Q4_ACCURACY = 4
+NBITS_ACCURACY = 4
 
 
 class GraphBuilder:
@@ -148,7 +151,7 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
     ]
     scaled = b.op(
         "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
-        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=Q4_ACCURACY,
+        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=NBITS_ACCURACY,
     )
     sums = block_sums(b, x, blocks)
     minimums_t = b.weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
@@ -304,11 +307,39 @@ def decoder_layer(
     return b.op("Add", [x, mlp(b, weights, normed, layer)], f"{p}/Add_1")
 
 
-def lm_head(b: GraphBuilder, config: LlamaConfig, x: str, embedding: str) -> str:
-    """Logits from the tied embedding matrix: Gemm(x, E, transB) -> [B, S, V]."""
+def q8_embedding(b: GraphBuilder, config: LlamaConfig, w: Q8Weight, name: str) -> tuple[str, str]:
+    """An 8-bit embedding's rows for input_ids, dequantized ([B, S, H]),
+    and its scales' initializer (the head's MatMulNBits takes them as they
+    are: one float per block of 32)."""
+    p = "/model/embed_tokens"
+    blobs = b.weight(name, w.blobs)
+    scales = b.weight(f"{name}.scales", w.scales.reshape(-1))
+    blocks = config.hidden_size // 32
+    table = b.op("Reshape", [scales, b.const([-1, blocks])], f"{p}/scales/Reshape")
+    rows = b.op("Gather", [blobs, "input_ids"], f"{p}/Gather", axis=0)  # [B, S, blocks, 32]
+    values = b.op("Cast", [rows], f"{p}/Cast", to=TensorProto.FLOAT)
+    centred = b.op("Sub", [values, b.const(128.0, np.float32)], f"{p}/Sub")
+    row_scales = b.op("Gather", [table, "input_ids"], f"{p}/scales/Gather", axis=0)
+    row_scales = b.op("Unsqueeze", [row_scales, b.const([-1])], f"{p}/scales/Unsqueeze")
+    scaled = b.op("Mul", [centred, row_scales], f"{p}/Mul")
+    batch_seq = b.op("Shape", ["input_ids"], f"{p}/Shape")
+    shape = b.op("Concat", [batch_seq, b.const([config.hidden_size])], f"{p}/Concat", axis=0)
+    return b.op("Reshape", [scaled, shape], f"{p}/Reshape"), scales
+
+
+def lm_head(b: GraphBuilder, config: LlamaConfig, x: str, embedding: str, scales: str | None) -> str:
+    """Logits from the tied embedding matrix -> [B, S, V]: Gemm(x, E,
+    transB), or MatMulNBits over an 8-bit E and its `scales`."""
     p = "/lm_head"
     rows = b.op("Reshape", [x, b.const([-1, config.hidden_size])], f"{p}/Reshape")
-    flat = b.op("Gemm", [rows, embedding], f"{p}/Gemm", transB=1)
+    if scales is None:
+        flat = b.op("Gemm", [rows, embedding], f"{p}/Gemm", transB=1)
+    else:
+        flat = b.op(
+            "MatMulNBits", [rows, embedding, scales], f"{p}/MatMulNBits", domain=MS_DOMAIN,
+            K=config.hidden_size, N=config.vocab_size, bits=8, block_size=32,
+            accuracy_level=NBITS_ACCURACY,
+        )
     batch_seq = b.op("Shape", ["input_ids"], f"{p}/Shape")
     shape = b.op("Concat", [batch_seq, b.const([config.vocab_size])], f"{p}/Concat", axis=0)
     return b.op("Reshape", [flat, shape], f"{p}/Reshape_1", output="logits")
@@ -317,13 +348,18 @@ def lm_head(b: GraphBuilder, config: LlamaConfig, x: str, embedding: str) -> str
 def build_model(config: LlamaConfig, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The whole decoder; `weights` uses Hugging Face names and layouts."""
     b = GraphBuilder()
-    embedding = b.weight("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
-    x = b.op("Gather", [embedding, "input_ids"], "/model/embed_tokens/Gather", axis=0)
+    name = "model.embed_tokens.weight"
+    if isinstance(weights[name], Q8Weight):
+        x, scales = q8_embedding(b, config, weights[name], name)
+        embedding = name
+    else:
+        embedding, scales = b.weight(name, weights[name]), None
+        x = b.op("Gather", [embedding, "input_ids"], "/model/embed_tokens/Gather", axis=0)
     shared = {"rope": rotary_tables(b, config), "mask": attention_mask(b)}
     for layer in range(config.num_layers):
         x = decoder_layer(b, config, weights, x, layer, shared)
     x = rms_norm(b, x, weights, "model.norm.weight", "/model/norm", config.rms_eps)
-    lm_head(b, config, x, embedding)
+    lm_head(b, config, x, embedding, scales)
     initializers = [numpy_helper.from_array(array, name) for name, array in b.initializers.items()]
     graph = helper.make_graph(
         b.nodes, "llama", graph_inputs(config), graph_outputs(config), initializers
