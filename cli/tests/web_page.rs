@@ -22,6 +22,13 @@ use std::time::{Duration, Instant};
 use util::cluster::Cluster;
 use util::kserve::{free_port, second_half_on};
 
+/// One browser test at a time: the lost-worker test times the page's
+/// answer, which a sibling's model loading on the same two cores slows.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn shots() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -113,6 +120,7 @@ fn the_page_draws_the_split_its_live_figures_and_a_lost_worker() {
     if !browser_present() {
         return;
     }
+    let _one = one_at_a_time();
     let port = free_port();
     let cluster = Cluster::start_configured(
         "web-page-split",
@@ -253,6 +261,7 @@ fn the_playground_generates_onnxruntime_genais_greedy_text() {
     if !browser_present() {
         return;
     }
+    let _one = one_at_a_time();
     let model = util::model("smollm2-135m-instruct");
     let port = free_port();
     let config = format!(
@@ -276,6 +285,7 @@ fn with_tokens_on_the_page_asks_for_one_and_shows_nothing() {
     if !browser_present() {
         return;
     }
+    let _one = one_at_a_time();
     const TOKEN: &str = "page-test-token";
     let port = free_port();
     let secrets = util::Scratch::new("web-page-tokens");

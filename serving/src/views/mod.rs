@@ -17,10 +17,10 @@ pub use cluster::{ClusterDoc, Roster};
 pub use models::{ModelDoc, ModelsDoc, PlanDoc, SubgraphNodesDoc};
 
 use crate::live::{ClusterLoad, ModelLive};
+use crate::{Door, ServeError};
 
 /// How long a document waits for one model's table or plan.
 const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-use crate::{Door, ServeError};
 
 /// The live document: every model's figures now and over the last five
 /// minutes.
