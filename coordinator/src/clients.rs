@@ -403,7 +403,7 @@ fn measured_plan(shared: &Shared, network: u64) -> Result<PlanReport, Coordinato
             .iter()
             .map(|sg| {
                 let worker = shared.workers.get(sg.host.as_deref()?)?;
-                let reported = worker.reported();
+                let reported = worker.reported.lock().ok()?;
                 let load = reported
                     .subgraphs
                     .iter()

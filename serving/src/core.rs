@@ -40,8 +40,8 @@ const CONTROL_WAIT: Duration = Duration::from_secs(2);
 /// Keeps [`Door::seen`] fresh until the front door closes.
 pub async fn watch_cluster(door: Arc<Door>) {
     loop {
-        if door.look().await.is_ok() {
-            door.sample_live().await;
+        if let Ok(seen) = door.look().await {
+            door.sample_live(&seen.models).await;
         }
         tokio::select! {
             () = tokio::time::sleep(LOOK_EVERY) => {}

@@ -394,7 +394,6 @@ async fn serve(
             return Err(e.into());
         }
     };
-    let started = std::time::Instant::now();
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -420,7 +419,8 @@ async fn serve(
                     drawn.extend(logprobs);
                 }
                 Some(Generated::Done(stats)) => {
-                    door.live_served(&envelope.model, started.elapsed());
+                    let total = std::time::Duration::from_micros(stats.total_us);
+                    door.live_served(&envelope.model, total);
                     break stats;
                 }
                 None => return Err(bad("the generation ended without figures")),

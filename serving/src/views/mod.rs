@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessera_client::Client;
-use tessera_common::wire::control::ModelState;
+use tessera_common::wire::control::{ModelState, ModelStatus};
 
 pub use cluster::{ClusterDoc, Roster};
 pub use models::{ModelDoc, ModelsDoc, PlanDoc, SubgraphNodesDoc};
@@ -112,18 +112,16 @@ impl Door {
         LiveDoc { at_ms, models }
     }
 
-    /// Samples every ready model's load from its routing table (the
-    /// workers' heartbeats) into the live figures.
-    pub(crate) async fn sample_live(&self) {
-        let Ok(models) = self.index().await else {
-            return;
-        };
+    /// Samples every ready model of `models` (the coordinator's list, as
+    /// just seen) from its routing table (the workers' heartbeats) into
+    /// the live figures.
+    pub(crate) async fn sample_live(&self, models: &[ModelStatus]) {
         let keep: Vec<String> = models
             .iter()
             .filter(|m| m.state != ModelState::Unloaded)
             .map(|m| m.name.clone())
             .collect();
-        for m in models.into_iter().filter(|m| m.state == ModelState::Ready) {
+        for m in models.iter().filter(|m| m.state == ModelState::Ready) {
             let Ok(table) = self.table(&m.name).await else {
                 continue;
             };

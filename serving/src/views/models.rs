@@ -205,34 +205,36 @@ fn copies(table: &RoutingTable) -> Vec<CopyDoc> {
 
 impl PlanDoc {
     pub fn of(plan: &PlanReport) -> PlanDoc {
-        let subgraphs = plan.subgraphs.iter().map(|sg| subgraph(plan, sg)).collect();
-        let first = PlacedCopy {
+        PlanDoc {
+            predicted_rps: plan.predicted_rps,
+            subgraphs: plan.subgraphs.iter().map(|sg| subgraph(plan, sg)).collect(),
+            copies: placed_copies(plan),
+        }
+    }
+}
+
+/// Every copy of `plan` with its subgraphs' devices and runs (the plan's
+/// own subgraphs when it lists no replicas).
+fn placed_copies(plan: &PlanReport) -> Vec<PlacedCopy> {
+    if plan.replicas.is_empty() {
+        return vec![PlacedCopy {
             deployment: 0,
             hosts: plan.hosts.clone(),
             devices: plan.subgraphs.iter().map(|s| s.device.clone()).collect(),
             runs: plan.subgraphs.iter().map(|s| runs(s.measured)).collect(),
             us_per_run: plan.subgraphs.iter().map(|s| per_run(s.measured)).collect(),
-        };
-        let copies = match plan.replicas.is_empty() {
-            true => vec![first],
-            false => plan
-                .replicas
-                .iter()
-                .map(|r| PlacedCopy {
-                    deployment: r.deployment,
-                    hosts: r.hosts.clone(),
-                    devices: r.devices.clone(),
-                    runs: r.measured.iter().map(|m| runs(*m)).collect(),
-                    us_per_run: r.measured.iter().map(|m| per_run(*m)).collect(),
-                })
-                .collect(),
-        };
-        PlanDoc {
-            predicted_rps: plan.predicted_rps,
-            subgraphs,
-            copies,
-        }
+        }];
     }
+    plan.replicas
+        .iter()
+        .map(|r| PlacedCopy {
+            deployment: r.deployment,
+            hosts: r.hosts.clone(),
+            devices: r.devices.clone(),
+            runs: r.measured.iter().map(|m| runs(*m)).collect(),
+            us_per_run: r.measured.iter().map(|m| per_run(*m)).collect(),
+        })
+        .collect()
 }
 
 fn runs(m: Option<MeasuredRuns>) -> u64 {
@@ -293,7 +295,7 @@ impl SubgraphNodesDoc {
     pub fn of(model: &str, plan: &PlanReport, id: usize) -> Option<SubgraphNodesDoc> {
         let sg = plan.subgraphs.iter().find(|s| s.id == id)?;
         let index = plan.subgraphs.iter().position(|s| s.id == id)?;
-        let placed = PlanDoc::of(plan).copies;
+        let placed = placed_copies(plan);
         Some(SubgraphNodesDoc {
             model: model.to_string(),
             id,
