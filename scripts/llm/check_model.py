@@ -93,10 +93,11 @@ def check_cache(report: Report, decoder: OrtDecoder, ids: list[int], prefill: in
         step = [[ids[position]]], np.ones((1, position + 1)), [[position]]
         logits, past = decoder.step(*step, past)
         rows.append(logits[0])
+    rows = np.concatenate(rows)
     report.close(
         f"prefill {prefill} + decode {len(ids) - prefill} vs full pass",
-        np.concatenate(rows),
-        decoder.full(ids),
+        rows,
+        decoder.full(ids)[-len(rows) :],
     )
 
 
@@ -108,8 +109,11 @@ def check_left_padding(
     mask = np.array([[1] * len(long), [0] * pad + [1] * len(short)])
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     logits, _ = decoder.step(ids, mask, positions, decoder.empty_past(2))
-    batched = np.concatenate([logits[0], logits[1, pad:]])
-    alone = np.concatenate([decoder.full(long), decoder.full(short)])
+    if logits.shape[1] == 1:  # the last position only
+        batched, alone = logits[:, 0], np.stack([decoder.full(r)[-1] for r in (long, short)])
+    else:
+        batched = np.concatenate([logits[0], logits[1, pad:]])
+        alone = np.concatenate([decoder.full(long), decoder.full(short)])
     report.close(f"left-padded batch of 2 (pad {pad}) vs rows alone", batched, alone)
 
 

@@ -107,7 +107,7 @@ def convert(
     out_dir.mkdir(parents=True, exist_ok=True)
     # genai_config.json, written last, marks a finished folder (fetch-llm.sh).
     (out_dir / "genai_config.json").unlink(missing_ok=True)
-    save_model(build_model(config, weights), out_dir, external_data=not tiny)
+    save_model(build_model(config, weights, fused=q4), out_dir, external_data=not tiny)
     write_support_files(out_dir, config, vocab)
     return config
 

@@ -50,6 +50,17 @@ class GraphBuilder:
         self.initializers[name] = array
         return name
 
+    def half_weight(self, name: str, array: np.ndarray) -> str:
+        """A float32 weight whose values are float16 ones (a GGUF block's
+        scale or minimum): stored as float16 under `name`.f16, half the
+        bytes, and `name` is its Cast to float32, which onnxruntime (and
+        Tessera's simplification) fold into a constant at load."""
+        half = array.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32), array):
+            raise ValueError(f"{name} holds values float16 cannot hold")
+        stored = self.weight(f"{name}.f16", half)
+        return self.op("Cast", [stored], f"{name}/Cast", output=name, to=TensorProto.FLOAT)
+
     def const(self, values, dtype=np.int64) -> str:
         """A small shared constant (shape, axis, scalar), named by its value."""
         array = np.asarray(values, dtype=dtype)
@@ -71,6 +82,16 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=name, **attrs))
         return output
 
+    def op_outputs(
+        self, op_type: str, inputs: list[str], name: str, outputs: list[str], **attrs
+    ) -> list[str]:
+        """A node of several outputs ("" for one left out)."""
+        if name in self._node_names:
+            raise ValueError(f"duplicate node name {name}")
+        self._node_names.add(name)
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+        return outputs
+
 
 def _tensor_info(name: str, elem_type: int, dims: list) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type, dims)
@@ -91,11 +112,10 @@ def graph_inputs(config: LlamaConfig) -> list[onnx.ValueInfoProto]:
     return inputs
 
 
-def graph_outputs(config: LlamaConfig) -> list[onnx.ValueInfoProto]:
+def graph_outputs(config: LlamaConfig, last_only: bool) -> list[onnx.ValueInfoProto]:
+    positions = 1 if last_only else "sequence_length"
     outputs = [
-        _tensor_info(
-            "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", config.vocab_size]
-        )
+        _tensor_info("logits", TensorProto.FLOAT, ["batch_size", positions, config.vocab_size])
     ]
     present_dims = ["batch_size", config.num_kv_heads, "total_sequence_length", config.head_dim]
     for layer in range(config.num_layers):
@@ -146,7 +166,7 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
     inputs = [
         x,
         b.weight(name, w.blobs),
-        b.weight(f"{name}.scales", w.scales.reshape(-1)),
+        b.half_weight(f"{name}.scales", w.scales.reshape(-1)),
         b.weight(f"{name}.zero_points", zero),
     ]
     scaled = b.op(
@@ -154,7 +174,7 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
         K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=NBITS_ACCURACY,
     )
     sums = block_sums(b, x, blocks)
-    minimums_t = b.weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
+    minimums_t = b.half_weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
     shift = b.op("MatMul", [sums, minimums_t], f"{prefix}/minimums/MatMul")
     return b.op("Add", [scaled, shift], f"{prefix}/Add")
 
@@ -313,7 +333,7 @@ def q8_embedding(b: GraphBuilder, config: LlamaConfig, w: Q8Weight, name: str) -
     are: one float per block of 32)."""
     p = "/model/embed_tokens"
     blobs = b.weight(name, w.blobs)
-    scales = b.weight(f"{name}.scales", w.scales.reshape(-1))
+    scales = b.half_weight(f"{name}.scales", w.scales.reshape(-1))
     blocks = config.hidden_size // 32
     table = b.op("Reshape", [scales, b.const([-1, blocks])], f"{p}/scales/Reshape")
     rows = b.op("Gather", [blobs, "input_ids"], f"{p}/Gather", axis=0)  # [B, S, blocks, 32]
@@ -327,10 +347,18 @@ def q8_embedding(b: GraphBuilder, config: LlamaConfig, w: Q8Weight, name: str) -
     return b.op("Reshape", [scaled, shape], f"{p}/Reshape"), scales
 
 
-def lm_head(b: GraphBuilder, config: LlamaConfig, x: str, embedding: str, scales: str | None) -> str:
+def lm_head(
+    b: GraphBuilder, config: LlamaConfig, x: str, embedding: str, scales: str | None,
+    last_only: bool = False,
+) -> str:
     """Logits from the tied embedding matrix -> [B, S, V]: Gemm(x, E,
-    transB), or MatMulNBits over an 8-bit E and its `scales`."""
+    transB), or MatMulNBits over an 8-bit E and its `scales`. `last_only`:
+    [B, 1, V], the last position's alone (the next token is drawn from it;
+    a prompt of 250 tokens then costs the head one row, not 250)."""
     p = "/lm_head"
+    if last_only:
+        end = b.const([np.iinfo(np.int64).max])
+        x = b.op("Slice", [x, b.const([-1]), end, b.const([1])], f"{p}/last/Slice")
     rows = b.op("Reshape", [x, b.const([-1, config.hidden_size])], f"{p}/Reshape")
     if scales is None:
         flat = b.op("Gemm", [rows, embedding], f"{p}/Gemm", transB=1)
@@ -340,13 +368,19 @@ def lm_head(b: GraphBuilder, config: LlamaConfig, x: str, embedding: str, scales
             K=config.hidden_size, N=config.vocab_size, bits=8, block_size=32,
             accuracy_level=NBITS_ACCURACY,
         )
+    if last_only:
+        return b.op("Unsqueeze", [flat, b.const([1])], f"{p}/Unsqueeze", output="logits")
     batch_seq = b.op("Shape", ["input_ids"], f"{p}/Shape")
     shape = b.op("Concat", [batch_seq, b.const([config.vocab_size])], f"{p}/Concat", axis=0)
     return b.op("Reshape", [flat, shape], f"{p}/Reshape_1", output="logits")
 
 
-def build_model(config: LlamaConfig, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The whole decoder; `weights` uses Hugging Face names and layouts."""
+def build_model(
+    config: LlamaConfig, weights: dict[str, np.ndarray], fused: bool = False
+) -> onnx.ModelProto:
+    """The whole decoder; `weights` uses Hugging Face names and layouts.
+    `fused`: with onnxruntime's fused operators (see `onnx_fused`), and
+    logits of the last position only."""
     b = GraphBuilder()
     name = "model.embed_tokens.weight"
     if isinstance(weights[name], Q8Weight):
@@ -355,14 +389,21 @@ def build_model(config: LlamaConfig, weights: dict[str, np.ndarray]) -> onnx.Mod
     else:
         embedding, scales = b.weight(name, weights[name]), None
         x = b.op("Gather", [embedding, "input_ids"], "/model/embed_tokens/Gather", axis=0)
-    shared = {"rope": rotary_tables(b, config), "mask": attention_mask(b)}
-    for layer in range(config.num_layers):
-        x = decoder_layer(b, config, weights, x, layer, shared)
-    x = rms_norm(b, x, weights, "model.norm.weight", "/model/norm", config.rms_eps)
-    lm_head(b, config, x, embedding, scales)
+    if fused:
+        from onnx_fused import fused_final_norm, fused_layers, rotary_caches
+
+        shared = {"rotary": rotary_caches(b, config), "mask": attention_mask(b)}
+        delta, residual = fused_layers(b, config, weights, x, shared)
+        x = fused_final_norm(b, config, weights, delta, residual)
+    else:
+        shared = {"rope": rotary_tables(b, config), "mask": attention_mask(b)}
+        for layer in range(config.num_layers):
+            x = decoder_layer(b, config, weights, x, layer, shared)
+        x = rms_norm(b, x, weights, "model.norm.weight", "/model/norm", config.rms_eps)
+    lm_head(b, config, x, embedding, scales, last_only=fused)
     initializers = [numpy_helper.from_array(array, name) for name, array in b.initializers.items()]
     graph = helper.make_graph(
-        b.nodes, "llama", graph_inputs(config), graph_outputs(config), initializers
+        b.nodes, "llama", graph_inputs(config), graph_outputs(config, fused), initializers
     )
     opsets = [helper.make_opsetid("", OPSET)]
     if any(n.domain == MS_DOMAIN for n in b.nodes):

@@ -46,7 +46,18 @@ class OrtDecoder:
         return results["logits"], present
 
     def full(self, input_ids: list[int]) -> np.ndarray:
-        """Logits [S, V] of one sequence in a single call with an empty cache."""
+        """Logits [S, V] of one sequence, each position's from a single call
+        over the sequence up to it with an empty cache (one call in all where
+        the model answers every position; one per position where it answers
+        the last only)."""
+        rows = self.prefix(input_ids)
+        if rows.shape[0] == len(input_ids):
+            return rows
+        return np.concatenate([self.prefix(input_ids[: n + 1])[-1:] for n in range(len(input_ids))])
+
+    def prefix(self, input_ids: list[int]) -> np.ndarray:
+        """The logits one call over `input_ids` answers: [S, V], or [1, V]
+        for a model that computes the last position only."""
         count = len(input_ids)
         logits, _ = self.step(
             [input_ids], np.ones((1, count)), [np.arange(count)], self.empty_past(1)

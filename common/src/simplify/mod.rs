@@ -456,7 +456,11 @@ fn shape_value(
 /// the constants it reads are read by nothing else and go with it (folding
 /// a Transpose of a weight read once swaps the weight for its transposed
 /// copy; a ConstantOfShape that makes a weight out of a shape stays, the
-/// model would grow by the weight).
+/// model would grow by the weight). A `Cast` of a weight read once folds
+/// whatever its size: it is that weight in another type (float16 scales
+/// stored for a float32 kernel), which the backend would hold anyway
+/// (onnxruntime folds it at load); left an op, it would make a prologue
+/// subgraph whose outputs cross to their consumers on every request.
 fn fold_budget(graph: &Graph, node: &crate::graph::Node, options: &SimplifyOptions) -> u64 {
     let mut freed = 0u64;
     for &t in node.inputs.iter().flatten() {
@@ -465,6 +469,9 @@ fn fold_budget(graph: &Graph, node: &crate::graph::Node, options: &SimplifyOptio
             return options.max_folded_bytes as u64;
         }
         freed += tensor.size_bytes().unwrap_or(0);
+    }
+    if freed > 0 && matches!(node.op_type.as_str(), "Cast" | "CastLike") {
+        return u64::MAX;
     }
     freed.max(options.max_folded_bytes as u64)
 }

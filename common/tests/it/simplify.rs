@@ -187,6 +187,54 @@ fn constants_fold_under_the_size_cap() {
 }
 
 #[test]
+fn a_weight_stored_as_float16_folds_to_float32_whatever_its_size() {
+    // 64Ki scales stored as float16 (128 KiB) and cast to float32 (256 KiB,
+    // over the 64 KiB cap): folded, since the cast copy replaces the stored
+    // one; a copy of a weight that something else also reads stays an op.
+    let halves: Vec<half::f16> = (0..65536)
+        .map(|i| half::f16::from_f32(i as f32 / 64.0))
+        .collect();
+    let scales = Tensor::from_values(vec![256, 256], &halves).unwrap();
+    let mut g = GraphProto {
+        name: Some("halves".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[256, 256]));
+    g.initializer.push(scales.to_proto("scales_f16"));
+    g.initializer.push(scales.to_proto("shared_f16"));
+    g.node.push(with_attr_i(
+        node("cast", "Cast", &["scales_f16"], &["scales"]),
+        "to",
+        1,
+    ));
+    g.node.push(with_attr_i(
+        node("cast_shared", "Cast", &["shared_f16"], &["shared"]),
+        "to",
+        1,
+    ));
+    g.node.push(node("mul", "Mul", &["x", "scales"], &["y"]));
+    g.node.push(node("add", "Add", &["y", "shared"], &["z"]));
+    g.node
+        .push(node("keep", "Identity", &["shared_f16"], &["copy"]));
+    g.output.push(tensor_info("z", 1, &[256, 256]));
+    g.output.push(tensor_info("copy", 10, &[256, 256]));
+    let (model, report) = simplify(&opset17(g), &SimplifyOptions::default()).unwrap();
+    let folded: Vec<&str> = report.folded.iter().map(|f| f.node.as_str()).collect();
+    assert_eq!(folded, ["cast"]);
+    assert_eq!(op_names(&model), ["cast_shared", "mul", "add", "keep"]);
+    let g = model.graph.as_ref().unwrap();
+    let cast = g
+        .initializer
+        .iter()
+        .find(|t| t.name.as_deref() == Some("scales"))
+        .unwrap();
+    let values = Tensor::from_proto(cast).unwrap().float_values().unwrap();
+    assert_eq!(values.len(), 65536);
+    assert_eq!(values[65535], halves[65535].to_f32());
+    assert_eq!(values[3], 3.0 / 64.0);
+}
+
+#[test]
 fn every_default_domain_op_up_to_opset_21_has_a_type_rule() {
     // The default-domain ops of onnx 1.17's schemas up to opset 21.
     const OPS: &str = "Abs Acos Acosh Add AffineGrid And ArgMax ArgMin Asin Asinh Atan Atanh \

@@ -1,0 +1,153 @@
+"""The 4-bit decoder with onnxruntime's fused operators, one node where the
+plain graph has tens: a decode step of SmolLM2-135M runs ~30 nodes a layer
+instead of ~80, and below ~1 ms of compute a node's fixed cost is most of
+its time.
+
+- RMS norms are com.microsoft `SkipSimplifiedLayerNormalization` (the
+  residual add and the norm in one node; `SimplifiedLayerNormalization` for
+  the first, which has no residual yet).
+- q, k and v are one `MatMulNBits` over their rows stacked, as are gate and
+  up (and the Q4_1 minimums one small product each).
+- RoPE is com.microsoft `RotaryEmbedding` over [B, S, heads * D], its cos
+  and sin tables initializers of the context's length.
+- Attention is the standard-op core of `onnx_graph` (any padding: the mask is
+  explicit, so decode batches may be left-padded), fed K and V in the
+  cache's layout.
+
+The interface (inputs, outputs, state pairs) is the plain graph's.
+"""
+
+import numpy as np
+from llama_config import LlamaConfig
+from llama_weights import Q4Weight
+from onnx_graph import (
+    MS_DOMAIN,
+    GraphBuilder,
+    attention_core,
+    linear,
+    rms_norm,
+    split_heads,
+)
+
+
+def stacked(weights: dict, names: list[str]) -> Q4Weight:
+    """Several Q4_1 weights of the same input as one, their rows in order."""
+    parts = [weights[n] for n in names]
+    return Q4Weight(
+        np.concatenate([w.blobs for w in parts]),
+        np.concatenate([w.scales for w in parts]),
+        np.concatenate([w.minimums for w in parts]),
+    )
+
+
+def stacked_linear(
+    b: GraphBuilder, x: str, weights: dict, names: list[str], name: str, prefix: str
+) -> list[str]:
+    """x @ [W1; W2; ...]^T in one MatMulNBits, split back per weight."""
+    w = stacked(weights, names)
+    joined = linear(b, x, {name: w}, name, prefix)
+    sizes = [weights[n].shape[0] for n in names]
+    outputs = [f"{prefix}/Split/output_{i}" for i in range(len(names))]
+    b.op_outputs("Split", [joined, b.const(sizes)], f"{prefix}/Split", outputs, axis=-1)
+    return outputs
+
+
+def skip_rms_norm(
+    b: GraphBuilder, x: str, residual: str, weights: dict, name: str, prefix: str, eps: float
+) -> tuple[str, str]:
+    """(rms_norm(x + residual), x + residual) in one node."""
+    weight = b.weight(name, weights[name])
+    normed, total = f"{prefix}/output_0", f"{prefix}/output_3"
+    b.op_outputs(
+        "SkipSimplifiedLayerNormalization", [x, residual, weight], prefix,
+        [normed, "", "", total], domain=MS_DOMAIN, epsilon=eps,
+    )
+    return normed, total
+
+
+def first_rms_norm(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str, eps: float):
+    """The first layer's norm: no residual to add yet."""
+    return rms_norm(b, x, weights, name, prefix, eps)
+
+
+def rotary_caches(b: GraphBuilder, config: LlamaConfig) -> tuple[str, str]:
+    """cos and sin of position * inv_freq: [context, D / 2] each."""
+    exponents = np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim
+    inv_freq = 1.0 / config.rope_theta**exponents
+    angles = np.outer(np.arange(config.context_length, dtype=np.float64), inv_freq)
+    cos = b.weight("model.rotary_emb.cos_cache", np.cos(angles).astype(np.float32))
+    sin = b.weight("model.rotary_emb.sin_cache", np.sin(angles).astype(np.float32))
+    return cos, sin
+
+
+def rotary(b: GraphBuilder, x: str, caches: tuple[str, str], heads: int, prefix: str) -> str:
+    """RoPE (rotate-half layout) of [B, S, heads * D] at position_ids."""
+    cos, sin = caches
+    return b.op(
+        "RotaryEmbedding", [x, "position_ids", cos, sin], f"{prefix}/RotaryEmbedding",
+        domain=MS_DOMAIN, interleaved=0, num_heads=heads,
+    )
+
+
+def fused_attention(
+    b: GraphBuilder, config: LlamaConfig, weights: dict, x: str, layer: int, shared: dict
+) -> str:
+    """One layer's attention block; writes present.N.key / present.N.value."""
+    p, w = f"/model/layers.{layer}/self_attn", f"model.layers.{layer}.self_attn"
+    names = [f"{w}.{m}_proj.weight" for m in ("q", "k", "v")]
+    q, k, v = stacked_linear(b, x, weights, names, f"{w}.qkv_proj.weight", f"{p}/qkv_proj")
+    q = rotary(b, q, shared["rotary"], config.num_heads, f"{p}/q_rotary")
+    k = rotary(b, k, shared["rotary"], config.num_kv_heads, f"{p}/k_rotary")
+    q = split_heads(b, q, config.num_heads, config.head_dim, f"{p}/q_heads")
+    k = split_heads(b, k, config.num_kv_heads, config.head_dim, f"{p}/k_heads")
+    v = split_heads(b, v, config.num_kv_heads, config.head_dim, f"{p}/v_heads")
+    past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
+    k = b.op("Concat", [past_k, k], f"{p}/k_cache/Concat", output=f"present.{layer}.key", axis=2)
+    v = b.op("Concat", [past_v, v], f"{p}/v_cache/Concat", output=f"present.{layer}.value", axis=2)
+    context = attention_core(b, config, q, k, v, shared["mask"], p)
+    return linear(b, context, weights, f"{w}.o_proj.weight", f"{p}/o_proj")
+
+
+def fused_mlp(b: GraphBuilder, weights: dict, x: str, layer: int) -> str:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one product."""
+    p, w = f"/model/layers.{layer}/mlp", f"model.layers.{layer}.mlp"
+    names = [f"{w}.gate_proj.weight", f"{w}.up_proj.weight"]
+    gate, up = stacked_linear(b, x, weights, names, f"{w}.gate_up_proj.weight", f"{p}/gate_up")
+    sigmoid = b.op("Sigmoid", [gate], f"{p}/act_fn/Sigmoid")
+    silu = b.op("Mul", [gate, sigmoid], f"{p}/act_fn/Mul")
+    hidden = b.op("Mul", [silu, up], f"{p}/Mul")
+    return linear(b, hidden, weights, f"{w}.down_proj.weight", f"{p}/down_proj")
+
+
+def fused_layers(
+    b: GraphBuilder, config: LlamaConfig, weights: dict, x: str, shared: dict
+) -> tuple[str, str]:
+    """Every decoder layer; the last block's output and its residual, for
+    the final norm to add."""
+    eps, residual, delta = config.rms_eps, x, None
+    for layer in range(config.num_layers):
+        p, w = f"/model/layers.{layer}", f"model.layers.{layer}"
+        name = f"{w}.input_layernorm.weight"
+        if delta is None:
+            normed = first_rms_norm(b, residual, weights, name, f"{p}/input_layernorm", eps)
+        else:
+            normed, residual = skip_rms_norm(
+                b, delta, residual, weights, name, f"{p}/input_layernorm", eps
+            )
+        attn = fused_attention(b, config, weights, normed, layer, shared)
+        name = f"{w}.post_attention_layernorm.weight"
+        normed, residual = skip_rms_norm(
+            b, attn, residual, weights, name, f"{p}/post_attention_layernorm", eps
+        )
+        delta = fused_mlp(b, weights, normed, layer)
+    return delta, residual
+
+
+def fused_final_norm(
+    b: GraphBuilder, config: LlamaConfig, weights: dict, delta: str, residual: str
+) -> str:
+    normed, _ = skip_rms_norm(
+        b, delta, residual, weights, "model.norm.weight", "/model/norm", config.rms_eps
+    )
+    return normed
+
