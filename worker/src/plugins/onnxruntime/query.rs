@@ -27,7 +27,10 @@ use super::session::{build_session, SessionSettings};
 use crate::plugin::{PluginError, QueryResult, TensorSpec};
 use crate::plugins::probe::ProbeCache;
 
-const PROBE: SessionSettings = SessionSettings { threads: 1 };
+const PROBE: SessionSettings = SessionSettings {
+    threads: 1,
+    spin: false,
+};
 
 /// A node, and the constant (initializer) inputs of the model it is in.
 struct Site<'a> {
