@@ -7,13 +7,18 @@ tokenizer.json, tokenizer_config.json and special_tokens_map.json. Weights
 are dequantized to float32 but where --q4 and --q8-embedding keep them;
 check the result with check_model.py (--gguf: against the GGUF itself).
 
+--q4 also builds the graph from onnxruntime's fused operators (see
+onnx_fused.py), stores the blocks' scales and minimums as the GGUF's
+float16 (cast to float32 at load) and computes the logits of the last
+position only: the decode step of SmolLM2-135M runs ~1,500 nodes instead
+of ~2,500, 1.6x faster on one thread.
+
 --q8-embedding keeps the tied token embedding 8-bit: its lookup gathers
 rows of bytes and scales, its head is MatMulNBits with 8 bits over the
-same bytes (30.6 MiB instead of 108 MiB). onnxruntime 1.32 runs that head
-faster than float32 for one row (5.3 vs 9.1 ms a token here) but slower
-for several (16.1 vs 11.2 ms for 4 rows, 959 vs 354 ms for a 250-token
-prompt; accuracy level 0 is 464 ms for one row): it suits one sequence at
-a time, not batches or long prompts.
+same bytes (30.6 MiB instead of 108 MiB; the folder 1.05x the GGUF's
+bytes). onnxruntime 1.32 runs that head faster than float32 for one row
+(5.3 vs 9.1 ms a token here) but slower for several (16.1 vs 11.2 ms for
+4 rows; a prompt runs it for its last position only).
 
     convert_gguf.py MODEL.gguf OUT_DIR          # the GGUF's own weights
     convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
@@ -36,7 +41,7 @@ import onnx
 from hf_files import Vocabulary, vocabulary_from_gguf, write_support_files
 from llama_config import LlamaConfig, config_from_gguf, tiny_config
 from llama_weights import random_weights, weights_from_gguf
-from onnx_graph import build_model
+from onnx_graph import NBITS_ACCURACY, build_model
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -58,6 +63,12 @@ def parse_args() -> argparse.Namespace:
         "--q4",
         action="store_true",
         help="keep the Q4_1 linear weights 4-bit (onnxruntime's MatMulNBits)",
+    )
+    parser.add_argument(
+        "--float-activations",
+        action="store_true",
+        help="MatMulNBits in float32 (accuracy level 0), not int8: slower, exact up to "
+        "rounding (for checks)",
     )
     parser.add_argument(
         "--q8-embedding",
@@ -93,7 +104,8 @@ def save_model(model: onnx.ModelProto, out_dir: Path, external_data: bool) -> No
 
 
 def convert(
-    gguf_path: Path, out_dir: Path, tiny: bool, seed: int, q4: bool, q8_embedding: bool
+    gguf_path: Path, out_dir: Path, tiny: bool, seed: int, q4: bool, q8_embedding: bool,
+    float_activations: bool = False,
 ) -> LlamaConfig:
     reader = gguf.GGUFReader(gguf_path)
     config = config_from_gguf(reader)
@@ -107,7 +119,9 @@ def convert(
     out_dir.mkdir(parents=True, exist_ok=True)
     # genai_config.json, written last, marks a finished folder (fetch-llm.sh).
     (out_dir / "genai_config.json").unlink(missing_ok=True)
-    save_model(build_model(config, weights, fused=q4), out_dir, external_data=not tiny)
+    accuracy = 0 if float_activations else NBITS_ACCURACY
+    model = build_model(config, weights, fused=q4, nbits_accuracy=accuracy)
+    save_model(model, out_dir, external_data=not tiny)
     write_support_files(out_dir, config, vocab)
     return config
 
@@ -115,7 +129,10 @@ def convert(
 def main() -> int:
     args = parse_args()
     started = time.perf_counter()
-    config = convert(args.gguf, args.out_dir, args.tiny, args.seed, args.q4, args.q8_embedding)
+    config = convert(
+        args.gguf, args.out_dir, args.tiny, args.seed, args.q4, args.q8_embedding,
+        args.float_activations,
+    )
     elapsed = time.perf_counter() - started
     size = sum(f.stat().st_size for f in args.out_dir.iterdir() if f.is_file())
     print(

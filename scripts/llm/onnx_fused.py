@@ -20,14 +20,13 @@ The interface (inputs, outputs, state pairs) is the plain graph's.
 import numpy as np
 from llama_config import LlamaConfig
 from llama_weights import Q4Weight
-from onnx_graph import (
-    MS_DOMAIN,
-    GraphBuilder,
-    attention_core,
-    linear,
-    rms_norm,
-    split_heads,
-)
+from onnx import TensorProto
+
+from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
+
+# The attention bias where a query may not attend: large enough to zero its
+# weight, finite so that a padded query (all its keys masked) gets no NaN.
+MASKED_BIAS = float(np.finfo(np.float32).min) / 2
 
 
 def stacked(weights: dict, names: list[str]) -> Q4Weight:
@@ -89,22 +88,46 @@ def rotary(b: GraphBuilder, x: str, caches: tuple[str, str], heads: int, prefix:
     )
 
 
+def attention_inputs(b: GraphBuilder, mask: str) -> dict:
+    """What every layer's GroupQueryAttention reads besides q, k, v and the
+    cache: an additive bias from the causal and padding mask ([B, 1, S, T]:
+    0 where a query may attend, a large negative number elsewhere), and
+    every row's length as the whole width T (a row's padding is at its
+    start, masked by the bias, not cut by a shorter length: decode batches
+    are left-padded) and T itself."""
+    p = "/model/attn_bias"
+    mask = b.op("Squeeze", [mask, b.const([1])], f"{p}/Squeeze")
+    zero, masked = b.const(0.0, np.float32), b.const(MASKED_BIAS, np.float32)
+    bias = b.op("Where", [mask, zero, masked], f"{p}/Where")
+    total = b.op("Shape", ["attention_mask"], f"{p}/total/Shape", start=1, end=2)
+    total = b.op("Cast", [total], f"{p}/total/Cast", to=TensorProto.INT32)
+    rows = b.op("Shape", ["input_ids"], f"{p}/rows/Shape", start=0, end=1)
+    last = b.op("Sub", [total, b.const([1], np.int32)], f"{p}/seqlens/Sub")
+    seqlens = b.op("Expand", [last, rows], f"{p}/seqlens/Expand")
+    total = b.op("Squeeze", [total, b.const([0])], f"{p}/total/Squeeze")
+    return {"bias": bias, "seqlens": seqlens, "total": total}
+
+
 def fused_attention(
     b: GraphBuilder, config: LlamaConfig, weights: dict, x: str, layer: int, shared: dict
 ) -> str:
-    """One layer's attention block; writes present.N.key / present.N.value."""
+    """One layer's attention block: q/k/v, RoPE at position_ids, then
+    com.microsoft GroupQueryAttention, which appends k and v to the cache
+    (present.N.key / .value) and attends over it."""
     p, w = f"/model/layers.{layer}/self_attn", f"model.layers.{layer}.self_attn"
     names = [f"{w}.{m}_proj.weight" for m in ("q", "k", "v")]
     q, k, v = stacked_linear(b, x, weights, names, f"{w}.qkv_proj.weight", f"{p}/qkv_proj")
     q = rotary(b, q, shared["rotary"], config.num_heads, f"{p}/q_rotary")
     k = rotary(b, k, shared["rotary"], config.num_kv_heads, f"{p}/k_rotary")
-    q = split_heads(b, q, config.num_heads, config.head_dim, f"{p}/q_heads")
-    k = split_heads(b, k, config.num_kv_heads, config.head_dim, f"{p}/k_heads")
-    v = split_heads(b, v, config.num_kv_heads, config.head_dim, f"{p}/v_heads")
+    attn = shared["attention"]
     past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
-    k = b.op("Concat", [past_k, k], f"{p}/k_cache/Concat", output=f"present.{layer}.key", axis=2)
-    v = b.op("Concat", [past_v, v], f"{p}/v_cache/Concat", output=f"present.{layer}.value", axis=2)
-    context = attention_core(b, config, q, k, v, shared["mask"], p)
+    inputs = [q, k, v, past_k, past_v, attn["seqlens"], attn["total"], "", "", "", attn["bias"]]
+    context = f"{p}/GroupQueryAttention/output_0"
+    outputs = [context, f"present.{layer}.key", f"present.{layer}.value"]
+    b.op_outputs(
+        "GroupQueryAttention", inputs, f"{p}/GroupQueryAttention", outputs, domain=MS_DOMAIN,
+        num_heads=config.num_heads, kv_num_heads=config.num_kv_heads,
+    )
     return linear(b, context, weights, f"{w}.o_proj.weight", f"{p}/o_proj")
 
 

@@ -30,14 +30,16 @@ STATE_PAIRS_KEY = "tessera.state_pairs"
 MASKED_SCORE = float(np.finfo(np.float32).min)
 MS_DOMAIN = "com.microsoft"
 # MatMulNBits' accuracy level: 4 computes with int8 activations (onnxruntime's
-# fastest CPU kernels), 0 in float32.
+# fastest CPU kernels), 0 in float32 (slower; what checks use to see the
+# graph exact, without int8 rounding).
 NBITS_ACCURACY = 4
 
 
 class GraphBuilder:
     """Collects nodes and initializers; every op returns its output's name."""
 
-    def __init__(self):
+    def __init__(self, nbits_accuracy: int = NBITS_ACCURACY):
+        self.nbits_accuracy = nbits_accuracy
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
         self._node_names: set[str] = set()
@@ -171,7 +173,7 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
     ]
     scaled = b.op(
         "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
-        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=NBITS_ACCURACY,
+        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=b.nbits_accuracy,
     )
     sums = block_sums(b, x, blocks)
     minimums_t = b.half_weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
@@ -366,7 +368,7 @@ def lm_head(
         flat = b.op(
             "MatMulNBits", [rows, embedding, scales], f"{p}/MatMulNBits", domain=MS_DOMAIN,
             K=config.hidden_size, N=config.vocab_size, bits=8, block_size=32,
-            accuracy_level=NBITS_ACCURACY,
+            accuracy_level=b.nbits_accuracy,
         )
     if last_only:
         return b.op("Unsqueeze", [flat, b.const([1])], f"{p}/Unsqueeze", output="logits")
@@ -376,12 +378,14 @@ def lm_head(
 
 
 def build_model(
-    config: LlamaConfig, weights: dict[str, np.ndarray], fused: bool = False
+    config: LlamaConfig, weights: dict[str, np.ndarray], fused: bool = False,
+    nbits_accuracy: int = NBITS_ACCURACY,
 ) -> onnx.ModelProto:
     """The whole decoder; `weights` uses Hugging Face names and layouts.
     `fused`: with onnxruntime's fused operators (see `onnx_fused`), and
-    logits of the last position only."""
-    b = GraphBuilder()
+    logits of the last position only. `nbits_accuracy`: MatMulNBits'
+    accuracy level (0: float32 activations, exact up to rounding)."""
+    b = GraphBuilder(nbits_accuracy)
     name = "model.embed_tokens.weight"
     if isinstance(weights[name], Q8Weight):
         x, scales = q8_embedding(b, config, weights[name], name)
@@ -390,9 +394,10 @@ def build_model(
         embedding, scales = b.weight(name, weights[name]), None
         x = b.op("Gather", [embedding, "input_ids"], "/model/embed_tokens/Gather", axis=0)
     if fused:
-        from onnx_fused import fused_final_norm, fused_layers, rotary_caches
+        from onnx_fused import attention_inputs, fused_final_norm, fused_layers, rotary_caches
 
-        shared = {"rotary": rotary_caches(b, config), "mask": attention_mask(b)}
+        shared = {"rotary": rotary_caches(b, config)}
+        shared["attention"] = attention_inputs(b, attention_mask(b))
         delta, residual = fused_layers(b, config, weights, x, shared)
         x = fused_final_norm(b, config, weights, delta, residual)
     else:

@@ -308,6 +308,44 @@ fn recurrent_and_multi_output_ops_get_ranks() {
 }
 
 #[test]
+fn shape_with_start_and_end_has_as_many_dims_as_it_selects() {
+    // x[?,?,4] → Shape(start=1) [2], Shape(start=0, end=1) [1],
+    // Shape(start=-1) [1]; Expand(v, the last) → [?] (rank 1).
+    let mut g = GraphProto {
+        name: Some("shapes".into()),
+        ..Default::default()
+    };
+    g.input.push(tensor_info("x", 1, &[-1, -1, 4]));
+    g.input.push(tensor_info("v", 6, &[1]));
+    g.node.push(with_attr_i(
+        node("tail", "Shape", &["x"], &["tail"]),
+        "start",
+        1,
+    ));
+    let head = with_attr_i(node("head", "Shape", &["x"], &["head"]), "start", 0);
+    g.node.push(with_attr_i(head, "end", 1));
+    g.node.push(with_attr_i(
+        node("last", "Shape", &["x"], &["last"]),
+        "start",
+        -1,
+    ));
+    g.node
+        .push(node("expand", "Expand", &["v", "head"], &["rows"]));
+    for name in ["tail", "head", "last", "rows"] {
+        g.output.push(tensor_info(name, 7, &[]));
+    }
+    for o in g.output.iter_mut() {
+        o.r#type = None;
+    }
+    let graph = Graph::from_model(opset17(g)).unwrap();
+    let t = |name: &str| graph.tensor(graph.tensor_by_name(name).unwrap()).clone();
+    assert_eq!(t("tail").type_string(), "int64[2]");
+    assert_eq!(t("head").type_string(), "int64[1]");
+    assert_eq!(t("last").type_string(), "int64[1]");
+    assert_eq!(t("rows").type_string(), "int32[?]");
+}
+
+#[test]
 fn types_reported_by_backends_complete_the_graph() {
     let mut g = GraphProto {
         name: Some("custom".into()),

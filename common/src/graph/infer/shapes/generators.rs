@@ -3,17 +3,25 @@
 
 use super::{rank, Rule, ShapeArgs};
 use crate::graph::Dim;
+use crate::onnx::attr::attr_i;
 
 pub(super) const RULES: &[(&str, Rule)] = &[
-    (
-        "Shape",
-        Rule::First(|a| Some(vec![Dim::Known(a.input(0)?.len() as i64)])),
-    ),
+    ("Shape", Rule::First(shape)),
     ("Constant", Rule::First(constant)),
     ("ConstantOfShape", Rule::First(constant_of_shape)),
     ("Range", Rule::First(|_| Some(vec![Dim::Unknown]))),
     ("NonZero", Rule::First(|_| Some(vec![Dim::Unknown; 2]))),
 ];
+
+/// As many dims as `start`..`end` (opset 15; negative from the end,
+/// clamped) select of the input's rank.
+fn shape(a: &ShapeArgs) -> Option<Vec<Dim>> {
+    let r = a.input(0)?.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r);
+    let start = clamp(attr_i(a.node, "start").unwrap_or(0));
+    let end = clamp(attr_i(a.node, "end").unwrap_or(r));
+    Some(vec![Dim::Known((end - start).max(0))])
+}
 
 /// The value attribute's shape.
 fn constant(a: &ShapeArgs) -> Option<Vec<Dim>> {
