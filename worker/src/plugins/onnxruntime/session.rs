@@ -100,6 +100,14 @@ fn configured(
     builder = builder
         .with_intra_op_spinning(settings.spin)
         .map_err(text)?;
+    if settings.spin {
+        // Spinning within a run only: between runs the threads sleep, so
+        // the step's round trip (the network threads, other subgraphs) is
+        // not left to compete with them for the cores.
+        builder = builder
+            .with_config_entry("session.force_spinning_stop", "1")
+            .map_err(text)?;
+    }
     builder = builder.with_inter_op_spinning(false).map_err(text)?;
     if let Some(prefix) = profile {
         builder = builder.with_profiling(prefix).map_err(|e| e.to_string())?;
