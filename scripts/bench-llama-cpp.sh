@@ -15,7 +15,7 @@
 #
 # BIN_DIR=target/debug uses Tessera's binaries built already (the tests'
 # build, dependencies optimized) instead of a release build; FOLDER picks
-# another converted folder (default smollm2-135m-instruct-q4-q8).
+# another converted folder (default smollm2-135m-instruct-q4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/need-protoc.sh
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 python3 -c "import tokenizers" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check "tokenizers==0.23.3"
 gguf=$PWD/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf
-folder=${FOLDER:-$PWD/.cache/models/smollm2-135m-instruct-q4-q8}
+folder=${FOLDER:-$PWD/.cache/models/smollm2-135m-instruct-q4}
 llama=$PWD/.cache/llama.cpp
 version=0.3.36
 

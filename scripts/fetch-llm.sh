@@ -4,10 +4,10 @@
 # ${TESSERA_MODELS_DIR:-.cache/models}:
 #   smollm2-135m-instruct/     the real weights, dequantized to float32
 #   smollm2-135m-instruct-q4/  the same, its Q4_1 linear weights kept 4-bit
+#                              and its Q8_0 token embedding 8-bit
 #                              (onnxruntime's MatMulNBits), its graph of
 #                              onnxruntime's fused operators, and logits of
 #                              the last position only
-#   smollm2-135m-instruct-q4-q8/  and its Q8_0 token embedding kept 8-bit
 #   smollm2-tiny/              2 layers, seeded random weights, same tokenizer
 # Each is an onnxruntime-genai folder (model.onnx, genai_config.json,
 # tokenizer files); see scripts/llm/convert_gguf.py. Check one with
@@ -31,7 +31,7 @@ if [ ! -f "$gguf_file" ]; then
 fi
 # Bumped when the converter's output changes: folders made by an older
 # one (or stamped otherwise) are made again.
-converter=7
+converter=8
 convert() { # output folder name, converter flags...
   local out="$dest/$1"; shift
   if [ -f "$out/model.onnx" ] && [ -f "$out/genai_config.json" ] &&
@@ -41,7 +41,6 @@ convert() { # output folder name, converter flags...
 }
 convert smollm2-135m-instruct
 convert smollm2-135m-instruct-q4 --q4
-convert smollm2-135m-instruct-q4-q8 --q4 --q8-embedding
 convert smollm2-tiny --tiny
 ls -la "$dest/smollm2-135m-instruct" "$dest/smollm2-135m-instruct-q4" \
-  "$dest/smollm2-135m-instruct-q4-q8" "$dest/smollm2-tiny"
+  "$dest/smollm2-tiny"

@@ -4,7 +4,7 @@
 The folder follows the Hugging Face Optimum / onnxruntime-genai layout:
 model.onnx (+ model.onnx.data), config.json, genai_config.json,
 tokenizer.json, tokenizer_config.json and special_tokens_map.json. Weights
-are dequantized to float32 but where --q4 and --q8-embedding keep them;
+are dequantized to float32 but where --q4 keeps them;
 check the result with check_model.py (--gguf: against the GGUF itself).
 
 --q4 also builds the graph from onnxruntime's fused operators (see
@@ -13,7 +13,7 @@ float16 (cast to float32 at load) and computes the logits of the last
 position only: the decode step of SmolLM2-135M runs ~1,500 nodes instead
 of ~2,500, 1.6x faster on one thread.
 
---q8-embedding keeps the tied token embedding 8-bit: its lookup gathers
+--q4 keeps a Q8_0 tied token embedding 8-bit too: its lookup gathers
 rows of bytes and scales, its head is MatMulNBits with 8 bits over the
 same bytes (30.6 MiB instead of 108 MiB; the folder 1.05x the GGUF's
 bytes). onnxruntime 1.32 runs that head faster than float32 for one row
@@ -24,10 +24,10 @@ bytes). onnxruntime 1.32 runs that head faster than float32 for one row
     convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
                                                 # with the GGUF's tokenizer
     convert_gguf.py MODEL.gguf OUT_DIR --q4     # Q4_1 linear weights kept
-                                                # 4-bit (MatMulNBits)
-    convert_gguf.py MODEL.gguf OUT_DIR --q4 --q8-embedding
-                                                # and the Q8_0 token
-                                                # embedding 8-bit
+                                                # 4-bit (MatMulNBits), the
+                                                # Q8_0 embedding 8-bit
+    convert_gguf.py MODEL.gguf OUT_DIR --q4 --f32-embedding
+                                                # the embedding in float32
 """
 
 import argparse
@@ -71,9 +71,10 @@ def parse_args() -> argparse.Namespace:
         "rounding (for checks)",
     )
     parser.add_argument(
-        "--q8-embedding",
+        "--f32-embedding",
         action="store_true",
-        help="keep a Q8_0 token embedding 8-bit (lookup and tied head; MatMulNBits bits 8)",
+        help="with --q4: the token embedding in float32, not kept 8-bit (a float32 head is "
+        "faster for decode batches of several rows)",
     )
     return parser.parse_args()
 
@@ -130,7 +131,7 @@ def main() -> int:
     args = parse_args()
     started = time.perf_counter()
     config = convert(
-        args.gguf, args.out_dir, args.tiny, args.seed, args.q4, args.q8_embedding,
+        args.gguf, args.out_dir, args.tiny, args.seed, args.q4, args.q4 and not args.f32_embedding,
         args.float_activations,
     )
     elapsed = time.perf_counter() - started
