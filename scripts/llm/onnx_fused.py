@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 from llama_config import LlamaConfig
-from llama_weights import Q4Weight
+from llama_weights import Q4Weight, dequantize_q4
 from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 
 # The attention bias where a query may not attend: large enough to zero its
@@ -30,14 +30,19 @@ from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 MASKED_BIAS = float(np.finfo(np.float32).min) / 2
 
 
-def stacked(weights: dict, names: list[str]) -> Q4Weight:
-    """Several Q4_1 weights of the same input as one, their rows in order."""
+def stacked(weights: dict, names: list[str]) -> Q4Weight | np.ndarray:
+    """Several [out, in] weights of the same input as one, their rows in
+    order: 4-bit where all of them are (a GGUF may keep some linear weights
+    in another type), else float32."""
     parts = [weights[n] for n in names]
-    return Q4Weight(
-        np.concatenate([w.blobs for w in parts]),
-        np.concatenate([w.scales for w in parts]),
-        np.concatenate([w.minimums for w in parts]),
-    )
+    if all(isinstance(w, Q4Weight) for w in parts):
+        return Q4Weight(
+            np.concatenate([w.blobs for w in parts]),
+            np.concatenate([w.scales for w in parts]),
+            np.concatenate([w.minimums for w in parts]),
+        )
+    floats = [dequantize_q4(w) if isinstance(w, Q4Weight) else w for w in parts]
+    return np.concatenate(floats)
 
 
 def stacked_linear(
@@ -63,11 +68,6 @@ def skip_rms_norm(
         [normed, "", "", total], domain=MS_DOMAIN, epsilon=eps,
     )
     return normed, total
-
-
-def first_rms_norm(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str, eps: float):
-    """The first layer's norm: no residual to add yet."""
-    return rms_norm(b, x, weights, name, prefix, eps)
 
 
 def rotary_caches(b: GraphBuilder, config: LlamaConfig) -> tuple[str, str]:
@@ -146,8 +146,8 @@ def fused_layers(
     for layer in range(config.num_layers):
         p, w = f"/model/layers.{layer}", f"model.layers.{layer}"
         name = f"{w}.input_layernorm.weight"
-        if delta is None:
-            normed = first_rms_norm(b, residual, weights, name, f"{p}/input_layernorm", eps)
+        if delta is None:  # the first: no residual to add yet
+            normed = rms_norm(b, residual, weights, name, f"{p}/input_layernorm", eps)
         else:
             normed, residual = skip_rms_norm(
                 b, delta, residual, weights, name, f"{p}/input_layernorm", eps
