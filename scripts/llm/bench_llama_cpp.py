@@ -81,10 +81,12 @@ class Services:
 
     def __init__(self, logs: Path):
         self.procs: list[subprocess.Popen] = []
+        self.files: list = []
         self.logs = logs
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")
+        self.files.append(log)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -101,6 +103,9 @@ class Services:
             except subprocess.TimeoutExpired:
                 p.kill()
         self.procs.clear()
+        for f in self.files:
+            f.close()
+        self.files.clear()
 
 
 def wait_http(url: str, seconds: float = 300) -> None:
