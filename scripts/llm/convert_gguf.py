@@ -10,8 +10,12 @@ check the result with check_model.py (--gguf: against the GGUF itself).
 --q4 also builds the graph from onnxruntime's fused operators (see
 onnx_fused.py), stores the blocks' scales and minimums as the GGUF's
 float16 (cast to float32 at load) and computes the logits of the last
-position only: the decode step of SmolLM2-135M runs ~1,500 nodes instead
-of ~2,500, 1.6x faster on one thread.
+position only: SmolLM2-135M runs ~1,100 nodes instead of ~2,500, 1.8x
+faster on one thread.
+
+--q4 keeps Q4_1, Q4_0 and Q8_0 linear weights as MatMulNBits (4 bits
+with Q4_1's minimums as a small product of their own, 4 bits with zero
+point 8, 8 bits); other types are dequantized to float32.
 
 --q4 keeps a Q8_0 tied token embedding 8-bit too: its lookup gathers
 rows of bytes and scales, its head is MatMulNBits with 8 bits over the
@@ -23,9 +27,9 @@ bytes). onnxruntime 1.32 runs that head faster than float32 for one row
     convert_gguf.py MODEL.gguf OUT_DIR          # the GGUF's own weights
     convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
                                                 # with the GGUF's tokenizer
-    convert_gguf.py MODEL.gguf OUT_DIR --q4     # Q4_1 linear weights kept
-                                                # 4-bit (MatMulNBits), the
-                                                # Q8_0 embedding 8-bit
+    convert_gguf.py MODEL.gguf OUT_DIR --q4     # Q4_1/Q4_0/Q8_0 linear
+                                                # weights and a Q8_0
+                                                # embedding kept as they are
     convert_gguf.py MODEL.gguf OUT_DIR --q4 --f32-embedding
                                                 # the embedding in float32
 """

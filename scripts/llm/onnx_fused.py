@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 from llama_config import LlamaConfig
-from llama_weights import Q4Weight, dequantize_q4
+from llama_weights import Q4Weight, Q8Weight, dequantize_q4, dequantize_q8
 from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 
 # The attention bias where a query may not attend: large enough to zero its
@@ -30,19 +30,36 @@ from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 MASKED_BIAS = float(np.finfo(np.float32).min) / 2
 
 
-def stacked(weights: dict, names: list[str]) -> Q4Weight | np.ndarray:
+def stacked(weights: dict, names: list[str]) -> Q4Weight | Q8Weight | np.ndarray:
     """Several [out, in] weights of the same input as one, their rows in
-    order: 4-bit where all of them are (a GGUF may keep some linear weights
-    in another type), else float32."""
+    order: kept quantized where all of them are of one kind (Q4_0 rows among
+    Q4_1 ones in Q4_1's form), else float32 (a GGUF may keep some linear
+    weights in other types)."""
     parts = [weights[n] for n in names]
+    if all(isinstance(w, Q8Weight) for w in parts):
+        return Q8Weight(
+            np.concatenate([w.blobs for w in parts]), np.concatenate([w.scales for w in parts])
+        )
     if all(isinstance(w, Q4Weight) for w in parts):
+        if any(w.minimums is not None for w in parts):
+            parts = [w.with_minimums() for w in parts]
+            minimums = np.concatenate([w.minimums for w in parts])
+        else:
+            minimums = None
         return Q4Weight(
             np.concatenate([w.blobs for w in parts]),
             np.concatenate([w.scales for w in parts]),
-            np.concatenate([w.minimums for w in parts]),
+            minimums,
         )
-    floats = [dequantize_q4(w) if isinstance(w, Q4Weight) else w for w in parts]
-    return np.concatenate(floats)
+    return np.concatenate([as_float(w) for w in parts])
+
+
+def as_float(w: Q4Weight | Q8Weight | np.ndarray) -> np.ndarray:
+    if isinstance(w, Q4Weight):
+        return dequantize_q4(w)
+    if isinstance(w, Q8Weight):
+        return dequantize_q8(w)
+    return w
 
 
 def stacked_linear(

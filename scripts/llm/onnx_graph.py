@@ -149,10 +149,12 @@ def rms_norm(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str, eps
 
 def linear(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str) -> str:
     """x @ W^T; the initializer holds W^T ([in, out]) under the module's name,
-    or a 4-bit W (see `q4_linear`)."""
+    or a 4-bit W (see `q4_linear`) or an 8-bit one (`q8_linear`)."""
     w = weights[name]
     if isinstance(w, Q4Weight):
         return q4_linear(b, x, w, name, prefix)
+    if isinstance(w, Q8Weight):
+        return q8_linear(b, x, w, name, prefix)
     weight_t = b.weight(name, np.ascontiguousarray(w.T))
     return b.op("MatMul", [x, weight_t], f"{prefix}/MatMul")
 
@@ -161,10 +163,13 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
     """x @ W^T for a Q4_1 W = q * scale + minimum (blocks of 32 inputs):
     MatMulNBits over q and the scales (zero point 0: onnxruntime's fast
     kernels take only integer zero points, and Q4_1's minimum is not one),
-    plus each block's sum of x times its minimum. Exact up to rounding."""
+    plus each block's sum of x times its minimum. Exact up to rounding.
+    A Q4_0 W = (q - 8) * scale is MatMulNBits with zero point 8 alone."""
     out_dim, in_dim = w.shape
     blocks = in_dim // 32
-    zero = np.zeros(out_dim * ((blocks + 1) // 2), dtype=np.uint8)
+    # Two 4-bit zero points a byte: 0 for Q4_1 (its minimums apart), 8 for Q4_0.
+    point = 0x00 if w.minimums is not None else 0x88
+    zero = np.full(out_dim * ((blocks + 1) // 2), point, dtype=np.uint8)
     inputs = [
         x,
         b.weight(name, w.blobs),
@@ -175,10 +180,24 @@ def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> s
         "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
         K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=b.nbits_accuracy,
     )
+    if w.minimums is None:
+        return scaled
     sums = block_sums(b, x, blocks)
     minimums_t = b.half_weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
     shift = b.op("MatMul", [sums, minimums_t], f"{prefix}/minimums/MatMul")
     return b.op("Add", [scaled, shift], f"{prefix}/Add")
+
+
+def q8_linear(b: GraphBuilder, x: str, w: Q8Weight, name: str, prefix: str) -> str:
+    """x @ W^T for a Q8_0 W = (q - 128) * scale (blocks of 32 inputs):
+    MatMulNBits with 8 bits, no zero points (onnxruntime's default for 8
+    bits is 128)."""
+    out_dim, in_dim = w.shape
+    inputs = [x, b.weight(name, w.blobs), b.half_weight(f"{name}.scales", w.scales.reshape(-1))]
+    return b.op(
+        "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
+        K=in_dim, N=out_dim, bits=8, block_size=32, accuracy_level=b.nbits_accuracy,
+    )
 
 
 def block_sums(b: GraphBuilder, x: str, blocks: int) -> str:
