@@ -704,6 +704,32 @@ fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
     });
 }
 
+/// The GGUF scripts/fetch-llm.sh converts (SmolLM2-135M-Instruct, Q4_1).
+fn smollm2_gguf() -> PathBuf {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    PathBuf::from(format!(
+        "{root}/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf"
+    ))
+}
+
+/// Runs `scripts/llm/SCRIPT` with `args`; its stdout (a failure is the
+/// test's, with both outputs).
+fn llm_script(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/scripts/llm/{script}"))
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} {args:?}:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
 /// The converted folders' logits against a float64 numpy forward over the
 /// GGUF file's own weights (the gguf library's dequantization, llama.cpp's
 /// row order and interleaved RoPE), so that a bug in the converter's
@@ -718,27 +744,11 @@ fn greedy_text_over_a_gpu_and_a_cpu_worker_equals_onnxruntime_genai() {
 /// against its own numpy forward.
 #[test]
 fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let gguf = format!("{root}/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf");
     let scratch = std::env::temp_dir().join(format!("tessera-gguf-types-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch folder");
-    let python = |script: &str, args: &[&std::ffi::OsStr]| {
-        let out = std::process::Command::new("python3")
-            .arg(format!("{root}/scripts/llm/{script}"))
-            .args(args)
-            .output()
-            .expect("python3 runs");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{script} {args:?}:\n{stdout}\n{stderr}"
-        );
-        stdout
-    };
     let exact = |source: &std::path::Path, name: &str| {
         let folder = scratch.join(name);
-        python(
+        llm_script(
             "convert_gguf.py",
             &[
                 source.as_os_str(),
@@ -749,7 +759,7 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
         );
         folder
     };
-    let original = PathBuf::from(&gguf);
+    let original = smollm2_gguf();
     let mut folders = vec![
         (folder("smollm2-135m-instruct"), original.clone(), "1e-3"),
         (folder("smollm2-135m-instruct-q4"), original.clone(), "0.1"),
@@ -763,7 +773,7 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
             "--type".as_ref(),
             kind.as_ref(),
         ];
-        python("requantize_gguf.py", &args);
+        llm_script("requantize_gguf.py", &args);
         folders.push((exact(&copy, kind), copy, "1e-3"));
     }
     for (path, source, tolerance) in folders {
@@ -775,7 +785,7 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
             tolerance.as_ref(),
             "--logits-only".as_ref(),
         ];
-        let stdout = python("check_model.py", &args);
+        let stdout = llm_script("check_model.py", &args);
         println!("{} against {}:\n{stdout}", path.display(), source.display());
     }
     let _ = std::fs::remove_dir_all(&scratch);
@@ -807,22 +817,11 @@ fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
 fn quantized_split_gives_genai_s_text(flags: &[&str], limit: &str) {
     let name = format!("q4-split{}-{}", flags.len(), std::process::id());
     let model = std::env::temp_dir().join(format!("tessera-{name}"));
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let converted = std::process::Command::new("python3")
-        .arg(format!("{root}/scripts/llm/convert_gguf.py"))
-        .arg(format!(
-            "{root}/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf"
-        ))
-        .arg(&model)
-        .args(flags)
-        .arg("--float-activations")
-        .output()
-        .expect("python3 runs");
-    assert!(
-        converted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&converted.stderr)
-    );
+    let gguf = smollm2_gguf();
+    let mut args: Vec<&std::ffi::OsStr> = vec![gguf.as_os_str(), model.as_os_str()];
+    args.extend(flags.iter().map(std::ffi::OsStr::new));
+    args.push("--float-activations".as_ref());
+    llm_script("convert_gguf.py", &args);
     let prompts = ["The capital of France is", "Once upon a time"];
     let want = genai(&model, &prompts, 20, false);
     let limit: &[&str] = &["--memory-limit", limit];

@@ -225,14 +225,17 @@ def load(base: str, model: str, streams: int, per_stream: int, tokenizer) -> dic
     for t in threads:
         t.join()
     wall = time.perf_counter() - started
-    tokens = sum(len(tokenizer.encode(text, add_special_tokens=False).ids) for _, _, text in records)
+    # Tokens counted by the model's tokenizer on each text, the same way for
+    # both servers (a streamed chunk may hold more than one token).
+    counts = [len(tokenizer.encode(text, add_special_tokens=False).ids) for _, _, text in records]
     ttft = statistics.mean(times[0] - start for start, times, _ in records if times)
     gaps = [
-        (times[-1] - times[0]) / (len(tokenizer.encode(text, add_special_tokens=False).ids) - 1)
-        for _, times, text in records
-        if len(times) > 1
+        (times[-1] - times[0]) / (count - 1)
+        for (_, times, _), count in zip(records, counts)
+        if len(times) > 1 and count > 1
     ]
-    return {"ttft_ms": ttft * 1e3, "itl_ms": statistics.mean(gaps) * 1e3, "tokens_per_s": tokens / wall}
+    itl = statistics.mean(gaps)
+    return {"ttft_ms": ttft * 1e3, "itl_ms": itl * 1e3, "tokens_per_s": sum(counts) / wall}
 
 
 def llama_server(args, services: Services, slots: int) -> str:
@@ -282,11 +285,11 @@ def servers(args, figures: dict, logs: Path) -> None:
         work = Path(tempfile.mkdtemp(prefix=f"bench-{side}-"))
         try:
             if side == "llama.cpp":
-                base, model = llama_server(args, services, slots), "smollm2"
+                base = llama_server(args, services, slots)
             else:
-                base, model = tessera_server(args, services, slots, work), "smollm2"
+                base = tessera_server(args, services, slots, work)
             for streams in args.streams:
-                results[(side, streams)] = load(base, model, streams, 2, tokenizer)
+                results[(side, streams)] = load(base, "smollm2", streams, 2, tokenizer)
                 print(f"  {side}, {streams} stream(s): {results[(side, streams)]}", flush=True)
             results[(side, "peak")] = services.peak_mib()
         finally:

@@ -113,7 +113,7 @@ def check_left_padding(
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     logits, _ = decoder.step(ids, mask, positions, decoder.empty_past(2))
     if logits.shape[1] == 1:  # the last position only
-        batched, alone = logits[:, 0], np.stack([decoder.full(r)[-1] for r in (long, short)])
+        batched, alone = logits[:, 0], np.stack([decoder.prefix(r)[-1] for r in (long, short)])
     else:
         batched = np.concatenate([logits[0], logits[1, pad:]])
         alone = np.concatenate([decoder.full(long), decoder.full(short)])

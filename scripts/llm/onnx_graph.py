@@ -77,12 +77,8 @@ class GraphBuilder:
     def op(
         self, op_type: str, inputs: list[str], name: str, output: str | None = None, **attrs
     ) -> str:
-        if name in self._node_names:
-            raise ValueError(f"duplicate node name {name}")
-        self._node_names.add(name)
         output = output or f"{name}/output_0"
-        self.nodes.append(helper.make_node(op_type, inputs, [output], name=name, **attrs))
-        return output
+        return self.op_outputs(op_type, inputs, name, [output], **attrs)[0]
 
     def op_outputs(
         self, op_type: str, inputs: list[str], name: str, outputs: list[str], **attrs
