@@ -740,8 +740,16 @@ fn llm_script(script: &str, args: &[&std::ffi::OsStr]) -> String {
 /// The 4-bit graph (fused operators, GroupQueryAttention over left-padded
 /// rows) is also converted with float32 activations, which take int8's
 /// rounding away: within 1e-3 then; and so are copies of the GGUF whose
-/// linear weights the gguf library quantized again to Q8_0 and Q4_0, each
-/// against its own numpy forward.
+/// linear weights were quantized again to other types, each against its
+/// own numpy forward: Q4_K and Q5_K (SmolLM2's 576-input weights are not
+/// whole 256-weight super-blocks, so they get llama-quantize's fallbacks
+/// Q5_0 and Q5_1), and a mix in the manner of Q4_K_M (Q4_0, attn_v in Q8_0
+/// so that q, k and v are products of different forms, ffn_down in Q6_K,
+/// the token embedding in Q5_0) with an output head of its own in Q4_0,
+/// as most models past ~1B have (the embedding's rows each scaled, so that
+/// reading one for the other shows). Each copy's folder keeps the GGUF's types
+/// (5- and 6-bit values in 8 bits: at most 1.5x its bytes, where float32
+/// would be 5x).
 #[test]
 fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
     let scratch = std::env::temp_dir().join(format!("tessera-gguf-types-{}", std::process::id()));
@@ -765,16 +773,18 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
         (folder("smollm2-135m-instruct-q4"), original.clone(), "0.1"),
         (exact(&original, "q4_1"), original.clone(), "1e-3"),
     ];
-    for kind in ["Q8_0", "Q4_0"] {
-        let copy = scratch.join(format!("{kind}.gguf"));
-        let args = [
-            original.as_os_str(),
-            copy.as_os_str(),
-            "--type".as_ref(),
-            kind.as_ref(),
-        ];
+    let mix = "Q4_0 --type-of attn_v=Q8_0 --type-of ffn_down=Q6_K --type-of token_embd=Q5_0 \
+               --untie Q4_0";
+    for (name, types) in [("Q4_K", "Q4_K"), ("Q5_K", "Q5_K"), ("mix", mix)] {
+        let copy = scratch.join(format!("{name}.gguf"));
+        let mut args = vec![original.as_os_str(), copy.as_os_str(), "--type".as_ref()];
+        args.extend(types.split_whitespace().map(std::ffi::OsStr::new));
         llm_script("requantize_gguf.py", &args);
-        folders.push((exact(&copy, kind), copy, "1e-3"));
+        let folder = exact(&copy, name);
+        let ratio = folder_bytes(&folder) as f64 / file_bytes(&copy) as f64;
+        println!("{name}: the folder is {ratio:.2}x the GGUF's bytes");
+        assert!(ratio <= 1.5, "{name}: the folder is {ratio:.2}x the GGUF's bytes");
+        folders.push((folder, copy, "1e-3"));
     }
     for (path, source, tolerance) in folders {
         let args = [
@@ -789,6 +799,22 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
         println!("{} against {}:\n{stdout}", path.display(), source.display());
     }
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+fn file_bytes(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .len()
+}
+
+/// The bytes of a converted folder's model (graph and weights).
+fn folder_bytes(folder: &std::path::Path) -> u64 {
+    ["model.onnx", "model.onnx.data"]
+        .iter()
+        .map(|name| folder.join(name))
+        .filter(|path| path.exists())
+        .map(|path| file_bytes(&path))
+        .sum()
 }
 
 #[test]

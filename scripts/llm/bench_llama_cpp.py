@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import socket
@@ -340,7 +339,7 @@ def main() -> int:
     gguf_mb = args.gguf.stat().st_size / 1e6
     folder_mb = sum(f.stat().st_size for f in args.folder.iterdir() if f.is_file()) / 1e6
     figures["model on disk, MB"] = (gguf_mb, folder_mb)
-    print(f"\n| | llama.cpp | Tessera | Tessera / llama.cpp |\n|---|---|---|---|")
+    print("\n| | llama.cpp | Tessera | Tessera / llama.cpp |\n|---|---|---|---|")
     for label, (llama, ours) in figures.items():
         print(f"| {label} | {llama:.1f} | {ours:.1f} | {ours / llama:.2f} |")
     if args.json:

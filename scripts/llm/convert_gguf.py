@@ -13,13 +13,20 @@ float16 (cast to float32 at load) and computes the logits of the last
 position only: SmolLM2-135M runs ~1,100 nodes instead of ~2,500, 1.8x
 faster on one thread.
 
---q4 keeps Q4_1, Q4_0 and Q8_0 linear weights as MatMulNBits (4 bits
-with Q4_1's minimums as a small product of their own, 4 bits with zero
-point 8, 8 bits); other types are dequantized to float32.
+--q4 keeps the linear weights of every type llama.cpp's common models use
+as MatMulNBits (see gguf_blocks.py): Q4_0, Q4_1 and Q4_K 4-bit, Q5_0,
+Q5_1, Q5_K, Q6_K and Q8_0 8-bit (a 5- or 6-bit value is exact in 8 bits),
+minimums (Q4_1, Q5_1, the K-quants) as a small product of their own and a
+K-quant's factors as its float16 times its small integers. Other types
+(float16, bfloat16, the IQ and 2-/3-bit types) are dequantized to float32.
 
---q4 keeps a Q8_0 tied token embedding 8-bit too: its lookup gathers
-rows of bytes and scales, its head is MatMulNBits with 8 bits over the
-same bytes (30.6 MiB instead of 108 MiB; the folder 1.05x the GGUF's
+A GGUF with an output head of its own (output.weight, untied from the
+embedding, as most llama models past ~1B) gets it as lm_head, a linear
+layer kept quantized like the others.
+
+--q4 keeps an 8-bit-able token embedding (Q8_0, Q6_K, Q5_0) 8-bit
+too: its lookup gathers rows of bytes and scales, and a tied head is
+MatMulNBits with 8 bits over the same bytes (30.6 MiB instead of 108 MiB; the folder 1.05x the GGUF's
 bytes). onnxruntime 1.32 runs that head faster than float32 for one row
 (5.3 vs 9.1 ms a token here) but slower for several (16.1 vs 11.2 ms for
 4 rows; a prompt runs it for its last position only).
@@ -27,9 +34,9 @@ bytes). onnxruntime 1.32 runs that head faster than float32 for one row
     convert_gguf.py MODEL.gguf OUT_DIR          # the GGUF's own weights
     convert_gguf.py MODEL.gguf OUT_DIR --tiny   # 2-layer random-weight model
                                                 # with the GGUF's tokenizer
-    convert_gguf.py MODEL.gguf OUT_DIR --q4     # Q4_1/Q4_0/Q8_0 linear
-                                                # weights and a Q8_0
-                                                # embedding kept as they are
+    convert_gguf.py MODEL.gguf OUT_DIR --q4     # quantized linear weights
+                                                # and embedding kept as
+                                                # they are
     convert_gguf.py MODEL.gguf OUT_DIR --q4 --f32-embedding
                                                 # the embedding in float32
 """
@@ -66,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--q4",
         action="store_true",
-        help="keep the Q4_1 linear weights 4-bit (onnxruntime's MatMulNBits)",
+        help="keep quantized linear weights quantized (onnxruntime's MatMulNBits)",
     )
     parser.add_argument(
         "--float-activations",

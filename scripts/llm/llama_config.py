@@ -26,6 +26,9 @@ class LlamaConfig:
     bos_token_id: int
     eos_token_id: int
     pad_token_id: int
+    # False where the GGUF has its own output head (output.weight), as most
+    # llama models larger than ~1B do; True: the head is the embedding.
+    tie_word_embeddings: bool = True
 
     @property
     def kv_groups(self) -> int:
@@ -49,20 +52,26 @@ def config_from_gguf(reader: gguf.GGUFReader) -> LlamaConfig:
         raise ValueError("scaled RoPE is not supported")
     hidden = int(_field(reader, "llama.embedding_length"))
     heads = int(_field(reader, "llama.attention.head_count"))
+    key_length = reader.get_field("llama.attention.key_length")
+    eos = int(_field(reader, "tokenizer.ggml.eos_token_id"))
+    pad = reader.get_field("tokenizer.ggml.padding_token_id")
     config = LlamaConfig(
         num_layers=int(_field(reader, "llama.block_count")),
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
-        head_dim=hidden // heads,
+        head_dim=int(key_length.contents()) if key_length is not None else hidden // heads,
         ffn_size=int(_field(reader, "llama.feed_forward_length")),
         vocab_size=len(_field(reader, "tokenizer.ggml.tokens")),
         rope_theta=float(_field(reader, "llama.rope.freq_base")),
         rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
         context_length=int(_field(reader, "llama.context_length")),
         bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id")),
+        eos_token_id=eos,
+        # Many GGUFs name no padding token; padded positions are masked, so
+        # any id serves, and onnxruntime-genai's configs use end-of-sequence.
+        pad_token_id=int(pad.contents()) if pad is not None else eos,
+        tie_word_embeddings=all(t.name != "output.weight" for t in reader.tensors),
     )
     rope_dims = reader.get_field("llama.rope.dimension_count")
     if rope_dims is not None and int(rope_dims.contents()) != config.head_dim:
@@ -89,7 +98,7 @@ def hf_config_json(config: LlamaConfig) -> dict:
         "rms_norm_eps": config.rms_eps,
         "rope_scaling": None,
         "rope_theta": config.rope_theta,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": config.tie_word_embeddings,
         "torch_dtype": "float32",
         "vocab_size": config.vocab_size,
     }
@@ -111,6 +120,7 @@ def config_from_hf_json(content: dict) -> LlamaConfig:
         bos_token_id=content["bos_token_id"],
         eos_token_id=content["eos_token_id"],
         pad_token_id=content["pad_token_id"],
+        tie_word_embeddings=content.get("tie_word_embeddings", True),
     )
 
 
@@ -125,4 +135,5 @@ def tiny_config(base: LlamaConfig) -> LlamaConfig:
         head_dim=16,
         ffn_size=128,
         context_length=512,
+        tie_word_embeddings=True,
     )

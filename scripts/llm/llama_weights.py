@@ -3,132 +3,17 @@
 Arrays keep the PyTorch layout: a linear layer's weight is [out, in]. They
 come either from a GGUF file (dequantized, with llama.cpp's Q/K row
 permutation undone) or from a seeded random generator (the tiny test model).
-With `keep_q4`, a GGUF's Q4_1 and Q4_0 linear weights stay 4-bit instead
-(`Q4Weight`, in onnxruntime's MatMulNBits layout) and its Q8_0 ones 8-bit
-(`Q8Weight`), and with
-`keep_q8_embedding` a Q8_0 token embedding stays 8-bit (`Q8Weight`, the
-same layout with 8 bits).
+With `keep_q4`, a GGUF's quantized linear weights stay quantized instead,
+in onnxruntime's MatMulNBits layouts (`gguf_blocks`: Q4_0, Q4_1 and Q4_K
+4-bit; Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 8-bit), and with
+`keep_q8_embedding` a token embedding of a type without minimums (Q8_0,
+Q6_K, Q5_0) stays 8-bit for its lookup and the tied head.
 """
-
-from dataclasses import dataclass
 
 import gguf
 import numpy as np
 
-# Q4_1: blocks of 32 weights along the input, each a float16 scale d, a
-# float16 minimum m and 16 bytes of 4-bit values q (byte j holds value j in
-# its low nibble and value j + 16 in its high one); a weight is d * q + m.
-_Q4_1_BLOCK = 32
-_Q4_1_BYTES = 20
-# Q4_0: the same blocks with a float16 scale d only; a weight is d * (q - 8).
-_Q4_0_BYTES = 18
-# Q8_0: blocks of 32 weights along the input, each a float16 scale d and 32
-# int8 values q; a weight is d * q.
-_Q8_0_BYTES = 34
-
-
-@dataclass
-class Q4Weight:
-    """A [out, in] Q4_1 weight: per block of 32 along the input, a weight is
-    q * scale + minimum, q in 0..15. MatMulNBits (bits 4, block 32, zero
-    point 0) takes `blobs` and `scales` as they are; the minimums add
-    sum(x over the block) * minimum, a small matrix product of their own.
-    A Q4_0 weight has no minimums: (q - 8) * scale, MatMulNBits with zero
-    point 8."""
-
-    blobs: np.ndarray  # uint8 [out, in / 32, 16]: values 2i, 2i + 1 in low, high nibbles
-    scales: np.ndarray  # float32 [out, in / 32]
-    minimums: np.ndarray | None  # float32 [out, in / 32]; None: Q4_0
-
-    def with_minimums(self) -> "Q4Weight":
-        """The same weight in Q4_1's form: (q - 8) * d = q * d + (-8 * d)."""
-        if self.minimums is not None:
-            return self
-        return Q4Weight(self.blobs, self.scales, -8.0 * self.scales)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        out, blocks, _ = self.blobs.shape
-        return out, blocks * _Q4_1_BLOCK
-
-
-def q4_from_q4_0(raw: np.ndarray, out_dim: int, in_dim: int) -> Q4Weight:
-    """A GGUF Q4_0 tensor's bytes ([out, in / 32 * 18]) in MatMulNBits' layout."""
-    blocks = in_dim // _Q4_1_BLOCK
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_dim, blocks, _Q4_0_BYTES)
-    d = raw[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return Q4Weight(_nibbles(raw[:, :, 2:]), d, None)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """GGUF's 4-bit block bytes (value j in byte j's low nibble, value j + 16
-    in its high one) in MatMulNBits' order (values 2i, 2i + 1 in byte i)."""
-    values = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [out, blocks, 32] in order
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
-
-
-def q4_from_q4_1(raw: np.ndarray, out_dim: int, in_dim: int) -> Q4Weight:
-    """A GGUF Q4_1 tensor's bytes ([out, in / 32 * 20]) in MatMulNBits' layout."""
-    blocks = in_dim // _Q4_1_BLOCK
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_dim, blocks, _Q4_1_BYTES)
-    d = raw[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = raw[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    return Q4Weight(_nibbles(raw[:, :, 4:]), d, m)
-
-
-@dataclass
-class Q8Weight:
-    """A [out, in] Q8_0 weight: per block of 32 along the input, a weight is
-    (q - 128) * scale with q in 0..255 (GGUF's int8 value plus 128): what
-    MatMulNBits (bits 8, block 32) takes without zero points (its default
-    zero point is 128), and what a Gather of rows dequantizes exactly."""
-
-    blobs: np.ndarray  # uint8 [out, in / 32, 32]
-    scales: np.ndarray  # float32 [out, in / 32]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        out, blocks, _ = self.blobs.shape
-        return out, blocks * _Q4_1_BLOCK
-
-
-def q8_from_q8_0(raw: np.ndarray, out_dim: int, in_dim: int) -> Q8Weight:
-    """A GGUF Q8_0 tensor's bytes ([out, in / 32 * 34]) in MatMulNBits' layout."""
-    blocks = in_dim // _Q4_1_BLOCK
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_dim, blocks, _Q8_0_BYTES)
-    d = raw[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = raw[:, :, 2:].view(np.int8).astype(np.int16) + 128
-    return Q8Weight(q.astype(np.uint8), d)
-
-
-def dequantize_q8(w: Q8Weight) -> np.ndarray:
-    """The float32 [out, in] weight a Q8Weight stands for."""
-    values = w.blobs.astype(np.float32) - 128.0
-    return (values * w.scales[..., None]).reshape(w.shape)
-
-
-def dequantize_q4(w: Q4Weight) -> np.ndarray:
-    """The float32 [out, in] weight a Q4Weight stands for."""
-    values = np.stack([w.blobs & 0x0F, w.blobs >> 4], axis=-1).reshape(*w.blobs.shape[:2], -1)
-    w = w.with_minimums()
-    weights = values.astype(np.float32) * w.scales[..., None] + w.minimums[..., None]
-    return weights.reshape(w.shape)
-
-
-def _permute_blocks(w: Q4Weight | Q8Weight, num_heads: int) -> Q4Weight | Q8Weight:
-    """unpermute_rope_rows on a kept-quantized weight: whole rows move,
-    blocks with them."""
-    out = w.blobs.shape[0]
-
-    def rows(a):
-        if a is None:
-            return None
-        return unpermute_rope_rows(a.reshape(out, -1), num_heads).reshape(a.shape)
-
-    if isinstance(w, Q8Weight):
-        return Q8Weight(rows(w.blobs), rows(w.scales))
-    return Q4Weight(rows(w.blobs), rows(w.scales), rows(w.minimums))
-
+from gguf_blocks import DECODERS, Q4Weight, Q8Weight, map_rows
 from llama_config import LlamaConfig
 
 # GGUF tensor name inside block N -> Hugging Face name inside model.layers.N.
@@ -143,7 +28,13 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# The output head of a model whose head is not its embedding.
+LM_HEAD = "lm_head.weight"
 
 
 def hf_name(gguf_name: str) -> str:
@@ -169,6 +60,17 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
+def _permute_blocks(w: Q4Weight | Q8Weight, num_heads: int) -> Q4Weight | Q8Weight:
+    """unpermute_rope_rows on a kept-quantized weight: whole rows move,
+    blocks with them."""
+
+    def rows(a):
+        return map_rows(a, lambda r: unpermute_rope_rows(r, num_heads))
+
+    kind = type(w)
+    return kind(rows(w.blobs), rows(w.scales), rows(w.minimums))
+
+
 def weights_from_gguf(
     reader: gguf.GGUFReader,
     config: LlamaConfig,
@@ -176,23 +78,22 @@ def weights_from_gguf(
     keep_q8_embedding: bool = False,
 ) -> dict[str, np.ndarray | Q4Weight | Q8Weight]:
     """Every tensor of the GGUF file, dequantized to float32 (with
-    `keep_q4`, the Q4_1, Q4_0 and Q8_0 linear weights kept as they are;
-    with `keep_q8_embedding`, a Q8_0 token embedding kept 8-bit)."""
-    kept = {
-        gguf.GGMLQuantizationType.Q4_1: q4_from_q4_1,
-        gguf.GGMLQuantizationType.Q4_0: q4_from_q4_0,
-        gguf.GGMLQuantizationType.Q8_0: q8_from_q8_0,
-    }
+    `keep_q4`, the quantized linear weights kept as they are; with
+    `keep_q8_embedding`, an 8-bit-able token embedding kept 8-bit)."""
     weights = {}
     for tensor in reader.tensors:
         expected = tuple(int(d) for d in reversed(tensor.shape))
         name = hf_name(tensor.name)
-        is_q8_0 = tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
-        if keep_q4 and tensor.tensor_type in kept and name.endswith("_proj.weight"):
-            array = kept[tensor.tensor_type](tensor.data, *expected)
-        elif keep_q8_embedding and is_q8_0 and name == "model.embed_tokens.weight":
-            array = q8_from_q8_0(tensor.data, *expected)
-        else:
+        decode = DECODERS.get(tensor.tensor_type)
+        array = None
+        linear = name.endswith("_proj.weight") or name == LM_HEAD
+        if decode is not None and keep_q4 and linear:
+            array = decode(tensor.data, *expected)
+        elif decode is not None and keep_q8_embedding and name == "model.embed_tokens.weight":
+            array = decode(tensor.data, *expected)
+            if not isinstance(array, Q8Weight) or array.minimums is not None:
+                array = None  # 4-bit or with minimums: the lookup takes float32
+        if array is None:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(
                 np.float32, copy=False
             )
@@ -229,6 +130,8 @@ def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{prefix}.mlp.up_proj.weight"] = (config.ffn_size, hidden)
         shapes[f"{prefix}.mlp.down_proj.weight"] = (hidden, config.ffn_size)
     shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes[LM_HEAD] = (config.vocab_size, hidden)
     return shapes
 
 

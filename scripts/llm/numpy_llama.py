@@ -43,7 +43,8 @@ def load_gguf(path: Path) -> dict[str, np.ndarray]:
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
         name = _hf_name(tensor.name)
-        weights[name] = array.T if name.endswith("_proj.weight") else array
+        linear = name.endswith("_proj.weight") or name == "lm_head.weight"
+        weights[name] = array.T if linear else array
     return weights
 
 
@@ -55,7 +56,7 @@ def _hf_name(gguf_name: str) -> str:
         "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     }
-    globals_ = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
+    globals_ = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
     base, suffix = gguf_name.rsplit(".", 1)
     if base in globals_:
         return f"{globals_[base]}.{suffix}"
@@ -134,4 +135,6 @@ def forward(
         up = normed @ w[f"{prefix}.mlp.up_proj.weight"]
         x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[f"{prefix}.mlp.down_proj.weight"]
     x = _rms_norm(x, w["model.norm.weight"], config.rms_eps)
+    if "lm_head.weight" in w:  # an untied head, [in, out] as linear weights are
+        return x @ w["lm_head.weight"]
     return x @ w["model.embed_tokens.weight"].T

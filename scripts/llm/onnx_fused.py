@@ -8,7 +8,7 @@ as one node).
   residual add and the norm in one node; standard ops for the first, which
   has no residual yet).
 - q, k and v are one `MatMulNBits` over their rows stacked, as are gate and
-  up (and the Q4_1 minimums one small product each).
+  up (and the minimums one small product each), where they are of one form.
 - Attention is com.microsoft `GroupQueryAttention` over the packed q/k/v:
   RoPE at position_ids (cos and sin tables of the context's length), the
   cache appended, and an additive bias from the causal and padding mask
@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 from llama_config import LlamaConfig
-from llama_weights import Q4Weight, Q8Weight, dequantize_q4, dequantize_q8
+from gguf_blocks import Q4Weight, Q8Weight, concat_rows
 from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 
 # The attention bias where a query may not attend: large enough to zero its
@@ -30,43 +30,56 @@ from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 MASKED_BIAS = float(np.finfo(np.float32).min) / 2
 
 
-def stacked(weights: dict, names: list[str]) -> Q4Weight | Q8Weight | np.ndarray:
+def stacked(weights: dict, names: list[str]) -> Q4Weight | Q8Weight | np.ndarray | None:
     """Several [out, in] weights of the same input as one, their rows in
-    order: kept quantized where all of them are of one kind (Q4_0 rows among
-    Q4_1 ones in Q4_1's form), else float32 (a GGUF may keep some linear
-    weights in other types)."""
+    order, where they are of one form: 4-bit (Q4_0 rows among ones with
+    minimums in that form), 8-bit of one block size, or float32. None where
+    the forms differ (a GGUF such as Q4_K_M keeps v in Q6_K and q, k in
+    Q4_K): each is then a product of its own."""
     parts = [weights[n] for n in names]
-    if all(isinstance(w, Q8Weight) for w in parts):
-        return Q8Weight(
-            np.concatenate([w.blobs for w in parts]), np.concatenate([w.scales for w in parts])
-        )
-    if all(isinstance(w, Q4Weight) for w in parts):
-        if any(w.minimums is not None for w in parts):
-            parts = [w.with_minimums() for w in parts]
-            minimums = np.concatenate([w.minimums for w in parts])
-        else:
-            minimums = None
-        return Q4Weight(
-            np.concatenate([w.blobs for w in parts]),
-            np.concatenate([w.scales for w in parts]),
-            minimums,
-        )
-    return np.concatenate([as_float(w) for w in parts])
+    kinds = {(type(w), getattr(w, "block", None)) for w in parts}
+    if len(kinds) > 1:
+        return None
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    if any(w.minimums is not None for w in parts):
+        parts = [with_minimums(w) for w in parts]
+        minimums = concat_rows([w.minimums for w in parts])
+    else:
+        minimums = None
+    blobs = np.concatenate([w.blobs for w in parts])
+    return type(parts[0])(blobs, concat_rows([w.scales for w in parts]), minimums)
 
 
-def as_float(w: Q4Weight | Q8Weight | np.ndarray) -> np.ndarray:
+def with_minimums(w: Q4Weight | Q8Weight) -> Q4Weight | Q8Weight:
+    """The same weight with minimums (zeros for an 8-bit one without)."""
     if isinstance(w, Q4Weight):
-        return dequantize_q4(w)
-    if isinstance(w, Q8Weight):
-        return dequantize_q8(w)
-    return w
+        return w.with_minimums()
+    if w.minimums is not None:
+        return w
+    return Q8Weight(w.blobs, w.scales, np.zeros(w.scales.shape, dtype=np.float32))
+
+
+def packed_linear(
+    b: GraphBuilder, x: str, weights: dict, names: list[str], name: str, prefix: str
+) -> str:
+    """x @ [W1; W2; ...]^T: one product where the weights stack, else one
+    each, their outputs concatenated."""
+    w = stacked(weights, names)
+    if w is not None:
+        return linear(b, x, {name: w}, name, prefix)
+    parts = [linear(b, x, weights, n, f"{prefix}/{i}") for i, n in enumerate(names)]
+    return b.op("Concat", parts, f"{prefix}/Concat", axis=-1)
 
 
 def stacked_linear(
     b: GraphBuilder, x: str, weights: dict, names: list[str], name: str, prefix: str
 ) -> list[str]:
-    """x @ [W1; W2; ...]^T in one MatMulNBits, split back per weight."""
+    """x @ W^T for each weight: one MatMulNBits split back per weight where
+    they stack, else one product each."""
     w = stacked(weights, names)
+    if w is None:
+        return [linear(b, x, weights, n, f"{prefix}/{i}") for i, n in enumerate(names)]
     joined = linear(b, x, {name: w}, name, prefix)
     sizes = [weights[n].shape[0] for n in names]
     outputs = [f"{prefix}/Split/output_{i}" for i in range(len(names))]
@@ -127,7 +140,7 @@ def fused_attention(
     p, w = f"/model/layers.{layer}/self_attn", f"model.layers.{layer}.self_attn"
     names = [f"{w}.{m}_proj.weight" for m in ("q", "k", "v")]
     name = f"{w}.qkv_proj.weight"
-    qkv = linear(b, x, {name: stacked(weights, names)}, name, f"{p}/qkv_proj")
+    qkv = packed_linear(b, x, weights, names, name, f"{p}/qkv_proj")
     attn = shared["attention"]
     cos, sin = shared["rotary"]
     past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"

@@ -4,11 +4,11 @@ The interface is the Hugging Face Optimum / onnxruntime-genai one:
 inputs input_ids, attention_mask, position_ids and past_key_values.N.key /
 .value; outputs logits and present.N.key / .value. Only standard ONNX
 operators are used (no com.microsoft ops), so any ONNX runtime can run it,
-except where weights are kept quantized: 4-bit linear weights become
-onnxruntime's com.microsoft MatMulNBits (bits 4, block 32, float zero
-points), and an 8-bit token embedding (Q8_0) stays 8-bit for both its uses:
-the lookup gathers its rows and their scales and dequantizes them (standard
-ops), the tied head is MatMulNBits (bits 8) over the same bytes.
+except where weights are kept quantized (`onnx_quantized`): linear weights
+become onnxruntime's com.microsoft MatMulNBits (4 or 8 bits), and an 8-bit
+token embedding stays 8-bit for both its uses: the lookup gathers its rows
+and their scales and dequantizes them (standard ops), the tied head is
+MatMulNBits (bits 8) over the same bytes.
 RoPE and the attention mask are computed once and shared by every layer;
 grouped-query attention broadcasts K/V over the query groups instead of
 copying them.
@@ -21,14 +21,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from llama_config import LlamaConfig
-from llama_weights import Q4Weight, Q8Weight
+from gguf_blocks import Q4Weight, Q8Weight
+from llama_weights import LM_HEAD
+from onnx_quantized import MS_DOMAIN, q4_linear, q8_embedding, q8_head, q8_linear
 
 OPSET = 17
 IR_VERSION = 8
 PRODUCER = "tessera-convert-gguf"
 STATE_PAIRS_KEY = "tessera.state_pairs"
 MASKED_SCORE = float(np.finfo(np.float32).min)
-MS_DOMAIN = "com.microsoft"
 # MatMulNBits' accuracy level: 4 computes with int8 activations (onnxruntime's
 # fastest CPU kernels), 0 in float32 (slower; what checks use to see the
 # graph exact, without int8 rounding).
@@ -153,57 +154,6 @@ def linear(b: GraphBuilder, x: str, weights: dict, name: str, prefix: str) -> st
         return q8_linear(b, x, w, name, prefix)
     weight_t = b.weight(name, np.ascontiguousarray(w.T))
     return b.op("MatMul", [x, weight_t], f"{prefix}/MatMul")
-
-
-def q4_linear(b: GraphBuilder, x: str, w: Q4Weight, name: str, prefix: str) -> str:
-    """x @ W^T for a Q4_1 W = q * scale + minimum (blocks of 32 inputs):
-    MatMulNBits over q and the scales (zero point 0: onnxruntime's fast
-    kernels take only integer zero points, and Q4_1's minimum is not one),
-    plus each block's sum of x times its minimum. Exact up to rounding.
-    A Q4_0 W = (q - 8) * scale is MatMulNBits with zero point 8 alone."""
-    out_dim, in_dim = w.shape
-    blocks = in_dim // 32
-    # Two 4-bit zero points a byte: 0 for Q4_1 (its minimums apart), 8 for Q4_0.
-    point = 0x00 if w.minimums is not None else 0x88
-    zero = np.full(out_dim * ((blocks + 1) // 2), point, dtype=np.uint8)
-    inputs = [
-        x,
-        b.weight(name, w.blobs),
-        b.half_weight(f"{name}.scales", w.scales.reshape(-1)),
-        b.weight(f"{name}.zero_points", zero),
-    ]
-    scaled = b.op(
-        "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
-        K=in_dim, N=out_dim, bits=4, block_size=32, accuracy_level=b.nbits_accuracy,
-    )
-    if w.minimums is None:
-        return scaled
-    sums = block_sums(b, x, blocks)
-    minimums_t = b.half_weight(f"{name}.minimums", np.ascontiguousarray(w.minimums.T))
-    shift = b.op("MatMul", [sums, minimums_t], f"{prefix}/minimums/MatMul")
-    return b.op("Add", [scaled, shift], f"{prefix}/Add")
-
-
-def q8_linear(b: GraphBuilder, x: str, w: Q8Weight, name: str, prefix: str) -> str:
-    """x @ W^T for a Q8_0 W = (q - 128) * scale (blocks of 32 inputs):
-    MatMulNBits with 8 bits, no zero points (onnxruntime's default for 8
-    bits is 128)."""
-    out_dim, in_dim = w.shape
-    inputs = [x, b.weight(name, w.blobs), b.half_weight(f"{name}.scales", w.scales.reshape(-1))]
-    return b.op(
-        "MatMulNBits", inputs, f"{prefix}/MatMulNBits", domain=MS_DOMAIN,
-        K=in_dim, N=out_dim, bits=8, block_size=32, accuracy_level=b.nbits_accuracy,
-    )
-
-
-def block_sums(b: GraphBuilder, x: str, blocks: int) -> str:
-    """x's sums over blocks of 32 along its last axis ([.., blocks]), made
-    once per tensor (q, k and v share theirs, as do gate and up)."""
-    name = f"{x}/block_sums"
-    if b.made(name):
-        return f"{name}/output_0"
-    split = b.op("Reshape", [x, b.const([0, 0, blocks, 32])], f"{x}/block_sums/Reshape")
-    return b.op("ReduceSum", [split, b.const([-1])], name, keepdims=0)
 
 
 def rotary_tables(b: GraphBuilder, config: LlamaConfig) -> tuple[str, str]:
@@ -344,47 +294,27 @@ def decoder_layer(
     return b.op("Add", [x, mlp(b, weights, normed, layer)], f"{p}/Add_1")
 
 
-def q8_embedding(b: GraphBuilder, config: LlamaConfig, w: Q8Weight, name: str) -> tuple[str, str]:
-    """An 8-bit embedding's rows for input_ids, dequantized ([B, S, H]),
-    and its scales' initializer (the head's MatMulNBits takes them as they
-    are: one float per block of 32)."""
-    p = "/model/embed_tokens"
-    blobs = b.weight(name, w.blobs)
-    scales = b.half_weight(f"{name}.scales", w.scales.reshape(-1))
-    blocks = config.hidden_size // 32
-    table = b.op("Reshape", [scales, b.const([-1, blocks])], f"{p}/scales/Reshape")
-    rows = b.op("Gather", [blobs, "input_ids"], f"{p}/Gather", axis=0)  # [B, S, blocks, 32]
-    values = b.op("Cast", [rows], f"{p}/Cast", to=TensorProto.FLOAT)
-    centred = b.op("Sub", [values, b.const(128.0, np.float32)], f"{p}/Sub")
-    row_scales = b.op("Gather", [table, "input_ids"], f"{p}/scales/Gather", axis=0)
-    row_scales = b.op("Unsqueeze", [row_scales, b.const([-1])], f"{p}/scales/Unsqueeze")
-    scaled = b.op("Mul", [centred, row_scales], f"{p}/Mul")
-    batch_seq = b.op("Shape", ["input_ids"], f"{p}/Shape")
-    shape = b.op("Concat", [batch_seq, b.const([config.hidden_size])], f"{p}/Concat", axis=0)
-    return b.op("Reshape", [scaled, shape], f"{p}/Reshape"), scales
-
-
 def lm_head(
-    b: GraphBuilder, config: LlamaConfig, x: str, embedding: str, scales: str | None,
-    last_only: bool = False,
+    b: GraphBuilder, config: LlamaConfig, x: str, weights: dict, embedding: str,
+    scales: str | None, last_only: bool = False,
 ) -> str:
-    """Logits from the tied embedding matrix -> [B, S, V]: Gemm(x, E,
-    transB), or MatMulNBits over an 8-bit E and its `scales`. `last_only`:
-    [B, 1, V], the last position's alone (the next token is drawn from it;
-    a prompt of 250 tokens then costs the head one row, not 250)."""
+    """Logits -> [B, S, V]: from the model's own head (`lm_head.weight`,
+    a linear layer), or from the tied embedding matrix: Gemm(x, E, transB),
+    or MatMulNBits over an 8-bit E and its `scales`. `last_only`: [B, 1, V],
+    the last position's alone (the next token is drawn from it; a prompt of
+    250 tokens then costs the head one row, not 250)."""
     p = "/lm_head"
     if last_only:
         end = b.const([np.iinfo(np.int64).max])
         x = b.op("Slice", [x, b.const([-1]), end, b.const([1])], f"{p}/last/Slice")
+    if LM_HEAD in weights:
+        logits = linear(b, x, weights, LM_HEAD, p)
+        return b.op("Identity", [logits], f"{p}/Identity", output="logits")
     rows = b.op("Reshape", [x, b.const([-1, config.hidden_size])], f"{p}/Reshape")
     if scales is None:
         flat = b.op("Gemm", [rows, embedding], f"{p}/Gemm", transB=1)
     else:
-        flat = b.op(
-            "MatMulNBits", [rows, embedding, scales], f"{p}/MatMulNBits", domain=MS_DOMAIN,
-            K=config.hidden_size, N=config.vocab_size, bits=8, block_size=32,
-            accuracy_level=b.nbits_accuracy,
-        )
+        flat = q8_head(b, rows, embedding, scales, weights[embedding], p)
     if last_only:
         return b.op("Unsqueeze", [flat, b.const([1])], f"{p}/Unsqueeze", output="logits")
     batch_seq = b.op("Shape", ["input_ids"], f"{p}/Shape")
@@ -403,7 +333,7 @@ def build_model(
     b = GraphBuilder(nbits_accuracy)
     name = "model.embed_tokens.weight"
     if isinstance(weights[name], Q8Weight):
-        x, scales = q8_embedding(b, config, weights[name], name)
+        x, scales = q8_embedding(b, config.hidden_size, weights[name], name)
         embedding = name
     else:
         embedding, scales = b.weight(name, weights[name]), None
@@ -420,7 +350,7 @@ def build_model(
         for layer in range(config.num_layers):
             x = decoder_layer(b, config, weights, x, layer, shared)
         x = rms_norm(b, x, weights, "model.norm.weight", "/model/norm", config.rms_eps)
-    lm_head(b, config, x, embedding, scales, last_only=fused)
+    lm_head(b, config, x, weights, embedding, scales, last_only=fused)
     initializers = [numpy_helper.from_array(array, name) for name, array in b.initializers.items()]
     graph = helper.make_graph(
         b.nodes, "llama", graph_inputs(config), graph_outputs(config, fused), initializers
