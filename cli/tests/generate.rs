@@ -783,7 +783,10 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
         let folder = exact(&copy, name);
         let ratio = folder_bytes(&folder) as f64 / file_bytes(&copy) as f64;
         println!("{name}: the folder is {ratio:.2}x the GGUF's bytes");
-        assert!(ratio <= 1.5, "{name}: the folder is {ratio:.2}x the GGUF's bytes");
+        assert!(
+            ratio <= 1.5,
+            "{name}: the folder is {ratio:.2}x the GGUF's bytes"
+        );
         folders.push((folder, copy, "1e-3"));
     }
     for (path, source, tolerance) in folders {
@@ -821,29 +824,43 @@ fn folder_bytes(folder: &std::path::Path) -> u64 {
 fn four_bit_weights_split_over_two_workers_give_onnxruntime_genai_s_text() {
     let _one = one_at_a_time();
     // SmolLM2 with its Q4_1 linear weights kept 4-bit (MatMulNBits, the
-    // graph of onnxruntime's fused operators) and the embedding in float32,
-    // 197 MiB with its cache, 108 MiB of it the embedding that the first
-    // and the last stage both need: two workers of 180 MiB hold it, one
-    // does not, so the stages ship and compile com.microsoft nodes.
-    quantized_split_gives_genai_s_text(&["--q4", "--f32-embedding"], "180MiB");
-    // And with its Q8_0 token embedding kept 8-bit, as --q4 keeps it (a
-    // lookup of bytes and scales, the tied head MatMulNBits with 8 bits):
-    // 111 MiB of weights, the embedding 30.6 MiB in the first stage and in
-    // the last; two workers of 100 MiB hold it, one does not.
-    quantized_split_gives_genai_s_text(&["--q4"], "100MiB");
+    // graph of onnxruntime's fused operators) and its Q8_0 token embedding
+    // kept 8-bit, as --q4 keeps it (a lookup of bytes and scales, the tied
+    // head MatMulNBits with 8 bits): 111 MiB of weights, the embedding 30.6
+    // MiB in the first stage and in the last; two workers of 100 MiB hold
+    // it, one does not, so the stages ship and compile com.microsoft nodes.
+    let gguf = smollm2_gguf();
+    quantized_split_gives_genai_s_text("q4", &gguf, &["--q4"], "100MiB");
+    // A copy in the manner of Q4_K_M with a head of its own (Q4_0; q, k and
+    // v of two forms; ffn_down Q6_K, whose factors Tessera's simplification
+    // multiplies at load; the embedding Q5_0): 138 MiB of weights, two
+    // workers of 100 MiB.
+    let copy = std::env::temp_dir().join(format!("tessera-mix-{}.gguf", std::process::id()));
+    let types = "--type Q4_0 --type-of attn_v=Q8_0 --type-of ffn_down=Q6_K \
+                 --type-of token_embd=Q5_0 --untie Q4_0";
+    let mut args = vec![gguf.as_os_str(), copy.as_os_str()];
+    args.extend(types.split_whitespace().map(std::ffi::OsStr::new));
+    llm_script("requantize_gguf.py", &args);
+    quantized_split_gives_genai_s_text("mix", &copy, &["--q4"], "100MiB");
+    let _ = std::fs::remove_file(&copy);
 }
 
-/// The GGUF converted with `flags` and float32 activations, split over two
+/// `gguf` converted with `flags` and float32 activations (a folder and a
+/// cluster named by `label`), split over two
 /// workers of `limit` each, gives onnxruntime-genai's greedy text on that
 /// folder. Float32 activations: with int8 ones (the folders' default) a
 /// different cut lets onnxruntime fuse other kernels across it, which moves
 /// an activation's int8 rounding, and a near tie between two tokens (" 2017"
 /// and " 2018" after "The answer is:") goes either way; the split is
 /// checked on the exact graph.
-fn quantized_split_gives_genai_s_text(flags: &[&str], limit: &str) {
-    let name = format!("q4-split{}-{}", flags.len(), std::process::id());
+fn quantized_split_gives_genai_s_text(
+    label: &str,
+    gguf: &std::path::Path,
+    flags: &[&str],
+    limit: &str,
+) {
+    let name = format!("{label}-split-{}", std::process::id());
     let model = std::env::temp_dir().join(format!("tessera-{name}"));
-    let gguf = smollm2_gguf();
     let mut args: Vec<&std::ffi::OsStr> = vec![gguf.as_os_str(), model.as_os_str()];
     args.extend(flags.iter().map(std::ffi::OsStr::new));
     args.push("--float-activations".as_ref());
