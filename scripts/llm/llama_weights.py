@@ -7,7 +7,8 @@ With `keep_q4`, a GGUF's quantized linear weights stay quantized instead,
 in onnxruntime's MatMulNBits layouts (`gguf_blocks`: Q4_0, Q4_1 and Q4_K
 4-bit; Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 8-bit), and with
 `keep_q8_embedding` a token embedding of a type without minimums (Q8_0,
-Q6_K, Q5_0) stays 8-bit for its lookup and the tied head.
+Q6_K, Q5_0) stays 8-bit for its lookup and the tied head. A head of the
+model's own (GGUF `output.weight`) is `lm_head.weight`, a linear weight.
 """
 
 import gguf
@@ -39,12 +40,14 @@ LM_HEAD = "lm_head.weight"
 
 def hf_name(gguf_name: str) -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
-    base, suffix = gguf_name.rsplit(".", 1)
+    base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[base]}.{suffix}"
-    _, layer, kind = base.split(".", 2)
-    if kind not in _BLOCK_TENSORS:
-        raise ValueError(f"unexpected GGUF tensor {gguf_name}")
+    parts = base.split(".", 2)
+    if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _BLOCK_TENSORS:
+        # rope_freqs (Llama 3's scaled RoPE), biases, other architectures' tensors.
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    _, layer, kind = parts
     return f"model.layers.{layer}.{_BLOCK_TENSORS[kind]}.{suffix}"
 
 
