@@ -31,7 +31,7 @@ if [ ! -f "$gguf_file" ]; then
 fi
 # Bumped when the converter's output changes: folders made by an older
 # one (or stamped otherwise) are made again.
-converter=9
+converter=10
 convert() { # output folder name, converter flags...
   local out="$dest/$1"; shift
   if [ -f "$out/model.onnx" ] && [ -f "$out/genai_config.json" ] &&

@@ -16,8 +16,8 @@ logit difference between them:
   GroupQueryAttention appends in place (onnxruntime's
   past_present_share_buffer mode, what onnxruntime-genai can do).
 
-The same graph serves both: its rows all have the attention mask's width,
-so a left-padded batch appends at the same position in every row.
+The same graph serves both (its rows here all of one length, each
+appended at its own length, which it reads from the mask).
 """
 
 import argparse

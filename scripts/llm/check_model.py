@@ -11,7 +11,9 @@
   and row permutation are checked too), and pick the same most likely
   token at every position;
 - prefill + token-by-token decode through the KV cache equals one full pass,
-  and a left-padded batch equals its rows run alone (same tolerance);
+  and a decode batch of two rows, the shorter's cache padded on the
+  model's side (after its positions where it says `tessera.padding` is
+  `right`, else before), equals its rows run alone (same tolerance);
 - with --expect, the greedy continuation of the first prompt starts with it;
 - the `tokenizers` library and onnxruntime-genai's tokenizer give the same ids,
   `tokenizers` decodes them back to the text and genai to the same text less
@@ -104,20 +106,16 @@ def check_cache(
     )
 
 
-def check_left_padding(
+def check_padded_decode(
     report: Report, decoder: OrtDecoder, long: list[int], short: list[int], relative: float = 1e-3
 ) -> None:
+    """Both rows' last tokens as one decode batch, the shorter row's cache
+    padded on the model's side, against each row alone."""
     pad = len(long) - len(short)
-    ids = np.array([long, [decoder.config.pad_token_id] * pad + short])
-    mask = np.array([[1] * len(long), [0] * pad + [1] * len(short)])
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    logits, _ = decoder.step(ids, mask, positions, decoder.empty_past(2))
-    if logits.shape[1] == 1:  # the last position only
-        batched, alone = logits[:, 0], np.stack([decoder.prefix(r)[-1] for r in (long, short)])
-    else:
-        batched = np.concatenate([logits[0], logits[1, pad:]])
-        alone = np.concatenate([decoder.full(long), decoder.full(short)])
-    report.close(f"left-padded batch of 2 (pad {pad}) vs rows alone", batched, alone, relative)
+    batched = decoder.padded_decode([long, short])
+    alone = np.stack([decoder.prefix(r)[-1] for r in (long, short)])
+    side = "right" if decoder.pads_right else "left"
+    report.close(f"{side}-padded decode batch of 2 (pad {pad}) vs rows alone", batched, alone, relative)
 
 
 def check_tokenizers(report: Report, hf: Tokenizer, genai: og.Tokenizer, texts: list[str]) -> None:
@@ -207,7 +205,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--logits-only", action="store_true",
-        help="only the logits' checks: against numpy, through the cache, left-padded",
+        help="only the logits' checks: against numpy, through the cache, a padded batch",
     )
     return parser.parse_args()
 
@@ -230,7 +228,7 @@ def main() -> int:
         # activations round a step differently with other shapes).
         short = [int(i) for i in genai_tokenizer.encode(PROMPTS[1])]
         check_cache(report, decoder, ids, 4, args.tolerance)
-        check_left_padding(report, decoder, ids, short, args.tolerance)
+        check_padded_decode(report, decoder, ids, short, args.tolerance)
         print(f"{report.failures} failure(s)")
         return 1 if report.failures else 0
     # The full checks compare with the `tokenizers` library and jinja2.
@@ -240,7 +238,7 @@ def main() -> int:
     if ids != hf.encode(PROMPTS[0] + " Paris. It is known for").ids:
         report.check("tokenizers vs genai", False, "the check's prompt encodes differently")
     check_cache(report, decoder, ids, prefill=4)
-    check_left_padding(report, decoder, ids, hf.encode(PROMPTS[1]).ids)
+    check_padded_decode(report, decoder, ids, hf.encode(PROMPTS[1]).ids)
     if args.expect is not None:
         continuation = hf.decode(decoder.greedy(hf.encode(PROMPTS[0]).ids, NEW_TOKENS))
         report.check(

@@ -11,9 +11,10 @@ as one node).
   up (and the minimums one small product each), where they are of one form.
 - Attention is com.microsoft `GroupQueryAttention` over the packed q/k/v:
   RoPE at position_ids (cos and sin tables of the context's length), the
-  cache appended, and an additive bias from the causal and padding mask
-  instead of per-row lengths, so decode batches may be left-padded as
-  Tessera pads them.
+  cache appended at each row's own length (`seqlens_k` from the attention
+  mask), so a decode batch pads each row after its positions (the model
+  says so: metadata `tessera.padding` = `right`) and a short row reads
+  only its own.
 
 The interface (inputs, outputs, state pairs) is the plain graph's.
 """
@@ -25,9 +26,6 @@ from llama_config import LlamaConfig
 from gguf_blocks import Q4Weight, Q8Weight, concat_rows
 from onnx_graph import MS_DOMAIN, GraphBuilder, linear, rms_norm
 
-# The attention bias where a query may not attend: large enough to zero its
-# weight, finite so that a padded query (all its keys masked) gets no NaN.
-MASKED_BIAS = float(np.finfo(np.float32).min) / 2
 
 
 def stacked(weights: dict, names: list[str]) -> Q4Weight | Q8Weight | np.ndarray | None:
@@ -110,24 +108,22 @@ def rotary_caches(b: GraphBuilder, config: LlamaConfig) -> tuple[str, str]:
     return cos, sin
 
 
-def attention_inputs(b: GraphBuilder, mask: str) -> dict:
+def attention_inputs(b: GraphBuilder) -> dict:
     """What every layer's GroupQueryAttention reads besides q, k, v and the
-    cache: an additive bias from the causal and padding mask ([B, 1, S, T]:
-    0 where a query may attend, a large negative number elsewhere), and
-    every row's length as the whole width T (a row's padding is at its
-    start, masked by the bias, not cut by a shorter length: decode batches
-    are left-padded) and T itself."""
-    p = "/model/attn_bias"
-    mask = b.op("Squeeze", [mask, b.const([1])], f"{p}/Squeeze")
-    zero, masked = b.const(0.0, np.float32), b.const(MASKED_BIAS, np.float32)
-    bias = b.op("Where", [mask, zero, masked], f"{p}/Where")
+    cache: each row's length (`seqlens_k`: its attention mask's sum less
+    one) and the mask's width T. A row's padding is after its own
+    positions (the model's `tessera.padding` is `right`): the attention
+    appends the new position at the row's own length and reads that many,
+    so a short row in a decode batch does not read the longest row's
+    positions (padding before them would be read, masked or not)."""
+    p = "/model/attn_lengths"
+    lengths = b.op("ReduceSum", ["attention_mask", b.const([1])], f"{p}/ReduceSum", keepdims=0)
+    lengths = b.op("Cast", [lengths], f"{p}/Cast", to=TensorProto.INT32)
+    seqlens = b.op("Sub", [lengths, b.const(1, np.int32)], f"{p}/seqlens/Sub")
     total = b.op("Shape", ["attention_mask"], f"{p}/total/Shape", start=1, end=2)
     total = b.op("Cast", [total], f"{p}/total/Cast", to=TensorProto.INT32)
-    rows = b.op("Shape", ["input_ids"], f"{p}/rows/Shape", start=0, end=1)
-    last = b.op("Sub", [total, b.const([1], np.int32)], f"{p}/seqlens/Sub")
-    seqlens = b.op("Expand", [last, rows], f"{p}/seqlens/Expand")
     total = b.op("Squeeze", [total, b.const([0])], f"{p}/total/Squeeze")
-    return {"bias": bias, "seqlens": seqlens, "total": total}
+    return {"seqlens": seqlens, "total": total}
 
 
 def fused_attention(
@@ -145,7 +141,7 @@ def fused_attention(
     cos, sin = shared["rotary"]
     past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
     inputs = [qkv, "", "", past_k, past_v, attn["seqlens"], attn["total"], cos, sin,
-              "position_ids", attn["bias"]]
+              "position_ids"]
     context = f"{p}/GroupQueryAttention/output_0"
     outputs = [context, f"present.{layer}.key", f"present.{layer}.value"]
     b.op_outputs(

@@ -29,6 +29,10 @@ OPSET = 17
 IR_VERSION = 8
 PRODUCER = "tessera-convert-gguf"
 STATE_PAIRS_KEY = "tessera.state_pairs"
+# Where a decode batch pads each row's cache (Tessera reads it): "right",
+# after the row's positions, for a graph that reads each row's length from
+# its mask; absent, before them.
+PADDING_KEY = "tessera.padding"
 MASKED_SCORE = float(np.finfo(np.float32).min)
 # MatMulNBits' accuracy level: 4 computes with int8 activations (onnxruntime's
 # fastest CPU kernels), 0 in float32 (slower; what checks use to see the
@@ -342,7 +346,7 @@ def build_model(
         from onnx_fused import attention_inputs, fused_final_norm, fused_layers, rotary_caches
 
         shared = {"rotary": rotary_caches(b, config)}
-        shared["attention"] = attention_inputs(b, attention_mask(b))
+        shared["attention"] = attention_inputs(b)
         delta, residual = fused_layers(b, config, weights, x, shared)
         x = fused_final_norm(b, config, weights, delta, residual)
     else:
@@ -360,5 +364,8 @@ def build_model(
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name=PRODUCER)
     model.ir_version = IR_VERSION
-    helper.set_model_props(model, {STATE_PAIRS_KEY: json.dumps(state_pairs(config))})
+    props = {STATE_PAIRS_KEY: json.dumps(state_pairs(config))}
+    if fused:  # GroupQueryAttention appends at each row's length (see onnx_fused)
+        props[PADDING_KEY] = "right"
+    helper.set_model_props(model, props)
     return model

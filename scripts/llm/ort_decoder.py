@@ -24,6 +24,10 @@ class OrtDecoder:
             i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")
         ]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # Where a decode batch pads each row's cache: after its positions
+        # where the model says so (it reads each row's length from the mask).
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        self.pads_right = metadata.get("tessera.padding") == "right"
 
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         shape = (batch, self.config.num_kv_heads, 0, self.config.head_dim)
@@ -54,6 +58,32 @@ class OrtDecoder:
         if rows.shape[0] == len(input_ids):
             return rows
         return np.concatenate([self.prefix(input_ids[: n + 1])[-1:] for n in range(len(input_ids))])
+
+    def padded_decode(self, rows: list[list[int]]) -> np.ndarray:
+        """The last token of each row as one decode batch ([rows, V]), as
+        Tessera runs it: each row's cache made alone from its other tokens,
+        padded with zeros to the longest on the model's side, the mask
+        saying which positions are the row's."""
+        caches = [self.step([r[:-1]], np.ones((1, len(r) - 1)), [np.arange(len(r) - 1)],
+                            self.empty_past(1))[1] for r in rows]
+        longest = max(len(r) - 1 for r in rows)
+        mask = np.zeros((len(rows), longest + 1), dtype=np.int64)
+        past = {}
+        for name in self.past_names:
+            shape = list(caches[0][name].shape)
+            shape[0], shape[2] = len(rows), longest
+            past[name] = np.zeros(shape, dtype=np.float32)
+        for b, (row, cache) in enumerate(zip(rows, caches)):
+            own = len(row) - 1
+            start = 0 if self.pads_right else longest - own
+            for name in self.past_names:
+                past[name][b, :, start : start + own] = cache[name][0]
+            mask[b, start : start + own] = 1
+            mask[b, own if self.pads_right else longest] = 1  # the new token
+        ids = [[r[-1]] for r in rows]
+        positions = [[len(r) - 1] for r in rows]
+        logits, _ = self.step(ids, mask, positions, past)
+        return logits[:, -1]
 
     def prefix(self, input_ids: list[int]) -> np.ndarray:
         """The logits one call over `input_ids` answers: [S, V], or [1, V]

@@ -56,6 +56,9 @@ pub struct Feed {
     past: Vec<PastInput>,
     /// Every state pair has a positions axis.
     pads_state: bool,
+    /// A batch pads each row after its own positions (the model reads
+    /// each row's length from the mask), not before them.
+    pads_right: bool,
     /// The token ids' first (batch) dimension is not fixed.
     batches: bool,
 }
@@ -79,6 +82,7 @@ impl Feed {
             position_ids: None,
             past: Vec::new(),
             pads_state: pairs.iter().all(|p| p.axis.is_some()),
+            pads_right: pairs.iter().all(|p| p.pads_right),
             batches: false,
         };
         for tensor in &signature.inputs {
@@ -148,7 +152,9 @@ impl Feed {
     /// The inputs of decode steps of several sequences, one row each
     /// (`(token, past)`: the sequence's last token and the positions its
     /// stages keep): the token at its own position, attending to its own
-    /// `past` positions, left-padded to `positions`, and itself.
+    /// `past` positions and itself, padded to `positions` before them (or
+    /// after them where the model pads right: its mask then says each
+    /// row's length).
     pub fn decode(
         &self,
         rows: &[(u32, u32)],
@@ -163,8 +169,14 @@ impl Feed {
             let mut mask = Vec::with_capacity(b * width);
             for &(_, past) in rows {
                 let padding = positions.checked_sub(past).ok_or(FeedError::RowPastBatch)?;
-                mask.extend(std::iter::repeat_n(0, padding as usize));
-                mask.extend(std::iter::repeat_n(1, width - padding as usize));
+                let (own, pad) = (width - padding as usize, padding as usize);
+                if self.pads_right {
+                    mask.extend(std::iter::repeat_n(1, own));
+                    mask.extend(std::iter::repeat_n(0, pad));
+                } else {
+                    mask.extend(std::iter::repeat_n(0, pad));
+                    mask.extend(std::iter::repeat_n(1, own));
+                }
             }
             inputs.insert(name.clone(), ints(*elem, b, &mask)?);
         }
@@ -207,4 +219,60 @@ fn empty_state(past: &PastInput) -> Result<Tensor, FeedError> {
         name: past.name.clone(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::routes::TensorSig;
+
+    fn sig(name: &str, shape: Vec<Dim>) -> TensorSig {
+        TensorSig {
+            name: name.into(),
+            elem: Some(if name == "past" { 1 } else { 7 }),
+            shape: Some(shape),
+        }
+    }
+
+    /// A decoder's signature: ids, mask, positions and one state input
+    /// `[batch, 3, positions, 4]`.
+    fn feed(pads_right: bool) -> Feed {
+        let sym = |s: &str| Dim::Sym(s.into());
+        let rows = || vec![sym("batch"), sym("sequence")];
+        let signature = Signature {
+            inputs: vec![
+                sig("input_ids", rows()),
+                sig("attention_mask", rows()),
+                sig("position_ids", rows()),
+                sig(
+                    "past",
+                    vec![sym("batch"), Dim::Known(3), sym("past"), Dim::Known(4)],
+                ),
+            ],
+            outputs: vec![sig(LOGITS, rows())],
+        };
+        let pair = StatePair {
+            present: "present".into(),
+            past: "past".into(),
+            axis: Some(2),
+            pads_right,
+        };
+        Feed::new(&signature, &[pair]).expect("feed")
+    }
+
+    #[test]
+    fn a_batch_s_mask_pads_each_row_on_the_model_s_side() {
+        // Rows holding 2 and 4 positions, padded to 4; each step adds one.
+        let rows = [(5, 2), (7, 4)];
+        let mask = |f: Feed| {
+            let inputs = f.decode(&rows, 4).expect("decode");
+            inputs[ATTENTION_MASK].int_values().expect("ints")
+        };
+        let left = [0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+        assert_eq!(mask(feed(false)), left);
+        let right = [1, 1, 1, 0, 0, 1, 1, 1, 1, 1];
+        assert_eq!(mask(feed(true)), right);
+        let inputs = feed(true).decode(&rows, 4).expect("decode");
+        assert_eq!(inputs[POSITION_IDS].int_values(), Some(vec![2, 4]));
+    }
 }

@@ -15,7 +15,7 @@ mod state;
 
 pub use collections::{OPTIONAL_OP, SEQUENCE_OPS};
 
-pub use state::{StateError, StatePair, STATE_PAIRS_KEY};
+pub use state::{StateError, StatePair, PADDING_KEY, STATE_PAIRS_KEY};
 
 use std::collections::HashMap;
 

@@ -8,6 +8,14 @@
 //! of `[output, input]`) or, without it, from the names Hugging Face
 //! Optimum and onnxruntime-genai use: an output `present<rest>` pairs with
 //! the input `past_key_values<rest>` or `past<rest>`.
+//!
+//! Where a batch of sequences of different lengths pads each row's state
+//! is the model's to say (`tessera.padding`): before the row's positions
+//! (`left`, the default: every row's new position is the last, its
+//! padding masked), or after them (`right`: the model reads each row's
+//! length from its attention mask, as onnxruntime's GroupQueryAttention
+//! does with `seqlens_k`, and appends at it, so a short row's step does
+//! not read the longest row's positions).
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +23,10 @@ use super::{Dim, Graph};
 
 /// Metadata key that declares a model's state pairs.
 pub const STATE_PAIRS_KEY: &str = "tessera.state_pairs";
+
+/// Metadata key that says where a batch pads each row's state: `left`
+/// (the default) or `right`.
+pub const PADDING_KEY: &str = "tessera.padding";
 
 /// One output fed back as an input at the next step.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -29,12 +41,18 @@ pub struct StatePair {
     /// together (each padded to the longest); `None`: they do not.
     #[serde(default)]
     pub axis: Option<u32>,
+    /// A batch pads this state after each row's own positions (the
+    /// model's `tessera.padding` is `right`), not before them.
+    #[serde(default)]
+    pub pads_right: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StateError {
     #[error("metadata {STATE_PAIRS_KEY} is not a JSON list of [output, input] pairs: {0}")]
     BadMetadata(String),
+    #[error("metadata {PADDING_KEY} is {0:?}, not \"left\" or \"right\"")]
+    BadPadding(String),
     #[error("state pair {present} → {past}: {why}")]
     Mismatch {
         present: String,
@@ -52,12 +70,29 @@ impl Graph {
             Some(pairs) => pairs,
             None => self.state_pairs_by_name(),
         };
+        let pads_right = self.pads_right()?;
         let mut pairs = pairs;
         for pair in &mut pairs {
             self.check_state_pair(pair)?;
             pair.axis = self.positions_axis(&pair.past);
+            pair.pads_right = pads_right;
         }
         Ok(pairs)
+    }
+
+    /// Whether the model's metadata says `tessera.padding` is `right`.
+    fn pads_right(&self) -> Result<bool, StateError> {
+        let declared = self
+            .model()
+            .metadata_props
+            .iter()
+            .find(|e| e.key.as_deref() == Some(PADDING_KEY))
+            .map(|e| e.value.as_deref().unwrap_or(""));
+        match declared {
+            None | Some("left") => Ok(false),
+            Some("right") => Ok(true),
+            Some(other) => Err(StateError::BadPadding(other.to_string())),
+        }
     }
 
     /// The positions axis of state input `past` (see [`StatePair::axis`]).
@@ -94,6 +129,7 @@ impl Graph {
                     present,
                     past,
                     axis: None,
+                    pads_right: false,
                 })
                 .collect(),
         ))
@@ -118,6 +154,7 @@ impl Graph {
                         present: present.clone(),
                         past,
                         axis: None,
+                        pads_right: false,
                     })
             })
             .collect()

@@ -25,9 +25,10 @@ pub struct SequenceStep {
 
 /// The sequence steps a request is: one per row of its tensors, in row
 /// order. Several rows are decode steps of different sequences run as one
-/// batch (continuous batching); each row's kept state is left-padded with
-/// zeros to `positions` along its positions axis and the attention mask
-/// masks the padding, and each row keeps only its own positions after.
+/// batch (continuous batching); each row's kept state is padded with
+/// zeros to `positions` along its positions axis (before its positions,
+/// or after them where the model says so) and the attention mask masks
+/// the padding, and each row keeps only its own positions after.
 /// A fresh step is always alone.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Steps {

@@ -1,7 +1,7 @@
 //! State pairs: found by the Optimum / onnxruntime-genai names or declared
 //! in metadata, checked, kept on one device, and their memory counted.
 
-use tessera_common::graph::{Graph, StateError, StatePair, STATE_PAIRS_KEY};
+use tessera_common::graph::{Graph, StateError, StatePair, PADDING_KEY, STATE_PAIRS_KEY};
 use tessera_common::onnx::proto::{GraphProto, StringStringEntryProto};
 use tessera_common::onnx::{tensor_info, ElemType};
 use tessera_common::synth::{node, opset17};
@@ -55,6 +55,7 @@ fn pairs_are_found_by_the_genai_names() {
             present: "present.0.key".into(),
             past: "past_key_values.0.key".into(),
             axis: None,
+            pads_right: false,
         }]
     );
     // 4 floats per position; 10 positions → 160 bytes, on the Concat.
@@ -90,6 +91,32 @@ fn pairs_come_from_metadata_and_are_checked() {
     let graph = Graph::from_model(model).expect("graph");
     let err = graph.state_pairs().unwrap_err();
     assert!(err.to_string().contains("not a JSON list"), "{err}");
+}
+
+#[test]
+fn the_model_says_on_which_side_a_batch_pads_its_state() {
+    let g = with_axis(decoder_like("past_key_values.0.key", "present.0.key", 2));
+    let mut model = opset17(g);
+    let pads_right = |model: &tessera_common::onnx::proto::ModelProto| {
+        let graph = Graph::from_model(model.clone()).expect("graph");
+        graph.state_pairs().map(|p| p[0].pads_right)
+    };
+    assert_eq!(pads_right(&model), Ok(false), "left unless it says");
+    model.metadata_props.push(StringStringEntryProto {
+        key: Some(PADDING_KEY.into()),
+        value: Some("right".into()),
+    });
+    assert_eq!(pads_right(&model), Ok(true));
+    model.metadata_props[0].value = Some("left".into());
+    assert_eq!(pads_right(&model), Ok(false));
+    model.metadata_props[0].value = Some("middle".into());
+    let err = pads_right(&model).unwrap_err();
+    assert_eq!(err, StateError::BadPadding("middle".into()));
+    assert!(
+        err.to_string()
+            .contains("\"middle\", not \"left\" or \"right\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -59,6 +59,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
                 present: "present.0.key".into(),
                 past: "past_key_values.0.key".into(),
                 axis: Some(2),
+                pads_right: true,
             }],
             max_sequences: 4,
             max_queued: 16,

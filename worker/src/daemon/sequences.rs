@@ -47,8 +47,9 @@ pub struct Slot {
     pub at: usize,
     /// The pair's input name (what the state is kept as).
     pub past: Arc<str>,
-    /// The positions axis, along which rows of a batch are padded.
-    pub axis: Option<usize>,
+    /// The positions axis, along which rows of a batch are padded, and
+    /// on which side.
+    pub axis: Option<state_rows::PadAxis>,
 }
 
 /// Which of a subgraph's inputs and outputs are state.
@@ -68,7 +69,12 @@ impl StateSlots {
             let slot = |at| Slot {
                 at,
                 past: pair.past.as_str().into(),
-                axis: pair.axis.and_then(|a| usize::try_from(a).ok()),
+                axis: pair.axis.and_then(|a| usize::try_from(a).ok()).map(|axis| {
+                    state_rows::PadAxis {
+                        axis,
+                        right: pair.pads_right,
+                    }
+                }),
             };
             if let Some(i) = inputs.iter().position(|n| **n == *pair.past) {
                 slots.reads.push(slot(i));
@@ -108,7 +114,7 @@ struct Kept {
 }
 
 /// One row of a kept batch: its sequence, the step its state is the
-/// input of, and its left padding.
+/// input of, and its padding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct GroupRow {
     id: u64,
@@ -121,7 +127,7 @@ struct GroupRow {
 /// axis.
 struct Group {
     rows: Vec<GroupRow>,
-    values: HashMap<Arc<str>, (Value, Option<usize>)>,
+    values: HashMap<Arc<str>, (Value, Option<state_rows::PadAxis>)>,
 }
 
 impl Group {
@@ -221,7 +227,7 @@ impl SequenceStore {
                 && wanted.iter().all(|r| kept.contains_key(&r.id))
                 && slots.reads.iter().all(|slot| {
                     g.values.get(&slot.past).is_some_and(|(v, axis)| {
-                        axis.is_none_or(|a| v.tensor.shape().get(a) == Some(&positions))
+                        axis.is_none_or(|a| v.tensor.shape().get(a.axis) == Some(&positions))
                     })
                 })
         });
@@ -302,7 +308,7 @@ impl SequenceStore {
             // Each row must hold what the step says (the padding is sized by it).
             if let Some(axis) = slot.axis {
                 for (row, t) in steps.rows.iter().zip(&rows) {
-                    let held = t.shape().get(axis).copied();
+                    let held = t.shape().get(axis.axis).copied();
                     if held != Some(row.past as usize) {
                         return Err(SequenceError::Positions {
                             sequence: row.id,
@@ -562,6 +568,7 @@ mod tests {
             present: "present".into(),
             past: "past".into(),
             axis,
+            pads_right: false,
         }]
     }
 

@@ -1,13 +1,17 @@
 //! Kept state of several sequences as one batch and back: each sequence's
-//! state (batch 1) left-padded with zeros to the batch's positions along
-//! its positions axis and stacked along the first axis; after the step,
-//! each row cut back to its own positions (the padding dropped). The
-//! attention mask the coordinator sends masks the padded positions, so
-//! they change nothing.
+//! state (batch 1) padded with zeros to the batch's positions along its
+//! positions axis and stacked along the first axis; after the step, each
+//! row cut back to its own positions (the padding dropped). The attention
+//! mask the requester sends masks the padded positions, so they change
+//! nothing.
 //!
-//! A row keeps the same bytes as it would alone: padding only adds zeros
-//! in front, and the cut takes the row's own positions (old ones and the
-//! step's new one).
+//! The padding goes before a row's positions (left, the default: the
+//! step's new position is the last of every row) or after them (right,
+//! where the model says so: it appends at each row's own length, which
+//! it reads from the mask, so a short row does not read the longest
+//! row's positions). A row keeps the same bytes as it would alone: the
+//! padding only adds zeros, and the cut takes the row's own positions
+//! (old ones and the step's new one).
 
 use bytes::{Bytes, BytesMut};
 use tessera_common::onnx::ElemType;
@@ -39,6 +43,27 @@ pub enum StateRowsError {
     Tensor(#[from] TensorError),
 }
 
+/// The positions axis of a kept state, and on which side of a row's own
+/// positions a batch pads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PadAxis {
+    pub axis: usize,
+    /// After the row's positions (the model appends at each row's own
+    /// length), not before them.
+    pub right: bool,
+}
+
+impl PadAxis {
+    /// Where a row's own `own` positions start among `positions`.
+    fn start(self, own: usize, positions: usize) -> usize {
+        if self.right {
+            0
+        } else {
+            positions - own
+        }
+    }
+}
+
 /// A tensor's layout around its positions axis, in bytes: `outer` blocks
 /// (the dimensions between the batch and the axis) of `positions` runs of
 /// `inner` bytes each.
@@ -68,15 +93,16 @@ fn layout(t: &Tensor, axis: usize) -> Result<Layout, StateRowsError> {
 }
 
 /// Rows of one sequence each (`[1, …, own positions, …]`) as one
-/// `[rows, …, positions, …]` tensor, each left-padded with zeros along
-/// `axis` to `positions`. Without an axis every row must already hold
-/// `positions` (they are only stacked). One row that needs no padding is
-/// passed through without a copy.
+/// `[rows, …, positions, …]` tensor, each padded with zeros along `pad`'s
+/// axis to `positions`, on its side. Without an axis every row must
+/// already hold `positions` (they are only stacked). One row that needs
+/// no padding is passed through without a copy.
 pub fn stack(
     rows: Vec<Tensor>,
-    axis: Option<usize>,
+    pad: Option<PadAxis>,
     positions: usize,
 ) -> Result<Tensor, StateRowsError> {
+    let axis = pad.map(|p| p.axis);
     let first = rows.first().ok_or(StateRowsError::NoRows)?;
     let own = |t: &Tensor| axis.and_then(|a| t.shape().get(a).copied());
     if rows.len() == 1 && axis.is_none_or(|_| own(first) == Some(positions)) {
@@ -97,7 +123,7 @@ pub fn stack(
         });
     }
     let mut shape = first.shape().to_vec();
-    let Some(axis) = axis else {
+    let Some(pad) = pad else {
         // Nothing to pad along: the rows must agree exactly.
         shape[0] = rows.len();
         let mut data = BytesMut::with_capacity(rows.iter().map(|t| t.bytes().len()).sum());
@@ -106,6 +132,7 @@ pub fn stack(
         }
         return Ok(Tensor::new(first.elem(), shape, data.freeze())?);
     };
+    let axis = pad.axis;
     let Layout { outer, inner } = layout(first, axis)?;
     shape[0] = rows.len();
     shape[axis] = positions;
@@ -118,22 +145,22 @@ pub fn stack(
         let run = own * inner;
         for o in 0..outer {
             let from = o * run;
-            let to = ((b * outer + o) * positions + (positions - own)) * inner;
+            let to = ((b * outer + o) * positions + pad.start(own, positions)) * inner;
             data[to..to + run].copy_from_slice(&t.bytes()[from..from + run]);
         }
     }
     Ok(Tensor::new(first.elem(), shape, data.freeze())?)
 }
 
-/// Row `row` of a state output of a request of `rows` rows, its first
-/// `padding` positions along `axis` dropped (`[1, …, positions − padding,
-/// …]`). A request of one row without padding keeps the output as it is
-/// (no copy).
+/// Row `row` of a state output of a request of `rows` rows, its
+/// `padding` positions along `pad`'s axis dropped from their side (`[1,
+/// …, positions − padding, …]`). A request of one row without padding
+/// keeps the output as it is (no copy).
 pub fn unstack(
     t: &Tensor,
     row: usize,
     rows: usize,
-    axis: Option<usize>,
+    pad: Option<PadAxis>,
     padding: usize,
 ) -> Result<Tensor, StateRowsError> {
     if rows == 1 && padding == 0 {
@@ -150,7 +177,7 @@ pub fn unstack(
         return Err(StateRowsError::NoSuchRow { rows, row });
     }
     let data: Bytes = t.shared_bytes();
-    let Some(axis) = axis.filter(|_| padding > 0) else {
+    let Some(pad) = pad.filter(|_| padding > 0) else {
         // One row's contiguous bytes.
         let each = data.len() / rows;
         let mut one = shape.to_vec();
@@ -161,6 +188,7 @@ pub fn unstack(
             data.slice(row * each..(row + 1) * each),
         )?);
     };
+    let axis = pad.axis;
     let Layout { outer, inner } = layout(t, axis)?;
     let positions = shape[axis];
     let kept = positions
@@ -168,7 +196,7 @@ pub fn unstack(
         .ok_or(StateRowsError::Overpadded { padding, positions })?;
     let mut out = BytesMut::with_capacity(outer * kept * inner);
     for o in 0..outer {
-        let from = ((row * outer + o) * positions + padding) * inner;
+        let from = ((row * outer + o) * positions + pad.start(kept, positions)) * inner;
         out.extend_from_slice(&data[from..from + kept * inner]);
     }
     let mut one = shape.to_vec();
@@ -181,6 +209,15 @@ pub fn unstack(
 mod tests {
     use super::*;
 
+    const LEFT: Option<PadAxis> = Some(PadAxis {
+        axis: 2,
+        right: false,
+    });
+    const RIGHT: Option<PadAxis> = Some(PadAxis {
+        axis: 2,
+        right: true,
+    });
+
     /// `[1, heads, positions, 2]` with values that say where they are.
     fn state(heads: usize, positions: usize, tag: f32) -> Tensor {
         let values: Vec<f32> = (0..heads * positions * 2).map(|i| tag + i as f32).collect();
@@ -190,23 +227,42 @@ mod tests {
     #[test]
     fn rows_pad_on_the_left_and_cut_back_to_their_own() {
         let (a, b) = (state(3, 2, 100.0), state(3, 4, 200.0));
-        let batch = stack(vec![a.clone(), b.clone()], Some(2), 4).expect("stack");
+        let batch = stack(vec![a.clone(), b.clone()], LEFT, 4).expect("stack");
         assert_eq!(batch.shape(), [2, 3, 4, 2]);
         let v = batch.float_values().expect("floats");
         // Row 0, head 0: two padded positions (zeros), then a's own.
         assert_eq!(&v[..8], &[0.0, 0.0, 0.0, 0.0, 100.0, 101.0, 102.0, 103.0]);
         // Row 1 is b unchanged.
         assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
-        assert_eq!(unstack(&batch, 0, 2, Some(2), 2).expect("a"), a);
-        assert_eq!(unstack(&batch, 1, 2, Some(2), 0).expect("b"), b);
+        assert_eq!(unstack(&batch, 0, 2, LEFT, 2).expect("a"), a);
+        assert_eq!(unstack(&batch, 1, 2, LEFT, 0).expect("b"), b);
+    }
+
+    #[test]
+    fn rows_pad_on_the_right_where_the_model_says_and_cut_back_to_their_own() {
+        let (a, b) = (state(3, 2, 100.0), state(3, 4, 200.0));
+        let batch = stack(vec![a.clone(), b.clone()], RIGHT, 4).expect("stack");
+        assert_eq!(batch.shape(), [2, 3, 4, 2]);
+        let v = batch.float_values().expect("floats");
+        // Row 0, head 0: a's own two positions, then two padded (zeros).
+        assert_eq!(&v[..8], &[100.0, 101.0, 102.0, 103.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
+        assert_eq!(unstack(&batch, 0, 2, RIGHT, 2).expect("a"), a);
+        assert_eq!(unstack(&batch, 1, 2, RIGHT, 0).expect("b"), b);
+        // A step's output: each row's new position right after its own.
+        let grown = stack(vec![state(3, 3, 100.0), state(3, 5, 200.0)], RIGHT, 5).expect("grown");
+        assert_eq!(
+            unstack(&grown, 0, 2, RIGHT, 2).expect("a"),
+            state(3, 3, 100.0)
+        );
     }
 
     #[test]
     fn one_row_without_padding_is_not_copied() {
         let a = state(2, 3, 0.0);
-        let same = stack(vec![a.clone()], Some(2), 3).expect("stack");
+        let same = stack(vec![a.clone()], LEFT, 3).expect("stack");
         assert_eq!(same.bytes().as_ptr(), a.bytes().as_ptr());
-        let back = unstack(&same, 0, 1, Some(2), 0).expect("unstack");
+        let back = unstack(&same, 0, 1, LEFT, 0).expect("unstack");
         assert_eq!(back.bytes().as_ptr(), a.bytes().as_ptr());
     }
 
@@ -222,7 +278,7 @@ mod tests {
 
     #[test]
     fn states_that_cannot_batch_are_errors_not_panics() {
-        let err = stack(vec![state(2, 5, 0.0)], Some(2), 4).unwrap_err();
+        let err = stack(vec![state(2, 5, 0.0)], LEFT, 4).unwrap_err();
         assert_eq!(
             err,
             StateRowsError::TooManyPositions {
@@ -231,16 +287,16 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("more than the batch's 4"), "{err}");
-        let err = stack(vec![state(2, 2, 0.0), state(3, 2, 0.0)], Some(2), 2).unwrap_err();
+        let err = stack(vec![state(2, 2, 0.0), state(3, 2, 0.0)], LEFT, 2).unwrap_err();
         assert!(matches!(err, StateRowsError::DoNotBatch { .. }), "{err}");
-        let err = unstack(&state(2, 2, 0.0), 3, 1, Some(2), 1).unwrap_err();
+        let err = unstack(&state(2, 2, 0.0), 3, 1, LEFT, 1).unwrap_err();
         assert_eq!(err, StateRowsError::NoSuchRow { rows: 1, row: 3 });
-        let err = unstack(&state(2, 2, 0.0), 0, 2, Some(2), 0).unwrap_err();
+        let err = unstack(&state(2, 2, 0.0), 0, 2, LEFT, 0).unwrap_err();
         assert!(
             matches!(err, StateRowsError::WrongRows { rows: 2, .. }),
             "{err}"
         );
-        let err = unstack(&state(2, 2, 0.0), 0, 1, Some(2), 5).unwrap_err();
+        let err = unstack(&state(2, 2, 0.0), 0, 1, LEFT, 5).unwrap_err();
         assert_eq!(
             err,
             StateRowsError::Overpadded {
@@ -248,7 +304,15 @@ mod tests {
                 positions: 2
             }
         );
-        let err = stack(vec![state(2, 2, 0.0), state(2, 2, 0.0)], Some(7), 2).unwrap_err();
+        let err = stack(
+            vec![state(2, 2, 0.0), state(2, 2, 0.0)],
+            Some(PadAxis {
+                axis: 7,
+                right: false,
+            }),
+            2,
+        )
+        .unwrap_err();
         assert!(
             matches!(err, StateRowsError::NoPositionsAxis { axis: 7, .. }),
             "{err}"
