@@ -29,6 +29,7 @@ version=0.3.36
 
 build_llama_cpp() {
   local src=$llama/llama_cpp_python-$version/vendor/llama.cpp
+  mkdir -p "$llama"
   if [ ! -d "$src" ]; then
     local sdist=$llama/llama_cpp_python-$version.tar.gz
     if [ ! -f "$sdist" ]; then
@@ -39,7 +40,8 @@ build_llama_cpp() {
         grep -o "href=\"[^\"]*llama_cpp_python-$version.tar.gz[^\"]*\"" | head -1 |
         sed 's/^href="//; s/"$//; s/#.*//')
       [ -n "$url" ] || { echo "llama-cpp-python $version's sdist is not on PyPI's index" >&2; exit 1; }
-      curl -sfL -o "$sdist.part" "$url" && mv "$sdist.part" "$sdist"
+      curl -sfL -o "$sdist.part" "$url" || { echo "downloading $url failed" >&2; exit 1; }
+      mv "$sdist.part" "$sdist"
     fi
     tar -xzf "$sdist" -C "$llama" "llama_cpp_python-$version/vendor/llama.cpp"
   fi
