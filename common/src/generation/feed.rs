@@ -169,14 +169,11 @@ impl Feed {
             let mut mask = Vec::with_capacity(b * width);
             for &(_, past) in rows {
                 let padding = positions.checked_sub(past).ok_or(FeedError::RowPastBatch)?;
-                let (own, pad) = (width - padding as usize, padding as usize);
-                if self.pads_right {
-                    mask.extend(std::iter::repeat_n(1, own));
-                    mask.extend(std::iter::repeat_n(0, pad));
-                } else {
-                    mask.extend(std::iter::repeat_n(0, pad));
-                    mask.extend(std::iter::repeat_n(1, own));
-                }
+                // The row's own positions (and its new one), after its padding
+                // or before it.
+                let start = if self.pads_right { 0 } else { padding as usize };
+                let own = start..start + width - padding as usize;
+                mask.extend((0..width).map(|i| i64::from(own.contains(&i))));
             }
             inputs.insert(name.clone(), ints(*elem, b, &mask)?);
         }

@@ -225,31 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn rows_pad_on_the_left_and_cut_back_to_their_own() {
+    fn rows_pad_on_the_model_s_side_and_cut_back_to_their_own() {
         let (a, b) = (state(3, 2, 100.0), state(3, 4, 200.0));
-        let batch = stack(vec![a.clone(), b.clone()], LEFT, 4).expect("stack");
-        assert_eq!(batch.shape(), [2, 3, 4, 2]);
-        let v = batch.float_values().expect("floats");
-        // Row 0, head 0: two padded positions (zeros), then a's own.
-        assert_eq!(&v[..8], &[0.0, 0.0, 0.0, 0.0, 100.0, 101.0, 102.0, 103.0]);
-        // Row 1 is b unchanged.
-        assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
-        assert_eq!(unstack(&batch, 0, 2, LEFT, 2).expect("a"), a);
-        assert_eq!(unstack(&batch, 1, 2, LEFT, 0).expect("b"), b);
-    }
-
-    #[test]
-    fn rows_pad_on_the_right_where_the_model_says_and_cut_back_to_their_own() {
-        let (a, b) = (state(3, 2, 100.0), state(3, 4, 200.0));
-        let batch = stack(vec![a.clone(), b.clone()], RIGHT, 4).expect("stack");
-        assert_eq!(batch.shape(), [2, 3, 4, 2]);
-        let v = batch.float_values().expect("floats");
-        // Row 0, head 0: a's own two positions, then two padded (zeros).
-        assert_eq!(&v[..8], &[100.0, 101.0, 102.0, 103.0, 0.0, 0.0, 0.0, 0.0]);
-        assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
-        assert_eq!(unstack(&batch, 0, 2, RIGHT, 2).expect("a"), a);
-        assert_eq!(unstack(&batch, 1, 2, RIGHT, 0).expect("b"), b);
-        // A step's output: each row's new position right after its own.
+        let zeros = [0.0; 4];
+        let own = [100.0, 101.0, 102.0, 103.0];
+        // Row 0, head 0: two padded positions (zeros) before a's own, or after.
+        for (pad, first) in [(LEFT, [zeros, own]), (RIGHT, [own, zeros])] {
+            let batch = stack(vec![a.clone(), b.clone()], pad, 4).expect("stack");
+            assert_eq!(batch.shape(), [2, 3, 4, 2]);
+            let v = batch.float_values().expect("floats");
+            assert_eq!(&v[..8], first.concat().as_slice());
+            // Row 1 is b unchanged.
+            assert_eq!(&v[24..], b.float_values().expect("floats").as_slice());
+            assert_eq!(unstack(&batch, 0, 2, pad, 2).expect("a"), a);
+            assert_eq!(unstack(&batch, 1, 2, pad, 0).expect("b"), b);
+        }
+        // A right-padded step's output: each row's new position right after its own.
         let grown = stack(vec![state(3, 3, 100.0), state(3, 5, 200.0)], RIGHT, 5).expect("grown");
         assert_eq!(
             unstack(&grown, 0, 2, RIGHT, 2).expect("a"),
