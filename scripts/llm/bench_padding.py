@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+
+from llama_config import config_from_hf_json
+from ort_decoder import OrtDecoder
 
 
 def parse_args() -> argparse.Namespace:
@@ -31,50 +33,36 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def step_ms(session, config: dict, lengths: list[int], own: bool, steps: int) -> float:
+def step_ms(decoder: OrtDecoder, lengths: list[int], own: bool, steps: int) -> float:
     """Milliseconds a step: each row reading its own positions (`own`), or
     every row reading the longest row's (its padding before its own)."""
-    layers, heads = config["num_hidden_layers"], config["num_key_value_heads"]
     rows, longest = len(lengths), max(lengths)
     rng = np.random.default_rng(0)
-    shape = (rows, heads, longest, config["head_dim"])
+    config = decoder.config
+    shape = (rows, config.num_kv_heads, longest, config.head_dim)
     past = {
-        f"past_key_values.{layer}.{kind}": (rng.standard_normal(shape) * 0.1).astype(np.float32)
-        for layer in range(layers)
-        for kind in ("key", "value")
+        name: (rng.standard_normal(shape) * 0.1).astype(np.float32) for name in decoder.past_names
     }
-    names = [o.name for o in session.get_outputs()]
     held = list(lengths) if own else [longest] * rows
     began = time.perf_counter()
     for _ in range(steps):
-        width = max(held) + 1
-        mask = np.zeros((rows, width), np.int64)
+        mask = np.zeros((rows, max(held) + 1), np.int64)
         for b, n in enumerate(held):
             mask[b, : n + 1] = 1
-        feed = {
-            "input_ids": np.full((rows, 1), 300, np.int64),
-            "attention_mask": mask,
-            "position_ids": np.array(held, np.int64)[:, None],
-            **past,
-        }
-        out = dict(zip(names, session.run(None, feed)))
-        past = {name: out[name.replace("past_key_values.", "present.")] for name in past}
+        ids = np.full((rows, 1), 300)
+        _, past = decoder.step(ids, mask, np.array(held)[:, None], past)
         held = [n + 1 for n in held]
     return (time.perf_counter() - began) / steps * 1000
 
 
 def main() -> int:
     args = parse_args()
-    config = json.loads((args.folder / "config.json").read_text())
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
-    session = ort.InferenceSession(
-        str(args.folder / "model.onnx"), options, providers=["CPUExecutionProvider"]
-    )
+    config = config_from_hf_json(json.loads((args.folder / "config.json").read_text()))
+    decoder = OrtDecoder(args.folder / "model.onnx", config, args.threads)
     lengths = [int(n) for n in args.lengths.split(",")]
-    step_ms(session, config, lengths, True, 4)  # warm up: the first run pays allocations
-    own = step_ms(session, config, lengths, True, args.steps)
-    longest = step_ms(session, config, lengths, False, args.steps)
+    step_ms(decoder, lengths, True, 4)  # warm up: the first run pays allocations
+    own = step_ms(decoder, lengths, True, args.steps)
+    longest = step_ms(decoder, lengths, False, args.steps)
     print(
         f"rows of {lengths} positions, {args.threads} threads: each its own {own:.1f} ms a step, "
         f"all the longest's {longest:.1f} ms ({longest / own:.2f}x)"

@@ -28,6 +28,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from llama_config import config_from_hf_json
+from ort_decoder import OrtDecoder
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -42,84 +45,67 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-class Decoder:
-    def __init__(self, folder: Path, threads: int, batch: int):
-        config = json.loads((folder / "config.json").read_text())
-        self.layers = config["num_hidden_layers"]
-        self.kv_shape = (batch, config["num_key_value_heads"], config["head_dim"])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        self.session = ort.InferenceSession(
-            str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"]
-        )
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.batch = batch
+def load(folder: Path, threads: int) -> OrtDecoder:
+    config = config_from_hf_json(json.loads((folder / "config.json").read_text()))
+    return OrtDecoder(folder / "model.onnx", config, threads)
 
-    def cache_names(self):
-        for layer in range(self.layers):
-            for kind in ("key", "value"):
-                yield f"past_key_values.{layer}.{kind}", f"present.{layer}.{kind}"
 
-    def tokens(self, ids: np.ndarray, total: int) -> dict:
-        rows, new = ids.shape
-        return {
-            "input_ids": ids.astype(np.int64),
-            "attention_mask": np.ones((rows, total), np.int64),
-            "position_ids": np.tile(np.arange(total - new, total), (rows, 1)).astype(np.int64),
-        }
+def one_token(tokens: np.ndarray, total: int) -> tuple:
+    """Each row's token at position total - 1, attending to all `total`."""
+    rows = len(tokens)
+    return tokens[:, None], np.ones((rows, total)), np.full((rows, 1), total - 1)
 
-    def prefill(self, ids: np.ndarray) -> dict:
-        b, heads, dim = self.kv_shape
-        feed = self.tokens(ids, ids.shape[1])
-        for past, _ in self.cache_names():
-            feed[past] = np.zeros((b, heads, 0, dim), np.float32)
-        return dict(zip(self.outputs, self.session.run(None, feed)))
 
-    def plain(self, first: dict, start: int, steps: int) -> tuple[list, float]:
-        cache = {past: first[present] for past, present in self.cache_names()}
-        token, logits = first["logits"][:, -1].argmax(-1), []
-        began = time.perf_counter()
-        for i in range(steps):
-            feed = self.tokens(token[:, None], start + i + 1)
-            feed.update(cache)
-            out = dict(zip(self.outputs, self.session.run(None, feed)))
-            cache = {past: out[present] for past, present in self.cache_names()}
-            logits.append(out["logits"][:, -1])
-            token = logits[-1].argmax(-1)
-        return logits, time.perf_counter() - began
+def plain(decoder: OrtDecoder, first, cache: dict, start: int, steps: int) -> tuple[list, float]:
+    """Each step's present handed back as the next step's past."""
+    token, logits = first[:, -1].argmax(-1), []
+    began = time.perf_counter()
+    for i in range(steps):
+        out, cache = decoder.step(*one_token(token, start + i + 1), cache)
+        logits.append(out[:, -1])
+        token = logits[-1].argmax(-1)
+    return logits, time.perf_counter() - began
 
-    def shared(self, first: dict, start: int, steps: int, capacity: int) -> tuple[list, float]:
-        b, heads, dim = self.kv_shape
-        buffers = {}
-        for past, present in self.cache_names():
-            array = np.zeros((b, heads, capacity, dim), np.float32)
-            array[:, :, :start] = first[present]
-            buffers[(past, present)] = ort.OrtValue.ortvalue_from_numpy(array)
-        token, logits = first["logits"][:, -1].argmax(-1), []
-        began = time.perf_counter()
-        for i in range(steps):
-            binding = self.session.io_binding()
-            for name, value in self.tokens(token[:, None], start + i + 1).items():
-                binding.bind_cpu_input(name, value)
-            for (past, present), value in buffers.items():
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)
-            binding.bind_output("logits")
-            self.session.run_with_iobinding(binding)
-            logits.append(binding.copy_outputs_to_cpu()[-1][:, -1])
-            token = logits[-1].argmax(-1)
-        return logits, time.perf_counter() - began
+
+def shared(
+    decoder: OrtDecoder, first, cache: dict, start: int, steps: int, capacity: int
+) -> tuple[list, float]:
+    """One buffer per cache tensor bound as both past and present."""
+    buffers = {}
+    for past, value in cache.items():
+        rows, heads, _, dim = value.shape
+        array = np.zeros((rows, heads, capacity, dim), np.float32)
+        array[:, :, :start] = value
+        buffers[past] = ort.OrtValue.ortvalue_from_numpy(array)
+    token, logits = first[:, -1].argmax(-1), []
+    began = time.perf_counter()
+    for i in range(steps):
+        binding = decoder.session.io_binding()
+        names = ("input_ids", "attention_mask", "position_ids")
+        for name, value in zip(names, one_token(token, start + i + 1)):
+            binding.bind_cpu_input(name, np.asarray(value, dtype=np.int64))
+        for past, value in buffers.items():
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(past.replace("past_key_values.", "present."), value)
+        binding.bind_output("logits")
+        decoder.session.run_with_iobinding(binding)
+        logits.append(binding.copy_outputs_to_cpu()[-1][:, -1])
+        token = logits[-1].argmax(-1)
+    return logits, time.perf_counter() - began
 
 
 def main() -> int:
     args = parse_args()
-    decoder = Decoder(args.folder, args.threads, args.batch)
+    decoder = load(args.folder, args.threads)
     ids = np.random.default_rng(0).integers(100, 20000, (args.batch, args.prompt))
-    first = decoder.prefill(ids)
-    plain, plain_s = decoder.plain(first, args.prompt, args.steps)
+    positions = np.tile(np.arange(args.prompt), (args.batch, 1))
+    first, cache = decoder.step(
+        ids, np.ones(ids.shape), positions, decoder.empty_past(args.batch)
+    )
+    plain_logits, plain_s = plain(decoder, first, cache, args.prompt, args.steps)
     capacity = args.prompt + args.steps + args.spare
-    shared, shared_s = decoder.shared(first, args.prompt, args.steps, capacity)
-    diff = max(float(np.abs(a - b).max()) for a, b in zip(plain, shared))
+    shared_logits, shared_s = shared(decoder, first, cache, args.prompt, args.steps, capacity)
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(plain_logits, shared_logits))
     made = args.batch * args.steps
     print(
         f"batch {args.batch}, prompt {args.prompt}, {args.steps} steps, {args.threads} threads, "

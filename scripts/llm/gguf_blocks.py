@@ -15,7 +15,8 @@ A K-quant's per-block factors stay factored (`BlockScales`): a float16 and
 a small integer, whose product is exact in float32 but not in float16. The
 graph multiplies them back at load, so the folder keeps the GGUF's bytes.
 Each decoder follows ggml's reference dequantization (ggml-quants.c); the
-tests check every type against the gguf library's own dequantization.
+tests check each type's converted folder against a numpy forward over the
+gguf library's own dequantization of the same GGUF.
 """
 
 from dataclasses import dataclass
@@ -268,24 +269,3 @@ DECODERS = {
     gguf.GGMLQuantizationType.Q6_K: q8_from_q6_k,
     gguf.GGMLQuantizationType.Q8_0: q8_from_q8_0,
 }
-
-
-def dequantize_q8(w: Q8Weight) -> np.ndarray:
-    """The float32 [out, in] weight a Q8Weight stands for."""
-    weights = (w.blobs.astype(np.float32) - 128.0) * scale_values(w.scales)[..., None]
-    if w.minimums is not None:
-        weights += scale_values(w.minimums)[..., None]
-    return weights.reshape(w.shape)
-
-
-def dequantize_q4(w: Q4Weight) -> np.ndarray:
-    """The float32 [out, in] weight a Q4Weight stands for."""
-    values = np.stack([w.blobs & 0x0F, w.blobs >> 4], axis=-1).reshape(*w.blobs.shape[:2], -1)
-    w = w.with_minimums()
-    weights = values.astype(np.float32) * scale_values(w.scales)[..., None]
-    weights += scale_values(w.minimums)[..., None]
-    return weights.reshape(w.shape)
-
-
-def dequantize(w: Q4Weight | Q8Weight) -> np.ndarray:
-    return dequantize_q4(w) if isinstance(w, Q4Weight) else dequantize_q8(w)
