@@ -129,6 +129,7 @@ fn bad_peers_and_bad_messages_are_refused_and_the_cluster_serves_on() {
             kind: FrameKind::Control,
             header_len: 8,
             payload_len: 1 << 40,
+            shared: false,
         };
         let error = answer_to(&cluster, &huge.encode()).await;
         assert!(error.contains("exceeds the limit"), "{error}");

@@ -60,6 +60,7 @@ pub fn encode_frame<T: Serialize>(
             max: u64::from(limits.max_header),
         })?,
         payload_len,
+        shared: false,
     };
     let mut out = Vec::with_capacity(Prefix::LEN + body.len());
     out.extend_from_slice(&prefix.encode());

@@ -6,19 +6,29 @@
 //!        "TS" | kind | flags | header_len u32 LE | payload_len u64 LE
 //! then header_len bytes of bincode header, then payload_len raw bytes
 //! ```
+//!
+//! One flag is defined, [`FLAG_SHARED`]: the payload on the stream is a
+//! [`SharedSlice`] naming where the real payload lies in the sender's
+//! shared memory (peers on the same host, see [`super::shared`]).
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::codec;
 use super::handshake::Handshake;
 use super::message::Message;
+use super::shared::{SharedPayloads, SharedSlice};
 use super::tensor::TensorHeader;
 use super::WireError;
 
 /// The two bytes every frame starts with.
 pub const MAGIC: [u8; 2] = *b"TS";
+
+/// The prefix's flag for a payload in shared memory: the stream carries a
+/// [`SharedSlice`] in its place.
+pub const FLAG_SHARED: u8 = 1;
 
 /// What a frame's header is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +87,8 @@ pub struct Prefix {
     pub kind: FrameKind,
     pub header_len: u32,
     pub payload_len: u64,
+    /// The payload is a [`SharedSlice`] ([`FLAG_SHARED`]).
+    pub shared: bool,
 }
 
 impl Prefix {
@@ -86,6 +98,7 @@ impl Prefix {
         let mut out = [0u8; Prefix::LEN];
         out[..2].copy_from_slice(&MAGIC);
         out[2] = self.kind as u8;
+        out[3] = if self.shared { FLAG_SHARED } else { 0 };
         out[4..8].copy_from_slice(&self.header_len.to_le_bytes());
         out[8..].copy_from_slice(&self.payload_len.to_le_bytes());
         out
@@ -97,6 +110,13 @@ impl Prefix {
             return Err(WireError::BadMagic([bytes[0], bytes[1]]));
         }
         let kind = FrameKind::from_u8(bytes[2])?;
+        if bytes[3] & !FLAG_SHARED != 0 {
+            return Err(WireError::Decode {
+                what: "frame prefix",
+                reason: format!("unknown flags {:#04x}", bytes[3]),
+            });
+        }
+        let shared = bytes[3] & FLAG_SHARED != 0;
         let header_len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
         let mut payload = [0u8; 8];
         payload.copy_from_slice(&bytes[8..]);
@@ -113,11 +133,33 @@ impl Prefix {
                 max: limits.max_payload,
             });
         }
+        if shared && (payload_len != SharedSlice::LEN as u64 || kind == FrameKind::Handshake) {
+            return Err(WireError::Decode {
+                what: "frame prefix",
+                reason: format!("a shared {} frame of {payload_len} bytes", kind.name()),
+            });
+        }
         Ok(Prefix {
             kind,
             header_len,
             payload_len,
+            shared,
         })
+    }
+
+    /// Turns an encoded frame's start (`head`: prefix and header) into a
+    /// shared frame's, whose payload on the stream is `slice`: the
+    /// returned bytes are the whole frame to write.
+    pub fn shared_frame(head: &[u8], slice: &SharedSlice) -> Result<Vec<u8>, WireError> {
+        if head.len() < Prefix::LEN {
+            return Err(WireError::Truncated(head.len()));
+        }
+        let mut frame = Vec::with_capacity(head.len() + SharedSlice::LEN);
+        frame.extend_from_slice(head);
+        frame[3] |= FLAG_SHARED;
+        frame[8..Prefix::LEN].copy_from_slice(&(SharedSlice::LEN as u64).to_le_bytes());
+        frame.extend_from_slice(&slice.encode());
+        Ok(frame)
     }
 }
 
@@ -159,14 +201,26 @@ pub fn chunks(payload: &Bytes, size: usize) -> impl Iterator<Item = Bytes> + '_ 
 /// rest at once (growing by doubling would hold up to twice a large
 /// model). Memory this process cannot have is an error, not an abort.
 /// Control frames decode as the channel's messages, `M`.
-#[derive(Debug)]
 pub struct FrameDecoder<M> {
     limits: Limits,
     /// Bytes received and not yet returned in a frame: the current
     /// frame's (its prefix once decoded is dropped), then any that follow.
     buffer: Vec<u8>,
     prefix: Option<Prefix>,
+    /// Where shared frames' payloads are read (none: such a frame is an
+    /// error).
+    shared: Option<Arc<dyn SharedPayloads>>,
     channel: PhantomData<fn() -> M>,
+}
+
+impl<M> std::fmt::Debug for FrameDecoder<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameDecoder")
+            .field("pending", &self.buffer.len())
+            .field("prefix", &self.prefix)
+            .field("shared", &self.shared.is_some())
+            .finish()
+    }
 }
 
 /// What a decoder reserves for a frame before its bytes arrive.
@@ -178,8 +232,15 @@ impl<M: Message> FrameDecoder<M> {
             limits,
             buffer: Vec::new(),
             prefix: None,
+            shared: None,
             channel: PhantomData,
         }
+    }
+
+    /// A decoder that reads shared frames' payloads from `shared`.
+    pub fn with_shared(mut self, shared: Option<Arc<dyn SharedPayloads>>) -> FrameDecoder<M> {
+        self.shared = shared;
+        self
     }
 
     /// Adds bytes read from the stream.
@@ -268,8 +329,29 @@ impl<M: Message> FrameDecoder<M> {
         let rest = self.buffer.split_off(body);
         let frame = Bytes::from(std::mem::replace(&mut self.buffer, rest));
         let header = frame.slice(..header_len);
-        let payload = frame.slice(header_len..);
+        let mut payload = frame.slice(header_len..);
+        if prefix.shared {
+            payload = self.take_shared(&payload)?;
+        }
         decode_body(prefix.kind, &header, payload, &self.limits).map(Some)
+    }
+
+    /// A shared frame's payload, copied out of the peer's region.
+    fn take_shared(&self, slice: &[u8]) -> Result<Bytes, WireError> {
+        let slice = SharedSlice::decode(slice)?;
+        if slice.len > self.limits.max_payload {
+            return Err(WireError::PayloadTooLarge {
+                len: slice.len,
+                max: self.limits.max_payload,
+            });
+        }
+        match &self.shared {
+            Some(shared) => shared.take(&slice),
+            None => Err(WireError::Unexpected {
+                expected: "a payload on the stream".into(),
+                got: "one in shared memory, on a stream without it".into(),
+            }),
+        }
     }
 
     /// Call when the stream has ended: an error if a frame was cut off.

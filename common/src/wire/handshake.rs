@@ -56,6 +56,10 @@ pub struct Hello {
     pub role: Role,
     /// The software version, for logs.
     pub software: String,
+    /// On a same-host connection: the shared-memory region this node
+    /// writes the payloads it sends into, for the peer to attach
+    /// (`tessera-net`'s `shared`); `None` elsewhere.
+    pub shared_memory: Option<String>,
 }
 
 impl Hello {
@@ -67,6 +71,7 @@ impl Hello {
             node: node.into(),
             role,
             software: env!("CARGO_PKG_VERSION").into(),
+            shared_memory: None,
         }
     }
 }

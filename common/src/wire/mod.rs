@@ -17,7 +17,8 @@
 //! channel — [`client`] (clients ↔ coordinator), [`cluster`] (coordinator
 //! ↔ workers), [`data`] (requesters ↔ workers), [`peer`] (workers' data
 //! streams) — and the records they carry ([`control`], [`routes`]),
-//! [`tensor`] (tensor frames), [`generate`] (text generation). See
+//! [`tensor`] (tensor frames), [`generate`] (text generation), [`shared`]
+//! (same-host payloads in shared memory: slices and their allocator). See
 //! `docs/protocol.md`.
 //!
 //! # Example
@@ -57,6 +58,7 @@ pub mod message;
 pub mod peer;
 pub mod plan_json;
 pub mod routes;
+pub mod shared;
 pub mod tensor;
 
 pub use frame::{chunks, Frame, FrameDecoder, FrameKind, Limits, Prefix};
@@ -64,8 +66,10 @@ pub use message::{Failure, Message, Progress, Reply, Status};
 
 /// The protocol version this build speaks. Peers must match exactly.
 /// 13: requests go from requesters to workers (the data channel and
-/// routing tables); the coordinator is off the data path.
-pub const PROTOCOL_VERSION: u16 = 14;
+/// routing tables); the coordinator is off the data path. 15: payloads of
+/// same-host peers through shared memory (a prefix flag, the hello's
+/// region).
+pub const PROTOCOL_VERSION: u16 = 15;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

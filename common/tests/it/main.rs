@@ -1,7 +1,7 @@
 //! The graph IR's integration tests, one binary: partitioning (seeds and
 //! properties), placement and memory, affinity cost, simplification,
 //! control flow, malformed models, real models, state pairs, tensors and
-//! the wire protocol.
+//! the wire protocol (shared-memory payloads included).
 
 mod util;
 
@@ -13,6 +13,7 @@ mod partition_props;
 mod partition_seeds;
 mod placement;
 mod real_models;
+mod shared;
 mod simplify;
 mod state;
 mod tensor_interop;

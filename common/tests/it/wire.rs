@@ -188,6 +188,7 @@ fn oversized_frames_are_refused_from_the_prefix() {
         kind: tessera_common::wire::FrameKind::Tensor,
         header_len: 10,
         payload_len: 1 << 40,
+        shared: false,
     };
     assert_eq!(
         Prefix::decode(&prefix.encode(), &small),
