@@ -7,12 +7,17 @@ pub mod cluster;
 pub mod daemons;
 pub mod front_door;
 
+/// `TESSERA_*` variables every binary reads for itself (not configuration
+/// keys): gdb on a crash, the GPU plugin's wgpu backend, shared memory
+/// with peers on the same host (`off`).
+pub const PROCESS_ENV: [&str; 3] = [
+    "TESSERA_CRASH_GDB",
+    "TESSERA_GPU_BACKEND",
+    "TESSERA_SHARED_MEMORY",
+];
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only
 /// on a terminal.
-/// `TESSERA_*` variables every binary reads for itself (not configuration
-/// keys): gdb on a crash, the GPU plugin's wgpu backend.
-pub const PROCESS_ENV: [&str; 2] = ["TESSERA_CRASH_GDB", "TESSERA_GPU_BACKEND"];
-
 pub fn init_tracing() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()

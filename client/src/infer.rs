@@ -22,7 +22,7 @@ use tessera_common::wire::generate::Steps;
 use tessera_common::wire::routes::{CopyState, DeploymentRoute, RoutingTable};
 use tessera_common::wire::tensor::{TensorHeader, TRIGGER};
 use tessera_common::wire::{Failure, Frame, Limits, Message};
-use tessera_net::{exchange, recv_frame_timed, send_frame};
+use tessera_net::{exchange, recv_frame_shared, send_frame_shared};
 use tokio::sync::mpsc;
 
 use crate::peers::Peers;
@@ -449,22 +449,25 @@ async fn one_worker(
             return;
         }
     };
-    if let Err(e) = send_open(&mut send, &open, &tensors, &limits).await {
+    let shared = tessera_net::shared::of(&worker.connection);
+    let sent = send_open(&mut send, shared.as_deref(), &open, &tensors, &limits);
+    if let Err(e) = sent.await {
         send_event(unreachable(e));
         return;
     }
     loop {
-        let frame = match recv_frame_timed::<DataReply>(&mut recv, &limits).await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => {
-                send_event(Event::Finished);
-                return;
-            }
-            Err(e) => {
-                send_event(unreachable(e.to_string()));
-                return;
-            }
-        };
+        let frame =
+            match recv_frame_shared::<DataReply>(shared.as_deref(), &mut recv, &limits).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    send_event(Event::Finished);
+                    return;
+                }
+                Err(e) => {
+                    send_event(unreachable(e.to_string()));
+                    return;
+                }
+            };
         let event = match frame {
             (Frame::Tensor(header, payload), took) => {
                 let head = header.encode(&limits).map_or(0, |h| h.len());
@@ -495,6 +498,7 @@ fn count(worker: &crate::peers::Worker, bytes: usize) {
 
 async fn send_open(
     send: &mut quinn::SendStream,
+    shared: Option<&tessera_net::shared::Shared>,
     open: &Open,
     tensors: &[(String, Tensor)],
     limits: &Limits,
@@ -508,7 +512,7 @@ async fn send_open(
             .in_sequence(open.sequence.clone())
             .encode(limits)
             .map_err(|e| e.to_string())?;
-        send_frame(send, &head, Some(&t.shared_bytes()))
+        send_frame_shared(shared, send, &head, Some(&t.shared_bytes()))
             .await
             .map_err(|e| e.to_string())?;
     }

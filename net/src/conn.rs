@@ -9,7 +9,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tessera_common::wire::handshake::{self, Handshake, Hello, Role};
 use tessera_common::wire::message::NoMessage;
-use tessera_common::wire::{chunks, Frame, FrameDecoder, Limits, Message, WireError};
+use tessera_common::wire::{
+    chunks, Frame, FrameDecoder, FrameKind, Limits, Message, Prefix, WireError,
+};
 
 use crate::certs::{NodeIdentity, CLUSTER_SAN};
 use crate::{tls, NetError};
@@ -32,6 +34,9 @@ pub struct Node {
     hello: Hello,
     cluster: String,
     limits: Limits,
+    /// Whether same-host connections pass payloads through shared memory
+    /// (see [`crate::shared`]).
+    shared_memory: bool,
 }
 
 /// An established, handshaken connection.
@@ -117,6 +122,7 @@ impl Node {
             hello: Hello::new(cluster, &identity.name, role),
             cluster: cluster.to_string(),
             limits: Limits::default(),
+            shared_memory: crate::shared::enabled(),
         })
     }
 
@@ -126,6 +132,20 @@ impl Node {
         self.endpoint.set_default_client_config(config.clone());
         self.loopback_client = config;
         self
+    }
+
+    /// Keeps every payload of this node's connections on QUIC, on the same
+    /// host too (benchmarks compare both).
+    pub fn without_shared_memory(mut self) -> Node {
+        self.shared_memory = false;
+        self
+    }
+
+    /// Whether tensors from same-host peers are lent out of their shared
+    /// memory rather than copied: on workers, whose inputs are used by a
+    /// run and dropped; a requester's outputs are its caller's to keep.
+    fn lends(&self) -> bool {
+        self.hello.role == Role::Worker
     }
 
     /// This node's hello (tests: another protocol version).
@@ -170,7 +190,11 @@ impl Node {
             .open_bi()
             .await
             .map_err(|e| connection_failed(addr, &connection.close_reason().unwrap_or(e)))?;
-        let hello = Handshake::Hello(self.hello.clone()).encode(&self.limits)?;
+        let same_host = self.shared_memory && tls::Path::of(addr) == tls::Path::Loopback;
+        let outgoing = crate::shared::offer(same_host);
+        let mut ours = self.hello.clone();
+        ours.shared_memory = outgoing.as_ref().map(|o| o.name());
+        let hello = Handshake::Hello(ours).encode(&self.limits)?;
         write_all(&mut send, &hello)
             .await
             .map_err(|e| failed(e.to_string()))?;
@@ -185,6 +209,9 @@ impl Node {
                         reason: e.to_string(),
                     });
                 }
+                let incoming =
+                    crate::shared::accept(same_host, theirs.shared_memory.as_deref(), self.lends());
+                crate::shared::register(&connection, crate::shared::Shared { outgoing, incoming });
                 Ok(Peer {
                     connection,
                     hello: theirs,
@@ -281,8 +308,15 @@ impl Node {
                 reason: e.to_string(),
             });
         }
-        let welcome = Handshake::Welcome(self.hello.clone()).encode(&self.limits)?;
+        let same_host = self.shared_memory && tls::Path::of(addr) == tls::Path::Loopback;
+        let incoming =
+            crate::shared::accept(same_host, hello.shared_memory.as_deref(), self.lends());
+        let outgoing = crate::shared::offer(same_host);
+        let mut ours = self.hello.clone();
+        ours.shared_memory = outgoing.as_ref().map(|o| o.name());
+        let welcome = Handshake::Welcome(ours).encode(&self.limits)?;
         write_all(&mut send, &welcome).await?;
+        crate::shared::register(&connection, crate::shared::Shared { outgoing, incoming });
         Ok(Peer {
             connection,
             hello,
@@ -329,6 +363,26 @@ fn connection_failed(addr: SocketAddr, e: &quinn::ConnectionError) -> NetError {
     } else {
         NetError::Connect { addr, reason }
     }
+}
+
+/// Writes a frame as [`send_frame`] does; a tensor frame's payload goes
+/// through the connection's shared memory where it has some and the
+/// payload qualifies (see [`crate::shared`]). Only tensor frames: their
+/// readers are the data plane's, which all read shared frames.
+pub async fn send_frame_shared(
+    shared: Option<&crate::shared::Shared>,
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    payload: Option<&Bytes>,
+) -> Result<(), NetError> {
+    let tensor = head.get(2) == Some(&(FrameKind::Tensor as u8));
+    if let (Some(shared), Some(payload), true) = (shared, payload, tensor) {
+        if let Some(slice) = shared.place(payload) {
+            let frame = Prefix::shared_frame(head, &slice)?;
+            return write_all(send, &frame).await;
+        }
+    }
+    send_frame(send, head, payload).await
 }
 
 /// Writes a frame: its prefix and header (`head`, from an `encode`), then
@@ -389,9 +443,19 @@ pub async fn recv_frame_timed<M: Message>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
 ) -> Result<Option<(Frame<M>, std::time::Duration)>, NetError> {
+    recv_frame_shared(None, recv, limits).await
+}
+
+/// [`recv_frame_timed`] on a stream whose shared frames' payloads are in
+/// `shared` (the connection's, from [`crate::shared::of`]).
+pub async fn recv_frame_shared<M: Message>(
+    shared: Option<&crate::shared::Shared>,
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+) -> Result<Option<(Frame<M>, std::time::Duration)>, NetError> {
     // One decoder per frame, fed at most what the frame still wants: the
     // stream's next frame stays in the stream.
-    let mut decoder = FrameDecoder::new(*limits);
+    let mut decoder = FrameDecoder::new(*limits).with_shared(shared.and_then(|s| s.payloads()));
     let mut started = None;
     loop {
         if let Some(frame) = decoder.next_frame()? {

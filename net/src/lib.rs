@@ -10,7 +10,8 @@
 //! configurations), [`conn`] (nodes that dial and accept, the handshake,
 //! framed streams), [`exchange`] (request/reply on one stream, both
 //! sides), [`link`] (data-plane links: a writer task per peer and lane,
-//! bulk and express, and the reader of a peer's streams).
+//! bulk and express, and the reader of a peer's streams), [`shared`]
+//! (payloads through shared memory between peers on the same host).
 //!
 //! # Example
 //!
@@ -37,13 +38,15 @@ pub mod close;
 pub mod conn;
 pub mod exchange;
 pub mod link;
+pub mod shared;
 pub mod tls;
 
 use std::net::SocketAddr;
 
 pub use close::CloseCode;
 pub use conn::{
-    recv_frame, recv_frame_timed, send_frame, send_frame_parts, Node, Peer, HELLO_TIMEOUT,
+    recv_frame, recv_frame_shared, recv_frame_timed, send_frame, send_frame_parts,
+    send_frame_shared, Node, Peer, HELLO_TIMEOUT,
 };
 pub use exchange::ExchangeError;
 pub use link::{serve_streams, Lane, Link};

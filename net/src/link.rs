@@ -13,7 +13,8 @@
 //! keeps its own order.
 //!
 //! [`serve_streams`] reads the frames of every unidirectional stream a peer
-//! opens and hands them to a callback.
+//! opens and hands them to a callback. Both use the connection's shared
+//! memory where it has some (a peer on the same host: [`crate::shared`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::{Frame, Limits, Message};
 use tokio::sync::mpsc;
 
-use crate::conn::{recv_frame_timed, send_frame};
+use crate::conn::{recv_frame_shared, send_frame_shared};
 use crate::NetError;
 
 /// The express lane's QUIC stream priority (the bulk lane's is 0): the
@@ -246,8 +247,10 @@ impl Writer {
                 if priority != 0 {
                     let _ = stream.set_priority(priority);
                 }
+                let shared = crate::shared::of(&connection);
                 while let Some(out) = rx.recv().await {
-                    send_frame(&mut stream, &out.head, out.payload.as_ref()).await?;
+                    let payload = out.payload.as_ref();
+                    send_frame_shared(shared.as_deref(), &mut stream, &out.head, payload).await?;
                 }
                 let _ = stream.finish();
                 Ok(())
@@ -294,6 +297,7 @@ where
     F: Fn(Frame<M>, std::time::Duration) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
+    let shared = crate::shared::of(&connection);
     loop {
         let mut recv = match connection.accept_uni().await {
             Ok(recv) => recv,
@@ -303,9 +307,10 @@ where
         let remote = connection.remote_address();
         let conn = connection.clone();
         let connection_closed = move |_: &quinn::RecvStream| conn.close_reason().is_some();
+        let shared = shared.clone();
         tokio::spawn(async move {
             loop {
-                match recv_frame_timed(&mut recv, &limits).await {
+                match recv_frame_shared(shared.as_deref(), &mut recv, &limits).await {
                     Ok(Some((frame, took))) => on_frame(frame, took).await,
                     Ok(None) => break,
                     Err(e) if connection_closed(&recv) => {

@@ -11,7 +11,7 @@ use tessera_common::wire::handshake::Role;
 use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::tensor::TensorHeader;
 use tessera_common::wire::Message;
-use tessera_common::wire::{Frame, PROTOCOL_VERSION};
+use tessera_common::wire::{Frame, Limits, PROTOCOL_VERSION};
 use tessera_net::certs::{self, ClusterCa};
 use tessera_net::{recv_frame, send_frame, tls, NetError, Node, Peer};
 use tokio::sync::mpsc;
@@ -49,6 +49,11 @@ fn coordinator(ca: &ClusterCa) -> Arc<Node> {
 /// A coordinator and a worker of cluster `lab`, connected: (coordinator,
 /// worker, the worker's side, the coordinator's side).
 async fn connected() -> (Arc<Node>, Node, Peer, Peer) {
+    connected_with(true).await
+}
+
+/// [`connected`], its payloads through shared memory or not (`shared`).
+async fn connected_with(shared: bool) -> (Arc<Node>, Node, Peer, Peer) {
     let ca = ClusterCa::generate("lab").unwrap();
     let coordinator = coordinator(&ca);
     let mut accepted = serve(coordinator.clone());
@@ -59,6 +64,11 @@ async fn connected() -> (Arc<Node>, Node, Peer, Peer) {
         Role::Worker,
     )
     .unwrap();
+    let worker = if shared {
+        worker
+    } else {
+        worker.without_shared_memory()
+    };
     let addr = coordinator.local_addr().unwrap();
     let peer = worker.dial(addr).await.unwrap();
     let theirs = accepted.recv().await.unwrap().unwrap();
@@ -456,24 +466,36 @@ async fn a_peer_that_never_says_hello_holds_up_no_other() {
     drop(quiet);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sequence_steps_tensors_overtake_a_large_tensor_on_the_same_link() {
-    use tessera_common::wire::generate::{SequenceStep, Steps};
-    let (_coordinator, worker, peer, theirs) = connected().await;
-    let limits = *worker.limits();
-    let (tx, mut arrived) = mpsc::unbounded_channel();
+/// The tensor frames `theirs` receives on the streams its peer opens.
+fn tensors_arriving(
+    theirs: &Peer,
+    limits: Limits,
+) -> mpsc::UnboundedReceiver<(TensorHeader, Bytes)> {
+    let (tx, arrived) = mpsc::unbounded_channel();
     tokio::spawn(tessera_net::serve_streams(
         theirs.connection.clone(),
         limits,
         move |frame: Frame<PeerMessage>, _took| {
             let tx = tx.clone();
             async move {
-                if let Frame::Tensor(h, _) = frame {
-                    let _ = tx.send(h.name);
+                if let Frame::Tensor(h, payload) = frame {
+                    let _ = tx.send((h, payload));
                 }
             }
         },
     ));
+    arrived
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_steps_tensors_overtake_a_large_tensor_on_the_same_link() {
+    use tessera_common::wire::generate::{SequenceStep, Steps};
+    // QUIC's lanes, not shared memory (where the large tensor is not on
+    // the stream at all).
+    let (_coordinator, worker, peer, theirs) = connected_with(false).await;
+    assert!(tessera_net::shared::of(&peer.connection).is_none());
+    let limits = *worker.limits();
+    let mut arrived = tensors_arriving(&theirs, limits);
     let link = tessera_net::Link::open(peer.connection.clone(), "coordinator", limits, 8);
     // 32 MB of another request, then a decode step's few bytes, then a
     // small tensor of no sequence.
@@ -492,13 +514,52 @@ async fn a_sequence_steps_tensors_overtake_a_large_tensor_on_the_same_link() {
     link.send_tensor(1, 3, "after", &small).await.unwrap();
     let mut order = Vec::new();
     while order.len() < 3 {
-        let name = tokio::time::timeout(std::time::Duration::from_secs(30), arrived.recv())
+        let (header, _) = tokio::time::timeout(std::time::Duration::from_secs(30), arrived.recv())
             .await
             .expect("frames arrive")
             .expect("a frame");
-        order.push(name);
+        order.push(header.name);
     }
     // The step took the express lane; the small tensor of no sequence
     // kept its place behind the large one on the bulk lane.
     assert_eq!(order, ["step", "big", "after"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_peers_pass_large_payloads_through_shared_memory() {
+    let (_coordinator, worker, peer, theirs) = connected().await;
+    let limits = *worker.limits();
+    let ours = tessera_net::shared::of(&peer.connection).expect("the worker's side");
+    let other = tessera_net::shared::of(&theirs.connection).expect("the coordinator's side");
+    // Each side mapped the other's region and removed its name.
+    for named in [&peer.hello.shared_memory, &theirs.hello.shared_memory] {
+        let name = named.as_deref().expect("a region in the hello");
+        assert!(!std::path::Path::new(name).exists(), "{name} left behind");
+    }
+    let mut arrived = tensors_arriving(&theirs, limits);
+    let link = tessera_net::Link::open(peer.connection.clone(), "coordinator", limits, 8);
+    // A small tensor (on the stream), 1 MB and 8 MB (shared), 80 MB (more
+    // than the region: on the stream), then 1 MB again, 20 times over,
+    // each sent once the one before arrived: the region's space is reused.
+    let sized = |n: usize| {
+        Tensor::from_values(vec![n], &(0..n).map(|i| i as f32).collect::<Vec<_>>()).unwrap()
+    };
+    let mut sent = vec![
+        sized(100),
+        sized(250_000),
+        sized(2_000_000),
+        sized(20_000_000),
+    ];
+    sent.extend((0..20).map(|_| sized(250_000)));
+    for (i, t) in sent.iter().enumerate() {
+        link.send_tensor(1, i as u64, "t", t).await.unwrap();
+        let (header, payload) =
+            tokio::time::timeout(std::time::Duration::from_secs(30), arrived.recv())
+                .await
+                .expect("frames arrive")
+                .expect("a frame");
+        assert_eq!(&header.into_tensor(payload).unwrap(), t);
+    }
+    assert_eq!(ours.bytes_placed(), (21 * 250_000 + 2_000_000) * 4);
+    assert_eq!(other.bytes_placed(), 0);
 }

@@ -15,7 +15,8 @@ use tessera_common::wire::data::{DataReply, DataRequest, Open};
 use tessera_common::wire::handshake::Role;
 use tessera_common::wire::peer::PeerMessage;
 use tessera_common::wire::{Frame, Limits};
-use tessera_net::{exchange, recv_frame, send_frame, serve_streams, Peer};
+use tessera_net::shared::Shared;
+use tessera_net::{exchange, send_frame_shared, serve_streams, Peer};
 
 use super::requesters::Reply;
 use super::routes::Router;
@@ -43,7 +44,14 @@ pub(super) async fn serve_connection(state: Arc<State>, peer: Peer) {
                 return;
             }
         };
-        tokio::spawn(serve_stream(state.clone(), owner.clone(), send, recv));
+        let shared = tessera_net::shared::of(&connection);
+        tokio::spawn(serve_stream(
+            state.clone(),
+            owner.clone(),
+            shared,
+            send,
+            recv,
+        ));
     }
 }
 
@@ -51,6 +59,7 @@ pub(super) async fn serve_connection(state: Arc<State>, peer: Peer) {
 async fn serve_stream(
     state: Arc<State>,
     owner: Arc<str>,
+    shared: Option<Arc<Shared>>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
@@ -66,7 +75,9 @@ async fn serve_stream(
     };
     let router = &state.router;
     let answer = match msg {
-        DataRequest::Open(open) => return open_request(&state, owner, open, send, recv).await,
+        DataRequest::Open(open) => {
+            return open_request(&state, owner, shared, open, send, recv).await
+        }
         DataRequest::Cancel { request } => match router.requests.may_cancel(request, &owner) {
             Ok(()) => {
                 router.forget(request);
@@ -104,10 +115,13 @@ async fn serve_stream(
 }
 
 /// A request's `Open`: checked, registered, its tensors read and handed
-/// to the subgraphs that read them; its replies go back on `send`.
+/// to the subgraphs that read them; its replies go back on `send`. Large
+/// tensors both ways go through `shared`, the connection's shared memory,
+/// where it has some.
 async fn open_request(
     state: &Arc<State>,
     owner: Arc<str>,
+    shared: Option<Arc<Shared>>,
     open: Open,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -138,8 +152,19 @@ async fn open_request(
             return refuse(&mut send, ErrorKind::Refused, refused.to_string(), &limits).await;
         }
     };
-    tokio::spawn(write_replies(send, replies, router.clone(), open.request));
-    read_inputs(&router, &owner, &open, &mut recv, &limits).await;
+    let replies = write_replies(send, replies, router.clone(), open.request, shared.clone());
+    tokio::spawn(replies);
+    let stream = Stream {
+        recv: &mut recv,
+        shared: shared.as_deref(),
+    };
+    read_inputs(&router, &owner, &open, stream, &limits).await;
+}
+
+/// A request stream's receiving side and its connection's shared memory.
+struct Stream<'a> {
+    recv: &'a mut quinn::RecvStream,
+    shared: Option<&'a Shared>,
 }
 
 /// Answers a request's stream with a failure and ends it.
@@ -157,12 +182,13 @@ async fn read_inputs(
     router: &Arc<Router>,
     owner: &Arc<str>,
     open: &Open,
-    recv: &mut quinn::RecvStream,
+    stream: Stream<'_>,
     limits: &Limits,
 ) {
+    let Stream { recv, shared } = stream;
     for _ in 0..open.inputs {
         let (header, payload, took) =
-            match tessera_net::recv_frame_timed::<DataRequest>(recv, limits).await {
+            match tessera_net::recv_frame_shared::<DataRequest>(shared, recv, limits).await {
                 Ok(Some((Frame::Tensor(h, p), took))) => (h, p, took),
                 Ok(other) => {
                     let what = other.map_or("the end of the stream".to_string(), |(f, _)| {
@@ -210,7 +236,9 @@ async fn read_inputs(
         }
     }
     // The requester finished its side; anything more is ignored.
-    while let Ok(Some(_)) = recv_frame::<DataRequest>(recv, limits).await {}
+    while let Ok(Some(_)) =
+        tessera_net::recv_frame_shared::<DataRequest>(shared, recv, limits).await
+    {}
 }
 
 /// Writes a request's replies on its stream until it has nothing more;
@@ -221,6 +249,7 @@ async fn write_replies(
     mut replies: tokio::sync::mpsc::UnboundedReceiver<Reply>,
     router: Arc<Router>,
     request: u64,
+    shared: Option<Arc<Shared>>,
 ) {
     let stopped = send.stopped();
     tokio::pin!(stopped);
@@ -228,7 +257,9 @@ async fn write_replies(
         tokio::select! {
             reply = replies.recv() => match reply {
                 Some(Reply::Frame(head, payload)) => {
-                    if send_frame(&mut send, &head, payload.as_ref()).await.is_err() {
+                    let payload = payload.as_ref();
+                    let sent = send_frame_shared(shared.as_deref(), &mut send, &head, payload);
+                    if sent.await.is_err() {
                         break;
                     }
                 }
