@@ -75,14 +75,38 @@ fn ppocr_det_and_rec_split_across_two_workers_match_onnxruntime() {
                 steps.iter().any(|s| s.starts_with("deployed subgraphs")),
                 "{name}: progress was reported: {steps:?}"
             );
-            let inputs = synth::random_inputs(&graph, 11).unwrap();
+            let mut inputs = synth::random_inputs(&graph, 11).unwrap();
+            if how == "halves" {
+                // det on a 160 x 160 image (300 KB), larger than the
+                // smallest tensor shared memory takes.
+                let pixels: Vec<f32> = (0..3 * 160 * 160)
+                    .map(|_| rng.below(1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                inputs[0].1 = Tensor::from_values(vec![1, 3, 160, 160], &pixels).unwrap();
+            }
             let want = onnxruntime(&path, &inputs, &cluster.dir.join(name));
+            let placed = tessera_net::shared::bytes_placed();
             let started = Instant::now();
             let got = network
                 .infer(inputs.clone())
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let elapsed = started.elapsed();
+            // The workers are processes on this host: the requester's large
+            // inputs went through shared memory, not QUIC.
+            let large: u64 = inputs
+                .iter()
+                .map(|(_, t)| t.bytes().len() as u64)
+                .filter(|&n| n >= tessera_net::shared::MIN_SHARED as u64)
+                .sum();
+            if tessera_net::shared::enabled() && std::path::Path::new("/dev/shm").is_dir() {
+                let through = tessera_net::shared::bytes_placed() - placed;
+                assert!(
+                    through >= large,
+                    "{name}: {through} of {large} bytes shared"
+                );
+                assert!(how != "halves" || large > 0, "{name}: no large input");
+            }
             assert_eq!(got.tensors.len(), want.len());
             let diff = got
                 .tensors

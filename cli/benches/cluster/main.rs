@@ -3,10 +3,12 @@
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
-//! - streaming: tensors between two QUIC nodes (Tessera's data-plane link)
-//!   vs plain TCP on loopback, 1 MB and 64 MB tensors (target ≥ 0.8);
+//! - streaming: tensors between two QUIC nodes (Tessera's data-plane link,
+//!   on QUIC and through shared memory) vs plain TCP on loopback, 1 MB and
+//!   64 MB tensors (target ≥ 0.8);
 //! - hop: one tensor at a time over an idle link, as a request's tensors
-//!   go, 4 KB to 4 MB: median latency, and TCP's time over QUIC's;
+//!   go, 4 KB to 4 MB: median latency on QUIC and through shared memory
+//!   (same-host peers), and TCP's time over each;
 //! - rtt: a small request's round trip through an embedded cluster
 //!   (client → worker → client: the coordinator is off the data path),
 //!   p50/p99;
@@ -135,7 +137,7 @@ fn main() -> Result<()> {
         }
         if quic_only {
             // The QUIC link alone, long enough to profile.
-            let gbps = quic_throughput(1 << 20, 4096).await?;
+            let gbps = quic_throughput(1 << 20, 4096, false).await?;
             println!("QUIC link, 1 MB tensors: {gbps:.2} GB/s");
         }
         if pipe_only {
@@ -190,8 +192,11 @@ fn main() -> Result<()> {
 }
 
 /// Two nodes on loopback, a link from the first to the second, and the
-/// sizes of the tensors the second receives.
-async fn quic_pair() -> Result<(
+/// sizes of the tensors the second receives; large payloads through
+/// shared memory or all on QUIC (`shared`).
+async fn quic_pair(
+    shared: bool,
+) -> Result<(
     Node,
     Node,
     Link,
@@ -200,6 +205,7 @@ async fn quic_pair() -> Result<(
     let ids = certs::ephemeral("bench", &["a", "b"])?;
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let a = Node::bind(any, &ids[0], "bench", Role::Worker)?;
+    let a = if shared { a } else { a.without_shared_memory() };
     let b = Node::bind(any, &ids[1], "bench", Role::Worker)?;
     let addr = b.local_addr()?;
     let (accepted, dialed) = tokio::join!(b.accept(&[Role::Worker]), a.dial(addr));
@@ -221,9 +227,10 @@ async fn quic_pair() -> Result<(
     Ok((a, b, link, rx))
 }
 
-/// GB/s sending `count` tensors of `size` bytes over a Tessera link.
-async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
-    let (a, b, link, mut rx) = quic_pair().await?;
+/// GB/s sending `count` tensors of `size` bytes over a Tessera link (on
+/// QUIC, or through shared memory: `shared`).
+async fn quic_throughput(size: usize, count: usize, shared: bool) -> Result<f64> {
+    let (a, b, link, mut rx) = quic_pair(shared).await?;
     let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
     let cpu_before = cpu_by_thread();
     let started = Instant::now();
@@ -247,7 +254,8 @@ async fn quic_throughput(size: usize, count: usize) -> Result<f64> {
     if std::env::var_os("TESSERA_BENCH_CPU").is_some() {
         let used = cpu_since(&cpu_before);
         println!(
-            "    QUIC {} B x {count}: {:.2} ms CPU per MB",
+            "    {} {} B x {count}: {:.2} ms CPU per MB",
+            if shared { "shared" } else { "QUIC" },
             size,
             used * 1e3 / (size * count) as f64 * 1e6
         );
@@ -287,20 +295,22 @@ async fn tcp_throughput(size: usize, count: usize) -> Result<f64> {
 async fn streaming() -> Result<()> {
     println!("streaming between two nodes on loopback (median of 3, alternating)");
     println!(
-        "{:<10} {:>12} {:>12} {:>8}",
-        "tensor", "QUIC GB/s", "TCP GB/s", "ratio"
+        "{:<10} {:>10} {:>12} {:>10} {:>10} {:>12}",
+        "tensor", "QUIC GB/s", "shared GB/s", "TCP GB/s", "QUIC/TCP", "shared/TCP"
     );
     for (size, count) in [(1 << 20, 256), (64 << 20, 6)] {
-        let (mut q, mut t) = (Vec::new(), Vec::new());
+        let (mut q, mut m, mut t) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..3 {
-            q.push(quic_throughput(size, count).await?);
+            q.push(quic_throughput(size, count, false).await?);
+            m.push(quic_throughput(size, count, true).await?);
             t.push(tcp_throughput(size, count).await?);
         }
-        let (q, t) = (median(q), median(t));
+        let (q, m, t) = (median(q), median(m), median(t));
         println!(
-            "{:<10} {q:>12.2} {t:>12.2} {:>8.2}",
+            "{:<10} {q:>10.2} {m:>12.2} {t:>10.2} {:>10.2} {:>12.2}",
             format!("{} MB", size >> 20),
-            q / t
+            q / t,
+            m / t
         );
     }
     Ok(())
@@ -848,30 +858,38 @@ impl Ceiling {
 }
 
 /// One tensor at a time over an idle link (the way a request's tensors
-/// go): median latency from send to whole arrival, QUIC link vs TCP.
+/// go): median latency from send to whole arrival, the link on QUIC and
+/// through shared memory vs TCP.
 async fn hop() -> Result<()> {
     println!("one tensor at a time between two nodes on loopback, idle in between (median of 50)");
     println!(
-        "{:<10} {:>10} {:>10} {:>8}",
-        "tensor", "QUIC µs", "TCP µs", "ratio"
+        "{:<10} {:>8} {:>10} {:>8} {:>9} {:>11}",
+        "tensor", "QUIC µs", "shared µs", "TCP µs", "TCP/QUIC", "TCP/shared"
     );
-    let (a, b, link, mut arrived) = quic_pair().await?;
+    let (a, b, link, mut arrived) = quic_pair(false).await?;
+    let (c, d, shared_link, mut shared_arrived) = quic_pair(true).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let tcp_addr = listener.local_addr()?;
     let mut tcp = tokio::net::TcpStream::connect(tcp_addr).await?;
     tcp.set_nodelay(true)?;
     let (mut server, _) = listener.accept().await?;
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(2));
     for size in [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20] {
         let tensor = Tensor::new(ElemType::UINT8, vec![size], vec![1u8; size])?;
         let mut buf = vec![0u8; size];
-        let (mut quic, mut plain) = (Vec::new(), Vec::new());
+        let (mut quic, mut shared, mut plain) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..60 {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            pause().await;
             let t = Instant::now();
             link.send_tensor(1, i, "t", &tensor).await?;
             arrived.recv().await.context("receiver closed")?;
             let q = t.elapsed().as_secs_f64() * 1e6;
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            pause().await;
+            let t = Instant::now();
+            shared_link.send_tensor(1, i, "t", &tensor).await?;
+            shared_arrived.recv().await.context("receiver closed")?;
+            let m = t.elapsed().as_secs_f64() * 1e6;
+            pause().await;
             let t = Instant::now();
             let (sent, read) =
                 tokio::join!(tcp.write_all(tensor.bytes()), server.read_exact(&mut buf));
@@ -879,17 +897,20 @@ async fn hop() -> Result<()> {
             read?;
             if i >= 10 {
                 quic.push(q);
+                shared.push(m);
                 plain.push(t.elapsed().as_secs_f64() * 1e6);
             }
         }
-        let (q, t) = (median(quic), median(plain));
+        let (q, m, t) = (median(quic), median(shared), median(plain));
         println!(
-            "{:<10} {q:>10.0} {t:>10.0} {:>8.2}",
+            "{:<10} {q:>8.0} {m:>10.0} {t:>8.0} {:>9.2} {:>11.2}",
             format!("{} KB", size >> 10),
-            t / q
+            t / q,
+            t / m
         );
     }
-    a.shutdown().await;
-    b.shutdown().await;
+    for node in [a, b, c, d] {
+        node.shutdown().await;
+    }
     Ok(())
 }
