@@ -563,3 +563,30 @@ async fn same_host_peers_pass_large_payloads_through_shared_memory() {
     assert_eq!(ours.bytes_placed(), (21 * 250_000 + 2_000_000) * 4);
     assert_eq!(other.bytes_placed(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensors_that_do_not_fit_a_busy_region_go_on_quic_in_their_order() {
+    let (_coordinator, worker, peer, theirs) = connected().await;
+    let limits = *worker.limits();
+    let mut arrived = tensors_arriving(&theirs, limits);
+    let link = tessera_net::Link::open(peer.connection.clone(), "coordinator", limits, 16);
+    // Twelve 8 MB tensors at once: more than the 64 MiB region holds while
+    // the receiver copies them out.
+    let sent: Vec<Tensor> = (0..12)
+        .map(|i| Tensor::from_values(vec![2_000_000], &vec![i as f32; 2_000_000]).unwrap())
+        .collect();
+    for (i, t) in sent.iter().enumerate() {
+        link.send_tensor(1, i as u64, "t", t).await.unwrap();
+    }
+    for (i, t) in sent.iter().enumerate() {
+        let (header, payload) =
+            tokio::time::timeout(std::time::Duration::from_secs(60), arrived.recv())
+                .await
+                .expect("frames arrive")
+                .expect("a frame");
+        assert_eq!(header.request, i as u64, "in the order sent");
+        assert_eq!(&header.into_tensor(payload).unwrap(), t);
+    }
+    let ours = tessera_net::shared::of(&peer.connection).expect("shared memory");
+    assert!(ours.bytes_placed() > 0);
+}

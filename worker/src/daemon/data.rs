@@ -36,6 +36,7 @@ pub(super) async fn serve_connection(state: Arc<State>, peer: Peer) {
             handler,
         ));
     }
+    let shared = tessera_net::shared::of(&connection);
     loop {
         let (send, recv) = match connection.accept_bi().await {
             Ok(s) => s,
@@ -44,7 +45,7 @@ pub(super) async fn serve_connection(state: Arc<State>, peer: Peer) {
                 return;
             }
         };
-        let shared = tessera_net::shared::of(&connection);
+        let shared = shared.clone();
         tokio::spawn(serve_stream(
             state.clone(),
             owner.clone(),
