@@ -148,6 +148,21 @@ impl Node {
         self.hello.role == Role::Worker
     }
 
+    /// Whether a connection with `addr` passes payloads through shared
+    /// memory: a peer on this host, and shared memory not turned off.
+    fn same_host(&self, addr: SocketAddr) -> bool {
+        self.shared_memory && tls::Path::of(addr) == tls::Path::Loopback
+    }
+
+    /// This node's hello for a new connection, naming the region it made
+    /// for it where the peer is on this host (`same_host`).
+    fn hello_with_region(&self, same_host: bool) -> (Hello, Option<crate::shared::Outgoing>) {
+        let outgoing = crate::shared::offer(same_host);
+        let mut hello = self.hello.clone();
+        hello.shared_memory = outgoing.as_ref().map(|o| o.name());
+        (hello, outgoing)
+    }
+
     /// This node's hello (tests: another protocol version).
     pub fn hello_mut(&mut self) -> &mut Hello {
         &mut self.hello
@@ -190,10 +205,8 @@ impl Node {
             .open_bi()
             .await
             .map_err(|e| connection_failed(addr, &connection.close_reason().unwrap_or(e)))?;
-        let same_host = self.shared_memory && tls::Path::of(addr) == tls::Path::Loopback;
-        let outgoing = crate::shared::offer(same_host);
-        let mut ours = self.hello.clone();
-        ours.shared_memory = outgoing.as_ref().map(|o| o.name());
+        let same_host = self.same_host(addr);
+        let (ours, outgoing) = self.hello_with_region(same_host);
         let hello = Handshake::Hello(ours).encode(&self.limits)?;
         write_all(&mut send, &hello)
             .await
@@ -308,12 +321,10 @@ impl Node {
                 reason: e.to_string(),
             });
         }
-        let same_host = self.shared_memory && tls::Path::of(addr) == tls::Path::Loopback;
+        let same_host = self.same_host(addr);
         let incoming =
             crate::shared::accept(same_host, hello.shared_memory.as_deref(), self.lends());
-        let outgoing = crate::shared::offer(same_host);
-        let mut ours = self.hello.clone();
-        ours.shared_memory = outgoing.as_ref().map(|o| o.name());
+        let (ours, outgoing) = self.hello_with_region(same_host);
         let welcome = Handshake::Welcome(ours).encode(&self.limits)?;
         write_all(&mut send, &welcome).await?;
         crate::shared::register(&connection, crate::shared::Shared { outgoing, incoming });

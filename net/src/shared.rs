@@ -134,8 +134,6 @@ pub struct Outgoing {
     map: Mapping,
     file: File,
     path: PathBuf,
-    capacity: u64,
-    slots: u32,
     /// The allocator, and how many data bytes have memory reserved.
     allocator: Mutex<(SharedAllocator, u64)>,
     /// Payload bytes written into the region so far.
@@ -180,8 +178,6 @@ impl Outgoing {
             map,
             file,
             path,
-            capacity: REGION_BYTES,
-            slots: SLOTS,
             allocator: Mutex::new((SharedAllocator::new(REGION_BYTES, SLOTS), 0)),
             placed: AtomicU64::new(0),
         })
@@ -216,8 +212,8 @@ impl Outgoing {
             if end > *reserved {
                 // Memory for the bytes before they are written: on a full
                 // tmpfs a write to an unreserved page would be a SIGBUS.
-                let upto = end.next_multiple_of(RESERVE_STEP).min(self.capacity);
-                let at = data_offset(self.slots) as u64;
+                let upto = end.next_multiple_of(RESERVE_STEP).min(REGION_BYTES);
+                let at = data_offset(SLOTS) as u64;
                 if let Err(e) = reserve(&self.file, at + *reserved, upto - *reserved) {
                     tracing::debug!("shared memory full ({e}): the payload goes on QUIC");
                     allocator.cancel(&slice);
@@ -227,14 +223,11 @@ impl Outgoing {
             }
             slice
         };
-        debug_assert!(slice.offset + slice.len <= self.capacity && slice.slot < self.slots);
+        debug_assert!(slice.offset + slice.len <= REGION_BYTES && slice.slot < SLOTS);
         // SAFETY: the allocator gave this range to this call alone (inside
         // the data area, not overlapping any slice in flight).
         unsafe {
-            let at = self
-                .map
-                .ptr
-                .add(data_offset(self.slots) + slice.offset as usize);
+            let at = self.map.ptr.add(data_offset(SLOTS) + slice.offset as usize);
             std::ptr::copy_nonoverlapping(payload.as_ptr(), at, payload.len());
         }
         fence(Ordering::Release);
@@ -268,8 +261,6 @@ impl Drop for Outgoing {
 /// The peer's region, mapped: where its shared frames' payloads are read.
 pub struct Incoming {
     map: Arc<Mapping>,
-    capacity: u64,
-    slots: u32,
     /// Payloads are lent (the tensor's bytes stay in the region until it
     /// is dropped) rather than copied out.
     lend: bool,
@@ -318,50 +309,37 @@ impl Incoming {
         map.attached().store(1, Ordering::Release);
         Ok(Incoming {
             map: Arc::new(map),
-            capacity,
-            slots,
             lend,
         })
     }
 }
 
 impl SharedPayloads for Incoming {
+    /// The slice's bytes, lent or copied out (see [`Incoming::attach`]);
+    /// either way the slice is released once its bytes are no longer used.
     fn take(&self, slice: &SharedSlice) -> Result<Bytes, WireError> {
-        slice.check(self.slots, self.capacity)?;
+        slice.check(SLOTS, REGION_BYTES)?;
         fence(Ordering::Acquire);
+        let lease = Lease {
+            map: self.map.clone(),
+            at: data_offset(SLOTS) + slice.offset as usize,
+            len: slice.len as usize,
+            word: WORDS_AT + 8 * slice.slot as usize,
+            seq: slice.seq,
+        };
         if self.lend {
-            return Ok(Bytes::from_owner(Lease {
-                map: self.map.clone(),
-                at: data_offset(self.slots) + slice.offset as usize,
-                len: slice.len as usize,
-                word: WORDS_AT + 8 * slice.slot as usize,
-                seq: slice.seq,
-            }));
+            return Ok(Bytes::from_owner(lease));
         }
-        let len = slice.len as usize;
         let mut out = Vec::new();
-        out.try_reserve_exact(len)
-            .map_err(|_| WireError::OutOfMemory(len))?;
-        // SAFETY: `check` keeps the range inside the data area; the peer
-        // wrote it before sending the slice and leaves it alone until the
-        // release below.
-        unsafe {
-            let at = self
-                .map
-                .ptr
-                .add(data_offset(self.slots) + slice.offset as usize);
-            std::ptr::copy_nonoverlapping(at, out.as_mut_ptr(), len);
-            out.set_len(len);
-        }
-        self.map
-            .word(WORDS_AT + 8 * slice.slot as usize)
-            .store(slice.seq, Ordering::Release);
+        out.try_reserve_exact(lease.len)
+            .map_err(|_| WireError::OutOfMemory(lease.len))?;
+        out.extend_from_slice(lease.as_ref());
         Ok(Bytes::from(out))
     }
 }
 
-/// A payload lent from the peer's region: its bytes, until dropped; then
-/// its slice is released.
+/// A payload's bytes in the peer's region, until dropped; then its slice
+/// is released.
 struct Lease {
     map: Arc<Mapping>,
     at: usize,

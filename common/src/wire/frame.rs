@@ -336,7 +336,7 @@ impl<M: Message> FrameDecoder<M> {
         decode_body(prefix.kind, &header, payload, &self.limits).map(Some)
     }
 
-    /// A shared frame's payload, copied out of the peer's region.
+    /// A shared frame's payload, from the peer's region.
     fn take_shared(&self, slice: &[u8]) -> Result<Bytes, WireError> {
         let slice = SharedSlice::decode(slice)?;
         if slice.len > self.limits.max_payload {

@@ -5,7 +5,8 @@
 //! into a region of memory shared with the peer and sends, in the frame's
 //! place on the QUIC stream, a [`SharedSlice`] naming where they are (the
 //! frame's prefix has [`super::frame::FLAG_SHARED`] set). The receiver
-//! copies the bytes out and marks the slice's slot released; the sender's
+//! reads the bytes (in place or copied out) and then marks the slice's
+//! slot released; the sender's
 //! [`SharedAllocator`] reuses the space of released slices. The stream
 //! keeps the order, the handshake and TLS keep who may attach: only the
 //! bytes bypass QUIC's encryption and datagrams, and they never leave the
@@ -24,7 +25,7 @@ use super::WireError;
 /// Where a payload lies in the sender's shared region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SharedSlice {
-    /// The release word the receiver sets when it has copied the bytes.
+    /// The release word the receiver sets when it is done with the bytes.
     pub slot: u32,
     /// The value it sets there (unique per slice of a region).
     pub seq: u64,
@@ -90,7 +91,8 @@ impl SharedSlice {
 /// The receiving side of a same-host connection's shared memory: what
 /// [`super::FrameDecoder`] asks for a shared frame's payload.
 pub trait SharedPayloads: Send + Sync {
-    /// Copies `slice`'s bytes out of the peer's region and releases it.
+    /// `slice`'s bytes from the peer's region; the slice is released once
+    /// they are no longer used.
     fn take(&self, slice: &SharedSlice) -> Result<Bytes, WireError>;
 }
 
