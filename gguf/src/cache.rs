@@ -1,0 +1,225 @@
+//! Built GGUFs kept on disk by the file's SHA-256, so that a second load
+//! of the same file builds nothing: the encoded model (weights inline) is
+//! memory-mapped back and the generation spec read from a small JSON.
+//!
+//! Layout under `$TESSERA_CACHE_DIR` (else `$XDG_CACHE_HOME/tessera`, else
+//! `~/.cache/tessera`), folder `gguf/`:
+//! - `<sha256>-b<builder>-a<accuracy>/model.onnx` and `generation.json`
+//!   (written last: an entry without it is incomplete and made again);
+//! - `hash-<key>`: a file's SHA-256, keyed by its path, size, modification
+//!   time and inode, so an unchanged file is not hashed again.
+//!
+//! The most recently used [`KEEP`] entries are kept.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tessera_common::wire::generate::GenerationSpec;
+
+use crate::model::{BuildOptions, GgufModel};
+use crate::GgufError;
+
+/// Bumped whenever the graph or the tokenizer a GGUF builds into changes:
+/// entries of other builders are never read.
+pub const BUILDER_VERSION: u32 = 1;
+/// Entries kept (the least recently used go first).
+pub const KEEP: usize = 4;
+
+/// A GGUF built, as a loader holds it.
+pub struct Built {
+    /// The encoded ONNX model, weights inline (a memory map of the cached
+    /// file where there is a cache).
+    pub model: Bytes,
+    pub spec: GenerationSpec,
+    /// Whether it came from the cache.
+    pub cached: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Generation {
+    spec: GenerationSpec,
+    tokenizer_json: String,
+}
+
+/// The cache's folder, if the environment names a home for it.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let root = var("TESSERA_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessera")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessera")))?;
+    Some(root.join("gguf"))
+}
+
+/// The model of the GGUF at `path`, from the cache or built (and cached
+/// where the cache's folder can be written); each copy keeps state for
+/// `max_sequences` sequences.
+pub fn load(path: &Path, options: &BuildOptions, max_sequences: u32) -> Result<Built, GgufError> {
+    let Some(dir) = cache_dir().filter(|d| std::fs::create_dir_all(d).is_ok()) else {
+        return build_in_memory(path, options, max_sequences);
+    };
+    let io = |p: &Path| {
+        let p = p.display().to_string();
+        move |source| GgufError::Io { path: p, source }
+    };
+    let sha = file_sha256(path, &dir)?;
+    let entry = dir.join(format!(
+        "{sha}-b{BUILDER_VERSION}-a{}",
+        options.accuracy_level
+    ));
+    let generation = entry.join("generation.json");
+    if !generation.exists() {
+        tracing::info!(path = %path.display(), "building the GGUF's model (cached in {})", entry.display());
+        let built = GgufModel::read(path, options)?;
+        let spec = built.generation_spec(max_sequences)?;
+        std::fs::create_dir_all(&entry).map_err(io(&entry))?;
+        let model_path = entry.join("model.onnx");
+        write_model(&built.model, &model_path).map_err(io(&model_path))?;
+        let text = serde_json::to_string(&Generation {
+            spec,
+            tokenizer_json: built.tokenizer_json.clone(),
+        })
+        .unwrap_or_default();
+        drop(built);
+        std::fs::write(&generation, text).map_err(io(&generation))?;
+        prune(&dir);
+    }
+    let text = std::fs::read_to_string(&generation).map_err(io(&generation))?;
+    let Generation {
+        mut spec,
+        tokenizer_json,
+    } = serde_json::from_str(&text).map_err(|e| GgufError::Io {
+        path: generation.display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    spec.tokenizer_json = tokenizer_json;
+    spec.max_sequences = max_sequences;
+    let _ = filetime_touch(&generation);
+    let model_path = entry.join("model.onnx");
+    let file = std::fs::File::open(&model_path).map_err(io(&model_path))?;
+    // SAFETY: a read-only map of the cache's own file, which is written
+    // once under a temporary name and never changed in place.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(&model_path))?;
+    Ok(Built {
+        model: Bytes::from_owner(map),
+        spec,
+        cached: true,
+    })
+}
+
+/// Without a cache: built and encoded in memory.
+fn build_in_memory(
+    path: &Path,
+    options: &BuildOptions,
+    max_sequences: u32,
+) -> Result<Built, GgufError> {
+    let built = GgufModel::read(path, options)?;
+    let spec = built.generation_spec(max_sequences)?;
+    let parts = tessera_common::onnx::parts::encode_parts(&built.model);
+    drop(built);
+    let mut model = Vec::with_capacity(tessera_common::onnx::parts::parts_len(&parts) as usize);
+    for part in parts {
+        model.extend_from_slice(&part);
+    }
+    Ok(Built {
+        model: model.into(),
+        spec,
+        cached: false,
+    })
+}
+
+/// Writes the model's encoding piece by piece (weights straight from
+/// their buffers) under a temporary name, then renames it.
+fn write_model(
+    model: &tessera_common::onnx::proto::ModelProto,
+    path: &Path,
+) -> std::io::Result<()> {
+    let tmp = path.with_extension("onnx.part");
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    for part in tessera_common::onnx::parts::encode_parts(model) {
+        out.write_all(&part)?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The file's SHA-256 (hex), remembered by path, size, modification time
+/// and inode.
+fn file_sha256(path: &Path, dir: &Path) -> Result<String, GgufError> {
+    let io = |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    let real = std::fs::canonicalize(path).map_err(io)?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0u64;
+    let key = format!("{}\n{}\n{modified}\n{inode}", real.display(), meta.len());
+    let memo = dir.join(format!("hash-{}", hex(&Sha256::digest(key.as_bytes()))));
+    if let Ok(sha) = std::fs::read_to_string(&memo) {
+        if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(sha);
+        }
+    }
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let sha = hex(&hasher.finalize());
+    let _ = std::fs::write(&memo, &sha);
+    Ok(sha)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Marks an entry used now.
+fn filetime_touch(path: &Path) -> std::io::Result<()> {
+    std::fs::File::options()
+        .append(true)
+        .open(path)?
+        .set_modified(std::time::SystemTime::now())
+}
+
+/// Removes all but the [`KEEP`] most recently used entries.
+fn prune(dir: &Path) {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = read
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| {
+            let used = std::fs::metadata(e.path().join("generation.json"))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            (used, e.path())
+        })
+        .collect();
+    entries.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (_, path) in entries.into_iter().skip(KEEP) {
+        if let Err(e) = std::fs::remove_dir_all(&path) {
+            tracing::warn!(path = %path.display(), "cannot remove an old GGUF build: {e}");
+        }
+    }
+}

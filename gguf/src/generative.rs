@@ -1,0 +1,65 @@
+//! A generative model as a path names it: a GGUF file, or a folder in the
+//! onnxruntime-genai / Hugging Face layout (`model.onnx` with its external
+//! data, `tokenizer.json`, `tokenizer_config.json`, `genai_config.json`).
+//! Whoever takes a model by path (the SDK, the coordinator's repository, a
+//! front door's load) reads it here: the encoded ONNX model and what a
+//! generation needs.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use tessera_common::onnx::{FolderError, OnnxError};
+use tessera_common::wire::generate::GenerationSpec;
+
+use crate::{cache, is_gguf, BuildOptions, GgufError};
+
+/// A generative model read.
+pub struct GenerativeModel {
+    /// The encoded ONNX model, weights inline.
+    pub model: Bytes,
+    pub spec: GenerationSpec,
+}
+
+/// Why a generative model cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Folder(#[from] FolderError),
+    #[error("{}: {source}", dir.display())]
+    Model {
+        dir: std::path::PathBuf,
+        source: OnnxError,
+    },
+}
+
+/// Whether `path` names a generative model (a folder or a GGUF file),
+/// rather than an ONNX file.
+pub fn is_generative(path: &Path) -> bool {
+    path.is_dir() || is_gguf(path)
+}
+
+/// Reads the generative model at `path`; each copy keeps state for
+/// `max_sequences` sequences. A GGUF is built (or taken from the build
+/// cache); a folder's `model.onnx` is read with its external data.
+pub fn read(path: &Path, max_sequences: u32) -> Result<GenerativeModel, ReadError> {
+    if is_gguf(path) {
+        let built = cache::load(path, &BuildOptions::default(), max_sequences)?;
+        return Ok(GenerativeModel {
+            model: built.model,
+            spec: built.spec,
+        });
+    }
+    let spec = tessera_common::onnx::read_generation_spec(path, max_sequences)?;
+    let model = tessera_common::onnx::load_model(path.join("model.onnx")).map_err(|source| {
+        ReadError::Model {
+            dir: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(GenerativeModel {
+        model: tessera_common::onnx::encode_model(&model).into(),
+        spec,
+    })
+}
