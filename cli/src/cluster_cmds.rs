@@ -21,7 +21,7 @@ use crate::remote::{plan_lines, read_affinity, with_client, RemoteArgs, ServingA
 /// A model and how to place it.
 #[derive(Args)]
 pub struct ModelArgs {
-    /// The ONNX model.
+    /// The model: an ONNX file, a GGUF file or a generative model folder.
     pub(crate) model: PathBuf,
     /// Device priority, e.g. HETERO:node-a/CPU,node-b/CPU (a bare kind: that
     /// kind on every worker; default: every device).
@@ -48,8 +48,9 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub(crate) fn read(&self) -> Result<Vec<u8>> {
-        std::fs::read(&self.model).with_context(|| format!("cannot read {}", self.model.display()))
+    /// The model's bytes (a generative model's graph, built or read).
+    pub(crate) fn read(&self) -> Result<bytes::Bytes> {
+        Ok(tessera_cli::read_model(&self.model, 1)?.0)
     }
 
     pub(crate) fn options(&self) -> Result<LoadOptions> {

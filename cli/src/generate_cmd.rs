@@ -1,4 +1,5 @@
-//! `tessera generate`: text from a generative model folder, on a cluster
+//! `tessera generate`: text from a GGUF file or a generative model
+//! folder, on a cluster
 //! (`--coordinator ADDR`) or an embedded local one. Only the generated
 //! text goes to stdout, as it comes; the plan and figures go to stderr.
 
@@ -16,13 +17,11 @@ use tessera_common::memory::format_size;
 
 use crate::remote::{with_client, RemoteArgs};
 
-/// Positions a sequence may hold unless `--context` says otherwise.
-const DEFAULT_CONTEXT: u32 = 2048;
-
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// The model folder: model.onnx (and its external data),
-    /// tokenizer.json, tokenizer_config.json, genai_config.json.
+    /// The model: a GGUF file, or a folder with model.onnx (and its
+    /// external data), tokenizer.json, tokenizer_config.json,
+    /// genai_config.json.
     model_dir: PathBuf,
     /// The text to continue (with --chat: the user's message).
     #[arg(long)]
@@ -76,7 +75,7 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
     let max_sequences = args.max_sequences;
     let mut folder = tokio::task::spawn_blocking(move || ModelFolder::read(&dir, max_sequences))
         .await
-        .context("reading the model folder")??;
+        .context("reading the model")??;
     let model_context = folder.generation.context_length;
     folder.generation.context_length = match args.context {
         Some(0) => anyhow::bail!("--context must be at least 1"),
@@ -84,7 +83,7 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
             anyhow::bail!("--context {c} is beyond the model's context of {model_context}")
         }
         Some(c) => c,
-        None => model_context.min(DEFAULT_CONTEXT),
+        None => model_context.min(tessera_common::wire::generate::DEFAULT_SERVED_CONTEXT),
     };
     with_client(&args.remote, async |client| {
         let options = LoadOptions {

@@ -16,6 +16,27 @@ pub const PROCESS_ENV: [&str; 3] = [
     "TESSERA_SHARED_MEMORY",
 ];
 
+/// A model by path: an ONNX file's bytes as they are, or a generative
+/// model (a GGUF file, built or taken from the build cache, or a model
+/// folder) encoded, with what its files say of generation; each copy of a
+/// generative model keeps state for `max_sequences` sequences.
+pub fn read_model(
+    path: &std::path::Path,
+    max_sequences: u32,
+) -> anyhow::Result<(
+    bytes::Bytes,
+    Option<tessera_common::wire::generate::GenerationSpec>,
+)> {
+    use anyhow::Context as _;
+    if tessera_gguf::generative::is_generative(path) {
+        let read = tessera_gguf::generative::read(path, max_sequences)
+            .with_context(|| format!("reading {}", path.display()))?;
+        return Ok((read.model, Some(read.spec)));
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((bytes.into(), None))
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only
 /// on a terminal.
 pub fn init_tracing() {

@@ -26,6 +26,7 @@
 
 mod certs;
 mod cluster_cmds;
+mod convert_cmd;
 mod generate_cmd;
 mod models_cmds;
 mod ops_cmd;
@@ -72,10 +73,12 @@ enum Command {
     Plan(cluster_cmds::PlanArgs),
     /// Throughput and latency with N requests in flight.
     Bench(cluster_cmds::BenchArgs),
-    /// Generate text with a generative model folder (a language model in
-    /// the onnxruntime-genai layout), its layers spread over the cluster;
-    /// the text goes to stdout as it comes.
+    /// Generate text with a GGUF file or a generative model folder (a
+    /// language model in the onnxruntime-genai layout), its layers spread
+    /// over the cluster; the text goes to stdout as it comes.
     Generate(generate_cmd::GenerateArgs),
+    /// Write a GGUF file as an onnxruntime-genai model folder.
+    Convert(convert_cmd::ConvertArgs),
     /// A cluster's workers, devices, metrics and health.
     Cluster(cluster_cmds::ClusterArgs),
     /// Load a model under a name on a running cluster (its model
@@ -157,6 +160,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => cluster_cmds::bench(args),
         Command::Cluster(args) => cluster_cmds::cluster(args),
         Command::Generate(args) => generate_cmd::generate(args),
+        Command::Convert(args) => convert_cmd::convert(args),
         Command::Load(args) => models_cmds::load(args),
         Command::Models(args) => models_cmds::models(args),
         Command::Unload(args) => models_cmds::unload(args),

@@ -38,6 +38,10 @@ pub struct UnloadArgs {
     remote: RemoteArgs,
 }
 
+/// Sequences a generative model's copies keep state for (as a
+/// `[models.NAME]` table's default).
+const DEFAULT_SEQUENCES: u32 = tessera_common::models::DEFAULT_MAX_SEQUENCES;
+
 fn needs_coordinator(remote: &RemoteArgs, what: &str) -> Result<()> {
     if remote.coordinator.is_none() {
         bail!("tessera {what} acts on a running cluster: give --coordinator ADDR");
@@ -48,15 +52,23 @@ fn needs_coordinator(remote: &RemoteArgs, what: &str) -> Result<()> {
 pub fn load(args: LoadArgs) -> Result<()> {
     needs_coordinator(&args.model.remote, "load")?;
     tessera_cli::cluster::run_system(async move {
-        let bytes = args.model.read()?;
+        let path = args.model.model.clone();
+        let (bytes, generation) =
+            tokio::task::spawn_blocking(move || tessera_cli::read_model(&path, DEFAULT_SEQUENCES))
+                .await??;
+        let mut options = args.model.options()?;
+        // A generative model, as a `[models.NAME]` table without limits
+        // would load it.
+        let wanted =
+            tessera_common::models::ModelConfig::default().load_request(&args.model_name, true);
+        options.generation = generation
+            .zip(wanted.generation)
+            .map(|(spec, w)| spec.limited_by(&w));
         let (client, _) = connect(&args.model.remote).await?;
         let network = client
-            .load_model(
-                &args.model_name,
-                bytes,
-                args.model.options()?,
-                |what, done, total| eprintln!("[{done}/{total}] {what}"),
-            )
+            .load_model(&args.model_name, bytes, options, |what, done, total| {
+                eprintln!("[{done}/{total}] {what}")
+            })
             .await?;
         crate::print_stdout(&format!(
             "model {} loaded as network {}\n{}",

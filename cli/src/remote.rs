@@ -175,8 +175,9 @@ pub fn run(mut args: RunArgs) -> Result<()> {
 }
 
 async fn run_async(args: RunArgs) -> Result<()> {
-    let bytes = std::fs::read(&args.model)
-        .with_context(|| format!("cannot read {}", args.model.display()))?;
+    let path = args.model.clone();
+    let (bytes, _) =
+        tokio::task::spawn_blocking(move || tessera_cli::read_model(&path, 1)).await??;
     let shapes = tessera_cli::parse_shapes(&args.shapes)?;
     // Random inputs take the shapes the network will be planned for.
     let (graph, _) = tessera_common::plan::prepare(

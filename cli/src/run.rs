@@ -20,7 +20,8 @@ use tessera_worker::plugins;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// The ONNX model.
+    /// The model: an ONNX file, or a GGUF file or generative model folder
+    /// (its decoder graph, one step).
     pub(crate) model: PathBuf,
     /// Device priority list: HETERO:CPU, or on a cluster
     /// HETERO:node-a/CPU,node-b/CPU (a bare kind: that kind on every
@@ -91,8 +92,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         return crate::remote::run(args);
     }
     let devices = args.devices.clone().unwrap_or_else(|| "HETERO:CPU".into());
-    let model = onnx::load_model(&args.model)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = if tessera_gguf::generative::is_generative(&args.model) {
+        onnx::decode_model_shared(tessera_cli::read_model(&args.model, 1)?.0)?
+    } else {
+        onnx::load_model(&args.model)
+            .with_context(|| format!("loading {}", args.model.display()))?
+    };
     let priority = DevicePriority::parse(&devices).context("--devices")?;
     let mut plugin_list: Vec<(DeviceId, Arc<dyn DevicePlugin>)> = Vec::new();
     for d in &priority.devices {

@@ -95,7 +95,7 @@ struct Soak {
     events: Option<std::sync::Mutex<std::fs::File>>,
     cases: Vec<Case>,
     remote: RemoteArgs,
-    bytes: Vec<u8>,
+    bytes: bytes::Bytes,
     options: LoadOptions,
     deadline: Duration,
     reconnect: Duration,

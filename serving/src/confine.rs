@@ -1,7 +1,8 @@
 //! Loads over HTTP and gRPC are confined to `[serving] model_repository`,
-//! Triton-style: a model is found by name (`DIR/NAME.onnx`, or
-//! `DIR/NAME/model.onnx`, or `DIR/NAME/` holding a generative model's
-//! `genai_config.json`), and a path a caller gives is relative to `DIR`.
+//! Triton-style: a model is found by name (`DIR/NAME.onnx`, a GGUF
+//! `DIR/NAME.gguf`, `DIR/NAME/model.onnx`, or `DIR/NAME/` holding a
+//! generative model's `genai_config.json`), and a path a caller gives is
+//! relative to `DIR`.
 //!
 //! A path that leaves the folder lexically (absolute elsewhere, or with
 //! `..`) is refused before the file system is asked anything. A path that
@@ -44,9 +45,13 @@ impl ModelRepository {
 
     /// Model `name`'s file (or generative folder) in the repository.
     pub fn find(&self, name: &str) -> Result<PathBuf, ServeError> {
-        let onnx = format!("{name}.onnx");
+        let (onnx, gguf) = (format!("{name}.onnx"), format!("{name}.gguf"));
         let folder = Path::new(name);
-        for candidate in [Path::new(&onnx), &folder.join("model.onnx")] {
+        for candidate in [
+            Path::new(&onnx),
+            Path::new(&gguf),
+            &folder.join("model.onnx"),
+        ] {
             if let Ok(found) = self.resolve(candidate) {
                 let generative = candidate.ends_with("model.onnx")
                     && self.resolve(&folder.join("genai_config.json")).is_ok();
@@ -58,7 +63,7 @@ impl ModelRepository {
             }
         }
         Err(ServeError::NotFound(format!(
-            "no model named '{name}' in the model repository (looked for {name}.onnx and {name}/model.onnx)"
+            "no model named '{name}' in the model repository (looked for {name}.onnx, {name}.gguf and {name}/model.onnx)"
         )))
     }
 

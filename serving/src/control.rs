@@ -90,18 +90,11 @@ async fn read(name: &str, config: ModelConfig) -> Result<(LoadRequest, Bytes), S
     let name = name.to_string();
     tokio::task::spawn_blocking(move || {
         let path: &Path = &config.path;
-        if path.is_dir() {
-            let mut folder = ModelFolder::read(path, config.max_sequences)?;
+        if tessera_gguf::generative::is_generative(path) {
+            let folder = ModelFolder::read(path, config.max_sequences)?;
             let mut request = config.load_request(&name, true);
             if let Some(g) = request.generation.as_mut() {
-                let context = folder.generation.context_length;
-                folder.generation.context_length = match g.context_length {
-                    0 => context.min(DEFAULT_CONTEXT),
-                    c => c.min(context),
-                };
-                folder.generation.max_queued = g.max_queued;
-                folder.generation.queue_timeout_ms = g.queue_timeout_ms;
-                *g = folder.generation;
+                *g = folder.generation.limited_by(g);
                 let payload = g.join_payload(&folder.model);
                 return Ok((request, payload));
             }
@@ -116,7 +109,3 @@ async fn read(name: &str, config: ModelConfig) -> Result<(LoadRequest, Bytes), S
     .await
     .map_err(|e| ServeError::Unavailable(format!("reading the model: {e}")))?
 }
-
-/// Positions a generative model's sequences may hold unless its config
-/// says (its own context, at most this).
-const DEFAULT_CONTEXT: u32 = 2048;

@@ -1,7 +1,7 @@
-//! Text generation, driven by the requester: a model folder (the Hugging
-//! Face / onnxruntime-genai layout: `model.onnx` with its external data,
-//! `tokenizer.json`, `tokenizer_config.json`, `genai_config.json`) read
-//! and loaded as a generative network, and [`Network::generate`] streaming
+//! Text generation, driven by the requester: a GGUF file or a model
+//! folder (the Hugging Face / onnxruntime-genai layout: `model.onnx` with
+//! its external data, `tokenizer.json`, `tokenizer_config.json`,
+//! `genai_config.json`) read and loaded as a generative network, and [`Network::generate`] streaming
 //! its text.
 //!
 //! The requester tokenizes the prompt ([`text`]), sends each step straight
@@ -37,24 +37,23 @@ use crate::{ClientError, Network, Operation};
 use driver::{Copy, Fed, Step};
 use text::Text;
 
-/// A generative model read from its folder.
+/// A generative model read from its path: a GGUF file or a model folder.
 pub struct ModelFolder {
-    /// `model.onnx`, external data inlined.
+    /// The encoded ONNX model, weights inline.
     pub model: Bytes,
     pub generation: GenerationSpec,
 }
 
 impl ModelFolder {
-    /// Reads `dir`; each copy will keep state for up to `max_sequences`
-    /// sequences at once.
-    pub fn read(dir: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
-        let generation = tessera_common::onnx::read_generation_spec(dir, max_sequences)
+    /// Reads the GGUF file or model folder at `path` (a GGUF is built, or
+    /// taken from the build cache); each copy will keep state for up to
+    /// `max_sequences` sequences at once.
+    pub fn read(path: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
+        let read = tessera_gguf::generative::read(path, max_sequences)
             .map_err(|e| ClientError::Model(e.to_string()))?;
-        let model = tessera_common::onnx::load_model(dir.join("model.onnx"))
-            .map_err(|e| ClientError::Model(format!("{}: {e}", dir.display())))?;
         Ok(ModelFolder {
-            model: tessera_common::onnx::encode_model(&model).into(),
-            generation,
+            model: read.model,
+            generation: read.spec,
         })
     }
 }

@@ -388,6 +388,27 @@ impl GenerationSpec {
     }
 }
 
+/// Positions a generative model's sequences hold unless its table or
+/// request says: its own context, at most this.
+pub const DEFAULT_SERVED_CONTEXT: u32 = 2048;
+
+impl GenerationSpec {
+    /// The spec a model's files give, with the limits a `[models.NAME]`
+    /// table or a load asks for (`wanted`): its context (0: the model's,
+    /// at most [`DEFAULT_SERVED_CONTEXT`]; never beyond the model's), its
+    /// queue's length and timeout.
+    pub fn limited_by(mut self, wanted: &GenerationSpec) -> GenerationSpec {
+        self.context_length = match wanted.context_length {
+            0 => self.context_length.min(DEFAULT_SERVED_CONTEXT),
+            c => c.min(self.context_length),
+        };
+        self.max_sequences = wanted.max_sequences;
+        self.max_queued = wanted.max_queued;
+        self.queue_timeout_ms = wanted.queue_timeout_ms;
+        self
+    }
+}
+
 fn json_id(v: &serde_json::Value) -> Option<u32> {
     v.as_u64().and_then(|i| u32::try_from(i).ok())
 }

@@ -240,7 +240,7 @@ impl Entry {
 
 /// Where a `[models.NAME]` table's model comes from and how it is placed.
 pub fn definition(name: &str, model: &ModelConfig) -> (Source, LoadRequest) {
-    let request = model.load_request(name, model.path.is_dir());
+    let request = model.load_request(name, tessera_gguf::generative::is_generative(&model.path));
     (Source::File(model.path.clone()), request)
 }
 
@@ -347,51 +347,29 @@ fn parse(bytes: Bytes) -> Result<Graph, CoordinatorError> {
 }
 
 pub(crate) async fn read(source: &Source) -> Result<Bytes, CoordinatorError> {
-    match source {
-        Source::Bytes(sent) => Ok(sent.bytes.clone()),
-        Source::File(path) if path.is_dir() => {
-            let p = path.join("model.onnx");
-            tokio::task::spawn_blocking(move || tessera_common::onnx::load_model(&p))
-                .await
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-                .map(|m| Bytes::from(tessera_common::onnx::encode_model(&m)))
-                .map_err(|e| CoordinatorError::Model(e.to_string()))
-        }
-        Source::File(path) => {
-            let p = path.clone();
-            tokio::task::spawn_blocking(move || std::fs::read(&p))
-                .await
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-                .map(Bytes::from)
-                .map_err(|e| {
-                    CoordinatorError::Model(format!("cannot read {}: {e}", path.display()))
-                })
-        }
-    }
+    read_with_spec(source, 1).await.map(|(bytes, _)| bytes)
 }
 
-/// Positions a generative folder's sequence holds unless its table says.
-const DEFAULT_CONTEXT: u32 = 2048;
-
-/// A generative folder's tokenizer and limits, read from its files;
-/// `wanted` holds the table's `max_sequences` and `context`.
-async fn folder_spec(
-    dir: &std::path::Path,
-    wanted: &GenerationSpec,
-) -> Result<GenerationSpec, CoordinatorError> {
-    let dir = dir.to_path_buf();
-    let (max_sequences, context) = (wanted.max_sequences, wanted.context_length);
-    let (max_queued, queue_timeout_ms) = (wanted.max_queued, wanted.queue_timeout_ms);
+/// A source's model bytes and, for a generative model read from its path
+/// (a GGUF file or a model folder), what its files say of generation;
+/// each copy to keep state for `max_sequences` sequences.
+async fn read_with_spec(
+    source: &Source,
+    max_sequences: u32,
+) -> Result<(Bytes, Option<GenerationSpec>), CoordinatorError> {
+    let path = match source {
+        Source::Bytes(sent) => return Ok((sent.bytes.clone(), None)),
+        Source::File(path) => path.clone(),
+    };
     tokio::task::spawn_blocking(move || {
-        let mut spec = tessera_common::onnx::read_generation_spec(&dir, max_sequences)
-            .map_err(|e| CoordinatorError::Model(e.to_string()))?;
-        spec.context_length = match context {
-            0 => spec.context_length.min(DEFAULT_CONTEXT),
-            c => c.min(spec.context_length),
-        };
-        spec.max_queued = max_queued;
-        spec.queue_timeout_ms = queue_timeout_ms;
-        Ok(spec)
+        if tessera_gguf::generative::is_generative(&path) {
+            let read = tessera_gguf::generative::read(&path, max_sequences)
+                .map_err(|e| CoordinatorError::Model(e.to_string()))?;
+            return Ok((read.model, Some(read.spec)));
+        }
+        std::fs::read(&path)
+            .map(|b| (Bytes::from(b), None))
+            .map_err(|e| CoordinatorError::Model(format!("cannot read {}: {e}", path.display())))
     })
     .await
     .map_err(|e| CoordinatorError::Model(e.to_string()))?
@@ -514,10 +492,11 @@ async fn load_now(
         let s = entry.lock();
         (s.source.clone(), s.request.clone())
     };
-    let bytes = read(&source).await?;
-    if let (Source::File(dir), Some(wanted)) = (&source, &request.generation) {
+    let max_sequences = request.generation.as_ref().map_or(1, |g| g.max_sequences);
+    let (bytes, spec) = read_with_spec(&source, max_sequences).await?;
+    if let (Some(spec), Some(wanted)) = (spec, &request.generation) {
         if wanted.tokenizer_json.is_empty() {
-            request.generation = Some(folder_spec(dir, wanted).await?);
+            request.generation = Some(spec.limited_by(wanted));
         }
     }
     let absent = absent_workers(shared, &request);
