@@ -18,11 +18,12 @@ if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then
   { apt-get install -y -q curl || { apt-get update -q && apt-get install -y -q curl; }; } >/dev/null 2>&1 ||
     echo "warning: could not install curl; the KServe v2 test needs it"
 fi
-# Text generation's oracle: onnxruntime-genai (its greedy text), and the
-# converter's GGUF reader.
-if ! python3 -c "import onnxruntime_genai, gguf" 2>/dev/null; then
+# Text generation's oracle: onnxruntime-genai (its greedy text), the
+# converter's GGUF reader and writer, and sentencepiece for the GGUF
+# tests' SentencePiece vocabulary.
+if ! python3 -c "import onnxruntime_genai, gguf, sentencepiece" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
-    "onnxruntime-genai==0.18.0" "gguf==0.19.0"
+    "onnxruntime-genai==0.18.0" "gguf==0.19.0" "sentencepiece==0.2.3"
 fi
 # The OpenAI-compatible endpoints' real client.
 if ! python3 -c "import openai" 2>/dev/null; then
@@ -55,6 +56,9 @@ else
 fi
 ./scripts/fetch-test-models.sh >/dev/null
 ./scripts/fetch-llm.sh >/dev/null
+# The GGUF tests' reference: llama.cpp's llama-quantize and our llama-ref
+# driver, built once (about 4.5 minutes here) into .cache/llama.cpp.
+./scripts/llama-cpp.sh llama-quantize llama-ref >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);
 # Debian images carry only C and C.UTF-8.
 if ! locale -a 2>/dev/null | grep -qi '^en_US.utf-\?8$' && command -v apt-get >/dev/null; then

@@ -57,6 +57,10 @@ pub struct GenerateArgs {
     /// Sequences each stage keeps state (KV cache) for at once.
     #[arg(long, default_value_t = 1)]
     max_sequences: u32,
+    /// A GGUF's products in float32 (MatMulNBits accuracy level 0) instead
+    /// of with int8 activations: slower, exact up to rounding.
+    #[arg(long)]
+    float_activations: bool,
     /// Positions (prompt and generated tokens) one sequence may hold; each
     /// stage budgets its state for this many (default: the model's
     /// context, at most 2048).
@@ -73,9 +77,19 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
 async fn generate_async(args: GenerateArgs) -> Result<()> {
     let dir = args.model_dir.clone();
     let max_sequences = args.max_sequences;
-    let mut folder = tokio::task::spawn_blocking(move || ModelFolder::read(&dir, max_sequences))
-        .await
-        .context("reading the model")??;
+    if args.float_activations && !tessera_gguf::is_gguf(&dir) {
+        anyhow::bail!(
+            "--float-activations applies to GGUF files, not to {}",
+            dir.display()
+        );
+    }
+    let options = tessera_gguf::BuildOptions {
+        accuracy_level: if args.float_activations { 0 } else { 4 },
+    };
+    let mut folder =
+        tokio::task::spawn_blocking(move || ModelFolder::read_with(&dir, max_sequences, &options))
+            .await
+            .context("reading the model")??;
     let model_context = folder.generation.context_length;
     folder.generation.context_length = match args.context {
         Some(0) => anyhow::bail!("--context must be at least 1"),

@@ -49,7 +49,17 @@ impl ModelFolder {
     /// taken from the build cache); each copy will keep state for up to
     /// `max_sequences` sequences at once.
     pub fn read(path: &Path, max_sequences: u32) -> Result<ModelFolder, ClientError> {
-        let read = tessera_gguf::generative::read(path, max_sequences)
+        Self::read_with(path, max_sequences, &tessera_gguf::BuildOptions::default())
+    }
+
+    /// [`ModelFolder::read`], a GGUF built with `options` (a folder's
+    /// graph is as its files have it).
+    pub fn read_with(
+        path: &Path,
+        max_sequences: u32,
+        options: &tessera_gguf::BuildOptions,
+    ) -> Result<ModelFolder, ClientError> {
+        let read = tessera_gguf::generative::read_with(path, max_sequences, options)
             .map_err(|e| ClientError::Model(e.to_string()))?;
         Ok(ModelFolder {
             model: read.model,
