@@ -271,7 +271,7 @@ fn assert_logits(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
         let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(
             diff <= TOLERANCE * scale,
-            "{what} row {i}: logits {diff:.3e} from llama.cpp's (largest {scale:.2})"
+            "{what} row {i}: logits {diff:.3e} from the reference's (largest {scale:.2})"
         );
         worst = worst.max(diff / scale);
     }
@@ -462,6 +462,76 @@ fn rope_scalings_heads_and_a_split_over_two_workers_give_llama_cpp_s_tokens() {
             check_against_llama_cpp(&client, case, prompt, (shape, devices), &scratch).await;
         }
     });
+}
+
+/// numpy's float64 logits of `gguf` at every position of `tokens`
+/// (`numpy_gguf.py`, `flags` added).
+fn numpy_logits(gguf: &Path, tokens: &[u32], flags: &[&str], out: &Path) -> Vec<Vec<f32>> {
+    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    output(
+        Command::new("python3")
+            .arg(repo().join("scripts/llm/numpy_gguf.py"))
+            .arg(gguf)
+            .args(["--tokens", &list.join(",")])
+            .args(flags)
+            .arg("--out")
+            .arg(out),
+    );
+    let t = read_npy(&std::fs::read(out).expect("an .npy")).expect("a .npy");
+    let width = t.shape()[1];
+    let values = t.to_vec::<f64>().expect("float64");
+    values
+        .chunks(width)
+        .map(|row| row.iter().map(|&v| v as f32).collect())
+        .collect()
+}
+
+/// A window the GGUF declares (`llama.attention.sliding_window`, Mistral's)
+/// is honoured, at prompt positions and through cached steps past it,
+/// against numpy's float64 forward with the window (llama.cpp's llama
+/// architecture ignores the key, so llama.cpp is no reference here).
+#[test]
+fn a_declared_sliding_window_is_honoured() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("gguf-window");
+    let gguf = write_gguf(
+        &scratch,
+        "window",
+        &["--vocab", "spm", "--seed", "4", "--sliding-window", "6"],
+    );
+    let tokens = prompt_ids(&gguf, SPM_PROMPT);
+    assert!(tokens.len() > 6, "the prompt outgrows the window");
+    let cluster = Cluster::start("gguf-window", &["node-a"], 1);
+    let rt = runtime();
+    let got = rt.block_on(async {
+        let client = cluster.client().await;
+        let network = load(&client, &gguf, "CPU", false).await;
+        tessera_logits(&network, &tokens, DEFAULT_SHAPE).await
+    });
+    let mut all = tokens.clone();
+    all.extend(&got.greedy[..STEPS]);
+    let want = numpy_logits(
+        &gguf,
+        &all,
+        &["--sliding-window"],
+        &scratch.join("numpy.npy"),
+    );
+    let n = tokens.len();
+    let worst = assert_logits("window prompt", &got.prompt, &want[..n]).max(assert_logits(
+        "window steps",
+        &got.steps,
+        &want[n..n + STEPS],
+    ));
+    let unwindowed = numpy_logits(&gguf, &all, &[], &scratch.join("full.npy"));
+    let apart = got
+        .steps
+        .last()
+        .unwrap()
+        .iter()
+        .zip(unwindowed.last().unwrap())
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(apart > 0.1, "the window changes the logits ({apart})");
+    eprintln!("a window of 6: logits within {worst:.1e} of numpy's; without it they would be {apart:.2} apart");
 }
 
 #[test]

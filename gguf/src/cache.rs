@@ -24,7 +24,7 @@ use crate::GgufError;
 
 /// Bumped whenever the graph or the tokenizer a GGUF builds into changes:
 /// entries of other builders are never read.
-pub const BUILDER_VERSION: u32 = 1;
+pub const BUILDER_VERSION: u32 = 2;
 /// Entries kept (the least recently used go first).
 pub const KEEP: usize = 4;
 
@@ -61,36 +61,81 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// where the cache's folder can be written); each copy keeps state for
 /// `max_sequences` sequences.
 pub fn load(path: &Path, options: &BuildOptions, max_sequences: u32) -> Result<Built, GgufError> {
-    let Some(dir) = cache_dir().filter(|d| std::fs::create_dir_all(d).is_ok()) else {
-        return build_in_memory(path, options, max_sequences);
-    };
-    let io = |p: &Path| {
-        let p = p.display().to_string();
-        move |source| GgufError::Io { path: p, source }
-    };
-    let sha = file_sha256(path, &dir)?;
+    match cache_dir().filter(|d| std::fs::create_dir_all(d).is_ok()) {
+        Some(dir) => load_in(&dir, path, options, max_sequences),
+        None => build_in_memory(path, options, max_sequences),
+    }
+}
+
+/// [`load`] with the cache in `dir`.
+pub fn load_in(
+    dir: &Path,
+    path: &Path,
+    options: &BuildOptions,
+    max_sequences: u32,
+) -> Result<Built, GgufError> {
+    let sha = file_sha256(path, dir)?;
     let entry = dir.join(format!(
         "{sha}-b{BUILDER_VERSION}-a{}",
         options.accuracy_level
     ));
-    let generation = entry.join("generation.json");
-    if !generation.exists() {
-        tracing::info!(path = %path.display(), "building the GGUF's model (cached in {})", entry.display());
-        let built = GgufModel::read(path, options)?;
-        let spec = built.generation_spec(max_sequences)?;
-        std::fs::create_dir_all(&entry).map_err(io(&entry))?;
-        let model_path = entry.join("model.onnx");
-        write_model(&built.model, &model_path).map_err(io(&model_path))?;
-        let text = serde_json::to_string(&Generation {
-            spec,
-            tokenizer_json: built.tokenizer_json.clone(),
-        })
-        .unwrap_or_default();
-        drop(built);
-        std::fs::write(&generation, text).map_err(io(&generation))?;
-        prune(&dir);
+    // Another process may prune the entry between building and reading
+    // it: then it is built once more.
+    let mut tries = 0;
+    loop {
+        if !entry.join(GENERATION).exists() {
+            store(path, options, &entry)?;
+            prune(dir);
+        }
+        match open(&entry, max_sequences) {
+            Ok(built) => return Ok(built),
+            Err(e) if tries > 0 => return Err(e),
+            Err(e) => tracing::debug!("the cached build went away ({e}); building again"),
+        }
+        tries += 1;
     }
-    let text = std::fs::read_to_string(&generation).map_err(io(&generation))?;
+}
+
+const MODEL: &str = "model.onnx";
+const GENERATION: &str = "generation.json";
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> GgufError {
+    let path = path.display().to_string();
+    move |source| GgufError::Io {
+        path: path.clone(),
+        source,
+    }
+}
+
+/// Builds the GGUF at `path` into the cache entry `entry`: the model, then
+/// the generation spec (which marks the entry complete), each written
+/// under a name of this process's and renamed, so that processes building
+/// the same entry at once do not mix their files.
+fn store(path: &Path, options: &BuildOptions, entry: &Path) -> Result<(), GgufError> {
+    tracing::info!(path = %path.display(), "building the GGUF's model (cached in {})", entry.display());
+    let built = GgufModel::read(path, options)?;
+    // The spec as read: each load sets its own sequences.
+    let spec = built.generation_spec(1)?;
+    std::fs::create_dir_all(entry).map_err(io_error(entry))?;
+    let model_path = entry.join(MODEL);
+    write_model(&built.model, &model_path).map_err(io_error(&model_path))?;
+    let text = serde_json::to_string(&Generation {
+        spec,
+        tokenizer_json: built.tokenizer_json.clone(),
+    })
+    .unwrap_or_default();
+    drop(built);
+    let generation = entry.join(GENERATION);
+    let tmp = temporary(&generation);
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &generation))
+        .map_err(io_error(&generation))
+}
+
+/// A complete entry: its model mapped, its spec read.
+fn open(entry: &Path, max_sequences: u32) -> Result<Built, GgufError> {
+    let generation = entry.join(GENERATION);
+    let text = std::fs::read_to_string(&generation).map_err(io_error(&generation))?;
     let Generation {
         mut spec,
         tokenizer_json,
@@ -100,17 +145,27 @@ pub fn load(path: &Path, options: &BuildOptions, max_sequences: u32) -> Result<B
     })?;
     spec.tokenizer_json = tokenizer_json;
     spec.max_sequences = max_sequences;
-    let _ = filetime_touch(&generation);
-    let model_path = entry.join("model.onnx");
-    let file = std::fs::File::open(&model_path).map_err(io(&model_path))?;
+    let _ = touch(&generation);
+    let model_path = entry.join(MODEL);
+    let file = std::fs::File::open(&model_path).map_err(io_error(&model_path))?;
     // SAFETY: a read-only map of the cache's own file, which is written
     // once under a temporary name and never changed in place.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(&model_path))?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(&model_path))?;
     Ok(Built {
         model: Bytes::from_owner(map),
         spec,
         cached: true,
     })
+}
+
+/// `path` with this process's and this moment's mark.
+fn temporary(path: &Path) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}-{nanos}.part", std::process::id()));
+    path.with_file_name(name)
 }
 
 /// Without a cache: built and encoded in memory.
@@ -194,7 +249,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Marks an entry used now.
-fn filetime_touch(path: &Path) -> std::io::Result<()> {
+fn touch(path: &Path) -> std::io::Result<()> {
     std::fs::File::options()
         .append(true)
         .open(path)?
@@ -210,7 +265,7 @@ fn prune(dir: &Path) {
         .flatten()
         .filter(|e| e.path().is_dir())
         .map(|e| {
-            let used = std::fs::metadata(e.path().join("generation.json"))
+            let used = std::fs::metadata(e.path().join(GENERATION))
                 .and_then(|m| m.modified())
                 .unwrap_or(std::time::UNIX_EPOCH);
             (used, e.path())
@@ -221,5 +276,52 @@ fn prune(dir: &Path) {
         if let Err(e) = std::fs::remove_dir_all(&path) {
             tracing::warn!(path = %path.display(), "cannot remove an old GGUF build: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_load_of_the_same_file_builds_nothing() {
+        let dir = std::env::temp_dir().join(format!("tessera-gguf-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let gguf = dir.join("tiny.gguf");
+        std::fs::write(&gguf, crate::testing::tiny_llama(&Default::default())).unwrap();
+        let cache = dir.join("cache");
+        let options = BuildOptions::default();
+        let first = load_in(&cache, &gguf, &options, 3).unwrap();
+        let entry = std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .find(|e| e.path().is_dir())
+            .unwrap()
+            .path();
+        let built_at = std::fs::metadata(entry.join(MODEL))
+            .unwrap()
+            .modified()
+            .unwrap();
+        let second = load_in(&cache, &gguf, &options, 5).unwrap();
+        assert_eq!(first.model, second.model);
+        assert_eq!(second.spec.max_sequences, 5);
+        assert_eq!(
+            std::fs::metadata(entry.join(MODEL))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            built_at,
+            "the cached model was not written again"
+        );
+        // Other options are another entry.
+        load_in(&cache, &gguf, &BuildOptions { accuracy_level: 0 }, 1).unwrap();
+        let entries = std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .count();
+        assert_eq!(entries, 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

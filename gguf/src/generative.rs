@@ -44,8 +44,17 @@ pub fn is_generative(path: &Path) -> bool {
 /// `max_sequences` sequences. A GGUF is built (or taken from the build
 /// cache); a folder's `model.onnx` is read with its external data.
 pub fn read(path: &Path, max_sequences: u32) -> Result<GenerativeModel, ReadError> {
+    read_with(path, max_sequences, &BuildOptions::default())
+}
+
+/// [`read`], a GGUF built with `options`.
+pub fn read_with(
+    path: &Path,
+    max_sequences: u32,
+    options: &BuildOptions,
+) -> Result<GenerativeModel, ReadError> {
     if is_gguf(path) {
-        let built = cache::load(path, &BuildOptions::default(), max_sequences)?;
+        let built = cache::load(path, options, max_sequences)?;
         return Ok(GenerativeModel {
             model: built.model,
             spec: built.spec,

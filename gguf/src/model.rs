@@ -324,3 +324,87 @@ pub fn generation_spec(
         queue_timeout_ms: DEFAULT_QUEUE_TIMEOUT_MS,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{tiny_llama, Tiny, TINY_VOCAB};
+
+    fn build(t: &Tiny) -> Result<GgufModel, GgufError> {
+        GgufModel::from_bytes(&tiny_llama(t), &BuildOptions::default())
+    }
+
+    #[test]
+    fn a_tiny_llama_builds_the_decoder_s_interface() {
+        let m = build(&Tiny::default()).unwrap();
+        let g = m.model.graph.as_ref().unwrap();
+        let names = |v: &[tessera_common::onnx::proto::ValueInfoProto]| -> Vec<String> {
+            v.iter().filter_map(|i| i.name.clone()).collect()
+        };
+        let inputs = names(&g.input);
+        assert_eq!(
+            &inputs[..3],
+            ["input_ids", "attention_mask", "position_ids"]
+        );
+        assert_eq!(inputs.len(), 3 + 2 * 2);
+        let outputs = names(&g.output);
+        assert_eq!(outputs[0], "logits");
+        assert_eq!(outputs.len(), 1 + 2 * 2);
+        let padding = m
+            .model
+            .metadata_props
+            .iter()
+            .find(|p| p.key.as_deref() == Some(decoder::PADDING_KEY));
+        assert_eq!(padding.and_then(|p| p.value.as_deref()), Some("right"));
+        let spec = m.generation_spec(2).unwrap();
+        assert_eq!(spec.eos_token_ids, vec![TINY_VOCAB as u32 - 1]);
+        assert_eq!(spec.context_length, 128);
+        assert!(GgufModel::from_bytes(
+            &tiny_llama(&Tiny {
+                untied: true,
+                ..Default::default()
+            }),
+            &BuildOptions::default()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_broken_model_is_named_in_one_line() {
+        let cases = [
+            (
+                Tiny {
+                    drop_tokens: 1,
+                    ..Default::default()
+                },
+                "39 tokens for an embedding of 40 rows",
+            ),
+            (
+                Tiny {
+                    without: vec!["blk.1.ffn_down.weight".into()],
+                    ..Default::default()
+                },
+                "GGUF tensor blk.1.ffn_down.weight: missing",
+            ),
+            (
+                Tiny {
+                    extra: Some("blk.0.attn_rot_embd".into()),
+                    ..Default::default()
+                },
+                "GGUF tensor blk.0.attn_rot_embd: not a tensor of a llama decoder",
+            ),
+            (
+                Tiny {
+                    kv_heads: 3,
+                    ..Default::default()
+                },
+                "3 key/value heads for 4 query heads",
+            ),
+        ];
+        for (tiny, want) in cases {
+            let e = build(&tiny).err().expect(want).to_string();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+            assert!(!e.contains('\n'), "{e:?}");
+        }
+    }
+}

@@ -26,7 +26,9 @@ freq_scale is 1/llama.rope.scaling.factor unless llama.rope.scaling.type is
 "none" (llama.cpp's default type is "linear"), and rope_freqs (Llama 3's
 factors) 1 where the file has no rope_freqs.weight. Only plain, linear
 and rope_freqs scaling: yarn and longrope are refused. llama.cpp's llama
-architecture ignores llama.attention.sliding_window, and so does this.
+architecture ignores llama.attention.sliding_window, and so does this
+unless --sliding-window asks for it (Mistral's window, which Tessera
+honours: a query sees itself and the window's n - 1 positions before it).
 
 Weights under Hugging Face names ([in, out] for linear weights) and the
 rest of the numpy code (RMSNorm, head reshaping) are numpy_llama's.
@@ -206,8 +208,13 @@ def _matmul(model: GgufModel, x: np.ndarray, name: str, weight: np.ndarray) -> n
     return _ACTIVATION_ROUNDING.get(kind, lambda v: v)(x) @ weight
 
 
-def forward(model: GgufModel, tokens, llama_cpp_activations: bool = False) -> np.ndarray:
+def forward(model: GgufModel, tokens, llama_cpp_activations: bool = False,
+            window: int | None = None) -> np.ndarray:
     """Logits [S, V] of every position of one sequence (positions 0..S-1).
+
+    window: attend to the last `window` positions only (the position
+    itself included), as Mistral's sliding window does where llama.cpp's
+    llama architecture does not.
 
     llama_cpp_activations: round the input of each matrix product as
     llama.cpp's CPU backend does for that weight's type (to F16, BF16, or
@@ -224,6 +231,8 @@ def forward(model: GgufModel, tokens, llama_cpp_activations: bool = False) -> np
     seq = len(ids)
     angles = rope_angles(model, np.arange(seq))
     causal = np.tril(np.ones((seq, seq), dtype=bool))
+    if window is not None:
+        causal &= np.triu(np.ones((seq, seq), dtype=bool), -(window - 1))
     x = w["model.embed_tokens.weight"][ids][None]  # [1, S, hidden]
     for layer in range(c.num_layers):
         p = f"model.layers.{layer}"
@@ -258,9 +267,15 @@ def main() -> None:
     p.add_argument("--out", help="write the logits [S, V] as float64 .npy here")
     p.add_argument("--llama-cpp-activations", action="store_true",
                    help="round matrix products' inputs as llama.cpp's CPU backend does")
+    p.add_argument("--sliding-window", action="store_true",
+                   help="honour llama.attention.sliding_window (llama.cpp's llama architecture ignores it)")
     args = p.parse_args()
     model = load(args.model)
-    logits = forward(model, [int(t) for t in args.tokens.split(",")], args.llama_cpp_activations)
+    window = None
+    if args.sliding_window:
+        window = int(_field(gguf.GGUFReader(args.model), "llama.attention.sliding_window"))
+    logits = forward(model, [int(t) for t in args.tokens.split(",")], args.llama_cpp_activations,
+                     window)
     if args.out:
         np.save(args.out, logits)
     print(f"logits {logits.shape}, argmax of the last position {int(np.argmax(logits[-1]))}, "

@@ -448,9 +448,9 @@ fn attention(
         attrs.push(Attr::Float("scale", scale));
     }
     if let Some(window) = c.sliding_window {
-        // onnxruntime attends to the position and `local_window_size`
-        // before it; a window of n positions holds the position itself.
-        attrs.push(Attr::Int("local_window_size", window as i64 - 1));
+        // onnxruntime's window holds the position itself (measured against
+        // numpy's masked attention: a_declared_sliding_window_is_honoured).
+        attrs.push(Attr::Int("local_window_size", window as i64));
     }
     b.node(
         "GroupQueryAttention",
