@@ -721,6 +721,14 @@ fn broken_ggufs_get_one_clear_line_and_the_cluster_serves_on() {
         "[models.good]\npath = \"{}\"\ndevices = \"CPU\"\n",
         good.display()
     ));
+    // A front door whose model repository is the scratch folder: the GGUFs
+    // load there by name too.
+    std::fs::copy(&good, scratch.join("smol.gguf")).unwrap();
+    let port = util::kserve::free_port();
+    let table = format!(
+        "http_listen = \"127.0.0.1:{port}\"\n[serving]\nmodel_control = true\nmodel_repository = {:?}\n{table}",
+        scratch.display().to_string()
+    );
     // A coordinator with every file named in its cluster.toml: the good one
     // serves, each broken one is unavailable, saying why.
     let cluster = Cluster::start_configured("gguf-broken", &[("node-a", "CPU")], 1, &table);
@@ -757,4 +765,52 @@ fn broken_ggufs_get_one_clear_line_and_the_cluster_serves_on() {
             .expect("generated");
         assert!(stats.generated_tokens >= 1, "{text:?} {stats:?}");
     });
+    let base = format!("http://127.0.0.1:{port}");
+    let completion = |model: &str| {
+        let body = format!(
+            r#"{{"model": "{model}", "prompt": "{SPM_PROMPT}", "max_tokens": 8, "temperature": 0}}"#
+        );
+        curl(&[
+            "-X",
+            "POST",
+            &format!("{base}/v1/completions"),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body,
+        ])
+    };
+    let (code, body) = completion("good");
+    assert_eq!(code, 200, "{body}");
+    // KServe's repository extension loads a GGUF of the repository by its
+    // name, then OpenAI serves it; a broken one is refused in one line.
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &format!("{base}/v2/repository/models/smol/load"),
+    ]);
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = completion("smol");
+    assert_eq!(code, 200, "{body}");
+    eprintln!("OpenAI on a GGUF loaded through KServe: {body}");
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &format!("{base}/v2/repository/models/mamba/load"),
+    ]);
+    assert!(
+        code >= 400 && body.contains("'mamba' is not supported"),
+        "{code} {body}"
+    );
+}
+
+/// `curl ARGS`: the status and the body.
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = output(
+        Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}"])
+            .args(args),
+    );
+    let (body, code) = out.trim_end().rsplit_once('\n').expect("a status line");
+    (code.parse().expect("a status"), body.to_string())
 }

@@ -133,6 +133,7 @@ mod tests {
         std::fs::create_dir_all(root.join("repo/det")).unwrap();
         std::fs::create_dir_all(root.join("repo/llm")).unwrap();
         std::fs::write(root.join("repo/rec.onnx"), b"x").unwrap();
+        std::fs::write(root.join("repo/smol.gguf"), b"GGUF").unwrap();
         std::fs::write(root.join("repo/det/model.onnx"), b"x").unwrap();
         std::fs::write(root.join("repo/llm/model.onnx"), b"x").unwrap();
         std::fs::write(root.join("repo/llm/genai_config.json"), b"{}").unwrap();
@@ -160,6 +161,10 @@ mod tests {
         assert!(
             repo.find("llm").unwrap().ends_with("repo/llm"),
             "a generative folder"
+        );
+        assert!(
+            repo.find("smol").unwrap().ends_with("repo/smol.gguf"),
+            "a GGUF"
         );
         assert!(
             repo.find("alias").unwrap().ends_with("repo/rec.onnx"),
