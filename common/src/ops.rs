@@ -26,6 +26,11 @@
 //! ```
 
 use std::collections::BTreeMap;
+
+/// The domain of Tessera's own operators over llama.cpp's weight blocks
+/// (`MatMul`, `Gather`), which the onnxruntime plugin registers; their
+/// outputs are float32.
+pub const GGML_DOMAIN: &str = "ai.tessera.ggml";
 use std::sync::OnceLock;
 
 use crate::affinity::CostRule;

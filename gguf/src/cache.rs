@@ -4,7 +4,8 @@
 //!
 //! Layout under `$TESSERA_CACHE_DIR` (else `$XDG_CACHE_HOME/tessera`, else
 //! `~/.cache/tessera`), folder `gguf/`:
-//! - `<sha256>-b<builder>-a<accuracy>/model.onnx` and `generation.json`
+//! - `<sha256>-b<builder>-a<accuracy>-<native|portable>/model.onnx` and
+//!   `generation.json`
 //!   (written last: an entry without it is incomplete and made again);
 //! - `hash-<key>`: a file's SHA-256, keyed by its path, size, modification
 //!   time and inode, so an unchanged file is not hashed again.
@@ -24,7 +25,7 @@ use crate::GgufError;
 
 /// Bumped whenever the graph or the tokenizer a GGUF builds into changes:
 /// entries of other builders are never read.
-pub const BUILDER_VERSION: u32 = 2;
+pub const BUILDER_VERSION: u32 = 3;
 /// Entries kept (the least recently used go first).
 pub const KEEP: usize = 4;
 
@@ -75,8 +76,9 @@ pub fn load_in(
     max_sequences: u32,
 ) -> Result<Built, GgufError> {
     let sha = file_sha256(path, dir)?;
+    let kernels = if options.native { "native" } else { "portable" };
     let entry = dir.join(format!(
-        "{sha}-b{BUILDER_VERSION}-a{}",
+        "{sha}-b{BUILDER_VERSION}-a{}-{kernels}",
         options.accuracy_level
     ));
     // Another process may prune the entry between building and reading
@@ -315,7 +317,7 @@ mod tests {
             "the cached model was not written again"
         );
         // Other options are another entry.
-        load_in(&cache, &gguf, &BuildOptions { accuracy_level: 0 }, 1).unwrap();
+        load_in(&cache, &gguf, &BuildOptions::portable(true), 1).unwrap();
         let entries = std::fs::read_dir(&cache)
             .unwrap()
             .flatten()

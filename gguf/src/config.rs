@@ -173,7 +173,7 @@ impl DecoderConfig {
         let ffn = meta
             .per_layer(&ffn_key, layers)?
             .ok_or(GgufError::MissingKey(ffn_key))? as usize;
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(GgufError::Metadata {
                 key: key("attention.head_count_kv"),
                 reason: format!("{kv_heads} key/value heads for {heads} query heads"),

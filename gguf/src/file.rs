@@ -261,7 +261,7 @@ impl<'a> GgufFile<'a> {
     fn place_tensors(&mut self, alignment: u64) -> Result<(), GgufError> {
         let file_len = self.bytes.len() as u64;
         for t in &mut self.tensors {
-            if t.offset % alignment != 0 {
+            if !t.offset.is_multiple_of(alignment) {
                 return Err(GgufError::Tensor {
                     name: t.name.to_string(),
                     reason: format!("its offset {} is not aligned to {alignment}", t.offset),

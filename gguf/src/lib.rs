@@ -32,6 +32,7 @@ pub mod file;
 pub mod folder;
 pub mod generative;
 pub mod graph;
+pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod types;

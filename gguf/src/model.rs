@@ -26,11 +26,32 @@ pub struct BuildOptions {
     /// `MatMulNBits`' accuracy level: 4 (int8 activations, onnxruntime's
     /// fast kernels) or 0 (float32 activations: exact up to rounding).
     pub accuracy_level: i64,
+    /// Weights of the types Tessera has kernels for (Q4_K, Q6_K, Q8_0)
+    /// kept as the file's blocks and multiplied by those kernels
+    /// (`crate::kernels`, operators only Tessera's onnxruntime plugin
+    /// runs), with activations rounded to 8 bits as llama.cpp rounds
+    /// them; else every quantized weight is `MatMulNBits`' (a graph any
+    /// onnxruntime runs: `tessera convert`).
+    pub native: bool,
 }
 
 impl Default for BuildOptions {
     fn default() -> Self {
-        BuildOptions { accuracy_level: 4 }
+        BuildOptions {
+            accuracy_level: 4,
+            native: true,
+        }
+    }
+}
+
+impl BuildOptions {
+    /// A graph any onnxruntime runs (`MatMulNBits`), with int8 or (`exact`)
+    /// float32 activations.
+    pub fn portable(exact: bool) -> BuildOptions {
+        BuildOptions {
+            accuracy_level: if exact { 0 } else { 4 },
+            native: false,
+        }
     }
 }
 
@@ -47,6 +68,8 @@ pub struct GgufModel {
 /// memory map once a tensor's bytes have been turned into a weight.
 struct Tensors<'f, 'a> {
     file: &'f GgufFile<'a>,
+    /// Keep the types with kernels as the file's blocks.
+    native: bool,
     release: &'f dyn Fn(&TensorInfo<'_>),
     used: std::cell::RefCell<std::collections::HashSet<String>>,
 }
@@ -87,9 +110,11 @@ impl Tensors<'_, '_> {
     fn matrix_of(&self, t: &TensorInfo<'_>, rows: usize, cols: usize) -> Result<Weight, GgufError> {
         Self::check_shape(t, &[cols, rows])?;
         let w =
-            quant::weight(t.ty, self.file.data(t), rows, cols).map_err(|e| GgufError::Tensor {
-                name: t.name.to_string(),
-                reason: e.to_string(),
+            quant::weight_for(t.ty, self.file.data(t), (rows, cols), self.native).map_err(|e| {
+                GgufError::Tensor {
+                    name: t.name.to_string(),
+                    reason: e.to_string(),
+                }
             })?;
         (self.release)(t);
         Ok(w)
@@ -154,6 +179,7 @@ impl Tensors<'_, '_> {
         }
         match self.matrix_of(t, vocab, hidden)? {
             Weight::Packed(p) => Ok(Table::Packed(p)),
+            Weight::Native(n) => Ok(Table::Native(n)),
             Weight::Dense(_) => unreachable!("float embeddings are kept as rows above"),
         }
     }
@@ -259,6 +285,7 @@ impl GgufModel {
         let vocab = Vocabulary::from_meta(&meta)?;
         let tensors = Tensors {
             file: &file,
+            native: options.native,
             release,
             used: Default::default(),
         };

@@ -87,7 +87,7 @@ impl GgmlType {
             .block()
             .ok_or_else(|| format!("unknown tensor type {}", self.0))?;
         let row = dims.first().copied().unwrap_or(1);
-        if row % block != 0 {
+        if !row.is_multiple_of(block) {
             return Err(format!(
                 "rows of {row} elements are not whole {} blocks of {block}",
                 self.name()

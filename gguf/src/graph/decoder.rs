@@ -120,20 +120,12 @@ fn model(config: &DecoderConfig, vocab: usize, b: GraphBuilder) -> ModelProto {
         ),
         (PADDING_KEY, "right".to_string()),
     ];
+    let opset_import = opsets(&graph);
     ModelProto {
         ir_version: Some(IR_VERSION),
         producer_name: Some(PRODUCER.into()),
         graph: Some(graph),
-        opset_import: vec![
-            OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(OPSET),
-            },
-            OperatorSetIdProto {
-                domain: Some(MS_DOMAIN.into()),
-                version: Some(1),
-            },
-        ],
+        opset_import,
         metadata_props: props
             .into_iter()
             .map(|(k, v)| StringStringEntryProto {
@@ -143,6 +135,24 @@ fn model(config: &DecoderConfig, vocab: usize, b: GraphBuilder) -> ModelProto {
             .collect(),
         ..Default::default()
     }
+}
+
+/// The default opset, onnxruntime's contrib domain, and Tessera's kernels'
+/// domain where a node is of it.
+fn opsets(graph: &tessera_common::onnx::proto::GraphProto) -> Vec<OperatorSetIdProto> {
+    let import = |domain: &str, version| OperatorSetIdProto {
+        domain: Some(domain.into()),
+        version: Some(version),
+    };
+    let mut opsets = vec![import("", OPSET), import(MS_DOMAIN, 1)];
+    if graph
+        .node
+        .iter()
+        .any(|n| n.domain.as_deref() == Some(crate::kernels::DOMAIN))
+    {
+        opsets.push(import(crate::kernels::DOMAIN, 1));
+    }
+    opsets
 }
 
 /// A `ValueInfoProto` with symbolic (`String`) and fixed dimensions.

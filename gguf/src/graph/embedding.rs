@@ -7,9 +7,10 @@
 use bytes::Bytes;
 use tessera_common::onnx::ElemType;
 
-use super::linear::{flat_factors, linear, packed_blobs};
+use super::linear::{flat_factors, linear, native_blocks, packed_blobs};
 use super::{Attr, GraphBuilder};
-use crate::quant::{Factors, Packed, Weight};
+use crate::kernels;
+use crate::quant::{Factors, Native, Packed, Weight};
 
 /// The initializer's name (Hugging Face's).
 pub const NAME: &str = "model.embed_tokens.weight";
@@ -25,6 +26,8 @@ pub enum Table {
         data: Bytes,
     },
     Packed(Packed),
+    /// The file's blocks, for Tessera's kernels.
+    Native(Native),
 }
 
 impl Table {
@@ -32,6 +35,7 @@ impl Table {
         match self {
             Table::Dense { rows, .. } => *rows,
             Table::Packed(p) => p.rows,
+            Table::Native(n) => n.rows,
         }
     }
 }
@@ -60,6 +64,22 @@ pub fn lookup(b: &mut GraphBuilder, table: &Table, hidden: usize) -> String {
             }
         }
         Table::Packed(w) => packed_lookup(b, w, hidden, p),
+        Table::Native(n) => {
+            let blocks = native_blocks(b, n, NAME);
+            let out = format!("{p}/GgmlGather/output_0");
+            b.node(
+                kernels::GATHER,
+                kernels::DOMAIN,
+                &[&blocks, "input_ids"],
+                &format!("{p}/GgmlGather"),
+                &[&out],
+                &[
+                    Attr::Int("type", n.ty.0 as i64),
+                    Attr::Int("K", n.cols as i64),
+                ],
+            );
+            out
+        }
     }
 }
 
@@ -213,5 +233,6 @@ pub fn tied_head(b: &mut GraphBuilder, x: &str, table: &Table, hidden: usize, p:
             b.op("Unsqueeze", &[&flat, &axis], &format!("{p}/Unsqueeze"), &[])
         }
         Table::Packed(w) => linear(b, x, &Weight::Packed(w.clone()), None, NAME, p),
+        Table::Native(n) => linear(b, x, &Weight::Native(n.clone()), None, NAME, p),
     }
 }

@@ -13,7 +13,8 @@ use tessera_common::onnx::ElemType;
 use super::{Attr, GraphBuilder};
 use bytes::Bytes;
 
-use crate::quant::{transpose, Dense, Factors, Halves, Joined, Packed, Weight};
+use crate::kernels;
+use crate::quant::{transpose, Dense, Factors, Halves, Joined, Native, Packed, Weight};
 
 /// `x @ W^T (+ bias)`; `name` names the weight's initializers, `prefix`
 /// the nodes.
@@ -28,6 +29,7 @@ pub fn linear(
     let y = match w {
         Weight::Packed(p) => packed_product(b, x, p, name, prefix),
         Weight::Dense(d) => dense_product(b, x, d, name, prefix),
+        Weight::Native(n) => native_product(b, x, n, name, prefix),
     };
     match bias {
         Some(values) => {
@@ -36,6 +38,43 @@ pub fn linear(
         }
         None => y,
     }
+}
+
+/// The file's blocks as an initializer `[rows, bytes a row]`, made once
+/// (a tied head and the embedding's lookup share it).
+pub fn native_blocks(b: &mut GraphBuilder, n: &Native, name: &str) -> String {
+    if !b
+        .initializers
+        .iter()
+        .any(|t| t.name.as_deref() == Some(name))
+    {
+        b.weight(
+            name,
+            ElemType::UINT8,
+            &[n.rows, n.row_bytes()],
+            n.data.clone(),
+        );
+    }
+    name.to_string()
+}
+
+/// `x @ W^T` by Tessera's kernel over the file's blocks.
+fn native_product(b: &mut GraphBuilder, x: &str, n: &Native, name: &str, prefix: &str) -> String {
+    let blocks = native_blocks(b, n, name);
+    let out = format!("{prefix}/GgmlMatMul/output_0");
+    b.node(
+        kernels::MATMUL,
+        kernels::DOMAIN,
+        &[x, &blocks],
+        &format!("{prefix}/GgmlMatMul"),
+        &[&out],
+        &[
+            Attr::Int("type", n.ty.0 as i64),
+            Attr::Int("K", n.cols as i64),
+            Attr::Int("N", n.rows as i64),
+        ],
+    );
+    out
 }
 
 fn dense_product(b: &mut GraphBuilder, x: &str, d: &Dense, name: &str, prefix: &str) -> String {

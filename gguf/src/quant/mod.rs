@@ -258,6 +258,7 @@ pub struct Dense {
 pub enum Weight {
     Packed(Packed),
     Dense(Dense),
+    Native(Native),
 }
 
 impl Weight {
@@ -265,7 +266,44 @@ impl Weight {
         match self {
             Weight::Packed(p) => p.rows,
             Weight::Dense(d) => d.rows,
+            Weight::Native(n) => n.rows,
         }
+    }
+}
+
+/// A matrix kept as the file's blocks, row after row, for Tessera's own
+/// kernels (`crate::kernels`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Native {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Bytes,
+}
+
+impl Native {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows.max(1)
+    }
+
+    /// Several matrices of one type and input as one, their rows in order.
+    fn stack(parts: &[&Native]) -> Option<Native> {
+        let first = parts.first()?;
+        if !parts
+            .iter()
+            .all(|p| p.ty == first.ty && p.cols == first.cols)
+        {
+            return None;
+        }
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        parts.iter().for_each(|p| data.extend_from_slice(&p.data));
+        Some(Native {
+            ty: first.ty,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            data: data.into(),
+        })
     }
 }
 
@@ -288,13 +326,25 @@ impl Joined {
             .iter()
             .map(|w| match w {
                 Weight::Packed(p) => Some(p),
-                Weight::Dense(_) => None,
+                _ => None,
             })
             .collect();
-        match packed.and_then(|p| Packed::stack(&p)) {
-            Some(stacked) => Joined::One {
+        let native: Option<Vec<&Native>> = parts
+            .iter()
+            .map(|w| match w {
+                Weight::Native(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        let stacked = match (packed, native) {
+            (Some(p), _) => Packed::stack(&p).map(Weight::Packed),
+            (_, Some(n)) => Native::stack(&n).map(Weight::Native),
+            _ => None,
+        };
+        match stacked {
+            Some(weight) => Joined::One {
                 rows: parts.iter().map(Weight::rows).collect(),
-                weight: Box::new(Weight::Packed(stacked)),
+                weight: Box::new(weight),
             },
             None => Joined::Each(parts),
         }
@@ -342,6 +392,32 @@ const DENSE: &[(GgmlType, ElemType, usize)] = &[
 /// Whether tensors of type `ty` can be read.
 pub fn supported(ty: GgmlType) -> bool {
     DECODERS.iter().any(|(t, _)| *t == ty) || DENSE.iter().any(|(t, ..)| *t == ty)
+}
+
+/// `[rows, cols]` of type `ty` in `bytes` as a weight: kept as the file's
+/// blocks where `native` and Tessera has kernels for the type, else in
+/// `MatMulNBits`' layout (or as floats).
+pub fn weight_for(
+    ty: GgmlType,
+    bytes: &[u8],
+    (rows, cols): (usize, usize),
+    native: bool,
+) -> Result<Weight, QuantError> {
+    if native && crate::kernels::has_kernel(ty) {
+        crate::kernels::Blocks::new(ty, rows, cols, bytes).map_err(|_| QuantError::Length {
+            len: bytes.len(),
+            rows,
+            cols,
+            ty: ty.name(),
+        })?;
+        return Ok(Weight::Native(Native {
+            ty,
+            rows,
+            cols,
+            data: Bytes::copy_from_slice(bytes),
+        }));
+    }
+    weight(ty, bytes, rows, cols)
 }
 
 /// `[rows, cols]` of type `ty` in `bytes` as a weight.

@@ -73,11 +73,16 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
         };
         let types = if default_domain || node.domain == "com.microsoft" {
             output_types(proto, &in_type)
+        } else if node.domain == crate::ops::GGML_DOMAIN {
+            // Tessera's kernels over llama.cpp's blocks make float32.
+            vec![Some(crate::onnx::ElemType::FLOAT); outs.len()]
         } else {
             vec![]
         };
         let shapes = if default_domain {
             output_shapes(proto, &in_shape, &const_ints)
+        } else if node.domain == crate::ops::GGML_DOMAIN {
+            vec![ggml_shape(proto, &in_shape)]
         } else {
             vec![]
         };
@@ -91,6 +96,29 @@ pub(super) fn propagate(graph: &mut Graph, model: &ModelProto) {
                 t.shape = shapes.get(k).cloned().flatten();
             }
         }
+    }
+}
+
+/// The output shape of Tessera's kernels over llama.cpp's blocks:
+/// `MatMul(x [.., K], blocks) -> [.., N]`, `Gather(blocks, indices [..])
+/// -> [.., K]`.
+fn ggml_shape(
+    node: &crate::onnx::proto::NodeProto,
+    in_shape: &dyn Fn(usize) -> Option<Vec<super::Dim>>,
+) -> Option<Vec<super::Dim>> {
+    let attr = |name| crate::onnx::attr::attr_i(node, name).map(super::Dim::Known);
+    match node.op_type.as_deref()? {
+        "MatMul" => {
+            let mut x = in_shape(0)?;
+            *x.last_mut()? = attr("N")?;
+            Some(x)
+        }
+        "Gather" => {
+            let mut indices = in_shape(1)?;
+            indices.push(attr("K")?);
+            Some(indices)
+        }
+        _ => None,
     }
 }
 

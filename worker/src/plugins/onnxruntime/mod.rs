@@ -7,7 +7,8 @@
 //! compiled subgraph (a pool of sessions, per-node profiling); `source`
 //! keeps its model between sessions (a large one in a temporary file);
 //! `convert` moves tensors in and out, `values` sequences and optionals;
-//! `profile` reads onnxruntime's profiler output.
+//! `profile` reads onnxruntime's profiler output; `ggml` registers
+//! Tessera's kernels over llama.cpp's weight blocks as custom operators.
 //!
 //! ```no_run
 //! use tessera_worker::plugin::DevicePlugin;
@@ -20,6 +21,7 @@
 pub mod library;
 
 mod convert;
+mod ggml;
 mod opset;
 mod profile;
 mod query;

@@ -109,6 +109,8 @@ fn configured(
             .map_err(text)?;
     }
     builder = builder.with_inter_op_spinning(false).map_err(text)?;
+    let kernels = super::ggml::domain().map_err(|e| e.to_string())?;
+    builder = builder.with_operators(kernels).map_err(text)?;
     if let Some(prefix) = profile {
         builder = builder.with_profiling(prefix).map_err(|e| e.to_string())?;
     }
@@ -219,6 +221,23 @@ impl CompiledOrt {
                     o.name(),
                     o.dtype()
                 ))
+            })
+        };
+        // onnxruntime reports a tensor declared without a shape as of rank
+        // 0: such a tensor's shape is unknown (any rank is taken).
+        let unshaped: std::collections::HashSet<&str> = graph
+            .input
+            .iter()
+            .chain(&graph.output)
+            .filter(|v| TensorSpec::from_value_info(v).is_some_and(|s| s.shape.is_none()))
+            .filter_map(|v| v.name.as_deref())
+            .collect();
+        let spec_of = |o: &ort::value::Outlet| {
+            spec_of(o).map(|mut spec| {
+                if unshaped.contains(spec.name.as_str()) {
+                    spec.shape = None;
+                }
+                spec
             })
         };
         let inputs = session
