@@ -25,9 +25,9 @@ pub struct ConvertArgs {
 
 pub fn convert(args: ConvertArgs) -> Result<()> {
     let started = Instant::now();
-    let options = BuildOptions {
-        accuracy_level: if args.float_activations { 0 } else { 4 },
-    };
+    // onnxruntime-genai runs the folder: MatMulNBits, no operators of
+    // Tessera's own.
+    let options = BuildOptions::portable(args.float_activations);
     let model = GgufModel::read(&args.gguf, &options)
         .with_context(|| format!("reading {}", args.gguf.display()))?;
     let c = &model.config;

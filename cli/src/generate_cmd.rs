@@ -58,7 +58,8 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1)]
     max_sequences: u32,
     /// A GGUF's products in float32 (MatMulNBits accuracy level 0) instead
-    /// of with int8 activations: slower, exact up to rounding.
+    /// of with activations rounded to 8 bits (Tessera's kernels, as
+    /// llama.cpp, or MatMulNBits'): slower, exact up to rounding.
     #[arg(long)]
     float_activations: bool,
     /// Positions (prompt and generated tokens) one sequence may hold; each
@@ -83,8 +84,10 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
             dir.display()
         );
     }
-    let options = tessera_gguf::BuildOptions {
-        accuracy_level: if args.float_activations { 0 } else { 4 },
+    let options = if args.float_activations {
+        tessera_gguf::BuildOptions::portable(true)
+    } else {
+        tessera_gguf::BuildOptions::default()
     };
     let mut folder =
         tokio::task::spawn_blocking(move || ModelFolder::read_with(&dir, max_sequences, &options))

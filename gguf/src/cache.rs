@@ -127,11 +127,24 @@ fn store(path: &Path, options: &BuildOptions, entry: &Path) -> Result<(), GgufEr
     })
     .unwrap_or_default();
     drop(built);
+    give_back_freed_memory();
     let generation = entry.join(GENERATION);
     let tmp = temporary(&generation);
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &generation))
         .map_err(io_error(&generation))
+}
+
+/// Hands the heap's freed pages back to the system (glibc keeps freed
+/// blocks below its mmap threshold, here the weights of a few megabytes
+/// each: 211 MiB of a 1B model's build stayed resident beside the cached
+/// model mapped back, 1.44× the file at the peak instead of 1.17×).
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// A complete entry: its model mapped, its spec read.
@@ -258,8 +271,13 @@ fn touch(path: &Path) -> std::io::Result<()> {
         .set_modified(std::time::SystemTime::now())
 }
 
-/// Removes all but the [`KEEP`] most recently used entries.
+/// Hash memos kept (the most recently written).
+const KEEP_HASHES: usize = 64;
+
+/// Removes all but the [`KEEP`] most recently used entries, and all but
+/// the [`KEEP_HASHES`] newest hash memos.
 fn prune(dir: &Path) {
+    prune_hashes(dir);
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
     };
@@ -278,6 +296,27 @@ fn prune(dir: &Path) {
         if let Err(e) = std::fs::remove_dir_all(&path) {
             tracing::warn!(path = %path.display(), "cannot remove an old GGUF build: {e}");
         }
+    }
+}
+
+fn prune_hashes(dir: &Path) {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut memos: Vec<(std::time::SystemTime, PathBuf)> = read
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hash-"))
+        .map(|e| {
+            let written = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            (written, e.path())
+        })
+        .collect();
+    memos.sort_by_key(|m| std::cmp::Reverse(m.0));
+    for (_, path) in memos.into_iter().skip(KEEP_HASHES) {
+        let _ = std::fs::remove_file(path);
     }
 }
 

@@ -119,49 +119,13 @@ impl Vocabulary {
                 )))
             }
         };
-        let key = "tokenizer.ggml.tokens";
-        let tokens: Vec<String> = meta
-            .opt_array(key)?
-            .ok_or_else(|| GgufError::MissingKey(key.into()))?
-            .strings(key)?
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        if tokens.is_empty() {
-            return Err(GgufError::Vocabulary(
-                "tokenizer.ggml.tokens is empty".into(),
-            ));
-        }
+        let Lists {
+            tokens,
+            mut types,
+            scores,
+            merges,
+        } = Lists::from_meta(meta, kind)?;
         let n = tokens.len();
-        let types = match meta.opt_array("tokenizer.ggml.token_type")? {
-            Some(a) => a
-                .integers("tokenizer.ggml.token_type")?
-                .into_iter()
-                .map(TokenType::from_number)
-                .collect(),
-            None => vec![TokenType::Normal; n],
-        };
-        let scores = match meta.opt_array("tokenizer.ggml.scores")? {
-            Some(a) => a
-                .numbers("tokenizer.ggml.scores")?
-                .into_iter()
-                .map(|s| s as f32)
-                .collect(),
-            None => vec![0.0; n],
-        };
-        check_len("tokenizer.ggml.token_type", types.len(), n)?;
-        check_len("tokenizer.ggml.scores", scores.len(), n)?;
-        let merges = match meta.opt_array("tokenizer.ggml.merges")? {
-            Some(a) => a
-                .strings("tokenizer.ggml.merges")?
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
-            None if kind == Kind::Bpe => {
-                return Err(GgufError::MissingKey("tokenizer.ggml.merges".into()))
-            }
-            None => Vec::new(),
-        };
         let id = |k: &str| -> Result<Option<u32>, GgufError> {
             let key = format!("tokenizer.ggml.{k}");
             match meta.opt_u64(&key)? {
@@ -181,7 +145,6 @@ impl Vocabulary {
             .into_iter()
             .flatten()
             .collect();
-        let mut types = types;
         for (i, t) in tokens.iter().enumerate() {
             if END_OF_GENERATION_TEXTS.contains(&t.as_str()) {
                 end_of_generation.push(i as u32);
@@ -191,17 +154,16 @@ impl Vocabulary {
         end_of_generation.sort_unstable();
         end_of_generation.dedup();
         let pre = meta.opt_str("tokenizer.ggml.pre")?.map(str::to_string);
+        let flag = |k: &str, default: bool| -> Result<bool, GgufError> {
+            Ok(meta
+                .opt_bool(&format!("tokenizer.ggml.{k}"))?
+                .unwrap_or(default))
+        };
         Ok(Vocabulary {
             kind,
-            add_bos: meta
-                .opt_bool("tokenizer.ggml.add_bos_token")?
-                .unwrap_or(spm || bpe::adds_bos(pre.as_deref())),
-            add_eos: meta
-                .opt_bool("tokenizer.ggml.add_eos_token")?
-                .unwrap_or(false),
-            add_space_prefix: meta
-                .opt_bool("tokenizer.ggml.add_space_prefix")?
-                .unwrap_or(spm),
+            add_bos: flag("add_bos_token", spm || bpe::adds_bos(pre.as_deref()))?,
+            add_eos: flag("add_eos_token", false)?,
+            add_space_prefix: flag("add_space_prefix", spm)?,
             unk: id("unknown_token_id")?,
             pad: id("padding_token_id")?,
             chat_template: meta.opt_str("tokenizer.chat_template")?.map(str::to_string),
@@ -362,6 +324,61 @@ impl serde::Serialize for TokenIds<'_> {
 enum Merges<'a> {
     Text(&'a [String]),
     Pairs(Vec<[&'a str; 2]>),
+}
+
+/// The vocabulary's lists: tokens, their types and scores, the merges.
+struct Lists {
+    tokens: Vec<String>,
+    types: Vec<TokenType>,
+    scores: Vec<f32>,
+    merges: Vec<String>,
+}
+
+impl Lists {
+    fn from_meta(meta: &Meta<'_, '_>, kind: Kind) -> Result<Lists, GgufError> {
+        let strings = |key: &str| -> Result<Option<Vec<String>>, GgufError> {
+            Ok(match meta.opt_array(key)? {
+                Some(a) => Some(a.strings(key)?.into_iter().map(str::to_string).collect()),
+                None => None,
+            })
+        };
+        let key = "tokenizer.ggml.tokens";
+        let tokens = strings(key)?.ok_or_else(|| GgufError::MissingKey(key.into()))?;
+        if tokens.is_empty() {
+            return Err(GgufError::Vocabulary(
+                "tokenizer.ggml.tokens is empty".into(),
+            ));
+        }
+        let n = tokens.len();
+        let key = "tokenizer.ggml.token_type";
+        let types = match meta.opt_array(key)? {
+            Some(a) => a
+                .integers(key)?
+                .into_iter()
+                .map(TokenType::from_number)
+                .collect(),
+            None => vec![TokenType::Normal; n],
+        };
+        let key = "tokenizer.ggml.scores";
+        let scores = match meta.opt_array(key)? {
+            Some(a) => a.numbers(key)?.into_iter().map(|s| s as f32).collect(),
+            None => vec![0.0; n],
+        };
+        check_len("tokenizer.ggml.token_type", types.len(), n)?;
+        check_len("tokenizer.ggml.scores", scores.len(), n)?;
+        let key = "tokenizer.ggml.merges";
+        let merges = match strings(key)? {
+            Some(m) => m,
+            None if kind == Kind::Bpe => return Err(GgufError::MissingKey(key.into())),
+            None => Vec::new(),
+        };
+        Ok(Lists {
+            tokens,
+            types,
+            scores,
+            merges,
+        })
+    }
 }
 
 fn check_len(key: &str, got: usize, want: usize) -> Result<(), GgufError> {

@@ -117,6 +117,59 @@ fn configured(
     Ok(builder)
 }
 
+/// The specs of a session's inputs and outputs, and its outputs' own
+/// names (an optional output is the graph's under its name, its kind
+/// optional).
+fn session_specs(
+    session: &Session,
+    graph: &tessera_common::onnx::proto::GraphProto,
+    optional_outputs: &[OptionalOutput],
+) -> Result<(Vec<TensorSpec>, Vec<TensorSpec>, Vec<String>), PluginError> {
+    // onnxruntime reports a tensor declared without a shape as of rank 0:
+    // such a tensor's shape is unknown (any rank is taken).
+    let unshaped: std::collections::HashSet<&str> = graph
+        .input
+        .iter()
+        .chain(&graph.output)
+        .filter(|v| TensorSpec::from_value_info(v).is_some_and(|s| s.shape.is_none()))
+        .filter_map(|v| v.name.as_deref())
+        .collect();
+    let spec_of = |o: &ort::value::Outlet| {
+        let mut spec = values::spec(o.name(), o.dtype()).ok_or_else(|| {
+            PluginError::InvalidModel(format!(
+                "'{}' is a {}, not a tensor of a type tensors here carry",
+                o.name(),
+                o.dtype()
+            ))
+        })?;
+        if unshaped.contains(spec.name.as_str()) {
+            spec.shape = None;
+        }
+        Ok::<_, PluginError>(spec)
+    };
+    let inputs = session
+        .inputs()
+        .iter()
+        .map(spec_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut outputs = session
+        .outputs()
+        .iter()
+        .take(graph.output.len())
+        .map(spec_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    let session_outputs = outputs.iter().map(|o| o.name.clone()).collect();
+    for o in optional_outputs {
+        let spec = &mut outputs[o.index];
+        spec.name = graph.output[o.index].name.clone().unwrap_or_default();
+        spec.kind = match spec.kind {
+            ValueKind::Sequence => ValueKind::OptionalSequence,
+            _ => ValueKind::OptionalTensor,
+        };
+    }
+    Ok((inputs, outputs, session_outputs))
+}
+
 /// A subgraph compiled by onnxruntime.
 pub struct CompiledOrt {
     device: String,
@@ -214,52 +267,7 @@ impl CompiledOrt {
                 Err(_) => return Err(compile_error(optimized)),
             },
         };
-        let spec_of = |o: &ort::value::Outlet| {
-            values::spec(o.name(), o.dtype()).ok_or_else(|| {
-                PluginError::InvalidModel(format!(
-                    "'{}' is a {}, not a tensor of a type tensors here carry",
-                    o.name(),
-                    o.dtype()
-                ))
-            })
-        };
-        // onnxruntime reports a tensor declared without a shape as of rank
-        // 0: such a tensor's shape is unknown (any rank is taken).
-        let unshaped: std::collections::HashSet<&str> = graph
-            .input
-            .iter()
-            .chain(&graph.output)
-            .filter(|v| TensorSpec::from_value_info(v).is_some_and(|s| s.shape.is_none()))
-            .filter_map(|v| v.name.as_deref())
-            .collect();
-        let spec_of = |o: &ort::value::Outlet| {
-            spec_of(o).map(|mut spec| {
-                if unshaped.contains(spec.name.as_str()) {
-                    spec.shape = None;
-                }
-                spec
-            })
-        };
-        let inputs = session
-            .inputs()
-            .iter()
-            .map(spec_of)
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut outputs = session
-            .outputs()
-            .iter()
-            .take(graph.output.len())
-            .map(spec_of)
-            .collect::<Result<Vec<_>, _>>()?;
-        let session_outputs = outputs.iter().map(|o| o.name.clone()).collect();
-        for o in &optional_outputs {
-            let spec = &mut outputs[o.index];
-            spec.name = graph.output[o.index].name.clone().unwrap_or_default();
-            spec.kind = match spec.kind {
-                ValueKind::Sequence => ValueKind::OptionalSequence,
-                _ => ValueKind::OptionalTensor,
-            };
-        }
+        let (inputs, outputs, session_outputs) = session_specs(&session, graph, &optional_outputs)?;
         Ok(CompiledOrt {
             device: device.into(),
             version: runtime.version.clone(),
