@@ -2,13 +2,14 @@
 # Tessera and llama.cpp on a Llama-3.2-1B-shaped GGUF (seeded random Q4_K
 # weights, Llama 3's shapes, RoPE and a 128,256-token vocabulary: see
 # scripts/llm/random_gguf.py), one run: decode tokens/s on one thread
-# (llama-bench tg64 vs `tessera generate`, alternating, best of 3), Tessera's
+# (llama-bench tg64 vs `tessera generate`, alternating, best of 3) and a
+# prompt's tokens/s (pp256 vs the first token's time), Tessera's
 # load time with an empty and a warm build cache, peak RSS of the builder
 # alone (`tessera convert`) and of the served model's processes (coordinator
 # and worker vs llama-server) against the file's size; one table
 # (scripts/llm/bench_gguf_1b.py says what each figure is).
 #
-#   scripts/bench-gguf-1b.sh [--runs 3] [--skip load,decode,convert,servers]
+#   scripts/bench-gguf-1b.sh [--runs 3] [--skip load,decode,prompt,convert,servers]
 #       [--server-cache cold|warm] [--json FILE]
 #
 # The model is written once into .cache/models/random-llama-3.2-1b-q4_k.gguf

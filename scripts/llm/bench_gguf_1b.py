@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Tessera and llama.cpp on a Llama-3.2-1B-sized GGUF: decode, load, memory.
+"""Tessera and llama.cpp on a Llama-3.2-1B-sized GGUF: decode, prompt, load, memory.
 
     bench_gguf_1b.py --llama DIR --tessera DIR --gguf MODEL.gguf
         [--runs 3] [--new-tokens 64] [--server-cache cold|warm]
-        [--skip load,decode,convert,servers] [--json FILE]
+        [--skip load,decode,prompt,convert,servers] [--json FILE]
 
 DIR are folders of binaries: llama.cpp's llama-bench and llama-server
 (scripts/llama-cpp.sh), Tessera's tessera, coordinator and worker.
@@ -21,6 +21,11 @@ Measured, one after the other, everything on one thread:
   (tg64) against `tessera generate --workers 1 --threads 1 --max-tokens
   64 --context 512` ("tokens/s after it"; the cache warm), the two
   alternating, best of --runs each; llama-bench's peak RSS too;
+- prompt: a prompt's tokens/s on one thread, llama-bench `-t 1 -p 256
+  -n 0` (pp256) against `tessera generate` with a prompt of about as many
+  tokens and one new token (its prompt tokens over "first token X ms":
+  the prompt's pass and the first token's sampling), alternating, best of
+  --runs each;
 - convert: `tessera convert MODEL DIR` (the builder alone: the GGUF read,
   the graph built, the folder written) under /usr/bin/time -v: its
   maximum resident set size against the file's size;
@@ -56,6 +61,7 @@ from bench_llama_cpp import (  # noqa: E402
 )
 
 MIB = 1 << 20
+PROMPT_TOKENS = 256
 
 
 def env_with_cache(cache: Path) -> dict:
@@ -92,6 +98,27 @@ def decode(args, work: Path, out: dict) -> None:
     )
     out["decode"] = {"llama.cpp": best["llama"], "tessera": best["tessera"],
                      "tessera_runs": tessera_runs, "llama_bench_peak_kib": llama_stats.get("peak_kib")}
+
+
+def prompt(args, work: Path, out: dict) -> None:
+    env = env_with_cache(args.warm_cache or work / "cache-load")
+    text = " ".join(f"{PROMPT} there was lighthouse number {i}." for i in range(24))
+    runs: list = []
+
+    def tessera() -> float:
+        run = generate_run(args.tessera, args.gguf, threads=1, new_tokens=1, context=512,
+                           prompt=text, env=env)
+        runs.append(run)
+        return run["prompt_tokens"] / (run["first_token_ms"] / 1000)
+
+    best = alternate(
+        args.runs,
+        llama=lambda: llama_bench_run(args.llama, args.gguf, 1, new_tokens=0,
+                                      prompt_tokens=PROMPT_TOKENS),
+        tessera=tessera,
+    )
+    out["prompt"] = {"llama.cpp": best["llama"], "tessera": best["tessera"],
+                     "tessera_prompt_tokens": runs[0]["prompt_tokens"], "tessera_runs": runs}
 
 
 def convert(args, work: Path, out: dict) -> None:
@@ -164,6 +191,12 @@ def table(args, out: dict) -> list:
                      mib(max(peaks) if peaks else None),
                      f"{max(peaks) / d['llama_bench_peak_kib']:.2f}"
                      if peaks and d["llama_bench_peak_kib"] else ""))
+    if "prompt" in out:
+        p = out["prompt"]
+        rows.append((f"prompt tokens/s, 1 thread (pp{PROMPT_TOKENS}; a {p['tessera_prompt_tokens']}-token "
+                     f"prompt, one new token), best of {args.runs}, alternating",
+                     f"{p['llama.cpp']:.1f}", f"{p['tessera']:.1f}",
+                     f"{p['tessera'] / p['llama.cpp']:.2f}"))
     if "load" in out:
         for which, label in (("first", "empty build cache"), ("cached", "cached, the same cache")):
             r = out["load"][which]
@@ -210,7 +243,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--server-cache", choices=["cold", "warm"], default="cold",
                         help="the coordinator's build cache: empty (it builds), or the load runs' one")
-    parser.add_argument("--skip", default="", help="load,decode,convert,servers to leave out")
+    parser.add_argument("--skip", default="", help="load,decode,prompt,convert,servers to leave out")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
@@ -227,7 +260,8 @@ def main() -> int:
     print(f"{args.gguf} ({args.gguf.stat().st_size / MIB:,.0f} MiB); logs in {logs}", flush=True)
     out: dict = {"gguf": str(args.gguf), "gguf_bytes": args.gguf.stat().st_size}
     try:
-        for name, step in (("load", load), ("decode", decode), ("convert", convert),
+        for name, step in (("load", load), ("decode", decode), ("prompt", prompt),
+                           ("convert", convert),
                            ("servers", serve)):
             if name in skip:
                 continue

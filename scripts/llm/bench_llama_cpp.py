@@ -142,13 +142,15 @@ def wait_http(url: str, seconds: float = 300) -> None:
 
 def llama_bench_run(llama: Path, gguf: Path, threads: int, extra: list[str] = (),
                     new_tokens: int = NEW_TOKENS, repetitions: int = 1,
-                    stats: dict | None = None) -> float:
+                    stats: dict | None = None, prompt_tokens: int = 0) -> float:
     """llama-bench tg`new_tokens` tokens/s (its best row's mean over its
-    `repetitions`; llama-bench warms up with one token first). With
+    `repetitions`; llama-bench warms up with one token first); with
+    `prompt_tokens` (and new_tokens 0), pp`prompt_tokens` instead. With
     `stats`, run under /usr/bin/time -v: its peak RSS (KiB) goes there as
     peak_kib."""
     cmd = [str(llama / "llama-bench"), "-m", str(gguf), "-t", str(threads),
-           "-p", "0", "-n", str(new_tokens), "-r", str(repetitions), "-o", "json", *extra]
+           "-p", str(prompt_tokens), "-n", str(new_tokens), "-r", str(repetitions),
+           "-o", "json", *extra]
     if stats is not None:
         cmd = ["/usr/bin/time", "-v", *cmd]
     out, err = run_child(cmd)
@@ -188,6 +190,8 @@ def generate_run(tessera: Path, model: Path, *, workers: int = 1, threads: int =
         result["loaded_s"] = float(found.group(1))
     if found := re.search(r"generated (\d+) \(([^)]*)\)", err):
         result["generated"], result["finish"] = int(found.group(1)), found.group(2)
+    if found := re.search(r"prompt (\d+) tokens", err):
+        result["prompt_tokens"] = int(found.group(1))
     if found := re.search(r"first token ([0-9.]+) ms", err):
         result["first_token_ms"] = float(found.group(1))
     if found := re.search(r"([0-9.]+) tokens/s after it", err):

@@ -190,20 +190,54 @@ pub fn matmul(
     let simd = simd();
     let out = SharedOut(y.as_mut_ptr());
     let n = w.rows;
+    let groups = row_groups(w.ty, &activations, simd);
     let job = |j: usize| {
         let (first, last) = (j * ROWS_PER_JOB, ((j + 1) * ROWS_PER_JOB).min(n));
-        for (i, a) in activations.iter().enumerate() {
+        // SAFETY: job j alone writes columns first..last of each row of y,
+        // which holds m × n values.
+        let write = |i: usize, r: usize, v: f32| unsafe { out.write(i * n + r, v) };
+        let mut done = 0;
+        for (g, rows) in groups.iter().enumerate() {
             for r in first..last {
-                let v = dot(w.ty, w.row(r), a, simd);
-                // SAFETY: job j alone writes columns first..last of each
-                // row of y, which holds m × n values.
-                unsafe { out.write(i * n + r, v) };
+                if let Some(v) = q4k::dot_rows(w.row(r), *rows, simd) {
+                    v.iter()
+                        .enumerate()
+                        .for_each(|(k, &v)| write(g * q4k::ROWS_AT_ONCE + k, r, v));
+                }
+            }
+            done = (g + 1) * q4k::ROWS_AT_ONCE;
+        }
+        for (i, a) in activations.iter().enumerate().skip(done) {
+            for r in first..last {
+                write(i, r, dot(w.ty, w.row(r), a, simd));
             }
         }
     };
     debug_assert_eq!(y.len(), m * n);
     parallel(n.div_ceil(ROWS_PER_JOB), &job);
     Ok(())
+}
+
+/// Activation rows in groups a weight row meets at once, where the type
+/// and CPU have such a kernel (Q4_K, AVX-512); the rest one at a time.
+fn row_groups(
+    ty: GgmlType,
+    acts: &[Activations],
+    simd: Simd,
+) -> Vec<[&[q4k::BlockQ8K]; q4k::ROWS_AT_ONCE]> {
+    if ty != GgmlType::Q4_K || simd != Simd::Avx512 {
+        return Vec::new();
+    }
+    let rows: Vec<&[q4k::BlockQ8K]> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Activations::K(k) => Some(k.as_slice()),
+            Activations::Q8(_) => None,
+        })
+        .collect();
+    rows.chunks_exact(q4k::ROWS_AT_ONCE)
+        .filter_map(|c| c.try_into().ok())
+        .collect()
 }
 
 /// `y`'s buffer, written by jobs at disjoint indices.

@@ -14,6 +14,12 @@ pub struct BlockQ8K {
     pub d: f32,
     pub qs: [i8; 256],
     pub bsums: [i16; 16],
+    /// `qs` in the order the 512-bit Q4_K kernel takes them: for each half
+    /// of 128, the first and third 32 (the blocks the low nibbles of its
+    /// 64 bytes hold), then the second and fourth (the high nibbles').
+    pub qx: [i8; 256],
+    /// The sums of each 32 (pairs of `bsums`), for the minimums' term.
+    pub sums32: [i16; 8],
 }
 
 /// `x` (whole blocks of 256) as llama.cpp quantizes activations for the
@@ -25,6 +31,8 @@ pub fn quantize_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
                 d: 0.0,
                 qs: [0; 256],
                 bsums: [0; 16],
+                qx: [0; 256],
+                sums32: [0; 8],
             };
             let (mut max, mut amax) = (0f32, 0f32);
             for &v in xb {
@@ -46,10 +54,37 @@ pub fn quantize_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
                     .map(|&q| i16::from(q))
                     .sum();
             }
+            for (j, s) in y.sums32.iter_mut().enumerate() {
+                *s = y.bsums[2 * j] + y.bsums[2 * j + 1];
+            }
+            for k in 0..2 {
+                for (to, from) in [(0, 0), (32, 64), (64, 32), (96, 96)] {
+                    let (to, from) = (128 * k + to, 128 * k + from);
+                    y.qx[to..to + 32].copy_from_slice(&y.qs[from..from + 32]);
+                }
+            }
             y.d = 1.0 / iscale;
             y
         })
         .collect()
+}
+
+/// Rows of activations a weight row meets at once in a prompt.
+pub const ROWS_AT_ONCE: usize = 4;
+
+/// `w` against `ROWS_AT_ONCE` activation rows, where the CPU has a kernel
+/// for that (AVX-512); `None` otherwise.
+pub fn dot_rows(
+    w: &[u8],
+    a: [&[BlockQ8K]; ROWS_AT_ONCE],
+    simd: Simd,
+) -> Option<[f32; ROWS_AT_ONCE]> {
+    match simd {
+        // SAFETY: the CPU has the features (checked once, `super::simd`).
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 => Some(unsafe { x86::dot_rows_avx512(w, a) }),
+        _ => None,
+    }
 }
 
 pub fn dot(w: &[u8], a: &[BlockQ8K], simd: Simd) -> f32 {
@@ -239,15 +274,13 @@ mod x86 {
             acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(minimums(ms, y)), acc_m);
             let scales = _mm512_castsi128_si512(_mm256_extracti128_si256(ms, 0));
             let mut sumi = _mm512_setzero_si512();
-            let (q4, q8) = (b.as_ptr().add(16), y.qs.as_ptr());
+            let (q4, q8) = (b.as_ptr().add(16), y.qx.as_ptr());
             for k in 0..2 {
                 let q4bits = _mm512_loadu_si512(q4.add(64 * k) as *const _);
                 let q4l = _mm512_and_si512(q4bits, m4);
                 let q4h = _mm512_and_si512(_mm512_srli_epi16(q4bits, 4), m4);
-                let a0 = _mm512_loadu_si512(q8.add(128 * k) as *const _);
-                let a1 = _mm512_loadu_si512(q8.add(128 * k + 64) as *const _);
-                let q8l = _mm512_shuffle_i64x2(a0, a1, 0x44);
-                let q8h = _mm512_shuffle_i64x2(a0, a1, 0xEE);
+                let q8l = _mm512_loadu_si512(q8.add(128 * k) as *const _);
+                let q8h = _mm512_loadu_si512(q8.add(128 * k + 64) as *const _);
                 let sl = _mm512_permutexvar_epi16(idx[2 * k], scales);
                 let sh = _mm512_permutexvar_epi16(idx[2 * k + 1], scales);
                 let pl = _mm512_madd_epi16(sl, _mm512_maddubs_epi16(q4l, q8l));
@@ -257,5 +290,63 @@ mod x86 {
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
         }
         _mm512_reduce_add_ps(acc) + hsum128(acc_m)
+    }
+
+    /// [`dot_avx512`] of one weight row against `R` activation rows at
+    /// once: each block's scales, nibbles and lane factors are unpacked
+    /// once for all of them (a prompt's rows: 2x the speed of one row at a
+    /// time).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub unsafe fn dot_rows_avx512<const R: usize>(w: &[u8], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        let m4 = _mm512_set1_epi8(0xF);
+        let idx = [
+            _mm512_loadu_si512(LANE_SCALES[0].as_ptr() as *const _),
+            _mm512_loadu_si512(LANE_SCALES[1].as_ptr() as *const _),
+            _mm512_loadu_si512(LANE_SCALES[2].as_ptr() as *const _),
+            _mm512_loadu_si512(LANE_SCALES[3].as_ptr() as *const _),
+        ];
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut acc_m = [_mm_setzero_ps(); R];
+        for (i, b) in w.chunks_exact(144).enumerate() {
+            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                b[0], b[1], b[2], b[3],
+            ])));
+            let (dw, dminw) = (_mm_cvtss_f32(dd), -_mm_cvtss_f32(_mm_movehdup_ps(dd)));
+            let ms = scales_and_mins(b);
+            let scales = _mm512_castsi128_si512(_mm256_extracti128_si256(ms, 0));
+            let q4 = b.as_ptr().add(16);
+            let mut q4l = [_mm512_setzero_si512(); 2];
+            let mut q4h = [_mm512_setzero_si512(); 2];
+            let mut sl = [_mm512_setzero_si512(); 2];
+            let mut sh = [_mm512_setzero_si512(); 2];
+            for k in 0..2 {
+                let q4bits = _mm512_loadu_si512(q4.add(64 * k) as *const _);
+                q4l[k] = _mm512_and_si512(q4bits, m4);
+                q4h[k] = _mm512_and_si512(_mm512_srli_epi16(q4bits, 4), m4);
+                sl[k] = _mm512_permutexvar_epi16(idx[2 * k], scales);
+                sh[k] = _mm512_permutexvar_epi16(idx[2 * k + 1], scales);
+            }
+            for r in 0..R {
+                let y = &a[r][i];
+                let mins = minimums(ms, y);
+                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dminw * y.d), _mm_cvtepi32_ps(mins), acc_m[r]);
+                let q8 = y.qx.as_ptr();
+                let mut sumi = _mm512_setzero_si512();
+                for k in 0..2 {
+                    let q8l = _mm512_loadu_si512(q8.add(128 * k) as *const _);
+                    let q8h = _mm512_loadu_si512(q8.add(128 * k + 64) as *const _);
+                    let pl = _mm512_madd_epi16(sl[k], _mm512_maddubs_epi16(q4l[k], q8l));
+                    let ph = _mm512_madd_epi16(sh[k], _mm512_maddubs_epi16(q4h[k], q8h));
+                    sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(pl, ph));
+                }
+                acc[r] =
+                    _mm512_fmadd_ps(_mm512_set1_ps(dw * y.d), _mm512_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]) + hsum128(acc_m[r]);
+        }
+        out
     }
 }

@@ -64,15 +64,18 @@ fn every_kernel_computes_the_dequantized_product() {
     {
         let bytes = random_blocks(ty, rows, cols, 11 + k as u64);
         let w = Blocks::new(ty, rows, cols, &bytes).unwrap();
-        let x = activations(3 * cols, 5);
-        let mut y = vec![0f32; 3 * rows];
+        // Six rows: a group of four (one kernel call for four rows where
+        // the CPU has it) and two alone.
+        let m_rows = 6;
+        let x = activations(m_rows * cols, 5);
+        let mut y = vec![0f32; m_rows * rows];
         matmul(&w, &x, &mut y, &serial).unwrap();
         let crate::quant::Weight::Packed(p) = crate::quant::weight(ty, &bytes, rows, cols).unwrap()
         else {
             panic!()
         };
         let weights = p.dequantize();
-        for m in 0..3 {
+        for m in 0..m_rows {
             let a = dequantized(ty, &x[m * cols..(m + 1) * cols]);
             for r in 0..rows {
                 let want: f64 = (0..cols)

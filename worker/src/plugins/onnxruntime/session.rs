@@ -117,14 +117,21 @@ fn configured(
     Ok(builder)
 }
 
-/// The specs of a session's inputs and outputs, and its outputs' own
-/// names (an optional output is the graph's under its name, its kind
-/// optional).
+/// What a session takes and gives.
+struct SessionSpecs {
+    inputs: Vec<TensorSpec>,
+    /// An optional output is the graph's under its name, its kind optional.
+    outputs: Vec<TensorSpec>,
+    /// The session's own names of its outputs.
+    session_outputs: Vec<String>,
+}
+
+/// The specs of a session's inputs and outputs.
 fn session_specs(
     session: &Session,
     graph: &tessera_common::onnx::proto::GraphProto,
     optional_outputs: &[OptionalOutput],
-) -> Result<(Vec<TensorSpec>, Vec<TensorSpec>, Vec<String>), PluginError> {
+) -> Result<SessionSpecs, PluginError> {
     // onnxruntime reports a tensor declared without a shape as of rank 0:
     // such a tensor's shape is unknown (any rank is taken).
     let unshaped: std::collections::HashSet<&str> = graph
@@ -167,7 +174,11 @@ fn session_specs(
             _ => ValueKind::OptionalTensor,
         };
     }
-    Ok((inputs, outputs, session_outputs))
+    Ok(SessionSpecs {
+        inputs,
+        outputs,
+        session_outputs,
+    })
 }
 
 /// A subgraph compiled by onnxruntime.
@@ -267,7 +278,11 @@ impl CompiledOrt {
                 Err(_) => return Err(compile_error(optimized)),
             },
         };
-        let (inputs, outputs, session_outputs) = session_specs(&session, graph, &optional_outputs)?;
+        let SessionSpecs {
+            inputs,
+            outputs,
+            session_outputs,
+        } = session_specs(&session, graph, &optional_outputs)?;
         Ok(CompiledOrt {
             device: device.into(),
             version: runtime.version.clone(),
