@@ -24,14 +24,12 @@ mod util;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-use tessera_client::generate::{GenerateParams, Prompt};
-use tessera_client::{Client, LoadOptions, Network};
-use tessera_common::tensor::{read_npy, Tensor};
+use tessera_client::generate::Prompt;
 use tessera_common::wire::control::ModelState;
 use tessera_gguf::BuildOptions;
 use util::cluster::Cluster;
+use util::llama_cpp::*;
 use util::{runtime, tessera, Scratch};
 
 /// Every weight type of llama.cpp's common files.
@@ -39,462 +37,6 @@ const TYPES: [&str; 13] = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
     "Q6_K",
 ];
-/// Logits within this much of the largest magnitude.
-const TOLERANCE: f32 = 1e-3;
-/// Cached steps whose logits are compared; greedy tokens compared.
-const STEPS: usize = 16;
-const GREEDY: usize = 32;
-
-/// One cluster at a time: two cores.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-/// A command's stdout; the test fails with its stderr if it fails.
-fn output(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("the command runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// llama.cpp's `llama-quantize` and our `llama-ref`, built once.
-fn llama_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = repo().join("scripts/llama-cpp.sh");
-        let out = output(Command::new(script).args(["llama-quantize", "llama-ref"]));
-        PathBuf::from(out.lines().last().expect("the bin folder").trim())
-    })
-}
-
-/// A seeded random llama GGUF (`write_gguf.py` with `args`).
-fn write_gguf(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let path = dir.join(format!("{name}.gguf"));
-    output(
-        Command::new("python3")
-            .arg(repo().join("scripts/llm/write_gguf.py"))
-            .args(args)
-            .arg("--out")
-            .arg(&path),
-    );
-    path
-}
-
-/// `base` in type `ty` (llama.cpp's llama-quantize), and llama.cpp's
-/// float32 dequantization of that (the reference's weights).
-fn quantized(base: &Path, ty: &str) -> (PathBuf, PathBuf) {
-    let stem = base.with_extension("");
-    let (file, dequantized) = (
-        stem.with_extension(format!("{ty}.gguf")),
-        stem.with_extension(format!("{ty}.f32.gguf")),
-    );
-    if ty == "F32" {
-        return (base.to_path_buf(), base.to_path_buf());
-    }
-    output(
-        Command::new(repo().join("scripts/llm/quantize_gguf.sh"))
-            .arg(base)
-            .arg(&file)
-            .arg(ty),
-    );
-    output(
-        Command::new(llama_bin().join("llama-quantize"))
-            .arg("--allow-requantize")
-            .arg(&file)
-            .arg(&dequantized)
-            .arg("F32"),
-    );
-    (file, dequantized)
-}
-
-/// llama.cpp's logits: every prompt position, then `STEPS` greedy steps
-/// through its cache; and its `GREEDY` greedy tokens.
-struct Reference {
-    prompt: Vec<Vec<f32>>,
-    steps: Vec<Vec<f32>>,
-    greedy: Vec<u32>,
-}
-
-fn rows(path: &Path) -> Vec<Vec<f32>> {
-    let t = read_npy(&std::fs::read(path).expect("an .npy")).expect("a float32 .npy");
-    let width = t.shape()[1];
-    let values = t.float_values().expect("float32");
-    values.chunks(width).map(<[f32]>::to_vec).collect()
-}
-
-fn llama_eval(model: &Path, tokens: &[u32], out: &Path) -> Reference {
-    let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
-    output(
-        Command::new(llama_bin().join("llama-ref"))
-            .arg("eval")
-            .arg(model)
-            .args(["--tokens", &list.join(",")])
-            .args(["--steps", &STEPS.to_string()])
-            .args(["--generate", &GREEDY.to_string()])
-            .arg("--out")
-            .arg(out),
-    );
-    let greedy: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("greedy.json")).expect("greedy.json"))
-            .expect("JSON");
-    Reference {
-        prompt: rows(&out.join("prompt_logits.npy")),
-        steps: rows(&out.join("step_logits.npy")),
-        greedy: greedy["tokens"]
-            .as_array()
-            .expect("tokens")
-            .iter()
-            .map(|t| t.as_u64().expect("an id") as u32)
-            .collect(),
-    }
-}
-
-/// llama.cpp's token ids of each text (special tokens added and parsed).
-fn llama_tokenize(model: &Path, texts: &[String]) -> Vec<Vec<u32>> {
-    let mut child = Command::new(llama_bin().join("llama-ref"))
-        .arg("tokenize")
-        .arg(model)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("llama-ref runs");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(serde_json::to_string(texts).unwrap().as_bytes())
-        .expect("texts written");
-    let out = child.wait_with_output().expect("llama-ref ends");
-    assert!(out.status.success(), "llama-ref tokenize failed");
-    serde_json::from_slice(&out.stdout).expect("JSON ids")
-}
-
-/// The decoder's cache shape: layers, key/value heads, head size.
-#[derive(Clone, Copy)]
-struct Shape {
-    layers: usize,
-    kv_heads: usize,
-    head_dim: usize,
-}
-
-const DEFAULT_SHAPE: Shape = Shape {
-    layers: 2,
-    kv_heads: 2,
-    head_dim: 64,
-};
-
-/// Tessera's logits on `network` (the model loaded without generation:
-/// stateless requests, the cache fed back by the test): each prompt
-/// position from a fresh run over its prefix, then `STEPS` greedy steps
-/// through the cache; and the tokens those steps picked.
-async fn tessera_logits(
-    network: &Network,
-    tokens: &[u32],
-    shape: Shape,
-    feed: Option<&[u32]>,
-) -> Reference {
-    let ints = |v: Vec<i64>| Tensor::from_values(vec![1, v.len()], &v).expect("ints");
-    let empty = || -> Vec<(String, Tensor)> {
-        (0..shape.layers)
-            .flat_map(|l| ["key", "value"].map(|k| format!("past_key_values.{l}.{k}")))
-            .map(|name| {
-                let dims = vec![1, shape.kv_heads, 0, shape.head_dim];
-                (
-                    name,
-                    Tensor::from_values(dims, &[] as &[f32]).expect("empty"),
-                )
-            })
-            .collect()
-    };
-    let step = async |feed: &[u32], start: usize, mut past: Vec<(String, Tensor)>| {
-        let n = feed.len();
-        let mut inputs = vec![
-            (
-                "input_ids".to_string(),
-                ints(feed.iter().map(|&t| i64::from(t)).collect()),
-            ),
-            ("attention_mask".to_string(), ints(vec![1; start + n])),
-            (
-                "position_ids".to_string(),
-                ints((start as i64..(start + n) as i64).collect()),
-            ),
-        ];
-        inputs.append(&mut past);
-        let outputs = network.infer(inputs).await.expect("a step");
-        let (mut logits, mut present) = (Vec::new(), Vec::new());
-        for (name, t) in outputs.tensors {
-            match name.strip_prefix("present") {
-                Some(rest) => present.push((format!("past_key_values{rest}"), t)),
-                None if name == "logits" => logits = t.float_values().expect("float logits"),
-                None => {}
-            }
-        }
-        (logits, present)
-    };
-    let mut prompt = Vec::new();
-    for end in 1..=tokens.len() {
-        prompt.push(step(&tokens[..end], 0, empty()).await.0);
-    }
-    let (mut logits, mut past) = step(tokens, 0, empty()).await;
-    let (mut steps, mut greedy) = (Vec::new(), vec![argmax(&logits)]);
-    for i in 0..STEPS {
-        // Its own greedy tokens, or the ones it is told to feed.
-        let fed = feed.map_or(greedy[i], |f| f[i]);
-        (logits, past) = step(&[fed], tokens.len() + i, past).await;
-        greedy.push(argmax(&logits));
-        steps.push(logits.clone());
-    }
-    Reference {
-        prompt,
-        steps,
-        greedy,
-    }
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    (0..logits.len())
-        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-        .expect("logits") as u32
-}
-
-/// Rows and their largest |got − want| as a share of the row's largest
-/// |logit|, and the reference's top-2 margin as such a share.
-fn differences(got: &[Vec<f32>], want: &[Vec<f32>]) -> Vec<(f32, f32)> {
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let scale = w.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            let mut top = w.clone();
-            top.sort_by(|a, b| b.total_cmp(a));
-            (diff / scale, (top[0] - top[1]) / scale)
-        })
-        .collect()
-}
-
-/// Where llama.cpp rounds activations to 8 bits before each product and
-/// Tessera's kernels do the same, the two agree to float32's last bits
-/// except where float32 sums taken in another order leave an activation
-/// on the other side of a rounding tie: one 8-bit step, up to a few
-/// hundredths of the largest logit in these random models (llama.cpp is
-/// itself 2.5–5.5% from exact arithmetic). So: most rows within 1e-5,
-/// every row within 5e-2, and the most likely token the same wherever
-/// llama.cpp's margin between its first two exceeds that. Returns the
-/// median difference and how many rows a tie moved.
-fn assert_rounded(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, usize) {
-    const TIE: f32 = 5e-2;
-    let rows = differences(got, want);
-    for (i, (&(diff, margin), (g, w))) in rows.iter().zip(got.iter().zip(want)).enumerate() {
-        assert!(
-            diff <= TIE,
-            "{what} row {i}: logits {diff:.2e} of the largest from llama.cpp's"
-        );
-        if margin > TIE {
-            assert_eq!(
-                argmax(g),
-                argmax(w),
-                "{what} row {i}: the most likely token"
-            );
-        }
-    }
-    let mut diffs: Vec<f32> = rows.iter().map(|r| r.0).collect();
-    diffs.sort_by(f32::total_cmp);
-    let median = diffs[diffs.len() / 2];
-    assert!(
-        median <= 1e-5,
-        "{what}: the median row is {median:.2e} from llama.cpp's"
-    );
-    (median, rows.iter().filter(|r| r.0 > 1e-5).count())
-}
-
-/// Each token Tessera generated (after `prompt`) is one llama.cpp would
-/// pick given the same tokens before it, up to a rounding tie (its logit
-/// within 5e-2 of the largest of the row's largest); returns how many are
-/// llama.cpp's very choice.
-fn greedy_within_ties(
-    what: &str,
-    reference: &Path,
-    (prompt, ids): (&[u32], &[u32]),
-    scratch: &Path,
-) -> usize {
-    let mut context = prompt.to_vec();
-    context.extend(&ids[..ids.len().saturating_sub(1)]);
-    let check = llama_eval(reference, &context, &scratch.join(format!("{what}.greedy")));
-    let mut same = 0;
-    for (i, &id) in ids.iter().enumerate() {
-        let row = &check.prompt[prompt.len() - 1 + i];
-        let scale = row.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-        let best = row[argmax(row) as usize];
-        let gap = (best - row[id as usize]) / scale;
-        assert!(
-            gap <= 5e-2,
-            "{what}: token {i} ({id}) is {gap:.2e} below llama.cpp's choice"
-        );
-        same += usize::from(argmax(row) == id);
-    }
-    same
-}
-
-/// The largest |got − want| over every row, as a share of each row's
-/// largest |logit|; fails beyond `TOLERANCE`.
-fn assert_logits(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: rows");
-    let mut worst = 0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.len(), w.len(), "{what} row {i}: vocabulary");
-        let scale = w.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-        let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            diff <= TOLERANCE * scale,
-            "{what} row {i}: logits {diff:.3e} from the reference's (largest {scale:.2})"
-        );
-        worst = worst.max(diff / scale);
-    }
-    worst
-}
-
-/// `gguf` built with `options`, loaded on `devices` as a stateless
-/// network, or as a generative one (a context of 512).
-async fn load(
-    client: &Client,
-    (gguf, options): (&Path, &BuildOptions),
-    devices: &str,
-    generative: bool,
-) -> Network {
-    let read = tessera_gguf::generative::read_with(gguf, 1, options).expect("the GGUF reads");
-    let mut spec = read.spec;
-    spec.context_length = 512;
-    let options = LoadOptions {
-        devices: devices.into(),
-        generation: generative.then_some(spec),
-        ..Default::default()
-    };
-    client
-        .load_network(read.model, options)
-        .await
-        .expect("the GGUF loads")
-}
-
-fn greedy(max_tokens: u32) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        ..GenerateParams::default()
-    }
-}
-
-/// The prompt's ids as llama.cpp tokenizes it.
-fn prompt_ids(gguf: &Path, prompt: &str) -> Vec<u32> {
-    llama_tokenize(gguf, &[prompt.to_string()]).remove(0)
-}
-
-/// How a case is checked: the file Tessera reads and how it builds it,
-/// and the file llama.cpp runs (the same, or its float32 copy).
-struct Case<'a> {
-    gguf: &'a Path,
-    options: BuildOptions,
-    reference: &'a Path,
-    /// Both round activations to 8 bits (see [`assert_rounded`]).
-    rounded: bool,
-}
-
-impl<'a> Case<'a> {
-    /// Float32 activations against llama.cpp on the file's float32 copy.
-    fn exact((gguf, dequantized): (&'a Path, &'a Path)) -> Case<'a> {
-        Case {
-            gguf,
-            options: BuildOptions::portable(true),
-            reference: dequantized,
-            rounded: false,
-        }
-    }
-
-    /// Tessera's kernels against llama.cpp on the file itself.
-    fn kernels(gguf: &'a Path) -> Case<'a> {
-        Case {
-            gguf,
-            options: BuildOptions::default(),
-            reference: gguf,
-            rounded: true,
-        }
-    }
-}
-
-/// Checks a case against llama.cpp: logits at every prompt position and
-/// step, and the greedy text through a generative load; returns the
-/// worst logit difference.
-async fn check_against_llama_cpp(
-    client: &Client,
-    case: Case<'_>,
-    prompt: &str,
-    (shape, devices): (Shape, &str),
-    scratch: &Path,
-) {
-    let Case {
-        gguf,
-        options,
-        reference,
-        rounded,
-    } = case;
-    let what = gguf.file_name().unwrap().to_string_lossy().into_owned();
-    let tokens = prompt_ids(gguf, prompt);
-    let want = llama_eval(reference, &tokens, &scratch.join(format!("{what}.ref")));
-    let stateless = load(client, (gguf, &options), devices, false).await;
-    // Rounded: fed llama.cpp's tokens, so that a tie moved at one step does
-    // not change what later steps see.
-    let feed = rounded.then_some(&want.greedy[..]);
-    let got = tessera_logits(&stateless, &tokens, shape, feed).await;
-    let all = |r: &Reference| r.prompt.iter().chain(&r.steps).cloned().collect::<Vec<_>>();
-    let figure = if rounded {
-        let (median, moved) = assert_rounded(&what, &all(&got), &all(&want));
-        format!("median {median:.1e} of llama.cpp's, {moved} rows moved by a rounding tie")
-    } else {
-        let worst = assert_logits(&format!("{what} prompt"), &got.prompt, &want.prompt).max(
-            assert_logits(&format!("{what} steps"), &got.steps, &want.steps),
-        );
-        format!("within {worst:.1e} of llama.cpp's")
-    };
-    let hosts = stateless.plan().hosts.join(" and ");
-    stateless.unload().await.expect("unloaded");
-    let generative = load(client, (gguf, &options), devices, true).await;
-    let generation = generative
-        .generate(Prompt::Text(prompt.into()), greedy(GREEDY as u32))
-        .await
-        .expect("a generation starts");
-    let (_, ids, stats) = generation.collect().await.expect("generated");
-    assert_eq!(
-        stats.prompt_tokens as usize,
-        tokens.len(),
-        "{what}: the prompt's tokens"
-    );
-    // A generation ends at an end-of-sequence token, which it leaves out;
-    // llama-ref goes on.
-    let equal = if rounded {
-        greedy_within_ties(&what, reference, (&tokens, &ids), scratch)
-    } else {
-        assert_eq!(ids[..], want.greedy[..ids.len()], "{what}: greedy tokens");
-        ids.len()
-    };
-    assert!(
-        ids.len() == GREEDY || stats.finish.as_str() == "stop",
-        "{what}: {stats:?}"
-    );
-    eprintln!(
-        "{what}: logits {figure}; {equal} of {} greedy tokens llama.cpp's own, on {hosts}",
-        ids.len()
-    );
-    generative.unload().await.expect("unloaded");
-}
-
 const SPM_PROMPT: &str = "The old lighthouse keeper climbed the stairs every evening.";
 const BPE_PROMPT: &str = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)";
 
@@ -510,8 +52,14 @@ fn every_weight_type_gives_llama_cpp_s_logits_and_greedy_tokens() {
         for ty in TYPES {
             let (file, dequantized) = quantized(&base, ty);
             let case = Case::exact((&file, &dequantized));
-            check_against_llama_cpp(&client, case, SPM_PROMPT, (DEFAULT_SHAPE, "CPU"), &scratch)
-                .await;
+            check_against_llama_cpp(
+                &client,
+                case,
+                SPM_PROMPT,
+                (DEFAULT_SHAPE, Placement::On("CPU")),
+                &scratch,
+            )
+            .await;
         }
     });
 }
@@ -561,14 +109,21 @@ fn tessera_s_kernels_give_llama_cpp_s_logits_on_its_own_files() {
                 &client,
                 case,
                 BPE_PROMPT,
-                (shape, "HETERO:node-c/CPU"),
+                (shape, Placement::On("HETERO:node-c/CPU")),
                 &scratch,
             )
             .await;
         }
         let case = Case::kernels(&mix);
         let both = "HETERO:node-a/CPU,node-b/CPU";
-        check_against_llama_cpp(&client, case, BPE_PROMPT, (shape, both), &scratch).await;
+        check_against_llama_cpp(
+            &client,
+            case,
+            BPE_PROMPT,
+            (shape, Placement::On(both)),
+            &scratch,
+        )
+        .await;
     });
 }
 
@@ -656,7 +211,14 @@ fn rope_scalings_heads_and_a_split_over_two_workers_give_llama_cpp_s_tokens() {
                 "HETERO:node-c/CPU"
             };
             let case = Case::exact((&file, &dequantized));
-            check_against_llama_cpp(&client, case, prompt, (shape, devices), &scratch).await;
+            check_against_llama_cpp(
+                &client,
+                case,
+                prompt,
+                (shape, Placement::On(devices)),
+                &scratch,
+            )
+            .await;
         }
     });
 }
@@ -674,7 +236,8 @@ fn numpy_logits(gguf: &Path, tokens: &[u32], flags: &[&str], out: &Path) -> Vec<
             .arg("--out")
             .arg(out),
     );
-    let t = read_npy(&std::fs::read(out).expect("an .npy")).expect("a .npy");
+    let t =
+        tessera_common::tensor::read_npy(&std::fs::read(out).expect("an .npy")).expect("a .npy");
     let width = t.shape()[1];
     let values = t.to_vec::<f64>().expect("float64");
     values
@@ -705,7 +268,7 @@ fn a_declared_sliding_window_is_honoured() {
         let network = load(
             &client,
             (&gguf, &BuildOptions::portable(true)),
-            "CPU",
+            Placement::On("CPU"),
             false,
         )
         .await;
@@ -744,8 +307,20 @@ fn tokenizers_give_llama_cpp_s_ids() {
         &std::fs::read(repo().join("tests/data/tokenize_texts.json")).expect("the text set"),
     )
     .expect("JSON strings");
-    for vocab in ["smollm2", "smollm2-llama3", "spm"] {
-        let gguf = write_gguf(&scratch, vocab, &["--vocab", vocab, "--layers", "1"]);
+    // SmolLM2's BPE under its own, Llama 3's and Qwen 2's pre-tokenizers;
+    // SentencePiece as Llama 2, Gemma (no added space, turn markers) and
+    // Phi-3 (special tokens that take the spaces after them) have it.
+    let vocabs: [(&str, &[&str]); 6] = [
+        ("smollm2", &["--vocab", "smollm2"]),
+        ("smollm2-llama3", &["--vocab", "smollm2-llama3"]),
+        ("qwen2", &["--vocab", "smollm2", "--pre", "qwen2"]),
+        ("spm", &["--vocab", "spm"]),
+        ("gemma", &["--vocab", "gemma", "--arch", "gemma2"]),
+        ("phi3", &["--vocab", "phi3", "--arch", "phi3"]),
+    ];
+    for (vocab, args) in vocabs {
+        let args: Vec<&str> = args.iter().copied().chain(["--layers", "1"]).collect();
+        let gguf = write_gguf(&scratch, vocab, &args);
         let want = llama_tokenize(&gguf, &texts);
         let model = tessera_gguf::GgufModel::read(&gguf, &BuildOptions::default())
             .expect("the GGUF builds");
@@ -1005,15 +580,4 @@ fn broken_ggufs_get_one_clear_line_and_the_cluster_serves_on() {
         code >= 400 && body.contains("'mamba' is not supported"),
         "{code} {body}"
     );
-}
-
-/// `curl ARGS`: the status and the body.
-fn curl(args: &[&str]) -> (u16, String) {
-    let out = output(
-        Command::new("curl")
-            .args(["-s", "-w", "\n%{http_code}"])
-            .args(args),
-    );
-    let (body, code) = out.trim_end().rsplit_once('\n').expect("a status line");
-    (code.parse().expect("a status"), body.to_string())
 }

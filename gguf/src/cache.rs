@@ -10,7 +10,9 @@
 //! - `hash-<key>`: a file's SHA-256, keyed by its path, size, modification
 //!   time and inode, so an unchanged file is not hashed again.
 //!
-//! The most recently used [`KEEP`] entries are kept.
+//! Entries used within the last hour are kept, and beyond them the most
+//! recently used [`KEEP`]: a model repository's GGUFs keep their builds
+//! while they are being loaded, by one process or several.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,9 +27,14 @@ use crate::GgufError;
 
 /// Bumped whenever the graph or the tokenizer a GGUF builds into changes:
 /// entries of other builders are never read.
-pub const BUILDER_VERSION: u32 = 3;
-/// Entries kept (the least recently used go first).
+pub const BUILDER_VERSION: u32 = 4;
+/// Entries kept beyond those used lately (the least recently used go
+/// first).
 pub const KEEP: usize = 4;
+/// Entries used within this long are never pruned: a model repository's
+/// GGUFs, loaded one after another or by processes side by side, keep
+/// their builds however many there are.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A GGUF built, as a loader holds it.
 pub struct Built {
@@ -81,20 +88,19 @@ pub fn load_in(
         "{sha}-b{BUILDER_VERSION}-a{}-{kernels}",
         options.accuracy_level
     ));
-    // Another process may prune the entry between building and reading
-    // it: then it is built once more.
-    let mut tries = 0;
-    loop {
-        if !entry.join(GENERATION).exists() {
+    if !entry.join(GENERATION).exists() {
+        store(path, options, &entry)?;
+        prune(dir);
+    }
+    match open(&entry, max_sequences) {
+        Ok(built) => Ok(built),
+        // Another process pruned it between the check and the read (its
+        // files go one by one): built once more.
+        Err(e) => {
+            tracing::debug!("the cached build went away ({e}); building again");
             store(path, options, &entry)?;
-            prune(dir);
+            open(&entry, max_sequences)
         }
-        match open(&entry, max_sequences) {
-            Ok(built) => return Ok(built),
-            Err(e) if tries > 0 => return Err(e),
-            Err(e) => tracing::debug!("the cached build went away ({e}); building again"),
-        }
-        tries += 1;
     }
 }
 
@@ -210,7 +216,7 @@ fn write_model(
     model: &tessera_common::onnx::proto::ModelProto,
     path: &Path,
 ) -> std::io::Result<()> {
-    let tmp = path.with_extension("onnx.part");
+    let tmp = temporary(path);
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
     for part in tessera_common::onnx::parts::encode_parts(model) {
         out.write_all(&part)?;
@@ -274,8 +280,8 @@ fn touch(path: &Path) -> std::io::Result<()> {
 /// Hash memos kept (the most recently written).
 const KEEP_HASHES: usize = 64;
 
-/// Removes all but the [`KEEP`] most recently used entries, and all but
-/// the [`KEEP_HASHES`] newest hash memos.
+/// Removes the entries not used within [`RECENT`] beyond the [`KEEP`]
+/// most recently used, and all but the [`KEEP_HASHES`] newest hash memos.
 fn prune(dir: &Path) {
     prune_hashes(dir);
     let Ok(read) = std::fs::read_dir(dir) else {
@@ -285,14 +291,24 @@ fn prune(dir: &Path) {
         .flatten()
         .filter(|e| e.path().is_dir())
         .map(|e| {
+            // An entry being built has no spec yet: its folder's time.
             let used = std::fs::metadata(e.path().join(GENERATION))
+                .or_else(|_| std::fs::metadata(e.path()))
                 .and_then(|m| m.modified())
                 .unwrap_or(std::time::UNIX_EPOCH);
             (used, e.path())
         })
         .collect();
     entries.sort_by_key(|e| std::cmp::Reverse(e.0));
-    for (_, path) in entries.into_iter().skip(KEEP) {
+    let now = std::time::SystemTime::now();
+    let recent = |t: &std::time::SystemTime| now.duration_since(*t).is_ok_and(|age| age < RECENT);
+    let entries: Vec<_> = entries
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (used, _))| *i >= KEEP && !recent(used))
+        .map(|(_, e)| e)
+        .collect();
+    for (_, path) in entries {
         if let Err(e) = std::fs::remove_dir_all(&path) {
             tracing::warn!(path = %path.display(), "cannot remove an old GGUF build: {e}");
         }

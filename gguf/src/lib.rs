@@ -8,7 +8,9 @@
 //!
 //! - [`file`] parses the container over a memory map, checking every
 //!   offset; [`types`] lists ggml's tensor types.
-//! - [`config`] reads an architecture's hyperparameters from the metadata.
+//! - [`config`] reads an architecture's hyperparameters from the metadata,
+//!   with each family's rules (llama and Mixtral, Qwen 2 and 3,
+//!   Qwen2-MoE, Phi-3, Gemma 2 and 3) in one table.
 //! - [`quant`] turns each weight type's blocks into onnxruntime's
 //!   `MatMulNBits` layouts without a float32 copy.
 //! - [`graph`] builds the decoder from onnxruntime's fused operators
@@ -64,7 +66,7 @@ pub enum GgufError {
     MissingKey(String),
     #[error("GGUF tensor {name}: {reason}")]
     Tensor { name: String, reason: String },
-    #[error("GGUF architecture '{0}' is not supported (llama is)")]
+    #[error("GGUF architecture '{0}' is not supported (these are: {names})", names = config::family::names())]
     Architecture(String),
     #[error("GGUF vocabulary: {0}")]
     Vocabulary(String),

@@ -26,9 +26,9 @@
 //       n_ctx = prompt + max(generate, steps + 1) (llama.cpp pads it to a
 //       multiple of 256), flash attention off unless --flash-attn, KV cache
 //       in F32 unless --kv-type f16 (llama.cpp's default is F16), 1 thread
-//       for both prompt and decode unless --threads, llama.cpp's default
-//       weight repacking for the CPU (use_extra_bufts), no RoPE overrides
-//       (everything from the GGUF).
+//       for both prompt and decode unless --threads, no weight repacking
+//       (use_extra_bufts off: llama.cpp's plain CPU kernels, see
+//       load_model), no RoPE overrides (everything from the GGUF).
 //
 // llama.cpp's log is silent unless --verbose; an error is one line on
 // stderr ("llama-ref: ...", with llama.cpp's last error message where it
@@ -121,6 +121,13 @@ llama_model * load_model(const std::string & path, bool vocab_only) {
     llama_model_params params = llama_model_default_params();
     params.n_gpu_layers = 0;
     params.vocab_only = vocab_only;
+    // llama.cpp's plain CPU kernels: no weights repacked into its
+    // interleaved layouts. Its repacked Q4_K path for experts (mul_mat_id)
+    // differs from its own plain kernels by up to 1.7e-2 of the largest
+    // logit on a random mixture of experts (measured), where the plain
+    // kernels agree with each other and with Tessera's to float32's last
+    // bits; for dense layers the two agree.
+    params.use_extra_bufts = false;
     llama_model * model = llama_model_load_from_file(path.c_str(), params);
     if (model == nullptr) {
         fail("cannot load " + path);

@@ -10,7 +10,8 @@
 # does that; --token-embedding-type / --output-tensor-type are not needed,
 # and would skip llama-quantize's fallback: it aborts on a tensor whose
 # rows are not whole blocks of the type). 1-D tensors (norms, rope_freqs)
-# stay F32, as llama-quantize never quantizes them. Q3_K and Q4_K/Q5_K are
+# and experts' routers (ffn_gate_inp) stay F32, as llama-quantize never
+# quantizes them. Q3_K and Q4_K/Q5_K are
 # its Q3_K_M and Q4_K_M/Q5_K_M file types, which --pure makes plain
 # Q3_K/Q4_K/Q5_K. A matrix whose rows are not whole blocks of TYPE (256
 # weights for the K-quants, 32 for the others) gets llama-quantize's
@@ -43,7 +44,9 @@ import gguf
 path, want = sys.argv[1], gguf.GGMLQuantizationType[sys.argv[2]]
 wrong = []
 for t in gguf.GGUFReader(path).tensors:
-    expect = want if len(t.shape) >= 2 else gguf.GGMLQuantizationType.F32
+    # Routers stay F32: llama-quantize never quantizes ffn_gate_inp.
+    dense = len(t.shape) < 2 or ".ffn_gate_inp" in t.name
+    expect = gguf.GGMLQuantizationType.F32 if dense else want
     if t.tensor_type != expect:
         wrong.append(f"{t.name} {t.tensor_type.name}")
 if wrong:

@@ -7,6 +7,7 @@ use std::process::Command;
 pub mod cluster;
 pub mod ha;
 pub mod kserve;
+pub mod llama_cpp;
 #[path = "../../../tests/rust/models.rs"]
 mod models;
 #[path = "../../../tests/rust/oracle.rs"]

@@ -42,7 +42,15 @@ impl Text {
             .map_err(|e| TextError::Tokenizer(e.to_string()))?;
         let template = match &spec.chat_template {
             Some(source) => {
+                // As Hugging Face's apply_chat_template renders: block tags
+                // take their line's indentation and newline, and Python's
+                // string methods (`.strip()`, `.startswith()`, …) work.
                 let mut env = Environment::new();
+                env.set_trim_blocks(true);
+                env.set_lstrip_blocks(true);
+                env.set_unknown_method_callback(
+                    minijinja_contrib::pycompat::unknown_method_callback,
+                );
                 env.add_function("raise_exception", |msg: String| -> Result<String, _> {
                     Err(minijinja::Error::new(
                         minijinja::ErrorKind::InvalidOperation,

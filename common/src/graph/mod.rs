@@ -11,10 +11,12 @@
 mod build;
 mod collections;
 pub(crate) mod infer;
+mod layers;
 mod state;
 
 pub use collections::{OPTIONAL_OP, SEQUENCE_OPS};
 
+pub use layers::LAYER_PREFIX_KEY;
 pub use state::{StateError, StatePair, PADDING_KEY, STATE_PAIRS_KEY};
 
 use std::collections::HashMap;

@@ -8,7 +8,9 @@
 //! How:
 //! 1. The op nodes are laid out in topological order; nodes computed from
 //!    constants alone travel with their first reader, and no cut falls
-//!    inside a group of nodes that must share a device (sequences).
+//!    inside a group of nodes that must share a device (sequences, state),
+//!    nor inside a layer the model declares (a decoder's stages hold whole
+//!    layers).
 //! 2. For a given bound `T` on a stage's time, devices in a given order
 //!    each take the longest run of nodes that fits their memory, that they
 //!    run, and whose time stays within `T` ([`Line::extend`]); `T` is
@@ -258,10 +260,11 @@ fn weights_and_state(need: &NeedModel, layout: &Layout) -> (Vec<Vec<(NodeId, u64
     (weights, state)
 }
 
-/// `cut_ok[c]`: no group of nodes that must share a device spans cut `c`.
+/// `cut_ok[c]`: no group of nodes that must share a device (nor a layer
+/// the model declares) spans cut `c`.
 fn allowed_cuts(graph: &Graph, layout: &Layout) -> Vec<bool> {
     let mut cut_ok = vec![true; layout.order.len() + 1];
-    for group in one_device_groups(graph) {
+    for group in one_device_groups(graph).into_iter().chain(graph.layers()) {
         let at: Vec<usize> = group
             .iter()
             .filter_map(|g| layout.position.get(g).copied())

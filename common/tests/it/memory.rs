@@ -403,3 +403,53 @@ fn replicas_of_a_model_bigger_than_a_host_each_span_several_hosts() {
     assert!(auto.copies.len() <= 2, "{}", auto.copies.len());
     assert!(auto.considered.iter().any(|c| c.predicted_rps.is_none()));
 }
+
+#[test]
+fn a_model_that_declares_its_layers_is_cut_between_them_only() {
+    // Decoder layer j is chain layers 2j+1 and 2j+2 (32 MiB): its nodes
+    // named /model/layers.j/…, as the metadata says.
+    let mut model = matmul_chain_zeros(8, 2048);
+    let graph_proto = model.graph.as_mut().unwrap();
+    for n in &mut graph_proto.node {
+        let name = n.name.clone().unwrap();
+        let k: usize = name
+            .trim_start_matches(|c: char| c.is_alphabetic())
+            .parse()
+            .unwrap();
+        n.name = Some(format!("/model/layers.{}/{name}", (k - 1) / 2));
+    }
+    model
+        .metadata_props
+        .push(tessera_common::onnx::proto::StringStringEntryProto {
+            key: Some(tessera_common::graph::LAYER_PREFIX_KEY.into()),
+            value: Some("/model/layers.".into()),
+        });
+    let shapes = BTreeMap::from([("x".to_string(), vec![1, 2048])]);
+    let graph = prepare(&model, &shapes).unwrap().0;
+    assert_eq!(graph.layers().len(), 4);
+    // Three devices of 96 MiB: balanced by chain layers the stages would
+    // be 3/3/2; whole decoder layers make them even.
+    let devices = [
+        ("a/CPU", Some(96 * MIB), 50.0),
+        ("b/CPU", Some(96 * MIB), 50.0),
+        ("c/CPU", Some(96 * MIB), 50.0),
+    ];
+    let p = plan_over(&graph, &devices).unwrap();
+    let stages = layers_per_stage(&p, &graph);
+    assert!(stages.iter().all(|(_, n)| n % 2 == 0), "{stages:?}");
+    for layer in graph.layers() {
+        let devices: std::collections::HashSet<String> = layer
+            .iter()
+            .map(|&n| {
+                let sg = p
+                    .partition
+                    .subgraphs
+                    .iter()
+                    .find(|sg| sg.nodes.contains(&n))
+                    .unwrap();
+                p.partition.device_of(sg).to_string()
+            })
+            .collect();
+        assert_eq!(devices.len(), 1, "a layer spans {devices:?}");
+    }
+}

@@ -1,29 +1,34 @@
-//! A llama-family decoder as onnxruntime's fused operators, one node where
-//! a plain graph has tens (SmolLM2-135M: ~1,100 nodes a step instead of
-//! ~2,500, 1.8× faster on one thread):
+//! A decoder of any family read as onnxruntime's fused operators, one node
+//! where a plain graph has tens (SmolLM2-135M: ~1,100 nodes a step instead
+//! of ~2,500, 1.8× faster on one thread):
 //!
 //! - RMS norms are com.microsoft `SkipSimplifiedLayerNormalization` (the
 //!   residual add and the norm in one node; standard ops for the first,
-//!   which has no residual yet);
-//! - q, k and v are one `MatMulNBits` over their rows stacked where they
-//!   are of one form, as are gate and up;
-//! - attention is com.microsoft `GroupQueryAttention` over the packed
-//!   q/k/v: RoPE at `position_ids` from cos/sin tables (llama.cpp's
-//!   interleaved pairs, over the GGUF's own q/k row order), the cache
-//!   appended at each row's own length (`seqlens_k` from the attention
-//!   mask), so a decode batch pads each row after its positions (the
-//!   model says so: metadata `tessera.padding = right`);
+//!   which has no residual yet; `SimplifiedLayerNormalization` for Gemma's
+//!   post-norms);
+//! - the attention ([`super::attention`]) is one `GroupQueryAttention`
+//!   over q/k/v from one product;
+//! - the feed-forward ([`super::ffn`]) is gate and up in one product, or a
+//!   mixture of experts;
 //! - the logits are the last position's (`[batch, 1, vocab]`): a prompt
-//!   costs the head one row, not one per position.
+//!   costs the head one row, not one per position; a cache row's padding
+//!   is after its positions (metadata `tessera.padding = right`).
 
 use tessera_common::onnx::proto::{ModelProto, OperatorSetIdProto, StringStringEntryProto};
 use tessera_common::onnx::{tensor_info, ElemType};
 
+use super::attention::{attention, Shared};
 use super::embedding::{self, Table};
-use super::linear::{linear, packed_linear, stacked_linear};
-use super::{Attr, GraphBuilder, MS_DOMAIN};
-use crate::config::{DecoderConfig, RopeScaling};
-use crate::quant::{Joined, Weight};
+use super::ffn::feed_forward;
+use super::linear::linear;
+use super::norm::{norm, rms_norm, skip_norm};
+use super::weights::{Layer, Weights};
+use super::{GraphBuilder, MS_DOMAIN};
+use crate::config::DecoderConfig;
+use crate::quant::Weight;
+
+pub use super::attention::MAX_POSITIONS;
+use tessera_common::graph::LAYER_PREFIX_KEY;
 
 pub const OPSET: i64 = 17;
 pub const IR_VERSION: i64 = 8;
@@ -33,41 +38,16 @@ pub const STATE_PAIRS_KEY: &str = "tessera.state_pairs";
 /// Where a decode batch pads each row's cache (`right`: after its
 /// positions).
 pub const PADDING_KEY: &str = "tessera.padding";
-/// The most positions the RoPE tables cover (a model trained for more is
-/// served at most this many: 32,768 × head_dim 128 is 16 MiB of tables).
-pub const MAX_POSITIONS: usize = 32_768;
-
-/// One layer's weights.
-pub struct Layer {
-    pub attn_norm: Vec<f32>,
-    /// q, k and v.
-    pub qkv: Joined,
-    pub qkv_bias: [Option<Vec<f32>>; 3],
-    pub o: Weight,
-    pub o_bias: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    /// gate and up.
-    pub gate_up: Joined,
-    pub down: Weight,
-}
-
-/// A decoder's weights.
-pub struct Weights {
-    pub embedding: Table,
-    pub layers: Vec<Layer>,
-    pub output_norm: Vec<f32>,
-    /// The model's own head (`output.weight`); `None`: tied to the
-    /// embedding.
-    pub output: Option<Weight>,
-    /// Llama 3's per-frequency RoPE divisors (`rope_freqs.weight`).
-    pub rope_freqs: Option<Vec<f32>>,
-}
-
 /// The whole decoder; `accuracy_level` is `MatMulNBits`' (4: int8
-/// activations, 0: float32).
+/// activations, 0: float32); `ggml_rounding`: activations rounded where
+/// llama.cpp's CPU backend rounds them (beside Tessera's kernels).
 /// Each layer's weights are dropped once its nodes are made (the
 /// initializers share their bytes), so building holds about one copy.
-pub fn build(config: &DecoderConfig, weights: Weights, accuracy_level: i64) -> ModelProto {
+pub fn build(
+    config: &DecoderConfig,
+    weights: Weights,
+    (accuracy_level, ggml_rounding): (i64, bool),
+) -> ModelProto {
     let Weights {
         embedding,
         layers: stack,
@@ -76,10 +56,14 @@ pub fn build(config: &DecoderConfig, weights: Weights, accuracy_level: i64) -> M
         rope_freqs,
     } = weights;
     let mut b = GraphBuilder::new(accuracy_level);
-    let x = embedding::lookup(&mut b, &embedding, config.hidden);
-    let rotary = rotary_tables(&mut b, config, rope_freqs.as_deref());
-    let lengths = attention_lengths(&mut b);
-    let shared = Shared { rotary, lengths };
+    b.ggml_rounding = ggml_rounding;
+    let mut x = embedding::lookup(&mut b, &embedding, config.hidden);
+    if config.family.scaled_embedding {
+        // llama.cpp scales by sqrtf(n_embd) in float32.
+        let scale = b.scalar(ElemType::FLOAT, (config.hidden as f32).sqrt().into());
+        x = b.op("Mul", &[&x, &scale], "/model/embed_tokens/scale/Mul", &[]);
+    }
+    let shared = Shared::new(&mut b, config, rope_freqs.as_deref());
     let (delta, residual) = layers(&mut b, config, stack, &x, &shared);
     let (normed, _) = skip_norm(
         &mut b,
@@ -119,6 +103,9 @@ fn model(config: &DecoderConfig, vocab: usize, b: GraphBuilder) -> ModelProto {
             serde_json::to_string(&state_pairs).unwrap_or_default(),
         ),
         (PADDING_KEY, "right".to_string()),
+        // Every node of layer N is named /model/layers.N/…: a pipeline's
+        // stages hold whole layers.
+        (LAYER_PREFIX_KEY, "/model/layers.".to_string()),
     ];
     let opset_import = opsets(&graph);
     ModelProto {
@@ -243,131 +230,6 @@ fn graph_outputs(
     outputs
 }
 
-/// What every layer reads besides its own weights.
-struct Shared {
-    /// cos and sin tables, `[positions, head_dim / 2]`.
-    rotary: (String, String),
-    /// Each row's length less one (`seqlens_k`, int32 `[batch]`) and the
-    /// mask's width (int32 scalar).
-    lengths: (String, String),
-}
-
-/// cos and sin of each position's angles, as llama.cpp computes them
-/// (ggml_rope_cache_init): angle_i = p · scale · base^(−2i/d), the powers
-/// by repeated float32 products, divided by Llama 3's factor for i.
-fn rotary_tables(
-    b: &mut GraphBuilder,
-    c: &DecoderConfig,
-    freqs: Option<&[f32]>,
-) -> (String, String) {
-    let half = c.head_dim / 2;
-    let positions = c.context_length.min(MAX_POSITIONS);
-    let scale = match c.rope_scaling {
-        RopeScaling::None => 1.0f32,
-        RopeScaling::Linear(f) => 1.0 / f,
-    };
-    let step = c.rope_base.powf(-2.0 / c.head_dim as f32);
-    let (mut cos, mut sin) = (
-        Vec::with_capacity(positions * half),
-        Vec::with_capacity(positions * half),
-    );
-    for p in 0..positions {
-        let mut theta = p as f32;
-        for i in 0..half {
-            let factor = freqs.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
-            let angle = scale * (theta / factor);
-            cos.push(angle.cos());
-            sin.push(angle.sin());
-            theta *= step;
-        }
-    }
-    let cos = b.floats("model.rotary_emb.cos_cache", &[positions, half], &cos);
-    let sin = b.floats("model.rotary_emb.sin_cache", &[positions, half], &sin);
-    (cos, sin)
-}
-
-/// `seqlens_k` (each row's attention-mask sum less one) and the mask's
-/// width: a row's padding is after its own positions, so the attention
-/// appends the new position at the row's own length and reads only that
-/// many.
-fn attention_lengths(b: &mut GraphBuilder) -> (String, String) {
-    let p = "/model/attn_lengths";
-    let axis = b.ints(&[1]);
-    let sums = b.op(
-        "ReduceSum",
-        &["attention_mask", &axis],
-        &format!("{p}/ReduceSum"),
-        &[Attr::Int("keepdims", 0)],
-    );
-    let int32 = Attr::Int("to", ElemType::INT32.0 as i64);
-    let sums = b.op("Cast", &[&sums], &format!("{p}/Cast"), &[int32]);
-    let one = b.scalar(ElemType::INT32, 1.0);
-    let seqlens = b.op("Sub", &[&sums, &one], &format!("{p}/seqlens/Sub"), &[]);
-    let total = b.op(
-        "Shape",
-        &["attention_mask"],
-        &format!("{p}/total/Shape"),
-        &[Attr::Int("start", 1), Attr::Int("end", 2)],
-    );
-    let int32 = Attr::Int("to", ElemType::INT32.0 as i64);
-    let total = b.op("Cast", &[&total], &format!("{p}/total/Cast"), &[int32]);
-    let axis0 = b.ints(&[0]);
-    let total = b.op(
-        "Squeeze",
-        &[&total, &axis0],
-        &format!("{p}/total/Squeeze"),
-        &[],
-    );
-    (seqlens, total)
-}
-
-/// `x / sqrt(mean(x²) + eps) · weight` over the last axis, in standard
-/// operators (the first layer's norm: no residual to add yet).
-fn rms_norm(
-    b: &mut GraphBuilder,
-    x: &str,
-    (name, weight): (&str, &[f32]),
-    p: &str,
-    eps: f32,
-) -> String {
-    let w = b.floats(name, &[weight.len()], weight);
-    let square = b.op("Mul", &[x, x], &format!("{p}/Mul"), &[]);
-    let mean = b.op(
-        "ReduceMean",
-        &[&square],
-        &format!("{p}/ReduceMean"),
-        &[Attr::Ints("axes", &[-1]), Attr::Int("keepdims", 1)],
-    );
-    let eps = b.scalar(ElemType::FLOAT, eps.into());
-    let shifted = b.op("Add", &[&mean, &eps], &format!("{p}/Add"), &[]);
-    let root = b.op("Sqrt", &[&shifted], &format!("{p}/Sqrt"), &[]);
-    let one = b.scalar(ElemType::FLOAT, 1.0);
-    let inverse = b.op("Div", &[&one, &root], &format!("{p}/Div"), &[]);
-    let normed = b.op("Mul", &[x, &inverse], &format!("{p}/Mul_1"), &[]);
-    b.op("Mul", &[&normed, &w], &format!("{p}/Mul_2"), &[])
-}
-
-/// `(rms_norm(x + residual), x + residual)` in one node.
-fn skip_norm(
-    b: &mut GraphBuilder,
-    (x, residual): (&str, &str),
-    (name, weight): (&str, &[f32]),
-    p: &str,
-    eps: f32,
-) -> (String, String) {
-    let w = b.floats(name, &[weight.len()], weight);
-    let (normed, total) = (format!("{p}/output_0"), format!("{p}/output_3"));
-    b.node(
-        "SkipSimplifiedLayerNormalization",
-        MS_DOMAIN,
-        &[x, residual, &w],
-        p,
-        &[&normed, "", "", &total],
-        &[Attr::Float("epsilon", eps)],
-    );
-    (normed, total)
-}
-
 /// Every layer; the last block's output and the residual stream, for the
 /// final norm to add.
 fn layers(
@@ -381,141 +243,51 @@ fn layers(
     for (l, layer) in stack.into_iter().enumerate() {
         let layer = &layer;
         let (p, w) = (format!("/model/layers.{l}"), format!("model.layers.{l}"));
-        let norm = (format!("{w}.input_layernorm.weight"), &layer.attn_norm);
+        let norm_name = format!("{w}.input_layernorm.weight");
+        let weight = (norm_name.as_str(), layer.attn_norm.as_slice());
+        let p_norm = format!("{p}/input_layernorm");
         let normed = match &delta {
-            None => rms_norm(
-                b,
-                &residual,
-                (&norm.0, norm.1),
-                &format!("{p}/input_layernorm"),
-                c.rms_eps,
-            ),
+            None => rms_norm(b, &residual, weight, &p_norm, c.rms_eps),
             Some(d) => {
-                let (n, r) = skip_norm(
-                    b,
-                    (d, &residual),
-                    (&norm.0, norm.1),
-                    &format!("{p}/input_layernorm"),
-                    c.rms_eps,
-                );
+                let (n, r) = skip_norm(b, (d, &residual), weight, &p_norm, c.rms_eps);
                 residual = r;
                 n
             }
         };
         let attn = attention(b, c, layer, &normed, l, shared);
-        let norm = format!("{w}.post_attention_layernorm.weight");
+        let post = (p.as_str(), w.as_str(), "post_attention_norm");
+        let attn = post_norm(b, c, &attn, layer.post_attn_norm.as_deref(), post);
+        let norm_name = format!("{w}.post_attention_layernorm.weight");
         let (normed, r) = skip_norm(
             b,
             (&attn, &residual),
-            (&norm, &layer.ffn_norm),
+            (&norm_name, &layer.ffn_norm),
             &format!("{p}/post_attention_layernorm"),
             c.rms_eps,
         );
         residual = r;
-        delta = Some(mlp(b, layer, &normed, l));
+        let y = feed_forward(b, c, &layer.ffn, &normed, l);
+        let post = (p.as_str(), w.as_str(), "post_feedforward_norm");
+        delta = Some(post_norm(b, c, &y, layer.post_ffn_norm.as_deref(), post));
     }
     (delta.unwrap_or_default(), residual)
 }
 
-/// One layer's attention: q, k and v as one product, then
-/// `GroupQueryAttention`, which turns q and k by RoPE at `position_ids`,
-/// appends k and v to the cache (`present.N.key/.value`) and attends.
-fn attention(
+/// `x` normed before its residual add, where the layer has such a norm.
+fn post_norm(
     b: &mut GraphBuilder,
     c: &DecoderConfig,
-    layer: &Layer,
     x: &str,
-    l: usize,
-    shared: &Shared,
+    weight: Option<&[f32]>,
+    (p, w, what): (&str, &str, &str),
 ) -> String {
-    let (p, w) = (
-        format!("/model/layers.{l}/self_attn"),
-        format!("model.layers.{l}.self_attn"),
-    );
-    let qkv = packed_linear(
-        b,
-        x,
-        &layer.qkv,
-        &layer.qkv_bias,
-        &format!("{w}.qkv_proj.weight"),
-        &format!("{p}/qkv_proj"),
-    );
-    let (cos, sin) = &shared.rotary;
-    let (seqlens, total) = &shared.lengths;
-    let (past_k, past_v) = (
-        format!("past_key_values.{l}.key"),
-        format!("past_key_values.{l}.value"),
-    );
-    let context = format!("{p}/GroupQueryAttention/output_0");
-    let (present_k, present_v) = (format!("present.{l}.key"), format!("present.{l}.value"));
-    let mut attrs = vec![
-        Attr::Int("num_heads", c.heads as i64),
-        Attr::Int("kv_num_heads", c.kv_heads as i64),
-        Attr::Int("do_rotary", 1),
-        Attr::Int("rotary_interleaved", 1),
-    ];
-    if let Some(scale) = c.attention_scale {
-        attrs.push(Attr::Float("scale", scale));
+    match weight {
+        Some(weight) => {
+            let name = format!("{w}.{what}.weight");
+            norm(b, x, (&name, weight), &format!("{p}/{what}"), c.rms_eps)
+        }
+        None => x.to_string(),
     }
-    if let Some(window) = c.sliding_window {
-        // onnxruntime's window holds the position itself (measured against
-        // numpy's masked attention: a_declared_sliding_window_is_honoured).
-        attrs.push(Attr::Int("local_window_size", window as i64));
-    }
-    b.node(
-        "GroupQueryAttention",
-        MS_DOMAIN,
-        &[
-            &qkv,
-            "",
-            "",
-            &past_k,
-            &past_v,
-            seqlens,
-            total,
-            cos,
-            sin,
-            "position_ids",
-        ],
-        &format!("{p}/GroupQueryAttention"),
-        &[&context, &present_k, &present_v],
-        &attrs,
-    );
-    linear(
-        b,
-        &context,
-        &layer.o,
-        layer.o_bias.as_deref(),
-        &format!("{w}.o_proj.weight"),
-        &format!("{p}/o_proj"),
-    )
-}
-
-/// SwiGLU: `down(silu(gate(x)) · up(x))`, gate and up in one product.
-fn mlp(b: &mut GraphBuilder, layer: &Layer, x: &str, l: usize) -> String {
-    let (p, w) = (
-        format!("/model/layers.{l}/mlp"),
-        format!("model.layers.{l}.mlp"),
-    );
-    let outs = stacked_linear(
-        b,
-        x,
-        &layer.gate_up,
-        &format!("{w}.gate_up_proj.weight"),
-        &format!("{p}/gate_up"),
-    );
-    let (gate, up) = (&outs[0], &outs[1]);
-    let sigmoid = b.op("Sigmoid", &[gate], &format!("{p}/act_fn/Sigmoid"), &[]);
-    let silu = b.op("Mul", &[gate, &sigmoid], &format!("{p}/act_fn/Mul"), &[]);
-    let hidden = b.op("Mul", &[&silu, up], &format!("{p}/Mul"), &[]);
-    linear(
-        b,
-        &hidden,
-        &layer.down,
-        None,
-        &format!("{w}.down_proj.weight"),
-        &format!("{p}/down_proj"),
-    )
 }
 
 /// The last position's logits, `[batch, 1, vocab]`.
@@ -533,10 +305,23 @@ fn head(
         &format!("{p}/last/Slice"),
         &[],
     );
-    let logits = match output {
+    let mut logits = match output {
         Some(w) => linear(b, &last, w, None, "lm_head.weight", p),
         None => embedding::tied_head(b, &last, embedding, c.hidden, p),
     };
+    if let Some(cap) = c.final_cap {
+        // cap · tanh(logits / cap), as llama.cpp scales, tanh, scales.
+        let inverse = b.scalar(ElemType::FLOAT, (1.0 / cap).into());
+        let scaled = b.op(
+            "Mul",
+            &[&logits, &inverse],
+            &format!("{p}/softcap/Mul"),
+            &[],
+        );
+        let t = b.op("Tanh", &[&scaled], &format!("{p}/softcap/Tanh"), &[]);
+        let cap = b.scalar(ElemType::FLOAT, cap.into());
+        logits = b.op("Mul", &[&t, &cap], &format!("{p}/softcap/Mul_1"), &[]);
+    }
     b.op_to(
         "Identity",
         &[&logits],

@@ -1,14 +1,20 @@
-//! The ONNX decoder built from a GGUF's weights: onnxruntime's fused
-//! operators (`MatMulNBits` keeping each weight's blocks,
-//! `GroupQueryAttention` with RoPE inside, `SkipSimplifiedLayerNormalization`)
-//! and the logits of the last position only ([`decoder`]), in the
+//! The ONNX decoder built from a GGUF's weights ([`weights`]):
+//! onnxruntime's fused operators (`MatMulNBits` keeping each weight's
+//! blocks, `GroupQueryAttention` with RoPE inside,
+//! `SkipSimplifiedLayerNormalization`) or Tessera's kernels over the
+//! file's blocks, and the logits of the last position only ([`decoder`]),
+//! in the
 //! interface of a generative folder's `model.onnx`: inputs `input_ids`,
 //! `attention_mask`, `position_ids`, `past_key_values.N.key/.value`;
 //! outputs `logits`, `present.N.key/.value`.
 
+mod attention;
 pub mod decoder;
 pub mod embedding;
+mod ffn;
 mod linear;
+mod norm;
+pub mod weights;
 
 use std::collections::HashSet;
 
@@ -68,6 +74,10 @@ pub struct GraphBuilder {
     /// `MatMulNBits`' accuracy level: 4 computes with int8 activations
     /// (onnxruntime's fast kernels), 0 in float32.
     pub accuracy_level: i64,
+    /// Activations as llama.cpp's CPU backend computes them where it
+    /// rounds beyond float32 (GELU through its float16 table), beside
+    /// Tessera's kernels; else exact float32.
+    pub ggml_rounding: bool,
 }
 
 impl GraphBuilder {
@@ -78,6 +88,7 @@ impl GraphBuilder {
             names: HashSet::new(),
             constants: HashSet::new(),
             accuracy_level,
+            ggml_rounding: false,
         }
     }
 
@@ -115,8 +126,9 @@ impl GraphBuilder {
         outputs: &[&str],
         attrs: &[Attr],
     ) {
-        debug_assert!(self.names.insert(name.to_string()), "node {name} twice");
-        self.names.insert(name.to_string());
+        // Names come from the builder alone (never from the file): a name
+        // made twice is the builder's bug.
+        assert!(self.names.insert(name.to_string()), "node {name} twice");
         self.nodes.push(NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
             output: outputs.iter().map(|s| s.to_string()).collect(),

@@ -17,6 +17,7 @@
 //! portable), chosen once by what the CPU has. Other types stay
 //! `MatMulNBits` (`crate::quant`).
 
+mod experts;
 mod q4k;
 mod q6k;
 mod q80;
@@ -35,6 +36,11 @@ pub const MATMUL: &str = "MatMul";
 /// Rows of a matrix of blocks, dequantized (attributes `type`, `K`;
 /// inputs the blocks uint8 `[rows, bytes]`, indices int64).
 pub const GATHER: &str = "Gather";
+/// Each token's chosen experts' products, ggml's `mul_mat_id`
+/// ([`matmul_experts`]; attributes `type`, `K`, `N`, `experts`).
+pub const MATMUL_EXPERTS: &str = "MatMulExperts";
+
+pub use experts::{matmul_experts, ExpertInput};
 
 /// Whether weights of type `ty` have kernels.
 pub fn has_kernel(ty: GgmlType) -> bool {
@@ -58,6 +64,8 @@ pub enum KernelError {
     Input { got: usize, cols: usize },
     #[error("row {index} of a matrix of {rows}")]
     Index { index: i64, rows: usize },
+    #[error("{0}")]
+    Shape(String),
 }
 
 /// A matrix of ggml blocks: `rows` rows of `cols` values.
@@ -187,44 +195,57 @@ pub fn matmul(
         .chunks_exact(w.cols)
         .map(|row| quantize(w.ty, row))
         .collect();
+    let acts: Vec<&Activations> = activations.iter().collect();
     let simd = simd();
     let out = SharedOut(y.as_mut_ptr());
     let n = w.rows;
-    let groups = row_groups(w.ty, &activations, simd);
+    let groups = row_groups(w.ty, &acts, simd);
     let job = |j: usize| {
-        let (first, last) = (j * ROWS_PER_JOB, ((j + 1) * ROWS_PER_JOB).min(n));
-        // SAFETY: job j alone writes columns first..last of each row of y,
-        // which holds m × n values.
+        let rows = j * ROWS_PER_JOB..((j + 1) * ROWS_PER_JOB).min(n);
+        // SAFETY: job j alone writes columns `rows` of each row of y, which
+        // holds m × n values.
         let write = |i: usize, r: usize, v: f32| unsafe { out.write(i * n + r, v) };
-        let mut done = 0;
-        for (g, rows) in groups.iter().enumerate() {
-            for r in first..last {
-                if let Some(v) = q4k::dot_rows(w.row(r), *rows, simd) {
-                    v.iter()
-                        .enumerate()
-                        .for_each(|(k, &v)| write(g * q4k::ROWS_AT_ONCE + k, r, v));
-                }
-            }
-            done = (g + 1) * q4k::ROWS_AT_ONCE;
-        }
-        for (i, a) in activations.iter().enumerate().skip(done) {
-            for r in first..last {
-                write(i, r, dot(w.ty, w.row(r), a, simd));
-            }
-        }
+        products(w, (0, rows), (&acts, &groups), simd, &write);
     };
     debug_assert_eq!(y.len(), m * n);
     parallel(n.div_ceil(ROWS_PER_JOB), &job);
     Ok(())
 }
 
+/// Activation rows in groups of [`q4k::ROWS_AT_ONCE`].
+type Groups<'a> = Vec<[&'a [q4k::BlockQ8K]; q4k::ROWS_AT_ONCE]>;
+
+/// Weight rows `base + rows` against every activation row: the groups a
+/// weight row meets at once first, the rest one at a time; `write(i, r,
+/// v)` takes activation row i's product with weight row `base + r`.
+fn products(
+    w: &Blocks<'_>,
+    (base, rows): (usize, std::ops::Range<usize>),
+    (acts, groups): (&[&Activations], &Groups<'_>),
+    simd: Simd,
+    write: &dyn Fn(usize, usize, f32),
+) {
+    let mut done = 0;
+    for (g, group) in groups.iter().enumerate() {
+        for r in rows.clone() {
+            if let Some(v) = q4k::dot_rows(w.row(base + r), *group, simd) {
+                v.iter()
+                    .enumerate()
+                    .for_each(|(k, &v)| write(g * q4k::ROWS_AT_ONCE + k, r, v));
+            }
+        }
+        done = (g + 1) * q4k::ROWS_AT_ONCE;
+    }
+    for (i, a) in acts.iter().enumerate().skip(done) {
+        for r in rows.clone() {
+            write(i, r, dot(w.ty, w.row(base + r), a, simd));
+        }
+    }
+}
+
 /// Activation rows in groups a weight row meets at once, where the type
 /// and CPU have such a kernel (Q4_K, AVX-512); the rest one at a time.
-fn row_groups(
-    ty: GgmlType,
-    acts: &[Activations],
-    simd: Simd,
-) -> Vec<[&[q4k::BlockQ8K]; q4k::ROWS_AT_ONCE]> {
+fn row_groups<'a>(ty: GgmlType, acts: &[&'a Activations], simd: Simd) -> Groups<'a> {
     if ty != GgmlType::Q4_K || simd != Simd::Avx512 {
         return Vec::new();
     }

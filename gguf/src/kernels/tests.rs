@@ -154,3 +154,62 @@ fn gather_dequantizes_rows_and_refuses_indices_outside() {
     );
     assert!(Blocks::new(GgmlType::Q6_K, rows, cols, &bytes[1..]).is_err());
 }
+
+#[test]
+fn experts_products_are_each_token_s_chosen_experts_plain_products() {
+    let (experts, n, cols, slots) = (4, 20, 256, 2);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+        let bytes = random_blocks(ty, experts * n, cols, 21);
+        let w = Blocks::new(ty, experts * n, cols, &bytes).unwrap();
+        // Six tokens (a group of four and two alone for expert 1), each
+        // sent to two experts.
+        let ids: Vec<i64> = vec![1, 3, 1, 0, 1, 2, 1, 3, 1, 0, 3, 2];
+        let tokens = ids.len() / slots;
+        let x = activations(tokens * cols, 9);
+        let mut y = vec![0f32; ids.len() * n];
+        let input = ExpertInput {
+            x: &x,
+            ids: &ids,
+            slots,
+            per_slot: false,
+        };
+        matmul_experts(&w, experts, &input, &mut y, &serial).unwrap();
+        // Each (token, slot) row: that token times its expert's rows.
+        for (i, &e) in ids.iter().enumerate() {
+            let e = e as usize;
+            let block = &bytes[e * n * w.row_bytes..(e + 1) * n * w.row_bytes];
+            let expert = Blocks::new(ty, n, cols, block).unwrap();
+            let t = i / slots;
+            let mut want = vec![0f32; n];
+            matmul(&expert, &x[t * cols..(t + 1) * cols], &mut want, &serial).unwrap();
+            assert_eq!(&y[i * n..(i + 1) * n], &want[..], "{ty} row {i}");
+        }
+        // One row a token and slot (the down product's input).
+        let x2 = activations(ids.len() * cols, 13);
+        let input = ExpertInput {
+            x: &x2,
+            ids: &ids,
+            slots,
+            per_slot: true,
+        };
+        matmul_experts(&w, experts, &input, &mut y, &serial).unwrap();
+        let e = ids[5] as usize;
+        let block = &bytes[e * n * w.row_bytes..(e + 1) * n * w.row_bytes];
+        let mut want = vec![0f32; n];
+        let expert = Blocks::new(ty, n, cols, block).unwrap();
+        matmul(&expert, &x2[5 * cols..6 * cols], &mut want, &serial).unwrap();
+        assert_eq!(&y[5 * n..6 * n], &want[..], "{ty} per slot");
+        // An id outside the experts is refused.
+        let bad = [0, 4];
+        let input = ExpertInput {
+            x: &x[..cols],
+            ids: &bad,
+            slots,
+            per_slot: false,
+        };
+        assert_eq!(
+            matmul_experts(&w, experts, &input, &mut y[..2 * n], &serial),
+            Err(KernelError::Index { index: 4, rows: 4 })
+        );
+    }
+}

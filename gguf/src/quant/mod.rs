@@ -321,6 +321,15 @@ pub enum Joined {
 }
 
 impl Joined {
+    /// One weight whose rows are the parts' (`rows`, in order) as the file
+    /// has it (a fused `attn_qkv`, Phi-3's gate and up).
+    pub fn fused(weight: Weight, rows: Vec<usize>) -> Joined {
+        Joined::One {
+            weight: Box::new(weight),
+            rows,
+        }
+    }
+
     pub fn new(parts: Vec<Weight>) -> Joined {
         let packed: Option<Vec<&Packed>> = parts
             .iter()

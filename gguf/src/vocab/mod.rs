@@ -104,8 +104,21 @@ pub struct Vocabulary {
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
+    /// Special tokens take the whitespace after them (llama.cpp's RSTRIP,
+    /// which it sets for Phi-3 by the model's name).
+    pub strip_after_special: bool,
     pub chat_template: Option<String>,
 }
+
+/// Whether llama.cpp strips the whitespace after special tokens for a
+/// model of this `general.name`.
+fn strips_after_special(name: Option<&str>) -> bool {
+    let name = name.unwrap_or_default().to_lowercase();
+    ["phi-3", "phi3"].iter().any(|n| name.contains(n))
+}
+
+/// Special tokens llama.cpp leaves unstripped in a model it strips for.
+const KEEP_SPACE_AFTER: &[&str] = &["<unk>", "<s>", "<|endoftext|>"];
 
 impl Vocabulary {
     pub fn from_meta(meta: &Meta<'_, '_>) -> Result<Vocabulary, GgufError> {
@@ -164,6 +177,7 @@ impl Vocabulary {
             add_bos: flag("add_bos_token", spm || bpe::adds_bos(pre.as_deref()))?,
             add_eos: flag("add_eos_token", false)?,
             add_space_prefix: flag("add_space_prefix", spm)?,
+            strip_after_special: strips_after_special(meta.opt_str("general.name")?),
             unk: id("unknown_token_id")?,
             pad: id("padding_token_id")?,
             chat_template: meta.opt_str("tokenizer.chat_template")?.map(str::to_string),
@@ -227,7 +241,8 @@ impl Vocabulary {
                     "content": content,
                     "single_word": false,
                     "lstrip": false,
-                    "rstrip": false,
+                    "rstrip": self.strip_after_special
+                        && !KEEP_SPACE_AFTER.contains(&content.as_str()),
                     "normalized": false,
                     "special": *ty != TokenType::UserDefined,
                 })

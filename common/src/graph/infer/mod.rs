@@ -118,6 +118,12 @@ fn ggml_shape(
             indices.push(attr("K")?);
             Some(indices)
         }
+        // Each token's chosen experts: the ids' shape, then N.
+        "MatMulExperts" => {
+            let mut ids = in_shape(1)?;
+            ids.push(attr("N")?);
+            Some(ids)
+        }
         _ => None,
     }
 }

@@ -4,21 +4,20 @@
 
 use std::path::Path;
 
-use bytes::Bytes;
 use tessera_common::onnx::proto::ModelProto;
-use tessera_common::onnx::ElemType;
 use tessera_common::wire::generate::{
     GenerationSpec, DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_MS,
 };
 
+mod tensors;
+mod weights;
+
 use crate::config::{DecoderConfig, Meta};
 use crate::file::{GgufFile, TensorInfo};
-use crate::graph::decoder::{self, Layer, Weights, MAX_POSITIONS};
-use crate::graph::embedding::Table;
-use crate::quant::{self, Joined, Weight};
-use crate::types::GgmlType;
+use crate::graph::decoder::{self, MAX_POSITIONS};
 use crate::vocab::Vocabulary;
 use crate::GgufError;
+use tensors::Tensors;
 
 /// How the graph is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,183 +63,6 @@ pub struct GgufModel {
     pub tokenizer_json: String,
 }
 
-/// Reads tensors by name, checking shapes and types, and tells the
-/// memory map once a tensor's bytes have been turned into a weight.
-struct Tensors<'f, 'a> {
-    file: &'f GgufFile<'a>,
-    /// Keep the types with kernels as the file's blocks.
-    native: bool,
-    release: &'f dyn Fn(&TensorInfo<'_>),
-    used: std::cell::RefCell<std::collections::HashSet<String>>,
-}
-
-impl Tensors<'_, '_> {
-    fn info(&self, name: &str) -> Result<Option<&TensorInfo<'_>>, GgufError> {
-        let t = self.file.tensor(name);
-        if t.is_some() {
-            self.used.borrow_mut().insert(name.to_string());
-        }
-        Ok(t)
-    }
-
-    fn require(&self, name: &str) -> Result<&TensorInfo<'_>, GgufError> {
-        self.info(name)?.ok_or_else(|| GgufError::Tensor {
-            name: name.to_string(),
-            reason: "missing".into(),
-        })
-    }
-
-    fn check_shape(t: &TensorInfo<'_>, want: &[usize]) -> Result<(), GgufError> {
-        let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-        if dims != want {
-            return Err(GgufError::Tensor {
-                name: t.name.to_string(),
-                reason: format!("shape {dims:?} (ggml order), expected {want:?}"),
-            });
-        }
-        Ok(())
-    }
-
-    /// A `[rows, cols]` matrix as a weight.
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, GgufError> {
-        let t = self.require(name)?;
-        self.matrix_of(t, rows, cols)
-    }
-
-    fn matrix_of(&self, t: &TensorInfo<'_>, rows: usize, cols: usize) -> Result<Weight, GgufError> {
-        Self::check_shape(t, &[cols, rows])?;
-        let w =
-            quant::weight_for(t.ty, self.file.data(t), (rows, cols), self.native).map_err(|e| {
-                GgufError::Tensor {
-                    name: t.name.to_string(),
-                    reason: e.to_string(),
-                }
-            })?;
-        (self.release)(t);
-        Ok(w)
-    }
-
-    /// A vector (norm weights, biases, RoPE factors) as float32.
-    fn vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, GgufError> {
-        let Some(t) = self.info(name)? else {
-            return Ok(None);
-        };
-        Self::check_shape(t, &[len])?;
-        let bytes = self.file.data(t);
-        let values = match t.ty {
-            GgmlType::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            GgmlType::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            GgmlType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(GgufError::Tensor {
-                    name: name.to_string(),
-                    reason: format!("a vector of type {other} (F32, F16 or BF16 are read)"),
-                })
-            }
-        };
-        Ok(Some(values))
-    }
-
-    fn required_vector(&self, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
-        self.vector(name, len)?.ok_or_else(|| GgufError::Tensor {
-            name: name.to_string(),
-            reason: "missing".into(),
-        })
-    }
-
-    /// The token embedding `[vocab, hidden]` in its type.
-    fn embedding(&self, hidden: usize) -> Result<Table, GgufError> {
-        let t = self.require("token_embd.weight")?;
-        let (vocab, _) = t.rows_cols();
-        Self::check_shape(t, &[hidden, vocab])?;
-        let dense = [
-            (GgmlType::F32, ElemType::FLOAT),
-            (GgmlType::F16, ElemType::FLOAT16),
-            (GgmlType::BF16, ElemType::BFLOAT16),
-        ];
-        if let Some((_, elem)) = dense.iter().find(|(ty, _)| *ty == t.ty) {
-            let data = Bytes::copy_from_slice(self.file.data(t));
-            (self.release)(t);
-            return Ok(Table::Dense {
-                elem: *elem,
-                rows: vocab,
-                cols: hidden,
-                data,
-            });
-        }
-        match self.matrix_of(t, vocab, hidden)? {
-            Weight::Packed(p) => Ok(Table::Packed(p)),
-            Weight::Native(n) => Ok(Table::Native(n)),
-            Weight::Dense(_) => unreachable!("float embeddings are kept as rows above"),
-        }
-    }
-
-    /// Tensors of the file nothing read.
-    fn unused(&self) -> Vec<&str> {
-        let used = self.used.borrow();
-        self.file
-            .tensors()
-            .iter()
-            .map(|t| t.name)
-            .filter(|n| !used.contains(*n))
-            .collect()
-    }
-}
-
-/// Every weight of a llama-family decoder.
-fn read_weights(t: &Tensors<'_, '_>, c: &DecoderConfig) -> Result<Weights, GgufError> {
-    let (h, q_dim, kv_dim) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
-    let embedding = t.embedding(h)?;
-    let mut layers = Vec::with_capacity(c.layers);
-    for l in 0..c.layers {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        tracing::debug!(layer = l, "reading");
-        layers.push(Layer {
-            attn_norm: t.required_vector(&n("attn_norm.weight"), h)?,
-            qkv: Joined::new(vec![
-                t.matrix(&n("attn_q.weight"), q_dim, h)?,
-                t.matrix(&n("attn_k.weight"), kv_dim, h)?,
-                t.matrix(&n("attn_v.weight"), kv_dim, h)?,
-            ]),
-            qkv_bias: [
-                t.vector(&n("attn_q.bias"), q_dim)?,
-                t.vector(&n("attn_k.bias"), kv_dim)?,
-                t.vector(&n("attn_v.bias"), kv_dim)?,
-            ],
-            o: t.matrix(&n("attn_output.weight"), h, q_dim)?,
-            o_bias: t.vector(&n("attn_output.bias"), h)?,
-            ffn_norm: t.required_vector(&n("ffn_norm.weight"), h)?,
-            gate_up: Joined::new(vec![
-                t.matrix(&n("ffn_gate.weight"), c.ffn, h)?,
-                t.matrix(&n("ffn_up.weight"), c.ffn, h)?,
-            ]),
-            down: t.matrix(&n("ffn_down.weight"), h, c.ffn)?,
-        });
-    }
-    let output_norm = t.required_vector("output_norm.weight", h)?;
-    let output = match t.info("output.weight")? {
-        Some(info) => Some(t.matrix_of(info, embedding.rows(), h)?),
-        None => None,
-    };
-    let rope_freqs = t.vector("rope_freqs.weight", c.head_dim / 2)?;
-    Ok(Weights {
-        embedding,
-        layers,
-        output_norm,
-        output,
-        rope_freqs,
-    })
-}
-
 impl GgufModel {
     /// Builds the model of a GGUF file read through a memory map; each
     /// tensor's pages are given back once it is converted, so the process
@@ -281,7 +103,7 @@ impl GgufModel {
     ) -> Result<GgufModel, GgufError> {
         let file = GgufFile::parse(bytes)?;
         let meta = Meta { file: &file };
-        let config = DecoderConfig::from_meta(&meta)?;
+        let mut config = DecoderConfig::from_meta(&meta)?;
         let vocab = Vocabulary::from_meta(&meta)?;
         let tensors = Tensors {
             file: &file,
@@ -289,11 +111,12 @@ impl GgufModel {
             release,
             used: Default::default(),
         };
-        let weights = read_weights(&tensors, &config)?;
+        let (weights, context) = weights::read(&tensors, &config)?;
+        config.context_length = context;
         if let Some(name) = tensors.unused().first() {
             return Err(GgufError::Tensor {
                 name: name.to_string(),
-                reason: format!("not a tensor of a {} decoder", config.arch),
+                reason: format!("not a tensor of a {} decoder Tessera reads", config.arch),
             });
         }
         if vocab.len() != weights.embedding.rows() {
@@ -305,7 +128,7 @@ impl GgufModel {
         }
         let tokenizer_json = vocab.tokenizer_json()?;
         tracing::debug!(nodes = config.layers, "building the graph");
-        let model = decoder::build(&config, weights, options.accuracy_level);
+        let model = decoder::build(&config, weights, (options.accuracy_level, options.native));
         Ok(GgufModel {
             config,
             vocab,
