@@ -64,9 +64,10 @@ fn every_weight_type_gives_llama_cpp_s_logits_and_greedy_tokens() {
     });
 }
 
-/// Tessera's own kernels (the default build: Q4_K, Q6_K and Q8_0 kept as
-/// the file's blocks, activations rounded to 8 bits as llama.cpp rounds
-/// them) against llama.cpp on the quantized file itself: each type alone,
+/// Tessera's own kernels (the default build: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q4_K and Q6_K kept as the file's blocks, activations rounded to 8 bits
+/// as llama.cpp rounds them) against llama.cpp on the quantized file
+/// itself: each type alone,
 /// and llama-quantize's Q4_K_M mix (Q4_K with Q6_K for the embedding, v
 /// and half of down), split over two workers too.
 #[test]
@@ -102,7 +103,7 @@ fn tessera_s_kernels_give_llama_cpp_s_logits_on_its_own_files() {
     let rt = runtime();
     rt.block_on(async {
         let client = cluster.client().await;
-        for ty in ["Q4_K", "Q6_K", "Q8_0"] {
+        for ty in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"] {
             let (file, _) = quantized(&base, ty);
             let case = Case::kernels(&file);
             check_against_llama_cpp(

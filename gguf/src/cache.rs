@@ -27,7 +27,7 @@ use crate::GgufError;
 
 /// Bumped whenever the graph or the tokenizer a GGUF builds into changes:
 /// entries of other builders are never read.
-pub const BUILDER_VERSION: u32 = 4;
+pub const BUILDER_VERSION: u32 = 5;
 /// Entries kept beyond those used lately (the least recently used go
 /// first).
 pub const KEEP: usize = 4;

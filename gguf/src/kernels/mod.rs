@@ -13,11 +13,12 @@
 //! integer dot products per block scaled in float32. Their results are
 //! llama.cpp's up to the order of float32 sums.
 //!
-//! Kernels: Q4_K (AVX-512BW, AVX2, portable), Q6_K and Q8_0 (AVX2,
-//! portable), chosen once by what the CPU has. Other types stay
-//! `MatMulNBits` (`crate::quant`).
+//! Kernels: Q4_K (AVX-512BW, AVX2, portable), Q6_K, Q8_0, Q4_0, Q4_1,
+//! Q5_0 and Q5_1 (AVX2, portable), chosen once by what the CPU has. Other
+//! types (Q2_K, Q3_K, Q5_K) stay `MatMulNBits` (`crate::quant`).
 
 mod experts;
+mod legacy;
 mod q4k;
 mod q6k;
 mod q80;
@@ -44,8 +45,19 @@ pub use experts::{matmul_experts, ExpertInput};
 
 /// Whether weights of type `ty` have kernels.
 pub fn has_kernel(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0)
+    KERNEL_TYPES.contains(&ty)
 }
+
+/// The types with kernels.
+pub const KERNEL_TYPES: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// Why a product cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,11 +131,13 @@ impl<'a> Blocks<'a> {
 enum Activations {
     K(Vec<q4k::BlockQ8K>),
     Q8(Vec<q80::BlockQ80>),
+    Q81(Vec<legacy::BlockQ81>),
 }
 
 fn quantize(ty: GgmlType, x: &[f32]) -> Activations {
     match ty {
-        GgmlType::Q8_0 => Activations::Q8(q80::quantize(x)),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Activations::Q8(q80::quantize(x)),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => Activations::Q81(legacy::quantize_q8_1(x)),
         _ => Activations::K(q4k::quantize_q8_k(x)),
     }
 }
@@ -161,6 +175,10 @@ fn dot(ty: GgmlType, row: &[u8], a: &Activations, simd: Simd) -> f32 {
         (GgmlType::Q4_K, Activations::K(a)) => q4k::dot(row, a, simd),
         (GgmlType::Q6_K, Activations::K(a)) => q6k::dot(row, a, simd),
         (GgmlType::Q8_0, Activations::Q8(a)) => q80::dot(row, a, simd),
+        (GgmlType::Q4_0, Activations::Q8(a)) => legacy::dot_q8_0(row, a, legacy::Q4_0, simd),
+        (GgmlType::Q5_0, Activations::Q8(a)) => legacy::dot_q8_0(row, a, legacy::Q5_0, simd),
+        (GgmlType::Q4_1, Activations::Q81(a)) => legacy::dot_q8_1(row, a, legacy::Q4_1, simd),
+        (GgmlType::Q5_1, Activations::Q81(a)) => legacy::dot_q8_1(row, a, legacy::Q5_1, simd),
         _ => unreachable!("activations are quantized for their weight's type"),
     }
 }
@@ -253,7 +271,7 @@ fn row_groups<'a>(ty: GgmlType, acts: &[&'a Activations], simd: Simd) -> Groups<
         .iter()
         .filter_map(|a| match a {
             Activations::K(k) => Some(k.as_slice()),
-            Activations::Q8(_) => None,
+            Activations::Q8(_) | Activations::Q81(_) => None,
         })
         .collect();
     rows.chunks_exact(q4k::ROWS_AT_ONCE)

@@ -17,7 +17,7 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         .map(|_| next() as u8)
         .collect();
     let halves: &[usize] = match ty {
-        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[0],
     };
@@ -52,16 +52,17 @@ fn dequantized(ty: GgmlType, x: &[f32]) -> Vec<f64> {
             .iter()
             .flat_map(|b| b.qs.iter().map(move |&q| f64::from(q) * f64::from(b.d)))
             .collect(),
+        Activations::Q81(blocks) => blocks
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| f64::from(q) * f64::from(b.d)))
+            .collect(),
     }
 }
 
 #[test]
 fn every_kernel_computes_the_dequantized_product() {
     let (rows, cols) = (37, 1024);
-    for (k, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0]
-        .into_iter()
-        .enumerate()
-    {
+    for (k, &ty) in KERNEL_TYPES.iter().enumerate() {
         let bytes = random_blocks(ty, rows, cols, 11 + k as u64);
         let w = Blocks::new(ty, rows, cols, &bytes).unwrap();
         // Six rows: a group of four (one kernel call for four rows where

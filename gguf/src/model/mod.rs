@@ -25,7 +25,7 @@ pub struct BuildOptions {
     /// `MatMulNBits`' accuracy level: 4 (int8 activations, onnxruntime's
     /// fast kernels) or 0 (float32 activations: exact up to rounding).
     pub accuracy_level: i64,
-    /// Weights of the types Tessera has kernels for (Q4_K, Q6_K, Q8_0)
+    /// Weights of the types Tessera has kernels for (`kernels::KERNEL_TYPES`)
     /// kept as the file's blocks and multiplied by those kernels
     /// (`crate::kernels`, operators only Tessera's onnxruntime plugin
     /// runs), with activations rounded to 8 bits as llama.cpp rounds
