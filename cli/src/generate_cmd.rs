@@ -62,6 +62,11 @@ pub struct GenerateArgs {
     /// llama.cpp, or MatMulNBits'): slower, exact up to rounding.
     #[arg(long)]
     float_activations: bool,
+    /// A GGUF's products as onnxruntime's MatMulNBits with int8
+    /// activations (the graph `tessera convert` writes, which any
+    /// onnxruntime runs) instead of Tessera's kernels.
+    #[arg(long, conflicts_with = "float_activations")]
+    portable: bool,
     /// Positions (prompt and generated tokens) one sequence may hold; each
     /// stage budgets its state for this many (default: the model's
     /// context, at most 2048).
@@ -78,14 +83,14 @@ pub fn generate(args: GenerateArgs) -> Result<()> {
 async fn generate_async(args: GenerateArgs) -> Result<()> {
     let dir = args.model_dir.clone();
     let max_sequences = args.max_sequences;
-    if args.float_activations && !tessera_gguf::is_gguf(&dir) {
+    if (args.float_activations || args.portable) && !tessera_gguf::is_gguf(&dir) {
         anyhow::bail!(
-            "--float-activations applies to GGUF files, not to {}",
+            "--float-activations and --portable apply to GGUF files, not to {}",
             dir.display()
         );
     }
-    let options = if args.float_activations {
-        tessera_gguf::BuildOptions::portable(true)
+    let options = if args.float_activations || args.portable {
+        tessera_gguf::BuildOptions::portable(args.float_activations)
     } else {
         tessera_gguf::BuildOptions::default()
     };

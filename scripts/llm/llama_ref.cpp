@@ -22,6 +22,8 @@
 //                                (position prompt_len + i)
 //         DIR/greedy.json        {"tokens": [...]}, token 0 the argmax of
 //                                the last prompt position
+//         DIR/single_logits.npy  float32 [prompt_len, n_vocab]: row i is
+//                                prompt token i alone at position 0
 //       Settings, all explicit: CPU only (n_gpu_layers 0), n_seq_max 1,
 //       n_ctx = prompt + max(generate, steps + 1) (llama.cpp pads it to a
 //       multiple of 256), flash attention off unless --flash-attn, KV cache
@@ -318,9 +320,32 @@ int cmd_eval(const EvalArgs & args) {
             generated.push_back(next);
         }
     }
+
+    // Each prompt token alone at position 0 (the cache cleared before
+    // each): rows no other position's rounding reaches.
+    std::vector<float> single_logits((size_t) n_prompt * n_vocab);
+    for (int i = 0; i < n_prompt; i++) {
+        llama_memory_clear(llama_get_memory(ctx), true);
+        one.n_tokens = 1;
+        one.token[0] = args.tokens[i];
+        one.pos[0] = 0;
+        one.n_seq_id[0] = 1;
+        one.seq_id[0][0] = 0;
+        one.logits[0] = 1;
+        rc = llama_decode(ctx, one);
+        if (rc != 0) {
+            fail("llama_decode of token " + std::to_string(i) + " alone returned " + std::to_string(rc));
+        }
+        const float * row = llama_get_logits_ith(ctx, 0);
+        if (row == nullptr) {
+            fail("no logits for token " + std::to_string(i) + " alone");
+        }
+        std::copy(row, row + n_vocab, single_logits.begin() + (size_t) i * n_vocab);
+    }
     llama_batch_free(one);
 
     write_npy(args.out + "/prompt_logits.npy", prompt_logits, n_prompt, n_vocab);
+    write_npy(args.out + "/single_logits.npy", single_logits, n_prompt, n_vocab);
     write_npy(args.out + "/step_logits.npy", step_logits, args.steps, n_vocab);
     {
         std::ofstream out(args.out + "/greedy.json");

@@ -67,17 +67,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from write_gguf import SMOLLM2_GGUF, llama3_rope_factors, smollm2_vocab  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-TYPES = {"F16": Q.F16, "Q4_0": Q.Q4_0, "Q4_K": Q.Q4_K, "Q6_K": Q.Q6_K, "Q8_0": Q.Q8_0}
+TYPES = {"F16": Q.F16, "Q4_0": Q.Q4_0, "Q5_0": Q.Q5_0, "Q4_K": Q.Q4_K, "Q6_K": Q.Q6_K,
+         "Q8_0": Q.Q8_0}
+# llama-quantize's type for a matrix whose rows are not whole 256-weight
+# blocks (llama-quant.cpp's tensor_type_fallback).
+FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 FILE_TYPES = {
     "F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S, "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
-    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
 }
 PRESETS = {
     "llama-3.2-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
                          vocab=128256, context=131072, rope_theta=500000.0, rope_factor=32.0),
     "tiny": dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512,
                  vocab=128256, context=8192, rope_theta=500000.0, rope_factor=32.0),
+    # Qwen2.5-0.5B: q/k/v biases, a tied head, RoPE base 1e6.
+    "qwen2.5-0.5b": dict(arch="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
+                         ffn=4864, vocab=151936, context=32768, rope_theta=1000000.0,
+                         rope_factor=0.0),
+    # Gemma-2-2B: heads of 256, local layers of 4096 every other one, soft
+    # caps, post-norms, a tied head over 256,000 tokens.
+    "gemma-2-2b": dict(arch="gemma2", layers=26, hidden=2304, heads=8, kv_heads=4, head_dim=256,
+                       ffn=9216, vocab=256000, context=8192, rope_theta=10000.0, rope_factor=0.0),
+    # A Mixtral-style mixture of about 1B parameters: 8 experts of 2048, 2
+    # a token, an untied head.
+    "moe-1b": dict(arch="llama", layers=16, hidden=1024, heads=16, kv_heads=4, head_dim=64,
+                   ffn=2048, vocab=49408, context=32768, rope_theta=1000000.0, rope_factor=0.0,
+                   experts=8, experts_used=2),
 }
 CHUNK_BYTES = 32 << 20
 RMS_EPS = 1e-5
@@ -138,6 +155,8 @@ def block_scale(kind: str, std: float) -> float:
         return std / np.sqrt(21.5)
     if kind == "Q8_0":   # d q, q uniform -128..127: E[q^2] = 5461.5
         return std / np.sqrt(5461.5)
+    if kind == "Q5_0":   # d (q - 16), q uniform 0..31: E[(q-16)^2] = 85.5
+        return std / np.sqrt(85.5)
     if kind == "Q4_K":   # ~d sc (q - 7.5), sc uniform 32..63: E[sc^2] = 2341.5, E[(q-7.5)^2] = 21.25
         return std / np.sqrt(2341.5 * 21.25)
     if kind == "Q6_K":   # d sc (q - 32), |sc| uniform 8..15: E[sc^2] = 137.5, E[(q-32)^2] = 341.5
@@ -152,6 +171,9 @@ def blocks(kind: str, rng, n: int, d: float) -> np.ndarray:
     if kind in ("Q4_0", "Q8_0"):
         out[:, 0:2] = f16_bits(d * random_signs(rng, n))
         out[:, 2:] = np.frombuffer(rng.bytes(n * (size - 2)), np.uint8).reshape(n, size - 2)
+    elif kind == "Q5_0":  # d, 4 bytes of fifth bits, 16 of nibbles
+        out[:, 0:2] = f16_bits(d * random_signs(rng, n))
+        out[:, 2:] = np.frombuffer(rng.bytes(n * 20), np.uint8).reshape(n, 20)
     elif kind == "Q4_K":
         out[:, 0:2] = f16_bits(np.full(n, d))
         out[:, 2:4] = f16_bits(np.full(n, 8 * d))
@@ -190,7 +212,12 @@ class Tensor:
     bytes are made."""
 
     def __init__(self, name: str, rows: int, cols: int, kind: str, std: float = 0.0,
-                 data: np.ndarray | None = None, zero_rows=()):
+                 data: np.ndarray | None = None, zero_rows=(), experts: int = 0):
+        if kind in FALLBACK and cols % 256:
+            kind = FALLBACK[kind]
+        # A tensor of experts: `experts` matrices of [rows, cols] (rows
+        # counts all of them).
+        self.experts = experts
         self.name, self.rows, self.cols, self.kind, self.std = name, rows, cols, kind, std
         self.data, self.zero_rows = data, np.asarray(sorted(zero_rows), dtype=np.int64)
         if kind in ("F32", "F16"):
@@ -206,7 +233,13 @@ class Tensor:
         return self.rows * self.row_bytes
 
     def declare(self, writer: gguf.GGUFWriter) -> None:
-        if self.kind == "F32":  # norms and rope_freqs: 1-D
+        if self.experts:
+            shape = (self.experts, self.rows // self.experts, self.row_bytes)
+            writer.add_tensor_info(self.name, shape, np.dtype(np.uint8), self.nbytes,
+                                   raw_dtype=TYPES[self.kind])
+        elif self.kind == "F32" and self.rows > 1:  # a float matrix (a router)
+            writer.add_tensor_info(self.name, (self.rows, self.cols), np.dtype(np.float32), self.nbytes)
+        elif self.kind == "F32":  # norms, biases and rope_freqs: 1-D
             writer.add_tensor_info(self.name, (self.rows * self.cols,), np.dtype(np.float32), self.nbytes)
         elif self.kind == "F16":
             writer.add_tensor_info(self.name, (self.rows, self.cols), np.dtype(np.float16), self.nbytes)
@@ -222,7 +255,10 @@ class Tensor:
         step = max(1, CHUNK_BYTES // self.row_bytes)
         for start in range(0, self.rows, step):
             rows = min(step, self.rows - start)
-            if self.kind == "F32":
+            if self.kind == "F32" and self.std:
+                chunk = (rng.standard_normal((rows, self.cols), dtype=np.float32)
+                         * np.float32(self.std)).view(np.uint8)
+            elif self.kind == "F32":
                 chunk = np.ones((rows, self.cols), np.float32).view(np.uint8)
             elif self.kind == "F16":
                 chunk = (rng.standard_normal((rows, self.cols), dtype=np.float32)
@@ -244,33 +280,18 @@ class Tensor:
 def settings(args) -> dict:
     s = dict(PRESETS[args.like])
     for key in s:
-        value = getattr(args, key)
+        value = getattr(args, key, None)
         if value is not None:
             s[key] = value
+    s.setdefault("arch", "llama")
     if s["heads"] % s["kv_heads"]:
         sys.exit("random_gguf.py: --heads is not a multiple of --kv-heads")
     return s
 
 
-def write(args) -> str:
-    s = settings(args)
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        return f"{out} is there already (--force writes it again)"
-    started = time.monotonic()
-    rng = np.random.default_rng(args.seed)
-    vocab = vocabulary(s["vocab"], Path(args.smollm2_gguf))
-    embed_type = args.embed_type or args.type
-    hd, L = s["head_dim"], s["layers"]
-    q_dim, kv_dim = s["heads"] * hd, s["kv_heads"] * hd
-    embed_std = args.embed_std if args.embed_std is not None else args.std
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.part")
-    writer = gguf.GGUFWriter(tmp, "llama")
-    name = f"random-{args.like}-{args.type.lower()}-seed{args.seed}"
-    writer.add_name(name)
-    writer.add_block_count(L)
+def add_hparams(writer: gguf.GGUFWriter, s: dict) -> None:
+    hd = s["head_dim"]
+    writer.add_block_count(s["layers"])
     writer.add_context_length(s["context"])
     writer.add_embedding_length(s["hidden"])
     writer.add_feed_forward_length(s["ffn"])
@@ -281,8 +302,18 @@ def write(args) -> str:
     writer.add_rope_dimension_count(hd)
     writer.add_rope_freq_base(s["rope_theta"])
     writer.add_layer_norm_rms_eps(RMS_EPS)
-    writer.add_file_type(FILE_TYPES[args.type])
-    writer.add_vocab_size(s["vocab"])
+    if s["arch"] == "gemma2":
+        # llama.cpp's defaults, as Gemma 2's files state them.
+        writer.add_sliding_window(4096)
+        writer.add_attn_logit_softcapping(50.0)
+        writer.add_final_logit_softcapping(30.0)
+    if s.get("experts"):
+        writer.add_expert_count(s["experts"])
+        writer.add_expert_used_count(s["experts_used"])
+
+
+def add_vocabulary(writer: gguf.GGUFWriter, vocab: dict, size: int) -> None:
+    writer.add_vocab_size(size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("llama-bpe")
     writer.add_token_list(vocab["tokens"])
@@ -297,26 +328,76 @@ def write(args) -> str:
     writer.add_chat_template(LLAMA3_TEMPLATE)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    H = s["hidden"]
+
+def tensor_list(s: dict, args, vocab: dict, embed_type: str, embed_std: float) -> list:
+    """Every tensor of the family's layout, in llama.cpp's names."""
+    hd, H, ty, std = s["head_dim"], s["hidden"], args.type, args.std
+    q_dim, kv_dim = s["heads"] * hd, s["kv_heads"] * hd
+    arch, experts = s["arch"], s.get("experts", 0)
     tensors = [Tensor("token_embd.weight", s["vocab"], H, embed_type, embed_std,
                       zero_rows=vocab["ending"])]
     if s["rope_factor"]:
         factors = llama3_rope_factors(hd, s["rope_theta"], s["rope_factor"])
         tensors.append(Tensor("rope_freqs.weight", 1, hd // 2, "F32", data=factors))
-    for i in range(L):
+    for i in range(s["layers"]):
         p = f"blk.{i}."
         tensors += [
             Tensor(p + "attn_norm.weight", 1, H, "F32"),
-            Tensor(p + "attn_q.weight", q_dim, H, args.type, args.std),
-            Tensor(p + "attn_k.weight", kv_dim, H, args.type, args.std),
-            Tensor(p + "attn_v.weight", kv_dim, H, args.type, args.std),
-            Tensor(p + "attn_output.weight", H, q_dim, args.type, args.std),
-            Tensor(p + "ffn_norm.weight", 1, H, "F32"),
-            Tensor(p + "ffn_gate.weight", s["ffn"], H, args.type, args.std),
-            Tensor(p + "ffn_up.weight", s["ffn"], H, args.type, args.std),
-            Tensor(p + "ffn_down.weight", H, s["ffn"], args.type, args.std),
+            Tensor(p + "attn_q.weight", q_dim, H, ty, std),
+            Tensor(p + "attn_k.weight", kv_dim, H, ty, std),
+            Tensor(p + "attn_v.weight", kv_dim, H, ty, std),
         ]
+        if arch == "qwen2":
+            tensors += [Tensor(p + f"attn_{n}.bias", 1, d, "F32", std)
+                        for n, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+        tensors.append(Tensor(p + "attn_output.weight", H, q_dim, ty, std))
+        if arch == "gemma2":
+            tensors.append(Tensor(p + "post_attention_norm.weight", 1, H, "F32"))
+        tensors.append(Tensor(p + "ffn_norm.weight", 1, H, "F32"))
+        F = s["ffn"]
+        if experts:
+            tensors += [
+                Tensor(p + "ffn_gate_inp.weight", experts, H, "F32", 0.02),
+                Tensor(p + "ffn_gate_exps.weight", experts * F, H, ty, std, experts=experts),
+                Tensor(p + "ffn_up_exps.weight", experts * F, H, ty, std, experts=experts),
+                Tensor(p + "ffn_down_exps.weight", experts * H, F, ty, std, experts=experts),
+            ]
+        else:
+            tensors += [
+                Tensor(p + "ffn_gate.weight", F, H, ty, std),
+                Tensor(p + "ffn_up.weight", F, H, ty, std),
+                Tensor(p + "ffn_down.weight", H, F, ty, std),
+            ]
+        if arch == "gemma2":
+            tensors.append(Tensor(p + "post_ffw_norm.weight", 1, H, "F32"))
     tensors.append(Tensor("output_norm.weight", 1, H, "F32"))
+    if experts:  # Mixtral's head is its own
+        tensors.append(Tensor("output.weight", s["vocab"], H, embed_type, embed_std,
+                              zero_rows=vocab["ending"]))
+    return tensors
+
+
+def write(args) -> str:
+    s = settings(args)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        return f"{out} is there already (--force writes it again)"
+    started = time.monotonic()
+    rng = np.random.default_rng(args.seed)
+    vocab = vocabulary(s["vocab"], Path(args.smollm2_gguf))
+    embed_type = args.embed_type or args.type
+    hd, L, H = s["head_dim"], s["layers"], s["hidden"]
+    embed_std = args.embed_std if args.embed_std is not None else args.std
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".{os.getpid()}.part")
+    writer = gguf.GGUFWriter(tmp, s["arch"])
+    name = f"random-{args.like}-{args.type.lower()}-seed{args.seed}"
+    writer.add_name(name)
+    add_hparams(writer, s)
+    writer.add_file_type(FILE_TYPES[args.type])
+    add_vocabulary(writer, vocab, s["vocab"])
+    tensors = tensor_list(s, args, vocab, embed_type, embed_std)
     for t in tensors:
         t.declare(writer)
 
@@ -335,13 +416,17 @@ def write(args) -> str:
     writer.close()
     tmp.replace(out)
     params = sum(t.rows * t.cols for t in tensors)
+    kinds = sorted({t.kind for t in tensors})
     return (
         f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {params / 1e9:.3f} B parameters) in "
-        f"{time.monotonic() - started:.1f} s: llama {args.type} (embedding {embed_type}), like "
+        f"{time.monotonic() - started:.1f} s: {s['arch']} {args.type} (types {', '.join(kinds)}; "
+        f"embedding {embed_type}), like "
         f"{args.like}: {L} layers, hidden {H}, heads {s['heads']}/{s['kv_heads']} x {hd}, ffn "
         f"{s['ffn']}, vocab {s['vocab']}, context {s['context']}, RoPE base {s['rope_theta']:g}"
         + (f" with Llama 3 factors (x{s['rope_factor']:g})" if s["rope_factor"] else "")
-        + f", tied head, seed {args.seed}, std {args.std:g} (embedding {embed_std:g})"
+        + (f", {s['experts_used']} of {s['experts']} experts, untied head" if s.get("experts")
+           else ", tied head")
+        + f", seed {args.seed}, std {args.std:g} (embedding {embed_std:g})"
     )
 
 

@@ -39,7 +39,7 @@ pub fn quantize_q8_1(x: &[f32]) -> Vec<BlockQ81> {
 
 /// Each block's layout: bytes, where its nibbles and fifth bits start,
 /// whether it has a minimum, and the offset taken from unsigned values.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     size: usize,
     nibbles: usize,
@@ -86,12 +86,39 @@ fn values(b: &[u8], l: Layout) -> [i32; 32] {
     v
 }
 
-/// A Q4_0 or Q5_0 row against Q8_0 activations.
+/// Q8_0's blocks as this file's kernels take them (32 signed bytes).
+pub const Q8_0: Layout = Layout {
+    size: 34,
+    nibbles: 0,
+    fifth: None,
+    offset: 0,
+};
+
+/// A Q4_0, Q5_0 or Q8_0 row against Q8_0 activations.
 pub fn dot_q8_0(w: &[u8], a: &[BlockQ80], l: Layout, simd: Simd) -> f32 {
+    if l == Q8_0 {
+        return match simd {
+            // SAFETY: as below.
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if super::vnni() => unsafe { x86::dot_q8_0_vnni::<34, 0, 0, 0>(w, a) },
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 | Simd::Avx2 => unsafe { x86::dot_q8_0::<34, 0, 0, 0>(w, a) },
+            _ => super::q80::dot_portable(w, a),
+        };
+    }
     match simd {
-        // SAFETY: the CPU has the features (checked once, `super::simd`).
+        // SAFETY: the CPU has the features (checked once, `super::simd`);
+        // each layout is its own loop, its unpacking known when compiled.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 | Simd::Avx2 => unsafe { x86::dot_q8_0(w, a, l) },
+        Simd::Avx512 if super::vnni() && l == Q4_0 => unsafe {
+            x86::dot_q8_0_vnni::<18, 2, 0, 8>(w, a)
+        },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 if super::vnni() => unsafe { x86::dot_q8_0_vnni::<22, 6, 2, 16>(w, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 | Simd::Avx2 if l == Q4_0 => unsafe { x86::dot_q8_0::<18, 2, 0, 8>(w, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 | Simd::Avx2 => unsafe { x86::dot_q8_0::<22, 6, 2, 16>(w, a) },
         _ => dot_q8_0_portable(w, a, l),
     }
 }
@@ -101,7 +128,15 @@ pub fn dot_q8_1(w: &[u8], a: &[BlockQ81], l: Layout, simd: Simd) -> f32 {
     match simd {
         // SAFETY: the CPU has the features (checked once, `super::simd`).
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 | Simd::Avx2 => unsafe { x86::dot_q8_1(w, a, l) },
+        Simd::Avx512 if super::vnni() && l == Q4_1 => unsafe {
+            x86::dot_q8_1_vnni::<20, 4, 0>(w, a)
+        },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 if super::vnni() => unsafe { x86::dot_q8_1_vnni::<24, 8, 4>(w, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 | Simd::Avx2 if l == Q4_1 => unsafe { x86::dot_q8_1::<20, 4, 0>(w, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx512 | Simd::Avx2 => unsafe { x86::dot_q8_1::<24, 8, 4>(w, a) },
         _ => dot_q8_1_portable(w, a, l),
     }
 }
@@ -134,13 +169,18 @@ pub fn dot_q8_1_portable(w: &[u8], a: &[BlockQ81], l: Layout) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BlockQ80, BlockQ81, Layout};
+    use super::{BlockQ80, BlockQ81};
 
-    /// A float16 at `p` as float32.
-    #[target_feature(enable = "f16c")]
-    unsafe fn half(p: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*p, *p.add(1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    /// A float16 at `p` as float32, by a table of every float16 as
+    /// llama.cpp converts them (`ggml_table_f32_f16`): converting one by
+    /// F16C, the compiler loads it with an insert that merges into a live
+    /// register (the running sum), chaining every block's work onto the
+    /// last's (2.5× slower).
+    #[inline(always)]
+    unsafe fn half(table: &[f32], p: *const u8) -> f32 {
+        let bits = u16::from_le((p as *const u16).read_unaligned());
+        // SAFETY: the table holds all 65,536 values.
+        *table.get_unchecked(usize::from(bits))
     }
 
     /// ggml's `bytes_from_nibbles_32`: the low nibbles of 16 bytes, then
@@ -155,7 +195,7 @@ mod x86 {
     /// ggml's `bytes_from_bits_32`: 0xFF where a bit of the 32 is set.
     #[target_feature(enable = "avx2")]
     unsafe fn bits(p: *const u8) -> __m256i {
-        let x32 = i32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+        let x32 = i32::from_le((p as *const i32).read_unaligned());
         let shuffle = _mm256_set_epi64x(
             0x0303030303030303,
             0x0202020202020202,
@@ -167,23 +207,30 @@ mod x86 {
         _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
     }
 
-    /// A block's values, less the offset for the signed kinds.
+    /// A block's values (nibbles at `NIB`, fifth bits at `FIFTH` where not
+    /// 0; `NIB` 0: Q8_0's bytes), less `OFFSET`: Q5_0's q − 16 is q | 0xF0
+    /// where the fifth bit is clear; Q5_1's fifth bit is 0x10.
     #[target_feature(enable = "avx2")]
-    unsafe fn block(b: *const u8, l: Layout) -> __m256i {
-        let q = nibbles(b.add(l.nibbles));
-        match (l.fifth, l.offset) {
-            (None, 0) => q,
-            (None, offset) => _mm256_sub_epi8(q, _mm256_set1_epi8(offset as i8)),
-            // Q5_0: where the fifth bit is clear, q − 16 is q | 0xF0.
-            (Some(at), 16) => {
-                let clear = _mm256_andnot_si256(bits(b.add(at)), _mm256_set1_epi8(0xF0u8 as i8));
-                _mm256_or_si256(q, clear)
-            }
-            // Q5_1: the fifth bit as 0x10.
-            (Some(at), _) => {
-                let set = _mm256_and_si256(bits(b.add(at)), _mm256_set1_epi8(0x10));
-                _mm256_or_si256(q, set)
-            }
+    unsafe fn block<const NIB: usize, const FIFTH: usize, const OFFSET: i8>(
+        b: *const u8,
+    ) -> __m256i {
+        if NIB == 0 {
+            // Q8_0: 32 signed bytes after d.
+            return _mm256_loadu_si256(b.add(2) as *const __m256i);
+        }
+        let q = nibbles(b.add(NIB));
+        if FIFTH == 0 {
+            return if OFFSET == 0 {
+                q
+            } else {
+                _mm256_sub_epi8(q, _mm256_set1_epi8(OFFSET))
+            };
+        }
+        let bits = bits(b.add(FIFTH));
+        if OFFSET == 16 {
+            _mm256_or_si256(q, _mm256_andnot_si256(bits, _mm256_set1_epi8(0xF0u8 as i8)))
+        } else {
+            _mm256_or_si256(q, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)))
         }
     }
 
@@ -194,38 +241,79 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
     }
 
-    /// llama.cpp's AVX2 kernels for Q4_0 and Q5_0 (`mul_sum_i8_pairs_float`).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ80], l: Layout) -> f32 {
-        let ones = _mm256_set1_epi16(1);
+    /// Every block into one sum in order, as llama.cpp adds them (so the
+    /// float32 results are its own): `one(acc, block, activations)` adds a
+    /// block.
+    #[inline(always)]
+    unsafe fn blocks<A>(
+        w: &[u8],
+        a: &[A],
+        size: usize,
+        one: impl Fn(__m256, &[u8], &A) -> __m256,
+    ) -> f32 {
         let mut acc = _mm256_setzero_ps();
-        for (b, y) in w.chunks_exact(l.size).zip(a) {
-            let d = _mm256_set1_ps(half(b.as_ptr()) * y.d);
-            let qx = block(b.as_ptr(), l);
-            let qy = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-            let ax = _mm256_sign_epi8(qx, qx);
-            let sy = _mm256_sign_epi8(qy, qx);
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc);
+        for (b, y) in w.chunks_exact(size).zip(a) {
+            acc = one(acc, b, y);
         }
         hsum(acc)
     }
 
-    /// llama.cpp's AVX2 kernels for Q4_1 and Q5_1 (`mul_sum_us8_pairs_float`
-    /// and the minimums' sum apart).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q8_1(w: &[u8], a: &[BlockQ81], l: Layout) -> f32 {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0f32;
-        for (b, y) in w.chunks_exact(l.size).zip(a) {
-            mins += half(b.as_ptr().add(2)) * y.s;
-            let d = _mm256_set1_ps(half(b.as_ptr()) * y.d);
-            let qx = block(b.as_ptr(), l);
-            let qy = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc);
-        }
-        hsum(acc) + mins
+    /// The kernels for one instruction set: `$sum(x, y)` sums the byte
+    /// products x·y (x unsigned, y signed) of each four into int32 lanes.
+    macro_rules! kernels {
+        ($features:literal, $q8_0:ident, $q8_1:ident, $sum:expr) => {
+            /// llama.cpp's kernels for Q4_0 and Q5_0 (`mul_sum_i8_pairs_float`:
+            /// the weights' signs moved onto the activations).
+            #[target_feature(enable = $features)]
+            pub unsafe fn $q8_0<
+                const SIZE: usize,
+                const NIB: usize,
+                const FIFTH: usize,
+                const OFFSET: i8,
+            >(
+                w: &[u8],
+                a: &[BlockQ80],
+            ) -> f32 {
+                let table = super::super::f16_table();
+                blocks(w, a, SIZE, |acc, b, y| {
+                    let d = _mm256_set1_ps(half(table, b.as_ptr()) * y.d);
+                    let qx = block::<NIB, FIFTH, OFFSET>(b.as_ptr());
+                    let qy = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+                    let dot = $sum(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc)
+                })
+            }
+
+            /// llama.cpp's kernels for Q4_1 and Q5_1 (`mul_sum_us8_pairs_float`,
+            /// and the minimums' sum apart).
+            #[target_feature(enable = $features)]
+            pub unsafe fn $q8_1<const SIZE: usize, const NIB: usize, const FIFTH: usize>(
+                w: &[u8],
+                a: &[BlockQ81],
+            ) -> f32 {
+                let table = super::super::f16_table();
+                let mins = std::cell::Cell::new(0f32);
+                let dots = blocks(w, a, SIZE, |acc, b, y| {
+                    mins.set(mins.get() + half(table, b.as_ptr().add(2)) * y.s);
+                    let d = _mm256_set1_ps(half(table, b.as_ptr()) * y.d);
+                    let qx = block::<NIB, FIFTH, 0>(b.as_ptr());
+                    let qy = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($sum(qx, qy)), acc)
+                });
+                dots + mins.get()
+            }
+        };
     }
+
+    kernels!("avx2,fma,f16c", dot_q8_0, dot_q8_1, |x, y| {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    });
+    // One instruction for the two (AVX-512 VNNI on 256 bits), as llama.cpp
+    // built for this CPU does.
+    kernels!(
+        "avx2,fma,f16c,avx512vnni,avx512vl",
+        dot_q8_0_vnni,
+        dot_q8_1_vnni,
+        |x, y| _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    );
 }

@@ -169,6 +169,20 @@ pub(crate) fn simd() -> Simd {
     })
 }
 
+/// Whether the CPU has AVX-512 VNNI (with VL: its 256-bit forms), found
+/// once.
+pub(crate) fn vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// One weight row against one quantized activation row.
 fn dot(ty: GgmlType, row: &[u8], a: &Activations, simd: Simd) -> f32 {
     match (ty, a) {
@@ -330,6 +344,16 @@ pub fn gather(w: &Blocks<'_>, indices: &[i64], y: &mut [f32]) -> Result<(), Kern
 fn nearest_int(f: f32) -> i32 {
     let v = f + 12_582_912.0;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// Every float16 as float32, made once (256 KiB).
+pub(crate) fn f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect()
+    })
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {

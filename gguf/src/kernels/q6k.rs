@@ -67,10 +67,11 @@ mod x86 {
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
         let mut acc = _mm256_setzero_ps();
+        // The float16 by table (see `legacy`'s `half`: F16C here chains the
+        // blocks through the running sum).
+        let table = super::super::f16_table();
         for (b, y) in w.chunks_exact(210).zip(a) {
-            let dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-                u16::from_le_bytes([b[208], b[209]]),
-            ))));
+            let dx = table[usize::from(u16::from_le_bytes([b[208], b[209]]))];
             let d = y.d * dx;
             let q8sums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let scales = _mm_loadu_si128(b.as_ptr().add(192) as *const __m128i);
