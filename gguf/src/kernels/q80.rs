@@ -24,7 +24,7 @@ pub fn quantize(x: &[f32]) -> Vec<BlockQ80> {
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut qs = [0i8; 32];
             for (q, &v) in qs.iter_mut().zip(xb) {
-                *q = (v * id).round_ties_even() as i8;
+                *q = super::nearest_int(v * id) as i8;
             }
             BlockQ80 { d, qs }
         })
