@@ -19,11 +19,12 @@ if ! command -v curl >/dev/null && command -v apt-get >/dev/null; then
     echo "warning: could not install curl; the KServe v2 test needs it"
 fi
 # Text generation's oracle: onnxruntime-genai (its greedy text), the
-# converter's GGUF reader and writer, and sentencepiece for the GGUF
-# tests' SentencePiece vocabulary.
-if ! python3 -c "import onnxruntime_genai, gguf, sentencepiece" 2>/dev/null; then
+# converter's GGUF reader and writer, sentencepiece for the GGUF tests'
+# SentencePiece vocabularies and jinja2 for chat templates rendered as
+# Hugging Face renders them.
+if ! python3 -c "import onnxruntime_genai, gguf, sentencepiece, jinja2" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
-    "onnxruntime-genai==0.18.0" "gguf==0.19.0" "sentencepiece==0.2.3"
+    "onnxruntime-genai==0.18.0" "gguf==0.19.0" "sentencepiece==0.2.3" "jinja2==3.1.6"
 fi
 # The OpenAI-compatible endpoints' real client.
 if ! python3 -c "import openai" 2>/dev/null; then

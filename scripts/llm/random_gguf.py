@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a large seeded random llama GGUF quickly, tensor by tensor.
+"""Write a large seeded random GGUF (llama, qwen2, gemma2, experts) quickly, tensor by tensor.
 
     random_gguf.py --out PATH [--like llama-3.2-1b|tiny] [--type Q4_K]
         [--embed-type TYPE] [--seed 0] [--std 0.02] [--embed-std S]
@@ -16,6 +16,7 @@ options is one file), its float16 scale fields set so that the dequantized
 weights have mean ~0 and standard deviation --std:
 
 - Q4_0 (d, 16 bytes): +-d per block (a random sign: q - 8 has mean -1/2);
+- Q5_0 (d, 4 bytes of fifth bits, 16 bytes): +-d per block;
 - Q4_K (d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes): sub-block
   scales sc uniform in 32..63 and mins m = round(7.5 sc / 8) with
   dmin = 8 d, so a weight is ~ d sc (q - 7.5);
@@ -36,7 +37,19 @@ Presets (--like; each option overrides its part):
   rope_freqs.weight (factor 32, low 1, high 4, original context 8192, as
   convert_hf_to_gguf.py computes it), tied head (no output.weight);
 - tiny: 2 layers, hidden 256, 4 / 2 heads of 64, ffn 512, the same
-  vocabulary (for quick checks).
+  vocabulary (for quick checks);
+- qwen2.5-0.5b (architecture qwen2): 24 layers, hidden 896, 14 / 2
+  heads of 64, ffn 4864, vocabulary 151936, RoPE base 1e6, q/k/v biases,
+  tied head;
+- gemma-2-2b (gemma2): 26 layers, hidden 2304, 8 / 4 heads of 256, ffn
+  9216, vocabulary 256000, post-norms, soft caps 50 and 30, a window of
+  4096 (every other layer), tied head;
+- moe-1b (llama with experts): 16 layers, hidden 1024, 16 / 4 heads of
+  64, 8 experts of 2048 with 2 a token, vocabulary 49408, untied head.
+
+A matrix whose rows are not whole 256-weight blocks takes llama-quantize's
+fallback for the type (Q4_K: Q5_0, Q6_K: Q8_0), as Qwen 2.5's 896-wide
+ones do in real Q4_K files.
 
 The vocabulary: SmolLM2-135M's byte-level BPE (its 49152 tokens, types and
 merges, read from .cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf as
