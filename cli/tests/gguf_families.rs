@@ -370,24 +370,13 @@ fn rendered(
     eos: &str,
     messages: &serde_json::Value,
 ) -> String {
-    let mut child = std::process::Command::new("python3")
-        .arg(repo().join("scripts/llm/render_chat.py"))
-        .arg(template)
-        .args([bos, eos])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 with jinja2");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(messages.to_string().as_bytes())
-        .expect("messages written");
-    let out = child.wait_with_output().expect("render_chat.py ends");
-    assert!(out.status.success(), "render_chat.py failed");
-    serde_json::from_slice(&out.stdout).expect("a JSON string")
+    json_through(
+        std::process::Command::new("python3")
+            .arg(repo().join("scripts/llm/render_chat.py"))
+            .arg(template)
+            .args([bos, eos]),
+        messages,
+    )
 }
 
 /// Each family served by name through the OpenAI front door chats through

@@ -147,28 +147,35 @@ pub fn llama_tokenize_plain(model: &Path, text: &str) -> Vec<u32> {
 }
 
 fn tokenize(model: &Path, texts: &[String], add_special: bool) -> Vec<Vec<u32>> {
-    let mut child = Command::new(llama_bin().join("llama-ref"))
-        .arg("tokenize")
-        .arg(model)
-        .args(if add_special {
-            &[][..]
-        } else {
-            &["--no-special"][..]
-        })
+    let mut cmd = Command::new(llama_bin().join("llama-ref"));
+    cmd.arg("tokenize").arg(model);
+    if !add_special {
+        cmd.arg("--no-special");
+    }
+    json_through(&mut cmd, &serde_json::json!(texts))
+}
+
+/// `cmd`'s stdout as JSON, `input` written to its stdin; the test fails
+/// if it fails.
+pub fn json_through<T: serde::de::DeserializeOwned>(
+    cmd: &mut Command,
+    input: &serde_json::Value,
+) -> T {
+    let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("llama-ref runs");
+        .unwrap_or_else(|e| panic!("{cmd:?} runs: {e}"));
     use std::io::Write as _;
     child
         .stdin
         .take()
         .expect("stdin")
-        .write_all(serde_json::to_string(texts).unwrap().as_bytes())
-        .expect("texts written");
-    let out = child.wait_with_output().expect("llama-ref ends");
-    assert!(out.status.success(), "llama-ref tokenize failed");
-    serde_json::from_slice(&out.stdout).expect("JSON ids")
+        .write_all(input.to_string().as_bytes())
+        .expect("input written");
+    let out = child.wait_with_output().expect("the command ends");
+    assert!(out.status.success(), "{cmd:?} failed");
+    serde_json::from_slice(&out.stdout).expect("JSON out")
 }
 
 /// The decoder's cache shape: layers, key/value heads, head size.
