@@ -84,6 +84,9 @@ pub(crate) fn unplaced_why(
             op => UnplacedWhy::Folded(op.to_string()),
         });
     }
+    if simplified.dropped_constants.iter().any(|n| n == name) {
+        return Some(UnplacedWhy::Constant);
+    }
     let dead = simplified.dead.iter().find(|n| n.node == name)?;
     Some(UnplacedWhy::Dead(dead.op_type.clone()))
 }

@@ -93,6 +93,10 @@ pub struct SimplifyReport {
     pub folded: Vec<FoldedNode>,
     /// Nodes removed because no graph output depends on them.
     pub dead: Vec<FoldedNode>,
+    /// `Constant` nodes removed with what they fed (not ops: left out of
+    /// `dead` and the summary; a manual affinity may still name them).
+    #[serde(default)]
+    pub dropped_constants: Vec<String>,
 }
 
 impl SimplifyReport {
@@ -151,9 +155,10 @@ pub fn simplify(
         model = graph.model().clone();
         let changed = !folded.values.is_empty();
         rewrite(&mut model, &graph, &folded, &mut report);
-        let dead = remove_dead(&mut model);
+        let (dead, constants) = remove_dead(&mut model);
         let any_dead = !dead.is_empty();
         report.dead.extend(dead);
+        report.dropped_constants.extend(constants);
         if !changed && !any_dead {
             break;
         }
@@ -554,10 +559,11 @@ fn rewrite(model: &mut ModelProto, graph: &Graph, folded: &Folded, report: &mut 
 }
 
 /// Removes nodes that no graph output depends on, then unused
-/// initializers and value_info. Returns the removed nodes.
-fn remove_dead(model: &mut ModelProto) -> Vec<FoldedNode> {
+/// initializers and value_info. Returns the removed nodes, and apart the
+/// names of the removed `Constant` nodes.
+fn remove_dead(model: &mut ModelProto) -> (Vec<FoldedNode>, Vec<String>) {
     let Some(g) = model.graph.as_mut() else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let mut live: HashSet<String> = g.output.iter().filter_map(|v| v.name.clone()).collect();
     let mut keep = vec![false; g.node.len()];
@@ -572,15 +578,18 @@ fn remove_dead(model: &mut ModelProto) -> Vec<FoldedNode> {
             }
         }
     }
-    let mut dead = Vec::new();
+    let (mut dead, mut constants) = (Vec::new(), Vec::new());
     let mut i = 0;
     g.node.retain(|n| {
         i += 1;
-        if !keep[i - 1] && n.op_type.as_deref() != Some("Constant") {
-            dead.push(FoldedNode {
-                node: n.name.clone().unwrap_or_default(),
-                op_type: n.op_type.clone().unwrap_or_default(),
-            });
+        let name = n.name.clone().unwrap_or_default();
+        match (keep[i - 1], n.op_type.as_deref()) {
+            (true, _) => {}
+            (false, Some("Constant")) => constants.push(name),
+            (false, op) => dead.push(FoldedNode {
+                node: name,
+                op_type: op.unwrap_or_default().to_string(),
+            }),
         }
         keep[i - 1]
     });
@@ -591,5 +600,5 @@ fn remove_dead(model: &mut ModelProto) -> Vec<FoldedNode> {
     });
     g.value_info
         .retain(|v| live.contains(v.name.as_deref().unwrap_or("")));
-    dead
+    (dead, constants)
 }

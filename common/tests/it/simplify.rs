@@ -374,6 +374,40 @@ fn types_reported_by_backends_complete_the_graph() {
     assert!(graph.op_by_name("mine").is_some(), "node names are kept");
 }
 
+/// A Constant that only fed what simplification removed goes with it, yet
+/// a manual affinity naming it (a pin copied from the model file) is
+/// still accepted: it has nothing to place.
+#[test]
+fn a_pin_on_a_constant_removed_with_what_it_fed_is_accepted() {
+    use tessera_common::affinity::{parse_manual_affinity, DevicePriority, UnplacedWhy};
+    let mut model = shape_chain();
+    let g = model.graph.as_mut().unwrap();
+    let mut constant = node("orphan_k", "Constant", &[], &["orphan"]);
+    constant.attribute.push(AttributeProto {
+        name: Some("value".into()),
+        t: Some(
+            Tensor::from_values(vec![1], &[2.0f32])
+                .unwrap()
+                .to_proto(""),
+        ),
+        r#type: Some(4),
+        ..Default::default()
+    });
+    g.node.push(constant);
+    let shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 4, 4])]);
+    let (graph, report) = tessera_common::plan::prepare(&model, &shapes).unwrap();
+    assert_eq!(report.dropped_constants, ["orphan_k"]);
+    assert!(
+        !report.summary().contains("Constant"),
+        "{}",
+        report.summary()
+    );
+    let priority = DevicePriority::parse("HETERO:CPU").unwrap();
+    let manual =
+        parse_manual_affinity(r#"{"orphan_k": "CPU"}"#, &graph, &report, &priority).unwrap();
+    assert_eq!(manual.unplaced[0].why, UnplacedWhy::Constant);
+}
+
 /// A manual affinity names nodes as the model file has them (e.g. read in
 /// Netron): a Constant, or a node that simplification folded or removed,
 /// is accepted and reported with why it has nothing to place; a name in
