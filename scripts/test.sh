@@ -26,9 +26,21 @@ if ! python3 -c "import onnxruntime_genai, gguf, sentencepiece, jinja2" 2>/dev/n
   python3 -m pip install --quiet --disable-pip-version-check \
     "onnxruntime-genai==0.18.0" "gguf==0.19.0" "sentencepiece==0.2.3" "jinja2==3.1.6"
 fi
-# The OpenAI-compatible endpoints' real client.
-if ! python3 -c "import openai" 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0"
+# The OpenAI-compatible endpoints' real client, and the `tokenizers`
+# package for the embeddings' reference.
+if ! python3 -c "import openai, tokenizers" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0" "tokenizers==0.22.1"
+fi
+# guidellm's OpenAI HTTP backend, as its benchmarks validate and drive a
+# server: the package without its dependencies (torch, transformers and
+# datasets, for its data generators: gigabytes) and what the backend
+# imports.
+if ! python3 -c "import guidellm.backends.openai.http" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps "guidellm==0.8.1"
+  python3 -m pip install --quiet --disable-pip-version-check "httpx[http2]==0.28.1" \
+    "pydantic==2.14.4" "pydantic-settings==2.16.3" "loguru==0.7.3" "msgpack==1.2.4" \
+    "culsans==0.10.0" "more-itertools==11.2.1" "eval_type_backport==0.4.0" "rich==15.0.0" \
+    "click~=8.4.0" "tabulate==0.10.0" "websockets==17.4" "jinja2==3.1.6"
 fi
 # deploy/kubernetes's check: Kubernetes' schemas (offline, bundled) and
 # jsonschema for LeaderWorkerSet's; kubectl renders the overlays.

@@ -536,7 +536,7 @@ fn the_openai_client_streams_completions_and_chats() {
     };
     let listen = format!("127.0.0.1:{worker_port}");
     let door: &[&str] = &["--http-listen", &listen];
-    let _cluster = Cluster::start_configured_with_args(
+    let cluster = Cluster::start_configured_with_args(
         "generate-openai",
         &[("node-a", "CPU", door)],
         1,
@@ -569,6 +569,60 @@ fn the_openai_client_streams_completions_and_chats() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // guidellm's backend: its validation, default model and one request.
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/python/guidellm_test.py"
+        ))
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg("smollm2")
+        .output()
+        .expect("python3 with guidellm (scripts/test.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("guidellm:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "guidellm_test.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // curl's view of /health: 200 while the model serves, 503 with why
+    // once it is unloaded, at both front doors.
+    for url in [format!("127.0.0.1:{port}"), listen.clone()] {
+        assert_eq!(curl_health(&url), (200, "ok".to_string()), "{url}");
+    }
+    let mut unload = vec!["unload".to_string(), "smollm2".into()];
+    unload.extend(cluster.client_args());
+    let unload: Vec<&str> = unload.iter().map(String::as_str).collect();
+    let (ok, _, err) = util::tessera(&unload);
+    assert!(ok, "{err}");
+    for url in [format!("127.0.0.1:{port}"), listen] {
+        let (code, body) = curl_health(&url);
+        assert_eq!(code, 503, "{url}: {body}");
+        assert!(body.contains("no model is loaded"), "{url}: {body}");
+    }
+}
+
+/// `curl` on a front door's `/health`: the status and the answer's
+/// `status`, else its `error`.
+fn curl_health(url: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://{url}/health"),
+        ])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').expect("a status line");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON answer");
+    let what = match body["status"].as_str() {
+        Some("ok") => "ok".to_string(),
+        _ => body["error"].as_str().unwrap_or_default().to_string(),
+    };
+    (code.trim().parse().expect("a status"), what)
 }
 
 /// A generation streaming through a worker's front door (the real `openai`

@@ -16,6 +16,7 @@ pub enum Operation {
     ListModels,
     ClusterInfo,
     Generate,
+    Embed,
     Routes,
 }
 
@@ -32,6 +33,7 @@ impl std::fmt::Display for Operation {
             Operation::ListModels => "listing the models",
             Operation::ClusterInfo => "reading the cluster's state",
             Operation::Generate => "generation",
+            Operation::Embed => "embedding",
             Operation::Routes => "following the network's routing table",
         })
     }

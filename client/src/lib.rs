@@ -46,6 +46,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod embed;
 mod error;
 pub mod generate;
 pub mod infer;
@@ -109,6 +110,9 @@ pub struct LoadOptions {
     /// A generative network's tokenizer and limits
     /// ([`generate::ModelFolder`]); it then answers [`Network::generate`].
     pub generation: Option<generate::GenerationSpec>,
+    /// An embedding model (`/v1/embeddings`, [`Network::embed`]): its
+    /// tokenizer (`tokenizer_json`) and pooling.
+    pub embedding: Option<tessera_common::wire::embed::EmbeddingSpec>,
 }
 
 impl LoadOptions {
@@ -195,6 +199,8 @@ pub struct Network {
     counters: bool,
     /// A generative network's tokenizer and batching, made on first use.
     generator: Arc<tokio::sync::OnceCell<Arc<generate::Generator>>>,
+    /// An embedding network's tokenizer and pooling, made on first use.
+    embedder: Arc<tokio::sync::OnceCell<Arc<embed::Embedder>>>,
 }
 
 /// How long a request may take by default (its retries included).
@@ -354,6 +360,7 @@ impl Client {
                     deadline: None,
                     counters: false,
                     generator: Default::default(),
+                    embedder: Default::default(),
                 })
             }
             other => Err(ClientError::unexpected(op, &other)),
@@ -427,6 +434,7 @@ impl Client {
             deadline: None,
             counters: false,
             generator: Default::default(),
+            embedder: Default::default(),
         })
     }
 
@@ -562,13 +570,14 @@ impl Client {
     }
 }
 
-/// A load's message and payload: the model, and a generative network's
-/// tokenizer after it.
+/// A load's message and payload: the model, and a generative or embedding
+/// network's tokenizer after it.
 fn load_message(options: LoadOptions, model: Bytes, dry_run: bool) -> (LoadRequest, Bytes) {
     let mut request = load_request(options, dry_run);
-    let payload = match request.generation.as_mut() {
-        Some(generation) => generation.join_payload(&model),
-        None => model,
+    let payload = match (request.generation.as_mut(), request.embedding.as_mut()) {
+        (Some(generation), _) => generation.join_payload(&model),
+        (None, Some(embedding)) => embedding.join_payload(&model),
+        (None, None) => model,
     };
     (request, payload)
 }
@@ -589,6 +598,7 @@ fn load_request(options: LoadOptions, dry_run: bool) -> LoadRequest {
         replicas: options.replicas,
         batching: options.batching,
         generation: options.generation,
+        embedding: options.embedding,
     }
 }
 

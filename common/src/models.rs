@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::affinity::Policy;
 use crate::schedule::Replicas;
 use crate::wire::control::{Batching, LoadRequest};
+use crate::wire::embed::{EmbeddingSpec, Pooling};
 use crate::wire::generate::{GenerationSpec, DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_MS};
 
 /// A named model of the repository: `[models.NAME]`.
@@ -63,6 +64,48 @@ pub struct ModelConfig {
     /// model's context, at most 2048).
     #[serde(default)]
     pub context: u32,
+    /// A sentence-embedding model (`/v1/embeddings`): its tokenizer and
+    /// pooling.
+    #[serde(default)]
+    pub embedding: Option<EmbeddingConfig>,
+}
+
+/// `[models.NAME.embedding]`: an ONNX model that gives token vectors
+/// (`input_ids`, `attention_mask` in) served as sentence embeddings.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// Its `tokenizer.json` (relative paths as the model's).
+    pub tokenizer: PathBuf,
+    /// `mean` (of the tokens, padding left out) or `cls` (the first).
+    #[serde(default)]
+    pub pooling: Pooling,
+    /// Each vector scaled to length 1.
+    #[serde(default)]
+    pub normalize: bool,
+    /// The most tokens an input may have, special tokens included (0:
+    /// the tokenizer's truncation length, else 512).
+    #[serde(default)]
+    pub max_length: u32,
+    /// The output of the token vectors (empty: the one output of shape
+    /// `[batch, tokens, dims]`).
+    #[serde(default)]
+    pub output: String,
+}
+
+impl EmbeddingConfig {
+    /// The spec this config makes, its tokenizer to be read by whoever
+    /// reads the model's files ([`EmbeddingSpec::with_tokenizer`]).
+    pub fn spec(&self) -> EmbeddingSpec {
+        EmbeddingSpec {
+            tokenizer_path: self.tokenizer.display().to_string(),
+            pooling: self.pooling,
+            normalize: self.normalize,
+            max_length: self.max_length,
+            output: self.output.clone(),
+            ..EmbeddingSpec::default()
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -81,6 +124,7 @@ impl Default for ModelConfig {
             max_queued: DEFAULT_MAX_QUEUED,
             queue_timeout_ms: DEFAULT_QUEUE_TIMEOUT_MS,
             context: 0,
+            embedding: None,
         }
     }
 }
@@ -116,7 +160,7 @@ fn number_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Replicas, D:
 }
 
 /// The keys of a `[models.NAME]` table.
-pub const MODEL_KEYS: [&str; 13] = [
+pub const MODEL_KEYS: [&str; 14] = [
     "path",
     "devices",
     "policy",
@@ -130,6 +174,7 @@ pub const MODEL_KEYS: [&str; 13] = [
     "max_queued",
     "queue_timeout_ms",
     "context",
+    "embedding",
 ];
 
 /// How long a request waits for others to join its batch by default, µs.
@@ -224,6 +269,8 @@ impl ModelConfig {
                 max_queued: self.max_queued,
                 queue_timeout_ms: self.queue_timeout_ms,
             }),
+            // The tokenizer is read by whoever reads the model's files.
+            embedding: self.embedding.as_ref().map(EmbeddingConfig::spec),
         }
     }
 }

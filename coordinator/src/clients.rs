@@ -17,6 +17,7 @@ use tessera_common::dump::{MeasuredRuns, PlanReport};
 use tessera_common::memory::MemoryNeed;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::{CoordinatorInfo, WorkerState};
+use tessera_common::wire::embed::EmbeddingSpec;
 use tessera_common::wire::{Limits, Progress};
 use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
@@ -166,6 +167,9 @@ async fn operation(
         ClientRequest::Generation { network } => {
             send_generation_spec(shared, network, send, &limits).await
         }
+        ClientRequest::Embedding { network } => {
+            send_embedding_spec(shared, network, send, &limits).await
+        }
         ClientRequest::Routes { .. } => Err(CoordinatorError::BadInput(
             "a routes subscription on an operation's stream".into(),
         )),
@@ -239,22 +243,46 @@ async fn send_generation_spec(
     Ok(exchange::send_message(send, &reply, Some(&payload), limits).await?)
 }
 
-/// A generative network's tokenizer follows its model in a load's payload:
-/// taken into the load's generation spec, the model left.
+/// `Embedding`: an embedding network's spec, its tokenizer the payload.
+async fn send_embedding_spec(
+    shared: &Arc<Shared>,
+    network: u64,
+    send: &mut quinn::SendStream,
+    limits: &Limits,
+) -> Result<(), CoordinatorError> {
+    let (name, embedder) = shared
+        .networks
+        .get(&network)
+        .map(|n| (n.name.clone(), n.embedder.clone()))
+        .ok_or(CoordinatorError::UnknownNetwork(network))?;
+    let Some(spec) = embedder else {
+        return Err(CoordinatorError::BadInput(format!(
+            "model '{name}' does not embed"
+        )));
+    };
+    // The header leaves the tokenizer out (serde skips it); the payload
+    // holds it.
+    let mut header = EmbeddingSpec::clone(&spec);
+    let payload = header.join_payload(&[]);
+    let reply = ClientReply::Embedding(Box::new(header));
+    Ok(exchange::send_message(send, &reply, Some(&payload), limits).await?)
+}
+
+/// A generative or embedding network's tokenizer follows its model in a
+/// load's payload: taken into the load's spec, the model left.
 fn take_tokenizer(
     msg: ClientRequest,
     payload: Bytes,
 ) -> Result<(ClientRequest, Bytes), CoordinatorError> {
-    let split =
-        |request: &mut tessera_common::wire::control::LoadRequest, payload: Bytes| match request
-            .generation
-            .as_mut()
-        {
-            Some(g) => g
-                .split_payload(payload)
-                .map_err(|e| CoordinatorError::BadInput(e.to_string())),
-            None => Ok(payload),
-        };
+    let split = |request: &mut tessera_common::wire::control::LoadRequest, payload: Bytes| {
+        let bad = |e: String| CoordinatorError::BadInput(e);
+        match (request.generation.as_mut(), request.embedding.as_mut()) {
+            (Some(_), Some(_)) => Err(bad("a model either generates or embeds, not both".into())),
+            (Some(g), None) => g.split_payload(payload).map_err(|e| bad(e.to_string())),
+            (None, Some(e)) => e.split_payload(payload).map_err(|e| bad(e.to_string())),
+            (None, None) => Ok(payload),
+        }
+    };
     Ok(match msg {
         ClientRequest::LoadNetwork(mut request) => {
             let payload = split(&mut request, payload)?;
@@ -273,8 +301,8 @@ fn take_tokenizer(
 }
 
 /// A named model placed anew by `request`, from the model the coordinator
-/// has (its file, or the bytes a client sent); a generative model stays
-/// generative.
+/// has (its file, or the bytes a client sent); a generative (embedding)
+/// model stays generative (embedding).
 fn placed_anew(
     shared: &Shared,
     name: &str,
@@ -290,8 +318,12 @@ fn placed_anew(
         .repository
         .get(name)
         .ok_or_else(|| CoordinatorError::UnknownModel(name.to_string()))?;
+    let had = entry.request();
     if request.generation.is_none() {
-        request.generation = entry.request().generation;
+        request.generation = had.generation;
+    }
+    if request.embedding.is_none() {
+        request.embedding = had.embedding;
     }
     Ok((entry.source(), request))
 }

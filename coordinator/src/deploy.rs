@@ -119,6 +119,7 @@ async fn deploy_copies(
         Some(spec) => Some(Arc::new(crate::generative::check(spec, &scheduled.graph)?)),
         None => None,
     };
+    let embedder = crate::embedding::checked(request, &scheduled.graph)?;
     let copies = &scheduled.schedule.copies;
     let deploys = copies.iter().enumerate().map(|(i, copy)| {
         deploy_planned(
@@ -157,6 +158,7 @@ async fn deploy_copies(
         replicas,
         considered: scheduled.schedule.considered,
         generator,
+        embedder,
     }))
 }
 

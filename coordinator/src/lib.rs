@@ -36,7 +36,8 @@
 //! [`deploy`] (shipping subgraphs, unloading), [`network`] (a loaded
 //! network's state), [`routes`] (routing tables and their subscriptions),
 //! [`heal`] (re-planning after a loss), [`clients`] (client sessions),
-//! [`repository`] (named models), [`generative`] (a generative network's
+//! [`repository`] (named models), [`embedding`] (an embedding network's
+//! spec), [`generative`] (a generative network's
 //! spec), [`metrics`] (Prometheus), [`state`] (the kept state, restore and
 //! adoption).
 //!
@@ -57,6 +58,7 @@ pub mod clients;
 pub mod config;
 pub mod deploy;
 pub mod drain;
+pub mod embedding;
 pub mod generative;
 pub mod ha;
 pub mod heal;

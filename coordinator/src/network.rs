@@ -220,6 +220,8 @@ pub struct Loaded {
     pub considered: Vec<Considered>,
     /// A generative network's tokenizer, template and limits.
     pub generator: Option<Arc<crate::generative::Generative>>,
+    /// An embedding network's tokenizer and pooling.
+    pub embedder: Option<Arc<tessera_common::wire::embed::EmbeddingSpec>>,
     /// Its routing table as last published ([`crate::routes::publish`]).
     pub(crate) published: std::sync::Mutex<Option<Arc<tessera_common::wire::routes::RoutingTable>>>,
     /// The tensors' types the workers reported when it was planned (its
@@ -259,6 +261,7 @@ pub struct Parts {
     pub replicas: Vec<Arc<Replica>>,
     pub considered: Vec<Considered>,
     pub generator: Option<Arc<crate::generative::Generative>>,
+    pub embedder: Option<Arc<tessera_common::wire::embed::EmbeddingSpec>>,
 }
 
 impl Loaded {
@@ -272,6 +275,7 @@ impl Loaded {
             replicas: parts.replicas,
             considered: parts.considered,
             generator: parts.generator,
+            embedder: parts.embedder,
             published: std::sync::Mutex::new(None),
             types: parts.types,
             origin: parts.origin,

@@ -82,6 +82,7 @@ fn build(shared: &Shared, loaded: &Loaded, name: &str) -> RoutingTable {
         signature: Signature::of(&loaded.graph),
         copies,
         generation,
+        embedding: loaded.embedder.as_ref().map(|e| e.limits()),
         loss_grace_ms: shared.config.worker_timeout_ms + shared.config.heartbeat_ms,
     }
 }

@@ -1,7 +1,7 @@
 //! The bearer-token check in front of both listeners (one middleware for
 //! the HTTP routes and the gRPC service): with `[serving] tokens_file`,
-//! every request but the health probes (`GET /v2/health/live` and
-//! `/v2/health/ready`, gRPC `ServerLive` and `ServerReady`: Kubernetes'
+//! every request but the health probes (`GET /health`, `/v2/health/live`
+//! and `/v2/health/ready`, gRPC `ServerLive` and `ServerReady`: Kubernetes'
 //! kubelet and load balancers probe without a token, and the answer tells
 //! nothing but up or down) and the cluster page's files (`/` and its
 //! assets: they hold no data; the page asks for a token) wants `Authorization: Bearer TOKEN`. HTTP callers get 401 with
@@ -19,7 +19,8 @@ use crate::tokens::bearer;
 use crate::Door;
 
 /// Paths open to anyone: the server's health probes.
-const OPEN: [&str; 4] = [
+const OPEN: [&str; 5] = [
+    "/health",
     "/v2/health/live",
     "/v2/health/ready",
     "/inference.GRPCInferenceService/ServerLive",

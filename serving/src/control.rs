@@ -40,6 +40,9 @@ pub async fn load(door: &Door, name: &str, config: Option<&str>) -> Result<(), S
         config => {
             let mut config = config.unwrap_or_default();
             config.path = locate(door, name, &config)?;
+            if let Some(e) = config.embedding.as_mut() {
+                e.tokenizer = confined(door, &e.tokenizer)?;
+            }
             let (request, payload) = read(name, config).await?;
             (Some(request), Some(payload))
         }
@@ -84,8 +87,19 @@ fn locate(door: &Door, name: &str, config: &ModelConfig) -> Result<PathBuf, Serv
     }
 }
 
+/// A file the config names, confined to the repository.
+fn confined(door: &Door, path: &Path) -> Result<PathBuf, ServeError> {
+    match &door.rules.repository {
+        Some(repo) => repo.confine(path),
+        None => Err(ServeError::NotFound(
+            "no [serving] model_repository is set to read files from".into(),
+        )),
+    }
+}
+
 /// The load of `config`'s file (or generative folder), read off the async
-/// threads: its request and payload.
+/// threads: its request and payload (an embedding model's tokenizer after
+/// the model).
 async fn read(name: &str, config: ModelConfig) -> Result<(LoadRequest, Bytes), ServeError> {
     let name = name.to_string();
     tokio::task::spawn_blocking(move || {
@@ -103,7 +117,20 @@ async fn read(name: &str, config: ModelConfig) -> Result<(LoadRequest, Bytes), S
             let bytes = std::fs::read(path).map_err(|e| {
                 ServeError::NotFound(format!("model {name}: cannot read its file: {e}"))
             })?;
-            Ok((config.load_request(&name, false), Bytes::from(bytes)))
+            let mut request = config.load_request(&name, false);
+            if let Some(e) = request.embedding.take() {
+                let json = std::fs::read_to_string(&e.tokenizer_path).map_err(|err| {
+                    ServeError::NotFound(format!(
+                        "model {name}: cannot read its tokenizer {}: {err}",
+                        e.tokenizer_path
+                    ))
+                })?;
+                let mut e = e.with_tokenizer(json);
+                let payload = e.join_payload(&bytes);
+                request.embedding = Some(e);
+                return Ok((request, payload));
+            }
+            Ok((request, Bytes::from(bytes)))
         }
     })
     .await

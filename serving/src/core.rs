@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessera_client::embed::{Batch, EmbedInput, Embeddings, Truncate};
 use tessera_client::generate::{GenerateParams, Generation, Prompt};
 use tessera_client::{Network, Outputs};
 use tessera_common::tensor::Tensor;
@@ -22,6 +23,31 @@ use crate::{Door, ServeError};
 pub const VERSION: &str = "1";
 /// The platform models report (an ONNX model, as Triton names it).
 pub const PLATFORM: &str = "onnx_onnxv1";
+
+/// What a model served through the OpenAI endpoints does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Generate,
+    Embed,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Generate => "generate",
+            Task::Embed => "embed",
+        }
+    }
+}
+
+/// A model as `GET /v1/models` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAiModel {
+    pub name: String,
+    pub task: Task,
+    /// Positions (tokens) one request may hold.
+    pub max_model_len: u32,
+}
 
 /// The cluster as the front door last saw it.
 #[derive(Debug, Clone)]
@@ -251,21 +277,119 @@ impl Door {
         Ok(network.generate(prompt, params).await?)
     }
 
-    /// The named models that generate (and serve now).
-    pub async fn generative_models(&self) -> Vec<String> {
-        let Ok(models) = self.index().await else {
-            return Vec::new();
-        };
-        let mut names = Vec::new();
-        for m in models.into_iter().filter(|m| m.state == ModelState::Ready) {
+    /// The named models that serve now (ready, with a ready copy), each
+    /// with its routing table.
+    async fn serving_tables(&self) -> Result<Vec<(String, Arc<RoutingTable>)>, ServeError> {
+        let mut serving = Vec::new();
+        for m in self.index().await? {
+            if m.state != ModelState::Ready {
+                continue;
+            }
             if let Ok(table) = self.table(&m.name).await {
-                let serves = table.copies.iter().any(|c| c.state == CopyState::Ready);
-                if table.generation.is_some() && serves {
-                    names.push(m.name);
+                if table.copies.iter().any(|c| c.state == CopyState::Ready) {
+                    serving.push((m.name, table));
                 }
             }
         }
-        names
+        Ok(serving)
+    }
+
+    /// The named models the OpenAI endpoints serve now: those that
+    /// generate (with their context in positions) and those that embed
+    /// (with the tokens an input may have).
+    pub async fn openai_models(&self) -> Vec<OpenAiModel> {
+        let Ok(tables) = self.serving_tables().await else {
+            return Vec::new();
+        };
+        tables
+            .into_iter()
+            .filter_map(|(name, table)| {
+                let (task, max_model_len) = match (&table.generation, &table.embedding) {
+                    (Some(g), _) => (Task::Generate, g.context_length),
+                    (None, Some(e)) => (Task::Embed, e.max_length),
+                    (None, None) => return None,
+                };
+                Some(OpenAiModel {
+                    name,
+                    task,
+                    max_model_len,
+                })
+            })
+            .collect()
+    }
+
+    /// The inputs' vectors from embedding model `name`, run like any
+    /// request (its metrics, batching and retries).
+    pub async fn embed(
+        &self,
+        name: &str,
+        inputs: &[EmbedInput],
+        truncate: Truncate,
+    ) -> Result<Embeddings, ServeError> {
+        let network = self.network(name).await?;
+        let embedder = network.embedder().await?;
+        let table = self.table(name).await?;
+        let Batch {
+            inputs,
+            mask,
+            tokens,
+        } = embedder.batch(inputs, truncate, &table.signature)?;
+        let wanted = [embedder.spec.output.clone()];
+        let outputs = self
+            .infer(name, inputs.into_iter().collect(), &wanted, None)
+            .await?;
+        let (_, hidden) = outputs
+            .into_iter()
+            .next()
+            .ok_or_else(|| ServeError::Unavailable("no token vectors came back".into()))?;
+        Ok(Embeddings {
+            vectors: embedder.pooled(&mask, &hidden)?,
+            tokens,
+        })
+    }
+
+    /// Whether this front door can serve: how many models it can, else
+    /// why none.
+    pub async fn health(&self) -> Result<usize, String> {
+        let tables = self.serving_tables().await.map_err(|e| e.to_string())?;
+        if !tables.is_empty() {
+            return Ok(tables.len());
+        }
+        let index = self.index().await.map_err(|e| e.to_string())?;
+        let why: Vec<String> = index
+            .iter()
+            .filter(|m| m.state != ModelState::Unloaded)
+            .map(|m| {
+                let mut why = format!("{} is {}", m.name, m.state.as_str().to_lowercase());
+                if !m.reason.is_empty() {
+                    why = format!("{why} ({})", m.reason);
+                }
+                why
+            })
+            .collect();
+        Err(match why.is_empty() {
+            true => "no model is loaded".to_string(),
+            false => format!("no model serves: {}", why.join("; ")),
+        })
+    }
+
+    /// The token ids generative model `name` is fed for `prompt` (special
+    /// tokens as `special` says; `None`: as when it generates), and its
+    /// context in positions.
+    pub async fn tokenize(
+        &self,
+        name: &str,
+        prompt: &Prompt,
+        special: Option<bool>,
+    ) -> Result<(Vec<u32>, u32), ServeError> {
+        let network = self.network(name).await?;
+        Ok(network.tokenize(prompt, special).await?)
+    }
+
+    /// The text of token ids of generative model `name`.
+    pub async fn detokenize(&self, name: &str, ids: &[u32]) -> Result<String, ServeError> {
+        let network = self.network(name).await?;
+        Ok(network.detokenize(ids).await?)
     }
 
     /// Forgets model `name`'s network (it was loaded again or unloaded).

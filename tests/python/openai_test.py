@@ -7,9 +7,12 @@ model folder) served as two copies, each keeping 2 sequences and queueing
 2 more. EXPECTED_JSON holds onnxruntime-genai's greedy texts: {"plain":
 {prompt, text}, "chat": {prompt, text}}. Besides the texts it checks
 sampling (unseeded completions differ, seeded ones are equal), unique
-completion ids, log-probabilities, 8 generations at once (all queued and
-answered with the text each gets alone) and a full queue (429 with
-Retry-After, never a 500). Exits non-zero on the first failure.
+completion ids, log-probabilities, usage (whole, and a stream's last
+chunk with include_usage) against /tokenize's counts, stop strings,
+/health, /v1/models' context, /tokenize and /detokenize, 8 generations at
+once (all queued and answered with the text each gets alone) and a full
+queue (429 with Retry-After, never a 500). Exits non-zero on the first
+failure.
 """
 
 import concurrent.futures
@@ -96,7 +99,84 @@ def main() -> None:
 
     check_sampling(client, model)
     check_logprobs(client, model)
+    check_conventions(client, base, model, plain, chat)
     check_queue(client, base, model)
+
+
+def post(url, body):
+    """POSTs JSON; the status and the JSON answer."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def check_conventions(client, base, model, plain, chat):
+    root = base.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/health", timeout=30) as r:
+        check("/health is 200 while a model serves", r.status == 200)
+    with urllib.request.urlopen(f"{base}/models", timeout=30) as r:
+        listed = {m["id"]: m for m in json.loads(r.read())["data"]}
+    check("/v1/models gives the context and the task",
+          listed[model].get("max_model_len") == 256 and listed[model].get("task") == "generate",
+          repr(listed[model]))
+
+    # /tokenize counts what a completion's usage counts, a prompt and a chat.
+    status, t = post(f"{root}/tokenize", {"model": model, "prompt": plain["prompt"]})
+    check("/tokenize answers", status == 200 and t["count"] == len(t["tokens"])
+          and t["max_model_len"] == 256, repr(t))
+    done = client.completions.create(model=model, prompt=plain["prompt"], max_tokens=2, temperature=0)
+    check("/tokenize's count is the completion's prompt tokens",
+          t["count"] == done.usage.prompt_tokens, f"{t['count']} vs {done.usage!r}")
+    status, bare = post(f"{root}/tokenize", {"prompt": plain["prompt"], "add_special_tokens": False})
+    status, back = post(f"{root}/detokenize", {"model": model, "tokens": bare["tokens"]})
+    check("/detokenize gives the prompt back", status == 200 and back["prompt"] == plain["prompt"],
+          repr(back))
+    status, err = post(f"{root}/detokenize", {"model": model, "tokens": [10**9]})
+    check("/detokenize refuses an id beyond the vocabulary", status == 400, repr(err))
+    status, err = post(f"{root}/tokenize", {"model": "nope", "prompt": "x"})
+    check("/tokenize of an unknown model is 404", status == 404, repr(err))
+
+    messages = [{"role": "user", "content": chat["prompt"]}]
+    status, tm = post(f"{root}/tokenize", {"model": model, "messages": messages})
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    last = chunks[-1]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check("include_usage ends the stream with the usage alone",
+          last.choices == [] and last.usage is not None
+          and all(c.usage is None for c in chunks[:-1]), repr(last))
+    whole = client.chat.completions.create(model=model, messages=messages,
+                                           max_tokens=chat["max_tokens"], temperature=0)
+    check("the stream's usage is the true counts",
+          last.usage.prompt_tokens == tm["count"]
+          and last.usage.completion_tokens == whole.usage.completion_tokens
+          and last.usage.total_tokens == tm["count"] + whole.usage.completion_tokens
+          and text == whole.choices[0].message.content, f"{last.usage!r} {tm['count']} {whole.usage!r}")
+    plain_stream = list(client.completions.create(
+        model=model, prompt=plain["prompt"], max_tokens=3, temperature=0, stream=True))
+    check("no usage in a stream unless asked", all(getattr(c, "usage", None) is None for c in plain_stream))
+
+    # stop: the text ends before the first stop string, finish "stop".
+    words = plain["text"].split()
+    stop = next((w for w in words[1:] if plain["text"].index(w) > 0), None)
+    if stop is not None:
+        cut = client.completions.create(model=model, prompt=plain["prompt"],
+                                        max_tokens=plain["max_tokens"], temperature=0, stop=[stop])
+        check("stop ends the text before it",
+              cut.choices[0].text == plain["text"][:plain["text"].index(stop)]
+              and cut.choices[0].finish_reason == "stop", repr(cut.choices[0]))
+    for name, extra in [("echo", {"echo": True}), ("best_of=2", {"best_of": 2})]:
+        try:
+            client.completions.create(model=model, prompt="x", max_tokens=2, **extra)
+            check(f"{name} is refused", False, "no error")
+        except openai.BadRequestError as e:
+            check(f"{name} is refused, not ignored", True, str(e)[:80])
 
 
 def check_sampling(client, model):

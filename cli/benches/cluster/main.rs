@@ -1,5 +1,5 @@
 //! Distributed figures (a figure printer, not a timed test):
-//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|offpath|replicas|batching|scale|simulate|memory|rss|generate]`.
+//! `cargo bench -p tessera-cli --bench cluster [-- streaming|hop|rtt|split|pipeline|quic|pipe2|backends|http|offpath|replicas|batching|scale|simulate|memory|rss|generate|embeddings]`.
 //!
 //! Each figure is a ratio of two runs made in this one process, alternating
 //! where it matters, so noise on a shared machine hits both alike:
@@ -53,7 +53,11 @@
 //!   each offer 80 MiB vs one worker holding it all, 8 in flight, against
 //!   the no-network ceiling;
 //! - rss: peak resident memory of real coordinator and worker processes
-//!   while a 128 MiB and a 512 MiB model load split over two workers.
+//!   while a 128 MiB and a 512 MiB model load split over two workers;
+//! - generate: text generation (see `generate.rs`);
+//! - embeddings: MiniLM sentence embeddings over HTTP `/v1/embeddings` on
+//!   one single-threaded worker vs onnxruntime in one process on one
+//!   thread, batches of 1 and 32.
 //!
 //! The CPU device is the default backend (onnxruntime where it loads) in
 //! every figure but `backends`, in the cluster and in-process alike.
@@ -91,6 +95,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use anyhow::{Context, Result};
 
+mod embed;
 mod generate;
 mod http;
 mod memory;
@@ -186,6 +191,9 @@ fn main() -> Result<()> {
         }
         if run("generate") {
             generate::generation().await?;
+        }
+        if run("embeddings") {
+            embed::embeddings().await?;
         }
         Ok(())
     })

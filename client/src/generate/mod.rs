@@ -215,6 +215,31 @@ impl Network {
         })
     }
 
+    /// The prompt's token ids as this (generative) network is fed them,
+    /// special tokens added as `special` says (`None`: as when it
+    /// generates), and its context in positions.
+    pub async fn tokenize(
+        &self,
+        prompt: &Prompt,
+        special: Option<bool>,
+    ) -> Result<(Vec<u32>, u32), ClientError> {
+        let generator = self.generator().await?;
+        let ids = generator
+            .text
+            .ids(prompt, special)
+            .map_err(|e| failed(ErrorKind::BadInput, e.to_string()))?;
+        Ok((ids, generator.spec.context_length))
+    }
+
+    /// The text of token ids of this (generative) network's vocabulary.
+    pub async fn detokenize(&self, ids: &[u32]) -> Result<String, ClientError> {
+        let generator = self.generator().await?;
+        generator
+            .text
+            .decode(ids)
+            .map_err(|e| failed(ErrorKind::BadInput, e.to_string()))
+    }
+
     /// This network's generator (its spec fetched from the coordinator
     /// once).
     async fn generator(&self) -> Result<Arc<Generator>, ClientError> {

@@ -27,6 +27,8 @@ pub enum TextError {
     Template(String),
     #[error("cannot decode token {token}: {reason}")]
     Decode { token: u32, reason: String },
+    #[error("token {token} is not in the vocabulary of {vocabulary}")]
+    UnknownToken { token: u32, vocabulary: usize },
 }
 
 pub struct Text {
@@ -71,12 +73,21 @@ impl Text {
         })
     }
 
-    /// The prompt's token ids (an empty prompt is an error).
+    /// The prompt's token ids, as the model is fed them (an empty prompt
+    /// is an error).
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, TextError> {
-        let (text, special) = match prompt {
+        self.ids(prompt, None)
+    }
+
+    /// The prompt's token ids, special tokens (a BOS) added as `special`
+    /// says; by default (`None`) as the model is fed them: added to plain
+    /// text, not to a chat (its template writes them).
+    pub fn ids(&self, prompt: &Prompt, special: Option<bool>) -> Result<Vec<u32>, TextError> {
+        let (text, fed) = match prompt {
             Prompt::Text(text) => (text.clone(), true),
             Prompt::Chat(messages) => (self.render_chat(messages)?, false),
         };
+        let special = special.unwrap_or(fed);
         if text.is_empty() {
             return Err(TextError::EmptyPrompt);
         }
@@ -117,6 +128,21 @@ impl Text {
                 eos_token => self.eos_token.clone(),
             })
             .map_err(|e| TextError::Template(e.to_string()))
+    }
+
+    /// The text of `ids` (special tokens included); an id beyond the
+    /// vocabulary is an error.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
+        let vocabulary = self.tokenizer.get_vocab_size(true);
+        if let Some(&token) = ids.iter().find(|&&id| id as usize >= vocabulary) {
+            return Err(TextError::UnknownToken { token, vocabulary });
+        }
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| TextError::Decode {
+                token: ids.first().copied().unwrap_or_default(),
+                reason: e.to_string(),
+            })
     }
 
     /// One token's text on its own (special tokens included).

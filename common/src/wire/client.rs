@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::control::{
     CoordinatorInfo, DeviceAnswer, ErrorKind, LoadRequest, ModelStatus, WorkerState,
 };
+use super::embed::EmbeddingSpec;
 use super::generate::GenerationSpec;
 use super::message::{channel, Failure, Progress, Reply, Status};
 use super::routes::RoutingTable;
@@ -63,6 +64,11 @@ pub enum ClientRequest {
     Plan {
         network: u64,
     },
+    /// An embedding network's tokenizer and pooling: answered by
+    /// `Embedding` with `tokenizer.json` as its payload.
+    Embedding {
+        network: u64,
+    },
 }
 
 channel!(
@@ -79,7 +85,8 @@ channel!(
         Generation,
         Unload,
         Leader,
-        Plan
+        Plan,
+        Embedding
     ]
 );
 
@@ -137,6 +144,9 @@ pub enum ClientReply {
     NotLeader {
         leader: Option<String>,
     },
+    /// An embedding network's spec; the payload is its `tokenizer.json`
+    /// (`tokenizer_bytes` long).
+    Embedding(Box<EmbeddingSpec>),
 }
 
 channel!(
@@ -154,7 +164,8 @@ channel!(
         Generation,
         Unloaded,
         Coordinators,
-        NotLeader
+        NotLeader,
+        Embedding
     ]
 );
 

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::embed::EmbeddingSpec;
 use super::generate::GenerationSpec;
 use crate::affinity::Policy;
 pub use crate::graph::StatePair;
@@ -124,6 +125,9 @@ pub struct LoadRequest {
     /// A generative network: its tokenizer and limits (absent: requests
     /// only).
     pub generation: Option<GenerationSpec>,
+    /// An embedding network: its tokenizer and pooling (absent: requests
+    /// only).
+    pub embedding: Option<EmbeddingSpec>,
 }
 
 /// One worker as the coordinator sees it.

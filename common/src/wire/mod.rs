@@ -17,7 +17,8 @@
 //! channel — [`client`] (clients ↔ coordinator), [`cluster`] (coordinator
 //! ↔ workers), [`data`] (requesters ↔ workers), [`peer`] (workers' data
 //! streams) — and the records they carry ([`control`], [`routes`]),
-//! [`tensor`] (tensor frames), [`generate`] (text generation), [`shared`]
+//! [`tensor`] (tensor frames), [`generate`] (text generation), [`embed`]
+//! (sentence embeddings), [`shared`]
 //! (same-host payloads in shared memory: slices and their allocator). See
 //! `docs/protocol.md`.
 //!
@@ -51,6 +52,7 @@ pub mod cluster;
 pub mod codec;
 pub mod control;
 pub mod data;
+pub mod embed;
 pub mod frame;
 pub mod generate;
 pub mod handshake;

@@ -28,6 +28,9 @@ pub struct RoutingTable {
     pub copies: Vec<CopyRoute>,
     /// A generative network's limits (absent: requests only).
     pub generation: Option<GenerationLimits>,
+    /// An embedding network's pooling and input length, its tokenizer
+    /// left out (a requester asks for it once: `Embedding`).
+    pub embedding: Option<crate::wire::embed::EmbeddingSpec>,
     /// How long the coordinator takes to notice a lost worker, ms: a
     /// requester that cannot reach one waits this long for the table to
     /// say whether it was lost (its copy re-planned).

@@ -600,6 +600,7 @@ fn every_control_message_round_trips() {
             replicas: tessera_common::wire::control::Replicas::Auto,
             batching: None,
             generation: None,
+            embedding: None,
         }),
         ClientRequest::LoadModel {
             name: "rec".into(),
@@ -615,6 +616,7 @@ fn every_control_message_round_trips() {
         ClientRequest::Generation { network: 1 },
         ClientRequest::Unload { network: 1 },
         ClientRequest::Plan { network: 3 },
+        ClientRequest::Embedding { network: 3 },
     ]);
     round_trip(vec![
         ClientReply::Progress(progress),
@@ -731,9 +733,19 @@ fn every_control_message_round_trips() {
                 queue_timeout_ms: 30_000,
                 context_length: 2048,
             }),
+            embedding: None,
             loss_grace_ms: 2500,
         })),
         ClientReply::Unloaded { network: 1 },
+        ClientReply::Embedding(Box::new(tessera_common::wire::embed::EmbeddingSpec {
+            tokenizer_bytes: 12,
+            tokenizer_path: "tok.json".into(),
+            pooling: tessera_common::wire::embed::Pooling::Cls,
+            normalize: true,
+            max_length: 128,
+            output: "hidden".into(),
+            ..Default::default()
+        })),
     ]);
 }
 

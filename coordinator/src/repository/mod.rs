@@ -23,6 +23,7 @@ use tessera_common::affinity::{DeviceId, DevicePriority};
 use tessera_common::graph::Graph;
 use tessera_common::onnx::decode_model_shared;
 use tessera_common::wire::control::{LoadRequest, ModelState, ModelStatus};
+use tessera_common::wire::embed::EmbeddingSpec;
 use tessera_common::wire::generate::GenerationSpec;
 use tessera_common::wire::Progress;
 use tokio::sync::mpsc;
@@ -375,6 +376,25 @@ async fn read_with_spec(
     .map_err(|e| CoordinatorError::Model(e.to_string()))?
 }
 
+/// An embedding spec with its tokenizer, read from its path unless it
+/// came with it.
+async fn with_embedding_tokenizer(spec: EmbeddingSpec) -> Result<EmbeddingSpec, CoordinatorError> {
+    if !spec.tokenizer_json.is_empty() {
+        return Ok(spec);
+    }
+    let path = spec.tokenizer_path.clone();
+    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(&path))
+        .await
+        .map_err(|e| CoordinatorError::Model(e.to_string()))?;
+    let json = read.map_err(|e| {
+        CoordinatorError::Model(format!(
+            "cannot read the embedding tokenizer {}: {e}",
+            spec.tokenizer_path
+        ))
+    })?;
+    Ok(spec.with_tokenizer(json))
+}
+
 /// Loads model `name`, or answers with its network if it is loaded and
 /// nothing new is given. With `new` (bytes and how to place them) the
 /// model is (re)defined: the new network replaces the old one once it is
@@ -498,6 +518,9 @@ async fn load_now(
         if wanted.tokenizer_json.is_empty() {
             request.generation = Some(spec.limited_by(wanted));
         }
+    }
+    if let Some(embedding) = request.embedding.take() {
+        request.embedding = Some(with_embedding_tokenizer(embedding).await?);
     }
     let absent = absent_workers(shared, &request);
     if without_absent && !absent.is_empty() {

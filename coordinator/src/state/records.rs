@@ -176,19 +176,23 @@ impl NetworkRecord {
     }
 }
 
-/// A generative request's `tokenizer.json` (kept beside the request).
+/// A generative or embedding request's `tokenizer.json` (kept beside the
+/// request: its wire form leaves it out).
 fn tokenizer_of(request: &LoadRequest) -> Option<String> {
-    request
-        .generation
-        .as_ref()
-        .map(|g| g.tokenizer_json.clone())
-        .filter(|t| !t.is_empty())
+    let generation = request.generation.as_ref().map(|g| &g.tokenizer_json);
+    let embedding = request.embedding.as_ref().map(|e| &e.tokenizer_json);
+    generation.or(embedding).filter(|t| !t.is_empty()).cloned()
 }
 
 /// `request` with its kept `tokenizer.json` back in.
 pub fn with_tokenizer(mut request: LoadRequest, tokenizer_json: Option<String>) -> LoadRequest {
-    if let (Some(g), Some(t)) = (request.generation.as_mut(), tokenizer_json) {
+    let Some(t) = tokenizer_json else {
+        return request;
+    };
+    if let Some(g) = request.generation.as_mut() {
         g.tokenizer_json = t;
+    } else if let Some(e) = request.embedding.as_mut() {
+        e.tokenizer_json = t;
     }
     request
 }

@@ -210,6 +210,7 @@ async fn network(
         Some(spec) => Some(Arc::new(crate::generative::check(spec, &graph)?)),
         None => None,
     };
+    let embedder = crate::embedding::checked(&record.request, &graph)?;
     let replicas = record
         .replicas
         .into_iter()
@@ -231,6 +232,7 @@ async fn network(
         replicas,
         considered: record.considered,
         generator,
+        embedder,
     });
     let _ = loaded.model_sha.set(sha256);
     Ok((loaded, warm))

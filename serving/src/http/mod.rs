@@ -16,6 +16,8 @@
 //! | `POST /v2/repository/models/{name}/load` / `unload` | the repository extension (only with `[serving] model_control`; loads confined to `model_repository`: [`crate::control`]) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` | OpenAI-compatible generation ([`openai`]) |
+//! | `POST /v1/embeddings` | sentence embeddings of the models declared as such ([`embeddings`]) |
+//! | `GET /health`, `POST /tokenize`, `POST /detokenize` | health and tokenization as vLLM and llama-server answer them ([`tokenize`]) |
 //! | `GET /`, `GET /api/...` | the cluster page and its JSON API ([`page`]) |
 //!
 //! Errors are `{"error": "..."}` with 400 (bad request), 401 (no token the
@@ -28,13 +30,17 @@
 //!
 //! Layout: this file (routes, health, metadata, repository, metrics);
 //! `infer` (the infer endpoint); `tensors` (datatypes, JSON and binary
-//! tensor codecs); `openai` (OpenAI-compatible generation); `page` (the
-//! cluster page and its API).
+//! tensor codecs); `openai` (OpenAI-compatible generation); `embeddings`;
+//! `tokenize`
+//! (`/health`, `/tokenize`, `/detokenize`); `page` (the cluster page and
+//! its API).
 
+pub mod embeddings;
 mod infer;
 pub mod openai;
 pub mod page;
 pub mod tensors;
+pub mod tokenize;
 
 use std::sync::Arc;
 
@@ -88,6 +94,10 @@ pub fn router(door: Arc<Door>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/health", get(tokenize::health))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .merge(page::routes())
         .fallback(|| async { HttpError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(

@@ -7,14 +7,18 @@
 //! | `POST /v1/chat/completions` | `{model, messages, max_tokens \| max_completion_tokens, ...}` through the model's chat template |
 //!
 //! With `stream: true` the answer is server-sent events, one chunk per
-//! piece of text as it comes, then `data: [DONE]`; a client that goes
+//! piece of text as it comes, the finish reason's, with `stream_options:
+//! {"include_usage": true}` one of no choices and the usage (as OpenAI
+//! ends it), then `data: [DONE]`; a client that goes
 //! away ends the generation (its stages free the sequence). Without a
 //! `seed` a request draws with a random one. `logprobs` (completions: the
 //! number of most likely tokens; chat: `true` with `top_logprobs`) are
 //! answered from the workers' draws. Errors are OpenAI's `{"error":
 //! {"message", "type", "code"}}` with the status the KServe endpoints use
-//! (429 with `Retry-After` when every copy is full). `n` other than 1 and
-//! tools are refused with 400.
+//! (429 with `Retry-After` when every copy is full). `stop` ends the text
+//! before the first stop string; `n` or `best_of` other than 1, `echo`,
+//! `suffix` and tools are refused with 400, never ignored. Every answer
+//! reports `usage` (a stream when asked).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +65,22 @@ struct Common {
     top_logprobs: Option<u32>,
     #[serde(default)]
     tools: Option<Value>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    echo: bool,
+    #[serde(default)]
+    best_of: Option<u32>,
+    #[serde(default)]
+    suffix: Option<String>,
+}
+
+/// `stream_options`: with `include_usage`, a stream ends with a chunk of
+/// no choices and the usage.
+#[derive(Deserialize, Default, Clone, Copy)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Deserialize)]
@@ -78,12 +98,13 @@ struct ChatRequest {
 }
 
 #[derive(Deserialize)]
-struct ChatMessageIn {
+pub(super) struct ChatMessageIn {
     role: String,
     content: Value,
 }
 
 /// An OpenAI-style error answer.
+#[derive(Debug)]
 pub struct OpenAiError(HttpError);
 
 impl From<HttpError> for OpenAiError {
@@ -116,17 +137,23 @@ impl IntoResponse for OpenAiError {
     }
 }
 
-fn bad(message: impl Into<String>) -> OpenAiError {
+pub(super) fn bad(message: impl Into<String>) -> OpenAiError {
     OpenAiError(HttpError::bad_request(message))
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`: each with its context (`max_model_len`, as vLLM
+/// names it) and what it does (`task`: `generate`).
 pub async fn models(State(door): State<Arc<Door>>) -> Json<Value> {
     let data: Vec<Value> = door
-        .generative_models()
+        .openai_models()
         .await
         .into_iter()
-        .map(|name| json!({ "id": name, "object": "model", "created": 0, "owned_by": "tessera" }))
+        .map(|m| {
+            json!({
+                "id": m.name, "object": "model", "created": 0, "owned_by": "tessera",
+                "max_model_len": m.max_model_len, "task": m.task.as_str(),
+            })
+        })
         .collect();
     Json(json!({ "object": "list", "data": data }))
 }
@@ -157,8 +184,22 @@ pub async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     let request: ChatRequest = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("malformed chat completion request: {e}")))?;
-    let messages = request
-        .messages
+    let messages = chat_messages(&request.messages)?;
+    let params = params(&request.common, 256, Answer::Chat)?;
+    serve(
+        door,
+        request.common,
+        Prompt::Chat(messages),
+        params,
+        Answer::Chat,
+    )
+    .await
+}
+
+/// Chat messages as the template takes them (a content of parts: their
+/// text joined).
+pub(super) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, OpenAiError> {
+    messages
         .iter()
         .map(|m| {
             let content = match &m.content {
@@ -175,16 +216,7 @@ pub async fn chat_completions(
                 content,
             })
         })
-        .collect::<Result<Vec<_>, OpenAiError>>()?;
-    let params = params(&request.common, 256, Answer::Chat)?;
-    serve(
-        door,
-        request.common,
-        Prompt::Chat(messages),
-        params,
-        Answer::Chat,
-    )
-    .await
+        .collect()
 }
 
 /// The most likely tokens a request may ask the log-probabilities of.
@@ -214,6 +246,20 @@ fn params(c: &Common, default_max: u32, answer: Answer) -> Result<GenerateParams
     let logprobs = logprobs(c, answer)?;
     if c.tools.is_some() {
         return Err(bad("tools are not supported"));
+    }
+    if c.echo {
+        return Err(bad(
+            "echo is not supported: the answer holds the new text only",
+        ));
+    }
+    if c.best_of.is_some_and(|n| n != 1) {
+        return Err(bad("best_of must be 1: one choice per request"));
+    }
+    if c.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(bad("suffix is not supported"));
+    }
+    if c.stream_options.is_some() && !c.stream {
+        return Err(bad("stream_options is only for stream: true"));
     }
     let stop = match &c.stop {
         None | Some(Value::Null) => Vec::new(),
@@ -295,6 +341,8 @@ struct Envelope {
     logprobs: Option<u32>,
     /// Counts the tokens in its live figures.
     door: Arc<Door>,
+    /// A stream ends with a chunk of the usage (`stream_options`).
+    include_usage: bool,
 }
 
 /// Completion ids: unique in the process and across processes (a random
@@ -322,13 +370,14 @@ fn completion_id(answer: Answer) -> String {
 }
 
 impl Envelope {
-    fn body(&self, choice: Value, streamed: bool, stats: Option<&GenerateStats>) -> Value {
+    /// An answer (or a chunk) of `choices`, with the usage when given.
+    fn body(&self, choices: &[Value], streamed: bool, stats: Option<&GenerateStats>) -> Value {
         let mut body = json!({
             "id": self.id,
             "object": self.answer.object(streamed),
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
         });
         if let Some(s) = stats {
             body["usage"] = json!({
@@ -404,6 +453,7 @@ async fn serve(
         answer,
         logprobs: asked,
         door: door.clone(),
+        include_usage: common.stream_options.is_some_and(|o| o.include_usage),
     };
     if !common.stream {
         let (mut text, mut drawn) = (String::new(), Vec::new());
@@ -428,7 +478,7 @@ async fn serve(
         };
         let logprobs = envelope.logprobs(&generation, &drawn);
         let choice = answer.choice(&text, logprobs, Some(stats.finish.as_str()), false);
-        return Ok(Json(envelope.body(choice, false, Some(&stats))).into_response());
+        return Ok(Json(envelope.body(&[choice], false, Some(&stats))).into_response());
     }
     // The first event (or the error that came instead) before answering,
     // so that a refused request gets its status, not an empty stream.
@@ -442,6 +492,8 @@ async fn serve(
 /// Where a stream of events is.
 enum Streaming {
     Going(Generation),
+    /// The usage chunk, then `[DONE]`.
+    Usage(Value),
     Done,
     Over,
 }
@@ -453,10 +505,12 @@ fn stream_events(
     first: Option<Generated>,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> {
     let envelope = Arc::new(envelope);
-    let head = first.map(|e| Ok(event(&envelope, &generation, Ok(Some(e))).0));
-    let state = match head {
-        Some(_) => Streaming::Going(generation),
-        None => Streaming::Done,
+    let (head, state) = match first {
+        Some(e) => {
+            let (data, next) = event(&envelope, generation, Ok(Some(e)));
+            (Some(Ok(data)), next)
+        }
+        None => (None, Streaming::Done),
     };
     let rest = futures_util::stream::unfold(state, move |state| {
         let envelope = envelope.clone();
@@ -464,13 +518,12 @@ fn stream_events(
             match state {
                 Streaming::Going(mut generation) => {
                     let next = generation.next().await;
-                    let (data, more) = event(&envelope, &generation, next);
-                    let state = if more {
-                        Streaming::Going(generation)
-                    } else {
-                        Streaming::Done
-                    };
+                    let (data, state) = event(&envelope, generation, next);
                     Some((Ok(data), state))
+                }
+                Streaming::Usage(body) => {
+                    let data = Event::default().data(body.to_string());
+                    Some((Ok(data), Streaming::Done))
                 }
                 Streaming::Done => Some((Ok(Event::default().data("[DONE]")), Streaming::Over)),
                 Streaming::Over => None,
@@ -480,12 +533,12 @@ fn stream_events(
     futures_util::stream::iter(head).chain(rest)
 }
 
-/// One event of a stream, and whether more come.
+/// One event of a stream, and what comes after it.
 fn event(
     envelope: &Envelope,
-    generation: &Generation,
+    generation: Generation,
     next: Result<Option<Generated>, tessera_client::ClientError>,
-) -> (Event, bool) {
+) -> (Event, Streaming) {
     let data = |body: Value| Event::default().data(body.to_string());
     match next {
         Ok(Some(Generated::Tokens {
@@ -494,9 +547,10 @@ fn event(
             ids,
         })) => {
             envelope.door.live_tokens(&envelope.model, ids.len());
-            let lp = envelope.logprobs(generation, &logprobs);
+            let lp = envelope.logprobs(&generation, &logprobs);
             let choice = envelope.answer.choice(&text, lp, None, true);
-            (data(envelope.body(choice, true, None)), true)
+            let body = envelope.body(&[choice], true, None);
+            (data(body), Streaming::Going(generation))
         }
         Ok(Some(Generated::Done(stats))) => {
             let total = std::time::Duration::from_micros(stats.total_us);
@@ -504,10 +558,17 @@ fn event(
             let choice = envelope
                 .answer
                 .choice("", Value::Null, Some(stats.finish.as_str()), true);
-            (data(envelope.body(choice, true, Some(&stats))), false)
+            let last = data(envelope.body(&[choice], true, None));
+            match envelope.include_usage {
+                true => (
+                    last,
+                    Streaming::Usage(envelope.body(&[], true, Some(&stats))),
+                ),
+                false => (last, Streaming::Done),
+            }
         }
-        Ok(None) => (data(stream_error(&"the generation ended")), false),
-        Err(e) => (data(stream_error(&e)), false),
+        Ok(None) => (data(stream_error(&"the generation ended")), Streaming::Done),
+        Err(e) => (data(stream_error(&e)), Streaming::Done),
     }
 }
 
