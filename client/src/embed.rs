@@ -66,6 +66,9 @@ pub struct Embedder {
     tokenizer: Tokenizer,
     /// The tokenizer cutting inputs to the model's length.
     truncating: Tokenizer,
+    /// Its vocabulary's size, added tokens included (counted once: the
+    /// tokenizer counts by building the whole vocabulary).
+    vocabulary: usize,
     pub spec: EmbeddingSpec,
 }
 
@@ -90,9 +93,11 @@ impl Embedder {
             .with_truncation(None)
             .map_err(|e| failed(ErrorKind::Internal, format!("the tokenizer: {e}")))?;
         let truncating = truncating(&tokenizer, spec.max_length as usize)?;
+        let vocabulary = tokenizer.get_vocab_size(true);
         Ok(Embedder {
             tokenizer,
             truncating,
+            vocabulary,
             spec,
         })
     }
@@ -118,7 +123,7 @@ impl Embedder {
                 &cut
             }
         };
-        let vocabulary = tokenizer.get_vocab_size(true);
+        let vocabulary = self.vocabulary;
         inputs
             .iter()
             .enumerate()

@@ -33,6 +33,8 @@ pub enum TextError {
 
 pub struct Text {
     tokenizer: Tokenizer,
+    /// The vocabulary's size, added tokens included (counted once).
+    vocabulary: usize,
     template: Option<Environment<'static>>,
     bos_token: String,
     eos_token: String,
@@ -66,6 +68,7 @@ impl Text {
             None => None,
         };
         Ok(Text {
+            vocabulary: tokenizer.get_vocab_size(true),
             tokenizer,
             template,
             bos_token: spec.bos_token.clone().unwrap_or_default(),
@@ -133,7 +136,7 @@ impl Text {
     /// The text of `ids` (special tokens included); an id beyond the
     /// vocabulary is an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
-        let vocabulary = self.tokenizer.get_vocab_size(true);
+        let vocabulary = self.vocabulary;
         if let Some(&token) = ids.iter().find(|&&id| id as usize >= vocabulary) {
             return Err(TextError::UnknownToken { token, vocabulary });
         }
