@@ -4,9 +4,10 @@
 //! on serving; it is re-planned onto the workers that remain (of its own
 //! workers, when the network has several copies; pins and devices that
 //! named the lost worker dropped) and re-deployed (the workers'
-//! compiled-subgraph caches make known subgraphs a file read). Requests
-//! meanwhile are retried on another copy, or on the new deployment, by
-//! [`crate::requests::infer`]. A copy that cannot be re-planned is broken,
+//! compiled-subgraph caches make known subgraphs a file read). The
+//! coordinator fails no request: it publishes the copy's new state in the
+//! network's routing table, and requesters retry on another copy or on
+//! the new deployment. A copy that cannot be re-planned is broken,
 //! with an error that says why, until a worker (re)joins and a re-plan
 //! succeeds; a network is broken when all its copies are.
 

@@ -98,9 +98,6 @@ pub enum CoordinatorError {
     /// failed, say out of memory, or it was lost meanwhile).
     #[error("worker {host}: {error}")]
     Deploy { host: String, error: String },
-    /// A worker the request needed was lost and retries did not help.
-    #[error("{0}")]
-    WorkerLost(String),
     #[error("no network {0} is loaded")]
     UnknownNetwork(u64),
     #[error("no model named '{0}' in the repository")]
@@ -110,12 +107,6 @@ pub enum CoordinatorError {
     NotReady(String),
     #[error("bad inputs: {0}")]
     BadInput(String),
-    #[error("request {request} missed its deadline of {deadline_ms} ms{waiting}")]
-    Deadline {
-        request: u64,
-        deadline_ms: u64,
-        waiting: String,
-    },
     #[error(transparent)]
     Net(#[from] NetError),
     /// The state directory cannot be opened.
@@ -135,7 +126,6 @@ impl CoordinatorError {
             | CoordinatorError::BadInput(_) => ErrorKind::BadInput,
             CoordinatorError::Plan(_) => ErrorKind::Refused,
             CoordinatorError::Worker(_) | CoordinatorError::Deploy { .. } => ErrorKind::Worker,
-            CoordinatorError::WorkerLost(_) => ErrorKind::WorkerLost,
             CoordinatorError::UnknownNetwork(_) | CoordinatorError::UnknownModel(_) => {
                 ErrorKind::NotFound
             }
@@ -143,7 +133,6 @@ impl CoordinatorError {
             | CoordinatorError::Net(_)
             | CoordinatorError::State(_)
             | CoordinatorError::Ha(_) => ErrorKind::Unavailable,
-            CoordinatorError::Deadline { .. } => ErrorKind::Timeout,
         }
     }
 }

@@ -1,12 +1,11 @@
 //! A loaded network, its copies (replicas) and their deployments: what
-//! serves each copy now (ready, healing, broken), waiting for a
-//! deployment, and where each subgraph of a deployment runs (what its
-//! routing table publishes, [`crate::routes`]). The state the request path,
-//! the healing path and the repository share; the code that changes it
-//! lives in [`crate::deploy`] and [`crate::heal`].
+//! serves each copy now (ready, healing, broken) and where each subgraph
+//! of a deployment runs (what its routing table publishes,
+//! [`crate::routes`]). The state the healing path, the repository and the
+//! routing tables share; the code that changes it lives in
+//! [`crate::deploy`] and [`crate::heal`].
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use tessera_common::dump::{PlanReport, ReplicaReport};
@@ -185,24 +184,6 @@ impl Replica {
             p.clone_from(&deployed.plan.affinity);
         }
     }
-
-    /// Waits until a deployment other than `not` serves this copy, it is
-    /// broken, or `until` passes.
-    pub async fn ready(&self, not: Option<u64>, until: Instant) -> Waited {
-        let mut rx = self.current.subscribe();
-        loop {
-            match &*rx.borrow_and_update() {
-                Current::Ready(d) if Some(d.id) != not => return Waited::Ready(d.clone()),
-                Current::Broken(e) => return Waited::Broken(e.clone()),
-                _ => {}
-            }
-            let until = tokio::time::Instant::from_std(until);
-            match tokio::time::timeout_at(until, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Waited::TimedOut,
-            }
-        }
-    }
 }
 
 /// A network a client loaded: what it asked for (to plan it again) and its
@@ -241,13 +222,6 @@ pub enum Origin {
     Sent,
     /// A named model's file or folder.
     File(std::path::PathBuf),
-}
-
-/// What waiting for a deployment gave.
-pub enum Waited {
-    Ready(Arc<Deployed>),
-    Broken(String),
-    TimedOut,
 }
 
 /// What a loaded network is made of.

@@ -195,7 +195,7 @@ impl Keeper {
                 let store = store.clone();
                 tokio::task::spawn_blocking(move || store.apply(change))
                     .await
-                    .unwrap_or_else(|e| Err(StoreError::Etcd(e.to_string())))
+                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
             }
             Backend::Etcd(store) => store.apply(change).await,
         };
@@ -262,7 +262,7 @@ impl Keeper {
                 let store = store.clone();
                 tokio::task::spawn_blocking(move || Ok((store.networks()?, store.models()?)))
                     .await
-                    .unwrap_or_else(|e| Err(StoreError::Etcd(e.to_string())))
+                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
             }
             Backend::Etcd(store) => store.load().await,
         }

@@ -40,6 +40,10 @@ pub enum StoreError {
     },
     #[error("no kept model bytes with sha-256 {0}")]
     NoBlob(String),
+    /// The embedded store's blocking task failed (it panicked or was
+    /// cancelled).
+    #[error("the state store's task: {0}")]
+    Task(String),
     /// etcd: a read or write failed (unreachable, refused).
     #[error("etcd: {0}")]
     Etcd(String),
