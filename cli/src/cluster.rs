@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use tessera_common::backoff::Backoff;
 use tessera_coordinator::config::CoordinatorConfig;
 use tessera_coordinator::Coordinator;
 use tessera_net::certs::{self, NodeIdentity};
@@ -203,7 +204,7 @@ pub async fn start_workers(
         }));
         tasks.push(actix::spawn(async move {
             let registered = std::sync::atomic::AtomicBool::new(false);
-            let mut backoff = Duration::from_millis(200);
+            let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
             loop {
                 let ready = |_: &str| registered.store(true, std::sync::atomic::Ordering::Relaxed);
                 let outcome = daemon::run_until(options.clone(), &id, ready, stopped.clone()).await;
@@ -220,8 +221,7 @@ pub async fn start_workers(
                 } else {
                     tracing::warn!(worker = %name, "could not register ({e}); dialling again");
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.wait()).await;
             }
         }));
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tessera_client::Client;
+use tessera_common::backoff::Backoff;
 use tessera_common::serving::ServingConfig;
 use tessera_common::wire::handshake::Role;
 use tessera_net::certs::NodeIdentity;
@@ -76,15 +77,15 @@ async fn connect(
     cluster: &str,
     role: Role,
 ) -> Result<Client> {
-    let mut wait = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let started = std::time::Instant::now();
     loop {
         match Client::connect_any(coordinators, identity, cluster, role).await {
             Ok(client) => return Ok(client),
             Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                let wait = backoff.wait();
                 tracing::debug!("the front door's coordinator: {e}; again in {wait:?}");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
             }
             Err(e) => return Err(e).context("the front door cannot reach the coordinator"),
         }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tessera_common::backoff::Backoff;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::ErrorKind;
 use tessera_common::wire::routes::{CopyRoute, CopyState, DeploymentRoute, RoutingTable};
@@ -56,8 +57,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The longest wait between two tries to subscribe again.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The waits between two tries to subscribe again: 100 ms to 2 s.
+const REOPEN: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 impl Routes {
     /// Subscribes to `network`'s table (or named model `model`'s) and
@@ -270,23 +271,20 @@ pub use tessera_common::requests::tries::Settled;
 /// Keeps `tx` up to date from the coordinator: a `Routes` stream, opened
 /// again (with back-off) when it breaks; the last table stays meanwhile.
 async fn keep(client: Client, network: u64, model: Option<String>, tx: watch::Sender<Known>) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = REOPEN;
     loop {
-        match follow(&client, network, model.clone(), &tx).await {
+        let wait = match follow(&client, network, model.clone(), &tx).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::debug!(
-                    network,
-                    ?model,
-                    "routing table stream: {e}; again in {backoff:?}"
-                );
+                let wait = backoff.wait();
+                tracing::debug!(network, ?model, "routing table stream: {e}; again in {wait:?}");
+                wait
             }
-        }
+        };
         if tx.is_closed() {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(wait).await;
         client.reconnect_if_closed().await;
     }
 }

@@ -77,6 +77,7 @@
 //! ```
 
 pub mod affinity;
+pub mod backoff;
 pub mod declined;
 pub mod decompose;
 pub mod dump;

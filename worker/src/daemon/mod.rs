@@ -41,6 +41,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessera_common::backoff::Backoff;
 use tessera_common::wire::control::DeviceInfo;
 use tessera_common::wire::handshake::Role;
 use tessera_net::{NetError, Node};
@@ -256,8 +257,11 @@ struct State {
     leaders: leader::Leaders,
 }
 
-/// The longest wait between two tries to reach the coordinator.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The waits between two tries to reach the coordinator: from 100 ms to
+/// at most 1 s (a standby taking over is found within a second), started
+/// over after a session that lasted 10 s.
+const RECONNECT: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).healthy_after(Duration::from_secs(10));
 
 /// Runs the worker: registers with the coordinator and serves it until it
 /// goes away; then, with `options.reconnect`, dials it again (a restarted
@@ -374,7 +378,7 @@ async fn reconnecting(
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let mut ready = Some(ready);
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = RECONNECT;
     loop {
         let started = Instant::now();
         let outcome = session(options, state, infos, &mut ready, &stopped).await;
@@ -386,19 +390,18 @@ async fn reconnecting(
             tracing::info!("{why}: registering with it");
             continue;
         }
-        if started.elapsed() > Duration::from_secs(10) || matches!(error, WorkerError::NoLeader(_))
-        {
+        if matches!(error, WorkerError::NoLeader(_)) {
             // A standby is taking over: news of it ends the wait at once.
-            backoff = Duration::from_millis(100);
+            backoff.reset();
         }
-        tracing::warn!("{error}; dialling the coordinator again in {backoff:?}");
+        let wait = backoff.wait_after(started.elapsed());
+        tracing::warn!("{error}; dialling the coordinator again in {wait:?}");
         let mut news = state.leaders.news.subscribe();
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(wait) => {}
             _ = news.changed() => {}
             _ = stopped.wait_for(|s| *s) => return Ok(()),
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
