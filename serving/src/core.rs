@@ -76,6 +76,59 @@ pub async fn watch_cluster(door: Arc<Door>) {
     }
 }
 
+/// Requests (and answers) bigger than this are decoded (encoded) on a
+/// blocking thread: JSON or typed contents of a few MB take tens of
+/// milliseconds. The same for HTTP and gRPC.
+pub const OFF_ASYNC_BYTES: usize = 64 << 10;
+
+/// A load request's parameter, as either codec reads it.
+pub enum LoadParam<'a> {
+    Text(&'a str),
+    /// Anything but a string.
+    Other,
+}
+
+/// The `config` parameter of a load request, if any: the model's
+/// settings as JSON text. Model files sent in the request (`file:...`)
+/// are refused.
+pub fn load_config<'a>(
+    params: impl IntoIterator<Item = (&'a str, LoadParam<'a>)>,
+) -> Result<Option<String>, ServeError> {
+    let mut config = None;
+    for (key, value) in params {
+        if key.starts_with("file:") {
+            return Err(ServeError::BadRequest(format!(
+                "'{key}': model files in the request are not supported; put the model in the server's model repository"
+            )));
+        }
+        if key == "config" {
+            config = match value {
+                LoadParam::Text(text) => Some(text.to_string()),
+                LoadParam::Other => {
+                    return Err(ServeError::BadRequest(
+                        "parameters.config must be a string (the model's settings as JSON)".into(),
+                    ))
+                }
+            };
+        }
+    }
+    Ok(config)
+}
+
+/// An asked output's parameters: extensions not served (classification)
+/// are refused.
+pub fn check_output<'a>(
+    output: &str,
+    parameters: impl IntoIterator<Item = &'a str>,
+) -> Result<(), ServeError> {
+    match parameters.into_iter().any(|k| k == "classification") {
+        true => Err(ServeError::BadRequest(format!(
+            "output '{output}': the classification extension is not supported"
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// Only version `1` (or none) exists.
 pub fn check_version(name: &str, version: Option<&str>) -> Result<(), ServeError> {
     match version {
@@ -395,5 +448,36 @@ impl Door {
     /// Forgets model `name`'s network (it was loaded again or unloaded).
     pub fn forget(&self, name: &str) {
         self.networks.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_load_config_rule_for_both_codecs() {
+        let none: [(&str, LoadParam); 0] = [];
+        assert_eq!(load_config(none).unwrap(), None);
+        let given = [("config", LoadParam::Text("{\"devices\": \"CPU\"}"))];
+        assert_eq!(
+            load_config(given).unwrap().as_deref(),
+            Some("{\"devices\": \"CPU\"}")
+        );
+        let e = load_config([("config", LoadParam::Other)]).unwrap_err();
+        assert!(e.to_string().contains("must be a string"), "{e}");
+        let e = load_config([("file:1/model.onnx", LoadParam::Other)]).unwrap_err();
+        assert!(e.to_string().contains("model files in the request"), "{e}");
+        assert_eq!(e.kind(), tessera_common::wire::control::ErrorKind::BadInput);
+    }
+
+    #[test]
+    fn the_classification_extension_is_refused_by_name() {
+        assert!(check_output("y", ["binary_data"]).is_ok());
+        let e = check_output("y", ["binary_data", "classification"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "output 'y': the classification extension is not supported"
+        );
     }
 }

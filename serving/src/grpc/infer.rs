@@ -16,12 +16,9 @@ use tonic::{Request, Status};
 
 use super::proto::{self, infer_parameter::ParameterChoice, InferTensorContents};
 use super::status;
-use crate::core::{check_version, VERSION};
+use crate::core::{check_output, check_version, VERSION};
 use crate::http::tensors::{self, CodecError};
 use crate::Door;
-
-/// Typed contents larger than this are converted on a blocking thread.
-const BIG: usize = 16 << 10;
 
 pub async fn run(
     door: &Arc<Door>,
@@ -34,7 +31,7 @@ pub async fn run(
     let raw = std::mem::take(&mut r.raw_input_contents);
     let inputs = std::mem::take(&mut r.inputs);
     let typed: usize = inputs.iter().map(|i| typed_len(i.contents.as_ref())).sum();
-    let decoded = if typed > BIG {
+    let decoded = if typed > crate::core::OFF_ASYNC_BYTES {
         let table = table.clone();
         tokio::task::spawn_blocking(move || decode(&table.signature, inputs, raw))
             .await
@@ -54,6 +51,12 @@ pub async fn run(
             return Err(Status::invalid_argument(e.to_string()));
         }
     };
+    for o in &r.outputs {
+        if let Err(e) = check_output(&o.name, o.parameters.keys().map(String::as_str)) {
+            door.metrics.failed(&r.model_name, "bad_input");
+            return Err(status(e));
+        }
+    }
     let wanted: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
     let outputs = door
         .infer(&r.model_name, inputs, &wanted, deadline)

@@ -135,23 +135,20 @@ fn tensor_metadata(tensors: &[TensorSig]) -> Vec<proto::model_metadata_response:
         .collect()
 }
 
-/// The `config` parameter of a load request, if any.
+/// The `config` parameter of a load request, if any
+/// ([`crate::core::load_config`]).
 fn load_config(
     parameters: &std::collections::HashMap<String, proto::ModelRepositoryParameter>,
 ) -> Result<Option<String>, Status> {
     use proto::model_repository_parameter::ParameterChoice;
-    if let Some(file) = parameters.keys().find(|k| k.starts_with("file:")) {
-        return Err(Status::invalid_argument(format!(
-            "'{file}': model files in the request are not supported; put the model in the server's model repository"
-        )));
-    }
-    match parameters.get("config").map(|p| &p.parameter_choice) {
-        None => Ok(None),
-        Some(Some(ParameterChoice::StringParam(text))) => Ok(Some(text.clone())),
-        Some(_) => Err(Status::invalid_argument(
-            "parameters.config must be a string (the model's settings as JSON)",
-        )),
-    }
+    let params = parameters.iter().map(|(k, p)| {
+        let value = match &p.parameter_choice {
+            Some(ParameterChoice::StringParam(text)) => crate::core::LoadParam::Text(text),
+            _ => crate::core::LoadParam::Other,
+        };
+        (k.as_str(), value)
+    });
+    crate::core::load_config(params).map_err(status)
 }
 
 #[tonic::async_trait]

@@ -135,8 +135,8 @@ async fn run(
 }
 
 /// Bodies (and outputs) larger than this are decoded (encoded) on a
-/// blocking thread: JSON of a few MB takes tens of milliseconds.
-const BIG: usize = 64 << 10;
+/// blocking thread.
+const BIG: usize = crate::core::OFF_ASYNC_BYTES;
 
 /// Runs `work` here when small, else on tokio's blocking pool.
 async fn off_async<T: Send + 'static>(
@@ -303,19 +303,12 @@ fn flag(parameters: Option<&Map<String, Value>>, key: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Extensions of an asked output that are not served.
+/// Extensions of an asked output that are not served
+/// ([`crate::core::check_output`]).
 fn check_outputs(request: &InferRequest) -> Result<(), HttpError> {
     for out in request.outputs.iter().flatten() {
-        if out
-            .parameters
-            .as_ref()
-            .is_some_and(|p| p.contains_key("classification"))
-        {
-            return Err(HttpError::bad_request(format!(
-                "output '{}': the classification extension is not supported",
-                out.name
-            )));
-        }
+        let keys = out.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
+        crate::core::check_output(&out.name, keys)?;
     }
     Ok(())
 }

@@ -268,7 +268,8 @@ async fn load(
     Ok(Json(json!({})))
 }
 
-/// The `config` parameter of a load request, if any.
+/// The `config` parameter of a load request, if any
+/// ([`crate::core::load_config`]).
 fn load_config(body: &[u8]) -> Result<Option<String>, HttpError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
@@ -278,18 +279,14 @@ fn load_config(body: &[u8]) -> Result<Option<String>, HttpError> {
     let Some(params) = request.get("parameters").and_then(Value::as_object) else {
         return Ok(None);
     };
-    if let Some(file) = params.keys().find(|k| k.starts_with("file:")) {
-        return Err(HttpError::bad_request(format!(
-            "'{file}': model files in the request are not supported; put the model in the server's model repository"
-        )));
-    }
-    match params.get("config") {
-        None => Ok(None),
-        Some(Value::String(text)) => Ok(Some(text.clone())),
-        Some(_) => Err(HttpError::bad_request(
-            "parameters.config must be a JSON string",
-        )),
-    }
+    let params = params.iter().map(|(k, v)| {
+        let value = match v {
+            Value::String(text) => crate::core::LoadParam::Text(text),
+            _ => crate::core::LoadParam::Other,
+        };
+        (k.as_str(), value)
+    });
+    Ok(crate::core::load_config(params)?)
 }
 
 async fn unload(
