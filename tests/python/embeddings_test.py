@@ -8,12 +8,13 @@ MODEL is a named model of the coordinator's cluster.toml declared as an
 embedding one; ONNX its file and OUTPUT its token vectors' output;
 TOKENIZER its tokenizer.json; MODULES and POOLING sentence-transformers'
 modules.json and 1_Pooling/config.json (mean or CLS pooling, Normalize or
-not). Checks texts one and 32 at a time, float and base64, token-id input,
-usage, /v1/models' listing, an over-long input refused and truncated when
+not). Checks texts one and 32 at a time, 16 requests at once, float and
+base64, token-id input, usage, /v1/models' listing, an over-long input refused and truncated when
 asked, and that related sentences are nearer than unrelated ones. Exits
 non-zero on the first failure.
 """
 
+import concurrent.futures
 import json
 import sys
 import time
@@ -144,6 +145,15 @@ def main() -> None:
                         for d in raw["data"]])
     check("base64 is the same float32 vectors", status == 200
           and np.array_equal(decoded, got[:2]), f"{status}")
+
+    # 16 requests of one text at once: the worker batches those of one
+    # length (max_batch), each answer its own text's.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        alone = list(pool.map(lambda t: vectors(client.embeddings.create(
+            model=model, input=t, encoding_format="float"))[0], SENTENCES[:16]))
+    want = np.stack([ref([t])[0][0] for t in SENTENCES[:16]])
+    diff = float(np.abs(np.stack(alone) - want).max())
+    check("16 requests at once each get their own text's vector", diff <= TOLERANCE, f"{diff:.2e}")
 
     unit = got / np.linalg.norm(got, axis=1, keepdims=True)
     sim = unit @ unit.T
