@@ -277,7 +277,11 @@ async fn keep(client: Client, network: u64, model: Option<String>, tx: watch::Se
             Ok(()) => return,
             Err(e) => {
                 let wait = backoff.wait();
-                tracing::debug!(network, ?model, "routing table stream: {e}; again in {wait:?}");
+                tracing::debug!(
+                    network,
+                    ?model,
+                    "routing table stream: {e}; again in {wait:?}"
+                );
                 wait
             }
         };

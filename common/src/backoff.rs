@@ -77,7 +77,7 @@ mod tests {
         assert_eq!(b.wait_after(5 * MS), 200 * MS);
         assert_eq!(b.wait_after(9_999 * MS), 400 * MS);
         assert_eq!(b.wait_after(10_000 * MS), 100 * MS);
-        assert_eq!(b.wait_after(0 * MS), 200 * MS);
+        assert_eq!(b.wait_after(Duration::ZERO), 200 * MS);
         // Without a healthy length, how long a try ran changes nothing.
         let mut plain = Backoff::new(100 * MS, 2000 * MS);
         plain.wait();

@@ -307,7 +307,10 @@ fn flag(parameters: Option<&Map<String, Value>>, key: &str) -> bool {
 /// ([`crate::core::check_output`]).
 fn check_outputs(request: &InferRequest) -> Result<(), HttpError> {
     for out in request.outputs.iter().flatten() {
-        let keys = out.parameters.iter().flat_map(|p| p.keys().map(String::as_str));
+        let keys = out
+            .parameters
+            .iter()
+            .flat_map(|p| p.keys().map(String::as_str));
         crate::core::check_output(&out.name, keys)?;
     }
     Ok(())

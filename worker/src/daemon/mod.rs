@@ -260,8 +260,8 @@ struct State {
 /// The waits between two tries to reach the coordinator: from 100 ms to
 /// at most 1 s (a standby taking over is found within a second), started
 /// over after a session that lasted 10 s.
-const RECONNECT: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).healthy_after(Duration::from_secs(10));
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1))
+    .healthy_after(Duration::from_secs(10));
 
 /// Runs the worker: registers with the coordinator and serves it until it
 /// goes away; then, with `options.reconnect`, dials it again (a restarted
