@@ -304,29 +304,14 @@ impl crate::Client {
     /// An embedding network's spec and tokenizer.
     pub(crate) async fn embedding_spec(&self, network: u64) -> Result<EmbeddingSpec, ClientError> {
         let msg = ClientRequest::Embedding { network };
-        let limits = self.limits();
-        let (mut send, mut recv) = self.open().await?;
-        tessera_net::exchange::send_message(&mut send, &msg, None, &limits)
-            .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
-        let _ = send.finish();
-        let frame = tessera_net::recv_frame::<ClientReply>(&mut recv, &limits)
-            .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
-        match frame {
-            Some(tessera_common::wire::Frame::Control(ClientReply::Embedding(spec), payload)) => {
+        match self.ask_with_payload(Operation::Embed, &msg).await? {
+            (ClientReply::Embedding(spec), payload) => {
                 let mut spec = *spec;
                 spec.split_payload(payload)
                     .map_err(|e| ClientError::Protocol(e.to_string()))?;
                 Ok(spec)
             }
-            Some(tessera_common::wire::Frame::Control(ClientReply::Failed(f), _)) => {
-                Err(failed(f.kind, f.error))
-            }
-            Some(tessera_common::wire::Frame::Control(other, _)) => {
-                Err(ClientError::unexpected(Operation::Embed, &other))
-            }
-            _ => Err(ClientError::Protocol("no embedding spec".into())),
+            (other, _) => Err(ClientError::unexpected(Operation::Embed, &other)),
         }
     }
 }

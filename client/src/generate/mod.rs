@@ -30,6 +30,7 @@ use tessera_common::wire::data::{SampledToken, Sampling};
 pub use tessera_common::wire::generate::{
     ChatMessage, FinishReason, GenerateParams, GenerateStats, GenerationSpec, Prompt,
 };
+use tessera_common::wire::message::Message as _;
 use tessera_common::wire::routes::{CopyState, RoutingTable};
 use tokio::sync::mpsc;
 
@@ -282,9 +283,27 @@ impl crate::Client {
     ) -> Result<GenerationSpec, ClientError> {
         let op = Operation::Generate;
         let msg = ClientRequest::Generation { network };
+        match self.ask_with_payload(op, &msg).await? {
+            (ClientReply::Generation(spec), payload) => {
+                let mut spec = *spec;
+                spec.split_payload(payload)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                Ok(spec)
+            }
+            (other, _) => Err(ClientError::unexpected(op, &other)),
+        }
+    }
+
+    /// `msg`'s one reply and its payload (a spec and its tokenizer); a
+    /// `Failed` reply is the error.
+    pub(crate) async fn ask_with_payload(
+        &self,
+        op: Operation,
+        msg: &ClientRequest,
+    ) -> Result<(ClientReply, Bytes), ClientError> {
         let limits = self.limits();
         let (mut send, mut recv) = self.open().await?;
-        tessera_net::exchange::send_message(&mut send, &msg, None, &limits)
+        tessera_net::exchange::send_message(&mut send, msg, None, &limits)
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
         let _ = send.finish();
@@ -292,12 +311,6 @@ impl crate::Client {
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
         match frame {
-            Some(tessera_common::wire::Frame::Control(ClientReply::Generation(spec), payload)) => {
-                let mut spec = *spec;
-                spec.split_payload(payload)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                Ok(spec)
-            }
             Some(tessera_common::wire::Frame::Control(ClientReply::Failed(f), _)) => {
                 Err(ClientError::Failed {
                     op,
@@ -305,10 +318,11 @@ impl crate::Client {
                     message: f.error,
                 })
             }
-            Some(tessera_common::wire::Frame::Control(other, _)) => {
-                Err(ClientError::unexpected(op, &other))
-            }
-            _ => Err(ClientError::Protocol("no generation spec".into())),
+            Some(tessera_common::wire::Frame::Control(reply, payload)) => Ok((reply, payload)),
+            _ => Err(ClientError::Protocol(format!(
+                "no answer to {}",
+                msg.name()
+            ))),
         }
     }
 }

@@ -11,6 +11,8 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::generate::{join_tokenizer, split_tokenizer, TokenizerTail};
+
 /// How token vectors become one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -48,10 +50,8 @@ pub struct EmbeddingSpec {
 /// Why an embedding spec or a batch of token vectors is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EmbeddingError {
-    #[error("the tokenizer is said to be {tokenizer} bytes, past the payload's {payload}")]
-    TokenizerPastPayload { tokenizer: u64, payload: u64 },
-    #[error("the tokenizer is not UTF-8: {0}")]
-    TokenizerNotUtf8(String),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerTail),
     #[error("token vectors of shape {shape:?} for {inputs} inputs of {tokens} tokens")]
     Shape {
         shape: Vec<usize>,
@@ -78,27 +78,15 @@ impl EmbeddingSpec {
     /// The load's payload: `model`, then the tokenizer (its length noted).
     pub fn join_payload(&mut self, model: &[u8]) -> Bytes {
         self.tokenizer_bytes = self.tokenizer_json.len() as u64;
-        let mut payload = Vec::with_capacity(model.len() + self.tokenizer_json.len());
-        payload.extend_from_slice(model);
-        payload.extend_from_slice(self.tokenizer_json.as_bytes());
-        payload.into()
+        join_tokenizer(model, &self.tokenizer_json)
     }
 
     /// The model of a load's payload; the tokenizer at its end is taken
     /// into the spec.
     pub fn split_payload(&mut self, payload: Bytes) -> Result<Bytes, EmbeddingError> {
-        let len = usize::try_from(self.tokenizer_bytes)
-            .ok()
-            .filter(|&n| n <= payload.len())
-            .ok_or(EmbeddingError::TokenizerPastPayload {
-                tokenizer: self.tokenizer_bytes,
-                payload: payload.len() as u64,
-            })?;
-        let at = payload.len() - len;
-        let tokenizer = std::str::from_utf8(&payload[at..])
-            .map_err(|e| EmbeddingError::TokenizerNotUtf8(e.to_string()))?;
-        self.tokenizer_json = tokenizer.to_string();
-        Ok(payload.slice(..at))
+        let (model, tokenizer) = split_tokenizer(payload, self.tokenizer_bytes)?;
+        self.tokenizer_json = tokenizer;
+        Ok(model)
     }
 
     /// The spec without its tokenizer (what routing tables carry).

@@ -181,28 +181,51 @@ impl GenerationSpec {
     /// The load's payload: `model`, then the tokenizer (its length noted).
     pub fn join_payload(&mut self, model: &[u8]) -> Bytes {
         self.tokenizer_bytes = self.tokenizer_json.len() as u64;
-        let mut payload = Vec::with_capacity(model.len() + self.tokenizer_json.len());
-        payload.extend_from_slice(model);
-        payload.extend_from_slice(self.tokenizer_json.as_bytes());
-        payload.into()
+        join_tokenizer(model, &self.tokenizer_json)
     }
 
     /// The model of a load's payload; the tokenizer at its end is taken
     /// into the spec.
     pub fn split_payload(&mut self, payload: Bytes) -> Result<Bytes, GenerationError> {
-        let len = usize::try_from(self.tokenizer_bytes)
-            .ok()
-            .filter(|&n| n <= payload.len())
-            .ok_or(GenerationError::TokenizerPastPayload {
-                tokenizer: self.tokenizer_bytes,
-                payload: payload.len() as u64,
-            })?;
-        let at = payload.len() - len;
-        let tokenizer = std::str::from_utf8(&payload[at..])
-            .map_err(|e| GenerationError::TokenizerNotUtf8(e.to_string()))?;
-        self.tokenizer_json = tokenizer.to_string();
-        Ok(payload.slice(..at))
+        let (model, tokenizer) = split_tokenizer(payload, self.tokenizer_bytes)?;
+        self.tokenizer_json = tokenizer;
+        Ok(model)
     }
+}
+
+/// A load's payload with a tokenizer after the model (a generative or an
+/// embedding network's: megabytes, so not in the header).
+pub fn join_tokenizer(model: &[u8], tokenizer: &str) -> Bytes {
+    let mut payload = Vec::with_capacity(model.len() + tokenizer.len());
+    payload.extend_from_slice(model);
+    payload.extend_from_slice(tokenizer.as_bytes());
+    payload.into()
+}
+
+/// The model and the tokenizer of a payload whose last `len` bytes are
+/// the tokenizer.
+pub fn split_tokenizer(payload: Bytes, len: u64) -> Result<(Bytes, String), TokenizerTail> {
+    let n = usize::try_from(len)
+        .ok()
+        .filter(|&n| n <= payload.len())
+        .ok_or(TokenizerTail::PastPayload {
+            tokenizer: len,
+            payload: payload.len() as u64,
+        })?;
+    let at = payload.len() - n;
+    let tokenizer = std::str::from_utf8(&payload[at..])
+        .map_err(|e| TokenizerTail::NotUtf8(e.to_string()))?
+        .to_string();
+    Ok((payload.slice(..at), tokenizer))
+}
+
+/// Why a load's payload has no tokenizer at its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizerTail {
+    #[error("the load announces a tokenizer of {tokenizer} bytes in a payload of {payload}")]
+    PastPayload { tokenizer: u64, payload: u64 },
+    #[error("tokenizer.json is not UTF-8: {0}")]
+    NotUtf8(String),
 }
 
 impl GenerateParams {
@@ -249,10 +272,8 @@ pub enum GenerationError {
     BadPadding { positions: u32, longest: u32 },
     #[error("sequence {0} twice in one batch")]
     SequenceTwice(u64),
-    #[error("the load announces a tokenizer of {tokenizer} bytes in a payload of {payload}")]
-    TokenizerPastPayload { tokenizer: u64, payload: u64 },
-    #[error("tokenizer.json is not UTF-8: {0}")]
-    TokenizerNotUtf8(String),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerTail),
     #[error("max tokens must be at least 1")]
     NoTokens,
     #[error("max tokens {max_tokens} is beyond the model's context of {context_length} positions")]
@@ -461,10 +482,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            GenerationError::TokenizerPastPayload {
+            GenerationError::Tokenizer(TokenizerTail::PastPayload {
                 tokenizer: 1 << 40,
                 payload: 1
-            }
+            })
         );
         assert!(err.to_string().contains("announces a tokenizer"), "{err}");
     }
