@@ -374,15 +374,9 @@ fn types_reported_by_backends_complete_the_graph() {
     assert!(graph.op_by_name("mine").is_some(), "node names are kept");
 }
 
-/// A Constant that only fed what simplification removed goes with it, yet
-/// a manual affinity naming it (a pin copied from the model file) is
-/// still accepted: it has nothing to place.
-#[test]
-fn a_pin_on_a_constant_removed_with_what_it_fed_is_accepted() {
-    use tessera_common::affinity::{parse_manual_affinity, DevicePriority, UnplacedWhy};
-    let mut model = shape_chain();
-    let g = model.graph.as_mut().unwrap();
-    let mut constant = node("orphan_k", "Constant", &[], &["orphan"]);
+/// A `Constant` node `name` making `output`, the float 2.0 of shape [1].
+fn constant_two(name: &str, output: &str) -> NodeProto {
+    let mut constant = node(name, "Constant", &[], &[output]);
     constant.attribute.push(AttributeProto {
         name: Some("value".into()),
         t: Some(
@@ -393,7 +387,18 @@ fn a_pin_on_a_constant_removed_with_what_it_fed_is_accepted() {
         r#type: Some(4),
         ..Default::default()
     });
-    g.node.push(constant);
+    constant
+}
+
+/// A Constant that only fed what simplification removed goes with it, yet
+/// a manual affinity naming it (a pin copied from the model file) is
+/// still accepted: it has nothing to place.
+#[test]
+fn a_pin_on_a_constant_removed_with_what_it_fed_is_accepted() {
+    use tessera_common::affinity::{parse_manual_affinity, DevicePriority, UnplacedWhy};
+    let mut model = shape_chain();
+    let g = model.graph.as_mut().unwrap();
+    g.node.push(constant_two("orphan_k", "orphan"));
     let shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 4, 4])]);
     let (graph, report) = tessera_common::plan::prepare(&model, &shapes).unwrap();
     assert_eq!(report.dropped_constants, ["orphan_k"]);
@@ -417,18 +422,7 @@ fn manual_affinity_accepts_constants_and_folded_nodes() {
     use tessera_common::affinity::{parse_manual_affinity, DevicePriority, UnplacedWhy};
     let mut model = shape_chain();
     let g = model.graph.as_mut().unwrap();
-    let mut constant = node("k", "Constant", &[], &["kv"]);
-    constant.attribute.push(AttributeProto {
-        name: Some("value".into()),
-        t: Some(
-            Tensor::from_values(vec![1], &[2.0f32])
-                .unwrap()
-                .to_proto(""),
-        ),
-        r#type: Some(4),
-        ..Default::default()
-    });
-    g.node.push(constant);
+    g.node.push(constant_two("k", "kv"));
     g.node.push(node("add_k", "Add", &["z", "kv"], &["out"]));
     g.output[0] = tensor_info("out", 1, &[-1, -1, -1]);
     let shapes = BTreeMap::from([("x".to_string(), vec![1, 3, 4, 4])]);
