@@ -14,6 +14,7 @@ asked, and that related sentences are nearer than unrelated ones. Exits
 non-zero on the first failure.
 """
 
+import base64
 import concurrent.futures
 import json
 import sys
@@ -25,6 +26,8 @@ import numpy as np
 import onnxruntime as ort
 import openai
 from tokenizers import Tokenizer
+
+from http_json import post
 
 TOLERANCE = 1e-5
 
@@ -74,16 +77,6 @@ class Reference:
 
 def vectors(answer):
     return np.array([d.embedding for d in sorted(answer.data, key=lambda d: d.index)], np.float32)
-
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 SENTENCES = [
@@ -141,7 +134,7 @@ def main() -> None:
           f"{many.usage!r} vs {tokens}")
     status, raw = post(f"{base}/embeddings", {"model": model, "input": SENTENCES[:2],
                                               "encoding_format": "base64"})
-    decoded = np.stack([np.frombuffer(__import__("base64").b64decode(d["embedding"]), "<f4")
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4")
                         for d in raw["data"]])
     check("base64 is the same float32 vectors", status == 200
           and np.array_equal(decoded, got[:2]), f"{status}")

@@ -25,6 +25,8 @@ import urllib.request
 
 import openai
 
+from http_json import post
+
 
 def check(name: str, ok: bool, detail: str = "") -> None:
     print(f"{'ok' if ok else 'FAIL'}: {name} {detail}")
@@ -101,17 +103,6 @@ def main() -> None:
     check_logprobs(client, model)
     check_conventions(client, base, model, plain, chat)
     check_queue(client, base, model)
-
-
-def post(url, body):
-    """POSTs JSON; the status and the JSON answer."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def check_conventions(client, base, model, plain, chat):
