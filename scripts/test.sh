@@ -62,6 +62,15 @@ fi
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   export TESSERA_BROWSER_TESTS=${TESSERA_BROWSER_TESTS:-required}
 fi
+# Hosts apart: network namespaces, veth pairs, a bridge and tbf (iproute2),
+# as root; required there.
+if ! command -v tc >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get install -y -q iproute2 || { apt-get update -q && apt-get install -y -q iproute2; }; } >/dev/null 2>&1 ||
+    echo "warning: could not install iproute2; the hosts-apart tests are skipped"
+fi
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
+  export TESSERA_NETNS_TESTS=${TESSERA_NETNS_TESTS:-required}
+fi
 if command -v kubectl >/dev/null; then
   export TESSERA_K8S_TESTS=${TESSERA_K8S_TESTS:-required}
 else

@@ -23,6 +23,7 @@ use tessera_client::generate::{
 use tessera_client::{Client, LoadOptions, Network};
 use tessera_common::tensor::Tensor;
 use util::cluster::Cluster;
+use util::genai::{genai, Oracle};
 use util::runtime;
 
 /// Each test's cluster runs alone: on two cores, a generation whose
@@ -33,54 +34,8 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// onnxruntime-genai's greedy answer for one prompt.
-#[derive(Debug)]
-struct Oracle {
-    prompt_ids: Vec<u32>,
-    ids: Vec<u32>,
-    text: String,
-}
-
 fn folder(name: &str) -> PathBuf {
     util::model(name)
-}
-
-/// onnxruntime-genai's greedy generations of `prompts` (as chat user
-/// messages with `chat`).
-fn genai(folder: &std::path::Path, prompts: &[&str], max_new: u32, chat: bool) -> Vec<Oracle> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scripts/llm/genai_generate.py"
-    );
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg(script)
-        .arg(folder)
-        .args(["--max-new", &max_new.to_string()])
-        .args(prompts);
-    if chat {
-        cmd.arg("--chat");
-    }
-    let out = cmd.output().expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "onnxruntime-genai: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("oracle JSON");
-            let ids = |key: &str| -> Vec<u32> {
-                let list = v[key].as_array().expect("ids").iter();
-                list.map(|i| i.as_u64().expect("an id") as u32).collect()
-            };
-            Oracle {
-                prompt_ids: ids("prompt_ids"),
-                ids: ids("ids"),
-                text: v["text"].as_str().expect("text").to_string(),
-            }
-        })
-        .collect()
 }
 
 /// Each of `prompts` generated alone on `network` (greedy, `max_tokens`)

@@ -9,15 +9,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use tessera_common::affinity::DeviceId;
 use tessera_common::graph::Graph;
-use tessera_common::onnx::parts::{encode_parts, parts_len};
+use tessera_common::onnx::parts::{encode_model_parts, Part};
 use tessera_common::plan::{io_names, Stage};
 use tessera_common::schedule::predict::CopyCost;
 use tessera_common::schedule::Replicas;
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
 use tessera_common::wire::control::{DeploySpec, Destination, LoadRequest, Route, StatePair};
+use tessera_common::wire::pieces::{self, PieceRef};
 use tessera_common::wire::{Limits, Message, Progress};
 use tessera_net::exchange;
 use tokio::sync::mpsc;
@@ -107,10 +107,16 @@ async fn deploy_copies(
     progress: &mpsc::Sender<Progress>,
     only: Option<&[String]>,
 ) -> Result<Loaded, CoordinatorError> {
+    let key = placement_key(request, model);
+    let one_copy = request.replicas == Replicas::Count(1);
+    let previous = match shared.placements.get(&key) {
+        Some(p) if one_copy => p.clone(),
+        _ => Default::default(),
+    };
     let scope = Scope {
         only,
         network: Some(network),
-        ..Default::default()
+        previous,
     };
     let scheduled =
         plan_request(shared, request, model, progress, request.replicas, &scope).await?;
@@ -141,6 +147,9 @@ async fn deploy_copies(
         return Err(error.unwrap_or_else(|| CoordinatorError::Plan("deployment failed".into())));
     }
     let several = copies.len() > 1;
+    if let (true, [Ok(only)]) = (one_copy, &deployed[..]) {
+        shared.placements.insert(key, only.plan.affinity.clone());
+    }
     let replicas = deployed
         .into_iter()
         .flatten()
@@ -160,6 +169,21 @@ async fn deploy_copies(
         generator,
         embedder,
     }))
+}
+
+/// What a load's remembered placement is found by: its name, size and
+/// devices. A placement is only a hint (the planner keeps it only where
+/// it names the model's nodes, still fits and predicts within 10 % of the
+/// best cut), so a model changed under the same name costs nothing.
+pub(crate) fn placement_key(request: &LoadRequest, model: &Bytes) -> String {
+    format!(
+        "{}|{}|{}|{:?}|{:?}",
+        request.name,
+        model.len(),
+        request.devices,
+        request.policy,
+        request.shapes
+    )
 }
 
 /// Plans one copy of `model` as asked over the workers connected now,
@@ -328,11 +352,12 @@ fn hosts_of_stages<'a>(stages: impl Iterator<Item = &'a Stage>) -> Vec<String> {
 }
 
 /// One subgraph to deploy: its host, its spec and its model, as pieces
-/// (see [`encode_parts`]: the weights are the coordinator's own bytes).
+/// (see [`encode_model_parts`]: the weights are the coordinator's own
+/// bytes).
 struct Shipment {
     host: String,
     spec: DeploySpec,
-    model: Vec<Bytes>,
+    model: Vec<Part>,
 }
 
 impl Shipment {
@@ -398,15 +423,15 @@ fn deploy_specs(
                 .plan
                 .export_stage(planned.graph, i)
                 .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
-            let model = encode_parts(&model);
-            let mut hash = Sha256::new();
-            model.iter().for_each(|p| hash.update(p));
+            let model = encode_model_parts(&model);
+            let (pieces, model_hash) = pieces::layout(&model);
             let spec = DeploySpec {
                 network: deployment,
                 subgraph: i as u32,
                 device: stage.device.name.clone(),
-                model_hash: hex(&hash.finalize()),
-                model_bytes: parts_len(&model),
+                model_hash,
+                model_bytes: pieces::model_len(&pieces),
+                pieces,
                 inputs: stage.inputs.clone(),
                 outputs: stage.outputs.iter().map(route).collect(),
                 // A subgraph of constants only runs once per trigger.
@@ -500,7 +525,7 @@ const PROGRESS_EVERY: u64 = 8 << 20;
 
 /// One subgraph's Deploy exchange: the spec; the model, streamed from the
 /// pieces with byte progress, only if the worker asks for it (its compile
-/// cache lacks it); then the worker's answer.
+/// cache lacks it), less the weights it holds; then the worker's answer.
 async fn deploy_one(
     worker: &WorkerEntry,
     limits: &Limits,
@@ -528,12 +553,23 @@ async fn deploy_one(
         })
         .await
         .map_err(|e| failed(e.to_string()))?;
-        if answer != WorkerAnswer::NeedModel {
+        let WorkerAnswer::NeedModel { missing } = answer else {
             let _ = send.finish();
             return Ok(answer);
-        }
-        let what = format!("sending subgraph {} to {name}", shipment.spec.subgraph);
-        let total = shipment.spec.model_bytes;
+        };
+        let spec = &shipment.spec;
+        pieces::check_missing(&spec.pieces, &missing)
+            .map_err(|e| failed(format!("its ask for the model: {e}")))?;
+        let total = pieces::payload_len(&spec.pieces, &missing);
+        tracing::info!(
+            subgraph = spec.subgraph,
+            host = %name,
+            sending = total,
+            of = spec.model_bytes,
+            weights_held = spec.pieces.iter().filter(|p| matches!(p, PieceRef::Weight { .. })).count() - missing.len(),
+            "sending the subgraph's model"
+        );
+        let what = format!("sending subgraph {} to {name}", spec.subgraph);
         let mut reported = 0;
         let report = |done: u64| {
             if done == total || done >= reported + PROGRESS_EVERY {
@@ -549,7 +585,7 @@ async fn deploy_one(
         let sent = exchange::send_message_parts(
             &mut send,
             &ToWorker::Model,
-            &shipment.model,
+            &pieces::payload(&shipment.model, &missing),
             limits,
             report,
         )
@@ -599,8 +635,4 @@ pub async fn unload(shared: &Arc<Shared>, network: u64) -> Result<(), Coordinato
         undeploy(shared, deployed.id, &deployed.hosts).await;
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -163,6 +163,11 @@ pub struct Shared {
     pub led_since: std::sync::OnceLock<std::time::Instant>,
     /// What a standby prepared for a takeover (HA).
     pub warm: state::restore::Warm,
+    /// The last placement of each model loaded as one copy (by
+    /// [`deploy::placement_key`]): a later load of it keeps that cut while
+    /// it still fits and predicts nearly as well, so the workers' caches
+    /// hold its subgraphs.
+    pub placements: DashMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 impl Shared {
@@ -273,6 +278,7 @@ impl Coordinator {
             stepped_down: tokio::sync::watch::Sender::new(None),
             led_since: std::sync::OnceLock::new(),
             warm: Default::default(),
+            placements: DashMap::new(),
         });
         if leading {
             let addr = shared.advertised();

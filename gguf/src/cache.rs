@@ -54,15 +54,21 @@ struct Generation {
 
 /// The cache's folder, if the environment names a home for it.
 pub fn cache_dir() -> Option<PathBuf> {
+    Some(cache_root()?.join("gguf"))
+}
+
+/// Tessera's cache folder: `$TESSERA_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera` (none where the
+/// environment names no home).
+pub fn cache_root() -> Option<PathBuf> {
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    let root = var("TESSERA_CACHE_DIR")
+    var("TESSERA_CACHE_DIR")
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessera")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessera")))?;
-    Some(root.join("gguf"))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessera")))
 }
 
 /// The model of the GGUF at `path`, from the cache or built (and cached

@@ -48,9 +48,19 @@ struct Args {
     /// Threads per subgraph (plugin NUM_THREADS).
     #[arg(long)]
     threads: Option<usize>,
-    /// Compiled-subgraph cache directory.
+    /// Where compiled subgraphs and received weights are kept (default:
+    /// `$TESSERA_CACHE_DIR/worker/NAME`, else under `$XDG_CACHE_HOME` or
+    /// `~/.cache`): a deploy of any cut of a model seen before asks for no
+    /// weight bytes.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Keep nothing on disk: every deploy receives its whole model.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+    /// The most each of the two caches (compiled subgraphs, weights)
+    /// keeps, the least recently used going first (default 16GiB).
+    #[arg(long, value_name = "SIZE")]
+    cache_limit: Option<String>,
     /// The most memory each device offers for models: a size (64MiB,
     /// 2GiB) for every device, or KIND=SIZE pairs (CPU=2GiB,GPU=8GiB).
     /// Without it a CPU device offers the machine's available memory and a
@@ -193,7 +203,17 @@ fn run(args: Args) -> Result<()> {
         .certs
         .or(file.certs)
         .unwrap_or_else(|| PathBuf::from("certs"));
-    let cache_dir = args.cache_dir.or(file.cache_dir);
+    let cache_dir = match args.no_cache {
+        true => None,
+        false => args.cache_dir.or(file.cache_dir).or_else(|| {
+            tessera_gguf::cache::cache_root().map(|root| root.join("worker").join(&name))
+        }),
+    };
+    let cache_limit = match args.cache_limit.or(file.cache_limit) {
+        Some(text) => tessera_common::memory::parse_size(&text)
+            .with_context(|| format!("cache_limit '{text}'"))?,
+        None => tessera_worker::daemon::cache::DEFAULT_LIMIT,
+    };
     let (config, memory_limit) = compute_settings(
         ComputeFlags {
             cpu_backend: args.cpu_backend,
@@ -223,6 +243,7 @@ fn run(args: Args) -> Result<()> {
             .unwrap_or_else(|| "tessera".into()),
         mailbox: file.mailbox.unwrap_or(64),
         cache_dir,
+        cache_limit,
         config,
         memory_limit,
         adopt_grace,

@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 pub mod cluster;
+pub mod genai;
 pub mod ha;
 pub mod kserve;
 pub mod llama_cpp;
 #[path = "../../../tests/rust/models.rs"]
 mod models;
+pub mod netns;
 #[path = "../../../tests/rust/oracle.rs"]
 pub mod oracle;
 

@@ -112,10 +112,42 @@ fn constant_pieces(mut n: NodeProto, at: usize) -> [Bytes; 2] {
     )
 }
 
+/// One piece of an encoded model: a frame (field headers, the model
+/// without its large weights), or one large weight's `raw_data`, which a
+/// worker may already hold by content.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Frame(Bytes),
+    Weight(Bytes),
+}
+
+impl Part {
+    pub fn bytes(&self) -> &Bytes {
+        match self {
+            Part::Frame(b) | Part::Weight(b) => b,
+        }
+    }
+
+    pub fn into_bytes(self) -> Bytes {
+        match self {
+            Part::Frame(b) | Part::Weight(b) => b,
+        }
+    }
+}
+
 /// `model` as pieces (see the module doc): their concatenation decodes to
 /// `model` with its large initializers last and its large `Constant`
 /// nodes first.
 pub fn encode_parts(model: &ModelProto) -> Vec<Bytes> {
+    encode_model_parts(model)
+        .into_iter()
+        .map(Part::into_bytes)
+        .collect()
+}
+
+/// [`encode_parts`] with each piece marked: every large weight is a
+/// [`Part::Weight`], everything else a [`Part::Frame`].
+pub fn encode_model_parts(model: &ModelProto) -> Vec<Part> {
     let mut head = model.clone();
     let mut pieces = Vec::new();
     let mut weights = Vec::new();
@@ -126,7 +158,7 @@ pub fn encode_parts(model: &ModelProto) -> Vec<Bytes> {
         g.node = nodes;
         for n in constants {
             if let Some(at) = large_value(&n) {
-                pieces.extend(constant_pieces(n, at));
+                pieces.extend(marked(constant_pieces(n, at)));
             }
         }
         let (large, small): (Vec<TensorProto>, Vec<TensorProto>) =
@@ -136,11 +168,16 @@ pub fn encode_parts(model: &ModelProto) -> Vec<Bytes> {
         g.initializer = small;
         weights = large;
     }
-    pieces.push(Bytes::from(head.encode_to_vec()));
+    pieces.push(Part::Frame(Bytes::from(head.encode_to_vec())));
     for t in weights {
-        pieces.extend(initializer_pieces(t));
+        pieces.extend(marked(initializer_pieces(t)));
     }
     pieces
+}
+
+/// A weight's two pieces: its frame, then its bytes.
+fn marked([frame, raw]: [Bytes; 2]) -> [Part; 2] {
+    [Part::Frame(frame), Part::Weight(raw)]
 }
 
 /// Total bytes of `parts`.
@@ -174,6 +211,11 @@ mod tests {
             .unwrap();
         assert_eq!(parts[2].as_ptr(), w1.as_ptr());
         assert_eq!(concatenated(&parts), shared);
+        let marked = encode_model_parts(&shared);
+        let weights: Vec<usize> = (0..marked.len())
+            .filter(|&i| matches!(marked[i], Part::Weight(_)))
+            .collect();
+        assert_eq!(weights, vec![2, 4, 6]);
         // A model with only small weights is one piece, its encoding.
         let cnn = crate::synth::small_cnn(1);
         assert_eq!(encode_parts(&cnn), vec![Bytes::from(cnn.encode_to_vec())]);

@@ -25,8 +25,9 @@ pub enum ToWorker {
     /// Compile and serve a subgraph (its model follows only if the worker
     /// answers [`WorkerAnswer::NeedModel`]).
     Deploy { spec: DeploySpec, epoch: u64 },
-    /// After `NeedModel`: the subgraph's model is the payload (on the
-    /// `Deploy`'s stream: its epoch).
+    /// After `NeedModel`: the subgraph's model is the payload, less the
+    /// weights the worker holds (on the `Deploy`'s stream: its epoch; see
+    /// [`super::pieces`]).
     Model,
     /// Stop a deployment's subgraphs.
     Undeploy { network: u64, epoch: u64 },
@@ -60,8 +61,11 @@ pub enum WorkerAnswer {
         answers: Vec<DeviceAnswer>,
     },
     /// On a `Deploy` stream: its compile cache lacks the subgraph; send
-    /// the model.
-    NeedModel,
+    /// the model's frames and the weights it lacks (indices into the
+    /// spec's `pieces`, ascending).
+    NeedModel {
+        missing: Vec<u32>,
+    },
     Deployed {
         network: u64,
         subgraph: u32,

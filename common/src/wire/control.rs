@@ -45,16 +45,20 @@ pub struct Route {
 
 /// A subgraph to compile and serve. Its model follows on the same stream
 /// only if the worker asks for it ([`super::cluster::WorkerAnswer::NeedModel`]): a worker whose
-/// compile cache holds the hash compiles nothing and receives nothing.
+/// compile cache holds the hash compiles nothing and receives nothing, and
+/// one that holds some of its weights ([`Self::pieces`]) is sent the rest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeploySpec {
     pub network: u64,
     pub subgraph: u32,
     pub device: String,
-    /// SHA-256 of the model, hex: the worker's compile-cache key.
+    /// SHA-256 of the model's content, hex (see
+    /// [`super::pieces::layout`]): the worker's compile-cache key.
     pub model_hash: String,
     /// The model's size in bytes.
     pub model_bytes: u64,
+    /// The pieces the model is sent in, each large weight by its hash.
+    pub pieces: Vec<super::pieces::PieceRef>,
     pub inputs: Vec<String>,
     pub outputs: Vec<Route>,
     /// Requests waiting in its mailbox run as one batch (absent: one at a

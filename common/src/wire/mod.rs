@@ -58,6 +58,7 @@ pub mod generate;
 pub mod handshake;
 pub mod message;
 pub mod peer;
+pub mod pieces;
 pub mod plan_json;
 pub mod routes;
 pub mod shared;
@@ -70,8 +71,9 @@ pub use message::{Failure, Message, Progress, Reply, Status};
 /// 13: requests go from requesters to workers (the data channel and
 /// routing tables); the coordinator is off the data path. 15: payloads of
 /// same-host peers through shared memory (a prefix flag, the hello's
-/// region).
-pub const PROTOCOL_VERSION: u16 = 15;
+/// region). 16: models by content (a Deploy's pieces, each large weight
+/// by its hash; the worker asks for the weights it lacks).
+pub const PROTOCOL_VERSION: u16 = 16;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.

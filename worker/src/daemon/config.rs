@@ -24,8 +24,10 @@ pub struct WorkerConfig {
     pub certs: Option<PathBuf>,
     /// Bounded mailbox of each subgraph actor.
     pub mailbox: Option<usize>,
-    /// Compiled-subgraph cache directory.
+    /// Where compiled subgraphs and received weights are kept.
     pub cache_dir: Option<PathBuf>,
+    /// The most each of the two caches keeps (`"16GiB"`).
+    pub cache_limit: Option<String>,
     /// Seconds what is deployed here keeps serving after the coordinator
     /// is lost, waiting for one to adopt it (default 300).
     pub adopt_grace_s: Option<f64>,

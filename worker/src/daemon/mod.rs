@@ -49,7 +49,7 @@ use tessera_net::{NetError, Node};
 use crate::plugin::{Config, DevicePlugin, MetricValue, PluginError};
 use crate::plugins;
 use actor::stop_all;
-use cache::CompileCache;
+use cache::{CompileCache, WeightStore};
 use routes::Router;
 use session::session;
 
@@ -74,8 +74,11 @@ pub struct WorkerOptions {
     pub cluster: String,
     /// Bounded mailbox of each subgraph actor.
     pub mailbox: usize,
-    /// Where compiled subgraphs are cached (none: no cache).
+    /// Where compiled subgraphs and weights are cached (none: no cache).
     pub cache_dir: Option<PathBuf>,
+    /// The most bytes each of the two caches keeps (compiled subgraphs;
+    /// weights), the least recently used going first.
+    pub cache_limit: u64,
     /// Plugin configuration (e.g. `NUM_THREADS`) for every compile.
     pub config: Vec<(String, String)>,
     /// The most memory each device offers for models (none: what it has).
@@ -227,6 +230,31 @@ fn proc_kb(file: &str, key: &str) -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
+/// The compile cache and the weight store in `options.cache_dir`
+/// (`compiled/`, `weights/`), indexed off the async threads.
+async fn open_caches(
+    options: &WorkerOptions,
+) -> (Option<Arc<CompileCache>>, Option<Arc<WeightStore>>) {
+    let Some(dir) = options.cache_dir.clone() else {
+        return (None, None);
+    };
+    let limit = options.cache_limit;
+    let opened = tokio::task::spawn_blocking(move || {
+        (
+            Arc::new(CompileCache::open(dir.join("compiled"), limit)),
+            Arc::new(WeightStore::open(dir.join("weights"), limit)),
+        )
+    })
+    .await;
+    match opened {
+        Ok((cache, weights)) => (Some(cache), Some(weights)),
+        Err(e) => {
+            tracing::warn!("opening the caches: {e}; running without");
+            (None, None)
+        }
+    }
+}
+
 /// The machine's available memory (Linux's `MemAvailable`), bytes.
 pub fn available_memory() -> Option<u64> {
     proc_kb("/proc/meminfo", "MemAvailable:")
@@ -241,7 +269,9 @@ struct State {
     name: String,
     devices: Vec<Device>,
     router: Arc<Router>,
-    cache: Option<CompileCache>,
+    cache: Option<Arc<CompileCache>>,
+    /// Large weights by content, in the cache directory.
+    weights: Option<Arc<WeightStore>>,
     mailbox: usize,
     config: Config,
     node: Arc<Node>,
@@ -344,11 +374,13 @@ async fn serve_sessions(
     for (k, v) in &options.config {
         config.set(k, v)?;
     }
+    let (cache, weights) = open_caches(options).await;
     let state = Arc::new(State {
         name: options.name.clone(),
         devices,
         router: Arc::new(Router::new(&options.name, node.clone())),
-        cache: options.cache_dir.clone().map(CompileCache::new),
+        cache,
+        weights,
         mailbox: options.mailbox.max(1),
         config,
         node: node.clone(),

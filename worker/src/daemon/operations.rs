@@ -10,6 +10,7 @@ use bytes::Bytes;
 use tessera_common::onnx::{decode_model, OnnxError};
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
 use tessera_common::wire::control::{DeploySpec, Destination, DeviceAnswer, ErrorKind, TypeReport};
+use tessera_common::wire::pieces::{self, Assembled, PieceError, PieceRef};
 use tessera_common::wire::{Message, Progress};
 use tessera_net::exchange::{self, ExchangeError};
 use tessera_net::NetError;
@@ -156,6 +157,8 @@ pub(super) enum OperationError {
     NotTheModel(&'static str),
     #[error("the coordinator sent no model")]
     NoModel,
+    #[error("putting the model together: {0}")]
+    Pieces(PieceError),
     #[error("receiving the model: {0}")]
     ReceiveModel(ExchangeError),
     #[error("{what}: {source}")]
@@ -185,35 +188,78 @@ async fn from_cache(
     .flatten()
 }
 
-/// Asks the coordinator for the subgraph's model on this stream and reads it.
+/// Asks the coordinator for the subgraph's model on this stream, less the
+/// weights this worker holds, and puts it together: the model and the
+/// weights that came (to keep).
 async fn receive_model(
     state: &Arc<State>,
     spec: &DeploySpec,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<Bytes, OperationError> {
+) -> Result<Assembled, OperationError> {
     let limits = *state.node.limits();
-    exchange::send_message(send, &WorkerAnswer::NeedModel, None, &limits)
+    let held = held_weights(state, spec).await?;
+    let missing = pieces::missing(&spec.pieces, |sha| {
+        held.iter().flatten().any(|(h, _)| h == sha)
+    });
+    let held: Vec<Option<Bytes>> = held.into_iter().map(|h| h.map(|(_, b)| b)).collect();
+    let announced = pieces::payload_len(&spec.pieces, &missing);
+    let ask = WorkerAnswer::NeedModel {
+        missing: missing.clone(),
+    };
+    exchange::send_message(send, &ask, None, &limits)
         .await
         .map_err(OperationError::AskModel)?;
-    match exchange::read_operation::<ToWorker>(recv, &limits).await {
-        Ok(Some((ToWorker::Model, model))) if model.len() as u64 == spec.model_bytes => {
-            tracing::info!(
-                subgraph = spec.subgraph,
-                bytes = model.len(),
-                "received the subgraph's model"
-            );
-            Ok(model)
+    let payload = match exchange::read_operation::<ToWorker>(recv, &limits).await {
+        Ok(Some((ToWorker::Model, payload))) if payload.len() as u64 == announced => payload,
+        Ok(Some((ToWorker::Model, payload))) => {
+            return Err(OperationError::ModelSize {
+                subgraph: spec.subgraph,
+                got: payload.len() as u64,
+                announced,
+            })
         }
-        Ok(Some((ToWorker::Model, model))) => Err(OperationError::ModelSize {
-            subgraph: spec.subgraph,
-            got: model.len() as u64,
-            announced: spec.model_bytes,
-        }),
-        Ok(Some((other, _))) => Err(OperationError::NotTheModel(other.name())),
-        Ok(None) => Err(OperationError::NoModel),
-        Err(e) => Err(OperationError::ReceiveModel(e)),
-    }
+        Ok(Some((other, _))) => return Err(OperationError::NotTheModel(other.name())),
+        Ok(None) => return Err(OperationError::NoModel),
+        Err(e) => return Err(OperationError::ReceiveModel(e)),
+    };
+    tracing::info!(
+        subgraph = spec.subgraph,
+        received = payload.len(),
+        model = spec.model_bytes,
+        weights_held = held.iter().flatten().count(),
+        "received the subgraph's model"
+    );
+    let pieces = spec.pieces.clone();
+    tokio::task::spawn_blocking(move || pieces::assemble(&pieces, &held, payload))
+        .await
+        .map_err(OperationError::Task)?
+        .map_err(OperationError::Pieces)
+}
+
+/// Per piece of the spec, the weight as this worker holds it (hash
+/// checked), if it does.
+async fn held_weights(
+    state: &Arc<State>,
+    spec: &DeploySpec,
+) -> Result<Vec<Option<(String, Bytes)>>, OperationError> {
+    let Some(store) = state.weights.clone() else {
+        return Ok(vec![None; spec.pieces.len()]);
+    };
+    let pieces = spec.pieces.clone();
+    tokio::task::spawn_blocking(move || {
+        pieces
+            .iter()
+            .map(|p| match p {
+                PieceRef::Weight { sha256, .. } if store.holds(sha256) => {
+                    store.get(sha256).map(|b| (sha256.clone(), b))
+                }
+                _ => None,
+            })
+            .collect()
+    })
+    .await
+    .map_err(OperationError::Task)
 }
 
 /// Compiles (or loads from the cache) one subgraph and starts its actor.
@@ -275,7 +321,7 @@ async fn compiled(
     if let Some(c) = from_cache(state, &plugin, &key).await {
         return Ok((c, true));
     }
-    let model = receive_model(state, spec, send, recv).await?;
+    let Assembled { model, received } = receive_model(state, spec, send, recv).await?;
     let progress = WorkerAnswer::Progress(Progress {
         what: what.clone(),
         done: 0,
@@ -285,7 +331,14 @@ async fn compiled(
         tracing::debug!("reporting progress: {e}");
     }
     let (cache, config) = (state.cache.clone(), state.config.clone());
+    let weights = state.weights.clone();
     let compiled = tokio::task::spawn_blocking(move || {
+        if let Some(store) = &weights {
+            for (sha256, bytes) in &received {
+                store.put(sha256, bytes);
+            }
+        }
+        drop(received);
         let compiled = plugin.compile(&model, &config)?;
         // The model's bytes go with this closure: the worker keeps what
         // the compiled subgraph holds, nothing more.

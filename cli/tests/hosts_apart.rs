@@ -1,0 +1,182 @@
+//! Hosts apart: the coordinator and each worker in a network namespace of
+//! its own, joined by a bridge, every link capped at 100 Mbit/s both ways
+//! with `tbf`; they talk over real interfaces (no loopback, so no shared
+//! memory). Needs root (`scripts/test.sh` requires it there); skipped with
+//! a note elsewhere.
+
+mod util;
+
+use std::time::Instant;
+
+use util::cluster::{certs_init, worker_args, Proc, CLUSTER};
+use util::genai::genai;
+use util::netns::{self, Lan};
+
+const COORDINATOR: &str = "coordinator";
+const WORKERS: [&str; 2] = ["node-a", "node-b"];
+
+/// The bytes of every file in `folder`.
+fn folder_bytes(folder: &std::path::Path) -> u64 {
+    std::fs::read_dir(folder)
+        .expect("the model folder")
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// A coordinator and the workers, each in its namespace of `lan`.
+struct Apart {
+    coordinator: Proc,
+    workers: Vec<Proc>,
+    addr: String,
+    certs: std::path::PathBuf,
+}
+
+fn in_ns(lan: &Lan, host: &str, bin: &str, args: &[String]) -> (String, Vec<String>) {
+    let mut all = vec!["netns".into(), "exec".into(), lan.ns(host), bin.into()];
+    all.extend(args.iter().cloned());
+    ("ip".into(), all)
+}
+
+fn start(lan: &Lan, dir: &std::path::Path, worker_extra: &[&str]) -> Apart {
+    let certs = dir.join("certs");
+    let mut nodes = vec![COORDINATOR, "client"];
+    nodes.extend(WORKERS);
+    certs_init(&certs, CLUSTER, &nodes);
+    let addr = format!("{}:7400", lan.addr(COORDINATOR));
+    let config = dir.join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "cluster = \"{CLUSTER}\"\nlisten = \"{addr}\"\ncerts = \"{}\"\n\
+             heartbeat_ms = 200\nworker_timeout_ms = 3000\n",
+            certs.display()
+        ),
+    )
+    .unwrap();
+    let (bin, args) = in_ns(
+        lan,
+        COORDINATOR,
+        env!("CARGO_BIN_EXE_coordinator"),
+        &["--config".into(), config.display().to_string()],
+    );
+    let (coordinator, _) = Proc::start(COORDINATOR, &bin, &args, dir, "listening on ", "info");
+    let workers = WORKERS
+        .iter()
+        .map(|name| {
+            let mut args = worker_args(&addr, dir, name, &certs, 1);
+            args.extend(["--listen".into(), format!("{}:0", lan.addr(name))]);
+            args.extend(worker_extra.iter().map(|a| a.to_string()));
+            let (bin, args) = in_ns(lan, name, env!("CARGO_BIN_EXE_worker"), &args);
+            Proc::start(name, &bin, &args, dir, "registered as ", "info").0
+        })
+        .collect();
+    Apart {
+        coordinator,
+        workers,
+        addr,
+        certs,
+    }
+}
+
+/// One `tessera generate` from the coordinator's host: its text, the load
+/// time it printed, and the bytes each worker received meanwhile.
+fn generate(lan: &Lan, apart: &Apart, model: &std::path::Path, prompt: &str) -> (String, f64, u64) {
+    let before: u64 = WORKERS.iter().map(|w| lan.rx_bytes(w)).sum();
+    let started = Instant::now();
+    let out = lan
+        .command(COORDINATOR, env!("CARGO_BIN_EXE_tessera"))
+        .arg("generate")
+        .arg(model)
+        .args(["--prompt", prompt, "--max-tokens", "12", "--context", "256"])
+        .args([
+            "--coordinator",
+            &apart.addr,
+            "--cluster",
+            CLUSTER,
+            "--certs",
+        ])
+        .arg(&apart.certs)
+        .output()
+        .expect("tessera generate runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "generate: {stderr}\ncoordinator:\n{}",
+        apart.coordinator.log_text()
+    );
+    // Without the progress lines (`[done/total] what`).
+    let said: Vec<&str> = stderr.lines().filter(|l| !l.starts_with('[')).collect();
+    eprintln!(
+        "generate ({:.1} s in all):\n{}",
+        started.elapsed().as_secs_f64(),
+        said.join("\n")
+    );
+    let loaded = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("loaded in "))
+        .and_then(|l| l.trim_end_matches(" s").parse::<f64>().ok())
+        .expect("a load time");
+    let after: u64 = WORKERS.iter().map(|w| lan.rx_bytes(w)).sum();
+    // The text, then a line's end.
+    let text = String::from_utf8_lossy(&out.stdout);
+    (
+        text.strip_suffix('\n').unwrap_or(&text).to_string(),
+        loaded,
+        after - before,
+    )
+}
+
+#[test]
+fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_same_text() {
+    const TEST: &str = "hosts-apart-second-load";
+    if netns::skip(TEST) {
+        return;
+    }
+    let model = util::model("smollm2-135m-instruct");
+    let weights = folder_bytes(&model);
+    let prompt = "The capital of France is";
+    let want = genai(&model, &[prompt], 12, false);
+    let lan = Lan::new(&[COORDINATOR, WORKERS[0], WORKERS[1]], 100);
+    let dir = util::Scratch::new(TEST);
+    // 513 MiB of float32 weights: a worker offering 380 MiB holds about
+    // half, so the model is cut between the two.
+    let apart = start(&lan, &dir, &["--memory-limit", "380MiB"]);
+    let (first_text, first_load, first_bytes) = generate(&lan, &apart, &model, prompt);
+    assert_eq!(first_text, want[0].text);
+    let (second_text, second_load, second_bytes) = generate(&lan, &apart, &model, prompt);
+    assert_eq!(second_text, want[0].text);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "hosts apart at 100 Mbit/s, SmolLM2-135M float32 ({:.1} MiB of files) over two \
+         workers: first load {first_load:.2} s with {:.1} MiB received by the workers; \
+         second {second_load:.2} s with {:.2} MiB ({:.3} % of the weights)",
+        mib(weights),
+        mib(first_bytes),
+        mib(second_bytes),
+        100.0 * second_bytes as f64 / weights as f64
+    );
+    assert!(
+        first_bytes > weights / 2,
+        "the first load ships the weights: {first_bytes} bytes of {weights}"
+    );
+    assert!(
+        second_bytes * 100 <= weights,
+        "the second load sent {second_bytes} bytes, more than 1 % of {weights}"
+    );
+    // The same cut both times (the first load's placement kept): each
+    // worker's stage came from its compile cache.
+    for w in &apart.workers {
+        let log = w.log_text();
+        assert!(
+            log.contains("cached=true"),
+            "{}: the second load comes from its cache:\n{log}",
+            w.name
+        );
+    }
+    assert!(
+        second_load < first_load / 4.0,
+        "the second load ({second_load:.2} s) is not much quicker than the first ({first_load:.2} s)"
+    );
+}
