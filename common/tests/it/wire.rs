@@ -40,6 +40,13 @@ fn frames_round_trip_whatever_the_read_sizes() {
             device: "CPU".into(),
             model_hash: "ab".repeat(32),
             model_bytes: 1 << 20,
+            pieces: vec![
+                tessera_common::wire::pieces::PieceRef::Frame { bytes: 1000 },
+                tessera_common::wire::pieces::PieceRef::Weight {
+                    sha256: "cd".repeat(32),
+                    bytes: (1 << 20) - 1000,
+                },
+            ],
             inputs: vec!["x".into()],
             outputs: vec![Route {
                 tensor: "y".into(),
@@ -576,7 +583,7 @@ fn every_control_message_round_trips() {
         WorkerAnswer::QueryResult {
             answers: answers.clone(),
         },
-        WorkerAnswer::NeedModel,
+        WorkerAnswer::NeedModel { missing: vec![1] },
         WorkerAnswer::Deployed {
             network: 1,
             subgraph: 0,
