@@ -1,6 +1,8 @@
 //! An HA cluster for end-to-end tests: a real etcd (Debian's
 //! `etcd-server`, `scripts/test.sh` installs it) on loopback ports, two
-//! coordinator processes campaigning in it with one shared `state_dir`,
+//! coordinator processes campaigning in it, each with a `state_dir` of its
+//! own (no shared volume: what a standby needs is in etcd or in the
+//! model repository),
 //! and worker processes that follow the leader (`--coordinator a,b`).
 //! Every process is killed when the cluster is dropped.
 
@@ -170,7 +172,7 @@ impl HaCluster {
              request_deadline_ms = 60000\nstate_dir = \"{}\"\n{extra}\n\
              [ha]\netcd = [\"{}\"]\nlease_ttl_s = 1\n",
             self.certs.display(),
-            self.dir.join("state").display(),
+            self.dir.join(format!("state-{name}")).display(),
             self.etcd.endpoint,
         );
         std::fs::write(self.dir.join(format!("coordinator-{name}.toml")), text).unwrap();

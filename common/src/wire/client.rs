@@ -69,6 +69,13 @@ pub enum ClientRequest {
     Embedding {
         network: u64,
     },
+    /// Model bytes a client sent, by their SHA-256 (hex), as the
+    /// coordinator keeps them: answered by `KeptModel` with the bytes as
+    /// its payload. A standby asks the leader, so that it takes over
+    /// without a volume shared with it. A standby serves it too.
+    KeptModel {
+        sha256: String,
+    },
 }
 
 channel!(
@@ -86,7 +93,8 @@ channel!(
         Unload,
         Leader,
         Plan,
-        Embedding
+        Embedding,
+        KeptModel
     ]
 );
 
@@ -147,6 +155,8 @@ pub enum ClientReply {
     /// An embedding network's spec; the payload is its `tokenizer.json`
     /// (`tokenizer_bytes` long).
     Embedding(Box<EmbeddingSpec>),
+    /// The model bytes asked for are the payload.
+    KeptModel,
 }
 
 channel!(
@@ -165,7 +175,8 @@ channel!(
         Unloaded,
         Coordinators,
         NotLeader,
-        Embedding
+        Embedding,
+        KeptModel
     ]
 );
 

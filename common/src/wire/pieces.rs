@@ -121,7 +121,7 @@ pub fn check_missing(pieces: &[PieceRef], missing: &[u32]) -> Result<(), PieceEr
 
 /// The pieces a worker that lacks `missing` (checked) is sent: every
 /// frame and those weights, in order.
-pub fn payload<'a>(parts: &'a [Part], missing: &[u32]) -> Vec<Bytes> {
+pub fn payload(parts: &[Part], missing: &[u32]) -> Vec<Bytes> {
     parts
         .iter()
         .enumerate()

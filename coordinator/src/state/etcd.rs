@@ -6,8 +6,13 @@
 //! - `models/<name>`: a [`ModelRecord`].
 //!
 //! A value over [`INLINE_LIMIT`] (a generative network's tokenizer, a big
-//! plan) is a blob in the shared `blobs/` folder, and the key holds
-//! `{"blob": sha256}`: etcd refuses requests over 1.5 MiB by default.
+//! plan) is kept in etcd too, as chunks of at most [`CHUNK`] bytes under
+//! `chunks/<sha256>/<index>`, each written in a transaction of its own
+//! (etcd refuses requests over 1.5 MiB by default) before the key that
+//! holds `{"blob": sha256}`: a standby with a `state_dir` of its own (no
+//! shared volume) reads every record. (Pointers of earlier versions,
+//! whose bytes are in the `blobs/` folder, are still read there.) Model
+//! bytes clients sent stay in `state_dir`'s `blobs/`.
 //!
 //! Every write is one transaction that holds only while this
 //! coordinator's candidacy key still has the creation revision it led
@@ -23,8 +28,11 @@ use super::records::{ModelRecord, NetworkRecord};
 use super::store::{json, parse};
 use super::{sha256_hex, Change, StoreError};
 
-/// Values longer than this are kept as blobs.
+/// Values longer than this are kept as chunks.
 pub const INLINE_LIMIT: usize = 512 << 10;
+
+/// The most bytes of one chunk of a large value.
+pub const CHUNK: usize = 512 << 10;
 
 /// How long one etcd request of the store may take.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -154,15 +162,63 @@ impl EtcdStore {
             .map_err(|e| StoreError::Etcd(format!("writing a blob: {e}")))?
     }
 
-    /// A put of `value` at `rest`: inline, or as a blob and its pointer.
+    /// A put of `value` at `rest`: inline, or as chunks (written now) and
+    /// its pointer.
     async fn put<T: serde::Serialize>(&self, rest: String, value: &T) -> Result<TxnOp, StoreError> {
         let mut bytes = json(&rest, value)?;
         if bytes.len() > INLINE_LIMIT {
             let sha256 = sha256_hex(&bytes);
-            self.put_blob(Some(&sha256), Some(bytes.into())).await?;
+            self.put_chunks(&sha256, &bytes).await?;
             bytes = json(&rest, &Pointer { blob: sha256 })?;
         }
         Ok(TxnOp::put(self.key(&rest), bytes, None))
+    }
+
+    fn chunk_prefix(&self, sha256: &str) -> String {
+        self.key(&format!("chunks/{sha256}/"))
+    }
+
+    /// Writes `bytes` as chunks under their hash, one fenced transaction
+    /// each, unless they are all there.
+    async fn put_chunks(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let count = bytes.len().div_ceil(CHUNK);
+        let mut client = self.client.clone();
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let there = timed(client.get(self.chunk_prefix(sha256), Some(options))).await?;
+        if there.count() == count as i64 {
+            return Ok(());
+        }
+        for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+            let key = format!("{}{i:06}", self.chunk_prefix(sha256));
+            self.commit(vec![TxnOp::put(key, chunk.to_vec(), None)])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A large value's bytes: its chunks in etcd (checked against its
+    /// hash), else the `blobs/` folder of earlier versions.
+    async fn large_value(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
+        let mut client = self.client.clone();
+        let options = GetOptions::new().with_prefix();
+        let got = timed(client.get(self.chunk_prefix(sha256), Some(options))).await?;
+        let mut chunks: Vec<(&[u8], &[u8])> =
+            got.kvs().iter().map(|kv| (kv.key(), kv.value())).collect();
+        if !chunks.is_empty() {
+            chunks.sort();
+            let bytes: Vec<u8> = chunks.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+            if sha256_hex(&bytes) == sha256 {
+                return Ok(bytes);
+            }
+            return Err(StoreError::Etcd(format!(
+                "the chunks of {sha256} do not add up to it"
+            )));
+        }
+        let (blobs, sha) = (self.blobs.clone(), sha256.to_string());
+        Ok(tokio::task::spawn_blocking(move || blobs.get(&sha))
+            .await
+            .map_err(|e| StoreError::Etcd(format!("reading a blob: {e}")))??
+            .to_vec())
     }
 
     async fn commit(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
@@ -204,13 +260,18 @@ impl EtcdStore {
         for (key, value) in self.list(rest).await? {
             let value = match serde_json::from_slice::<Pointer>(&value) {
                 Ok(p) => {
-                    let blobs = self.blobs.clone();
-                    let sha = p.blob.clone();
+                    let read = self.large_value(&p.blob).await;
                     pointed.push(p.blob);
-                    tokio::task::spawn_blocking(move || blobs.get(&sha))
-                        .await
-                        .map_err(|e| StoreError::Etcd(format!("reading a blob: {e}")))??
-                        .to_vec()
+                    match read {
+                        Ok(bytes) => bytes,
+                        // One record this coordinator cannot read leaves
+                        // the others kept (and it in etcd).
+                        Err(e @ StoreError::NoBlob(_)) => {
+                            tracing::warn!("the kept record {key} cannot be read: {e}");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 Err(_) => value,
             };
@@ -252,9 +313,38 @@ impl EtcdStore {
                 .iter()
                 .filter_map(|m| m.source.blob().map(String::from)),
         );
+        self.collect_chunks(&named).await?;
         let blobs = self.blobs.clone();
         tokio::task::spawn_blocking(move || blobs.collect(&named))
             .await
             .map_err(|e| StoreError::Etcd(format!("collecting blobs: {e}")))?
+    }
+
+    /// Deletes the chunks of values no pointer names.
+    async fn collect_chunks(&self, named: &BTreeSet<String>) -> Result<(), StoreError> {
+        let mut client = self.client.clone();
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let got = timed(client.get(self.key("chunks/"), Some(options))).await?;
+        let base = self.key("chunks/");
+        let unnamed: BTreeSet<String> = got
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key());
+                let sha = key.strip_prefix(&base)?.split('/').next()?.to_string();
+                (!named.contains(&sha)).then_some(sha)
+            })
+            .collect();
+        if unnamed.is_empty() {
+            return Ok(());
+        }
+        let ops = unnamed
+            .iter()
+            .map(|sha| {
+                let options = etcd_client::DeleteOptions::new().with_prefix();
+                TxnOp::delete(self.chunk_prefix(sha), Some(options))
+            })
+            .collect();
+        self.commit(ops).await
     }
 }

@@ -69,7 +69,8 @@ enum Backend {
     None,
     /// One coordinator: `state_dir/state.redb`.
     Redb(Arc<Store>),
-    /// HA: etcd, blobs in the shared `state_dir`.
+    /// HA: etcd, and model bytes in `state_dir` (each coordinator's own,
+    /// or shared).
     Etcd(Arc<EtcdStore>),
 }
 
@@ -282,6 +283,15 @@ impl Keeper {
             Backend::None => Err(StoreError::NoBlob(sha256.to_string())),
             Backend::Redb(store) => store.blob(sha256),
             Backend::Etcd(store) => store.blobs().get(sha256),
+        }
+    }
+
+    /// Keeps model bytes another coordinator sent (HA: in this one's own
+    /// `blobs/`). Blocking.
+    pub fn keep_blob(&self, sha256: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Etcd(store) => store.blobs().put(sha256, bytes),
+            Backend::None | Backend::Redb(_) => Ok(()),
         }
     }
 }
