@@ -71,6 +71,7 @@ fn unknown_devices_list_what_this_machine_has() {
         cluster: "lab".into(),
         mailbox: 4,
         cache_dir: None,
+        cache_limit: 0,
         config: Vec::new(),
         memory_limit: Default::default(),
         adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
