@@ -440,8 +440,7 @@ async fn kept_model(
     };
     let limits = *shared.node.limits();
     let payload = [bytes];
-    exchange::send_message_parts(send, &ClientReply::KeptModel, &payload, &limits, |_| {})
-        .await?;
+    exchange::send_message_parts(send, &ClientReply::KeptModel, &payload, &limits, |_| {}).await?;
     Ok(())
 }
 

@@ -324,7 +324,9 @@ async fn from_leader(shared: &Arc<Shared>, sha256: &str) -> Result<bytes::Bytes,
         let _ = send.finish();
         tessera_net::recv_frame::<ClientReply>(&mut recv, &limits).await
     };
-    let frame = asked.await.map_err(|e| lacking(format!("the leader {leader}: {e}")));
+    let frame = asked
+        .await
+        .map_err(|e| lacking(format!("the leader {leader}: {e}")));
     peer.connection.close(0u32.into(), b"done");
     match frame? {
         Some(Frame::Control(ClientReply::KeptModel, bytes)) => {
@@ -335,7 +337,12 @@ async fn from_leader(shared: &Arc<Shared>, sha256: &str) -> Result<bytes::Bytes,
             if got != sha256 {
                 return Err(lacking(format!("the leader sent bytes with sha-256 {got}")));
             }
-            tracing::info!(sha256, bytes = bytes.len(), leader, "model bytes from the leader");
+            tracing::info!(
+                sha256,
+                bytes = bytes.len(),
+                leader,
+                "model bytes from the leader"
+            );
             Ok(bytes)
         }
         Some(Frame::Control(ClientReply::Failed(f), _)) => {
