@@ -214,7 +214,8 @@ async fn deploy_planned(
     progress: &mpsc::Sender<Progress>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_id().await;
-    let specs = deploy_specs(&planned, deployment, request)?;
+    let exported = export_stages(planned.graph, planned.plan).await?;
+    let specs = deploy_specs(&planned, deployment, request, exported)?;
     let models = specs.iter().map(Shipment::model).collect();
     let hosts = hosts_of(planned.plan);
     if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {
@@ -371,13 +372,62 @@ impl Shipment {
     }
 }
 
+/// A stage's model as pieces, its layout and its content hash.
+struct Exported {
+    parts: Vec<Part>,
+    pieces: Vec<PieceRef>,
+    model_hash: String,
+}
+
+/// Every stage's model, exported and hashed off the async threads, the
+/// stages side by side (hashing a language model's weights takes a
+/// fraction of a second per stage).
+async fn export_stages(
+    graph: &Arc<Graph>,
+    plan: &tessera_common::plan::Plan,
+) -> Result<Vec<Exported>, CoordinatorError> {
+    let (graph, plan) = (graph.clone(), plan.clone());
+    tokio::task::spawn_blocking(move || {
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..plan.stages.len())
+                .map(|i| {
+                    let (graph, plan) = (&graph, &plan);
+                    scope.spawn(move || {
+                        let model = plan
+                            .export_stage(graph, i)
+                            .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
+                        let parts = encode_model_parts(&model);
+                        let (pieces, model_hash) = pieces::layout(&parts);
+                        Ok::<_, CoordinatorError>(Exported {
+                            parts,
+                            pieces,
+                            model_hash,
+                        })
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(CoordinatorError::Plan("exporting a stage failed".into()))
+                    })
+                })
+                .collect()
+        })
+    })
+    .await
+    .map_err(|e| CoordinatorError::Plan(format!("exporting the stages failed: {e}")))?
+}
+
 /// Each subgraph's deployment: its host, its spec (with routes: each output
 /// to the workers whose subgraphs read it, and back to the request's
-/// requester when it is a graph output) and its model, exported now.
+/// requester when it is a graph output) and its model, `exported`.
 fn deploy_specs(
     planned: &Planned,
     deployment: u64,
     request: &LoadRequest,
+    exported: Vec<Exported>,
 ) -> Result<Vec<Shipment>, CoordinatorError> {
     let batching = request.batching;
     let stages = &planned.plan.stages;
@@ -417,14 +467,14 @@ fn deploy_specs(
     };
     stages
         .iter()
+        .zip(exported)
         .enumerate()
-        .map(|(i, stage)| {
-            let model = planned
-                .plan
-                .export_stage(planned.graph, i)
-                .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
-            let model = encode_model_parts(&model);
-            let (pieces, model_hash) = pieces::layout(&model);
+        .map(|(i, (stage, exported))| {
+            let Exported {
+                parts: model,
+                pieces,
+                model_hash,
+            } = exported;
             let spec = DeploySpec {
                 network: deployment,
                 subgraph: i as u32,
