@@ -36,7 +36,8 @@ use tessera_common::wire::generate::Steps;
 
 use super::admission::{Admission, Offer};
 use super::batch::{self, Ready};
-use super::routes::{Router, SubgraphGauge};
+use super::routes::Router;
+use super::telemetry::SubgraphGauge;
 use super::sequences::{SequenceStore, StateSlots};
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
@@ -186,7 +187,7 @@ impl SubgraphActor {
             jobs: None,
             cancelled: Default::default(),
             admission: Admission::new(0, Duration::ZERO),
-            gauge: router.gauge(network, subgraph),
+            gauge: router.telemetry.gauge(network, subgraph),
             router,
         }
     }
@@ -205,18 +206,15 @@ impl SubgraphActor {
     /// a running one goes only when it is full (a smaller one waits to grow
     /// until the thread is free).
     fn next(&mut self, ctx: &mut Context<Self>) {
-        while self.handed.len() < HANDED && !self.ready.is_empty() {
-            let take = match self.batching {
-                Some(b) => {
-                    let max = b.max_batch.max(1) as usize;
-                    let n = batch::batchable(&self.ready, max);
-                    let busy = !self.handed.is_empty();
-                    if n < max && (busy || self.hold_for_batch(b, ctx)) {
-                        return;
-                    }
-                    n
+        while self.handed.len() < HANDED {
+            let busy = !self.handed.is_empty();
+            let take = match batch::gate(&self.ready, self.batching, busy, Instant::now()) {
+                batch::Gate::Run(n) => n,
+                batch::Gate::HoldFor(left) => {
+                    self.wake_after(left, ctx);
+                    return;
                 }
-                None => 1,
+                batch::Gate::Wait => return,
             };
             let taken: Vec<Ready> = self.ready.drain(..take).collect();
             let requests: Vec<u64> = taken.iter().map(|r| r.request).collect();
@@ -245,26 +243,17 @@ impl SubgraphActor {
         }
     }
 
-    /// Whether the oldest ready request should wait for others to join its
-    /// batch (then a timer calls [`Self::next`] when its wait is over).
-    fn hold_for_batch(&mut self, b: Batching, ctx: &mut Context<Self>) -> bool {
-        let Some(oldest) = self.ready.front() else {
-            return false;
-        };
-        let delay = Duration::from_micros(b.max_queue_delay_us);
-        let waited = oldest.since.elapsed();
-        if waited >= delay {
-            return false;
-        }
+    /// Calls [`Self::next`] again in `left` (once: a timer already set
+    /// stands).
+    fn wake_after(&mut self, left: Duration, ctx: &mut Context<Self>) {
         if !self.waiting_for_batch {
             self.waiting_for_batch = true;
-            ctx.run_later(delay - waited, |actor, ctx| {
+            ctx.run_later(left, |actor, ctx| {
                 actor.waiting_for_batch = false;
                 actor.next(ctx);
                 actor.publish_depth();
             });
         }
-        true
     }
 
     /// A request whose inputs have all arrived.
@@ -433,7 +422,7 @@ impl ComputeThread {
 
     /// Runs the subgraph on `inputs` (or gives its constants).
     fn infer(&mut self, inputs: &[Tensor]) -> (Result<InferResult, RunError>, Duration) {
-        self.router.running(true);
+        self.router.telemetry.running(true);
         let started = Instant::now();
         let result = match &self.constants {
             Some(outputs) => Ok(InferResult {
@@ -448,7 +437,7 @@ impl ComputeThread {
             }
         };
         let elapsed = started.elapsed();
-        self.router.running(false);
+        self.router.telemetry.running(false);
         use std::sync::atomic::Ordering::Relaxed;
         self.gauge.runs.fetch_add(1, Relaxed);
         self.gauge
@@ -644,9 +633,9 @@ impl Actor for SubgraphActor {
         }
         let every = (self.stale_after / 4).max(Duration::from_secs(1));
         ctx.run_interval(every, |actor, _| {
-            let stale = actor.stale_after;
+            let (stale, now) = (actor.stale_after, Instant::now());
             actor.pending.retain(|request, p| {
-                let keep = p.since.elapsed() < stale;
+                let keep = now.saturating_duration_since(p.since) < stale;
                 if !keep {
                     tracing::warn!(request, "dropping a request whose inputs never all arrived");
                 }

@@ -3,7 +3,7 @@
 //! so that each request gets exactly its own rows.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tessera_common::tensor::{Tensor, TensorError};
@@ -76,6 +76,52 @@ pub fn batchable(ready: &VecDeque<Ready>, max: usize) -> usize {
         .count()
 }
 
+/// What an actor does with its ready requests now: a pure decision, the
+/// clock passed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Hand this many requests from the front to the compute thread.
+    Run(usize),
+    /// Hold the oldest's batch this much longer for others to join it.
+    HoldFor(Duration),
+    /// Nothing now: none is ready, or a smaller batch waits for the
+    /// running one to end.
+    Wait,
+}
+
+/// The gate for `ready` with `batching` (none: one at a time), while a
+/// batch runs (`busy`) or not, at `now`. A batch queued behind a running
+/// one goes only when full; an idle thread takes a batch once it is full
+/// or its oldest request has waited `max_queue_delay_us`.
+pub fn gate(
+    ready: &VecDeque<Ready>,
+    batching: Option<tessera_common::wire::control::Batching>,
+    busy: bool,
+    now: Instant,
+) -> Gate {
+    let Some(oldest) = ready.front() else {
+        return Gate::Wait;
+    };
+    let Some(b) = batching else {
+        return Gate::Run(1);
+    };
+    let max = b.max_batch.max(1) as usize;
+    let n = batchable(ready, max);
+    if n >= max {
+        return Gate::Run(n);
+    }
+    if busy {
+        return Gate::Wait;
+    }
+    let delay = Duration::from_micros(b.max_queue_delay_us);
+    let waited = now.saturating_duration_since(oldest.since);
+    if waited >= delay {
+        Gate::Run(n)
+    } else {
+        Gate::HoldFor(delay - waited)
+    }
+}
+
 /// Each input slot of `requests` concatenated along the first dimension,
 /// and each request's rows.
 pub fn concat(requests: &[Vec<Tensor>]) -> Result<(Vec<Tensor>, Vec<usize>), BatchError> {
@@ -133,6 +179,39 @@ pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, B
 
 #[cfg(test)]
 mod tests {
+    use tessera_common::wire::control::Batching;
+
+    fn ready_at(since: Instant, n: usize) -> VecDeque<Ready> {
+        (0..n)
+            .map(|i| Ready {
+                request: i as u64,
+                sequence: None,
+                inputs: vec![Tensor::from_values(vec![1, 2], &[1f32, 2.0]).unwrap()],
+                since,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_gate_holds_a_batch_until_full_or_its_delay_is_over() {
+        let t0 = Instant::now();
+        let b = Some(Batching {
+            max_batch: 4,
+            max_queue_delay_us: 1000,
+        });
+        let ms = Duration::from_micros;
+        assert_eq!(gate(&VecDeque::new(), b, false, t0), Gate::Wait);
+        assert_eq!(gate(&ready_at(t0, 2), None, false, t0), Gate::Run(1));
+        // Two of four, 400 µs in: 600 µs more.
+        assert_eq!(gate(&ready_at(t0, 2), b, false, t0 + ms(400)), Gate::HoldFor(ms(600)));
+        // The delay over: what there is goes.
+        assert_eq!(gate(&ready_at(t0, 2), b, false, t0 + ms(1000)), Gate::Run(2));
+        // Full: at once, even while a batch runs.
+        assert_eq!(gate(&ready_at(t0, 5), b, true, t0), Gate::Run(4));
+        // Not full while one runs: it waits for the thread.
+        assert_eq!(gate(&ready_at(t0, 2), b, true, t0 + ms(5000)), Gate::Wait);
+    }
+
     use super::*;
 
     fn t(shape: &[usize], start: f32) -> Tensor {

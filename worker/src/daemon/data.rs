@@ -129,7 +129,7 @@ async fn open_request(
 ) {
     let limits = *state.node.limits();
     let router = state.router.clone();
-    let runs = router.subgraphs_of(open.deployment);
+    let runs = router.telemetry.subgraphs_of(open.deployment);
     if runs == 0 {
         let error = format!(
             "deployment {} is not on worker {} (re-planned or unloaded)",
@@ -137,7 +137,7 @@ async fn open_request(
         );
         return refuse(&mut send, ErrorKind::Unavailable, error, &limits).await;
     }
-    if let Some(full) = router.full_mailbox(open.deployment, state.mailbox) {
+    if let Some(full) = router.telemetry.full_mailbox(open.deployment, state.mailbox) {
         let busy = DataReply::Busy {
             retry_after_ms: BUSY_RETRY.as_millis() as u64,
             reason: format!("worker {}: {full}", state.name),

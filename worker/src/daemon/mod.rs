@@ -10,13 +10,16 @@
 //! dispatched to one actix actor per deployed subgraph ([`actor`]), and
 //! outputs stream to their consumers ([`routes`]): graph outputs back to
 //! the requester ([`requesters`]). Compiled subgraphs are cached on disk by
-//! model hash ([`cache`]).
+//! model hash, and large weights by their SHA-256 ([`cache`]).
 //!
 //! Layout: this file (options, devices, the reconnecting loop), `session`
 //! (one registration and what it serves), `operations` (the coordinator's
 //! operations: QueryNetwork, Deploy, ...), `data` (the data channel),
 //! [`requesters`], [`actor`], `admission` (fresh sequences waiting for
-//! room), [`routes`], [`cache`], [`config`] (the worker's TOML file),
+//! room), [`routes`] (the router and its rooms: [`deployments`], what is
+//! deployed here; [`telemetry`], what it did, for the heartbeats;
+//! `sequence_stores`, each network's kept sequences; [`peers`], the links
+//! to other workers), [`cache`], [`config`] (the worker's TOML file),
 //! `leader` (following the leading coordinator of several, and fencing).
 //!
 //! [`run`] must be called inside an actix system on a tokio multi-thread
@@ -28,13 +31,17 @@ mod batch;
 pub mod cache;
 pub mod config;
 mod data;
+pub mod deployments;
 mod leader;
 mod operations;
+pub mod peers;
 pub mod requesters;
 pub mod routes;
+mod sequence_stores;
 mod sequences;
 mod session;
 mod state_rows;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -396,7 +403,7 @@ async fn serve_sessions(
     peers.abort();
     orphans.abort();
     stop_all(state.router.remove_all()).await;
-    state.router.close_peers().await;
+    state.router.peers.close().await;
     outcome
 }
 

@@ -285,14 +285,15 @@ async fn deploy(
     let compile_ms = started.elapsed().as_millis() as u64;
     tracing::info!(subgraph = spec.subgraph, device = %spec.device, compile_ms, cached, "deployed");
     let counter = if cached {
-        &state.router.cache_loads
+        &state.router.telemetry.cache_loads
     } else {
-        &state.router.compiled
+        &state.router.telemetry.compiled
     };
     counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     start_actor(state, &spec, compiled);
     state
         .router
+        .deployments
         .hold(spec.network, spec.subgraph, &spec.model_hash);
     dial_peers(state, &spec);
     Ok(WorkerAnswer::Deployed {
@@ -377,7 +378,7 @@ fn start_actor(
     let state_slots = StateSlots::new(&inputs, &outputs, &spec.state);
     for slot in &state_slots.writes {
         if let Some(name) = outputs.get(slot.at) {
-            state.router.mark_state_output(spec.network, name.clone());
+            state.router.deployments.mark_state_output(spec.network, name.clone());
         }
     }
     let mut actor = SubgraphActor::new(
@@ -394,7 +395,8 @@ fn start_actor(
     if !state_slots.is_empty() {
         actor.store = state
             .router
-            .sequence_store(spec.network, spec.max_sequences);
+            .sequences
+            .store(spec.network, spec.max_sequences);
         let mut store = actor.store.lock().unwrap_or_else(|p| p.into_inner());
         store.add_reader(&state_slots);
         drop(store);
@@ -408,6 +410,7 @@ fn start_actor(
     let actor = SubgraphActor::start_in_arbiter(&state.arbiter, move |_| actor);
     state
         .router
+        .deployments
         .add(spec.network, &actor, &inputs, state_only, routes);
 }
 
@@ -419,7 +422,7 @@ fn dial_peers(state: &Arc<State>, spec: &DeploySpec) {
                 if *name != state.name {
                     let (router, name, addr) = (state.router.clone(), name.clone(), addr.clone());
                     tokio::spawn(async move {
-                        if let Err(e) = router.peer(&name, &addr).await {
+                        if let Err(e) = router.peers.link(&name, &addr).await {
                             tracing::warn!("{e}");
                         }
                     });

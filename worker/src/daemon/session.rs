@@ -120,7 +120,7 @@ async fn drain(
     limit: Duration,
     session_ended: impl std::future::Future<Output = ()>,
 ) {
-    let held = state.router.deployments().len();
+    let held = state.router.deployments.networks().len();
     if held == 0 || limit.is_zero() {
         return;
     }
@@ -153,7 +153,7 @@ fn leave(
     why: String,
 ) -> String {
     state.orphaned();
-    let held = state.router.deployments().len();
+    let held = state.router.deployments.networks().len();
     if held > 0 {
         tracing::warn!(
             deployments = held,
@@ -200,13 +200,13 @@ pub(super) async fn unload_orphans(state: Arc<State>, grace: Duration) {
     loop {
         tokio::time::sleep(every).await;
         let due = orphans_due(state.orphaned_since(), Instant::now(), grace);
-        if due && !state.router.deployments().is_empty() {
+        if due && !state.router.deployments.networks().is_empty() {
             tracing::warn!(
                 grace_s = grace.as_secs_f64(),
                 "no coordinator adopted what is deployed here in time: unloading it"
             );
             stop_all(state.router.remove_all()).await;
-            state.router.close_peers().await;
+            state.router.peers.close().await;
         }
     }
 }
@@ -281,9 +281,9 @@ async fn register_at(
         name: options.name.clone(),
         data_addr: data_addr.clone(),
         devices: infos.to_vec(),
-        holds: state.router.holds(),
-        sequences: state.router.sequence_loads(),
-        compiles: state.router.compile_counts(),
+        holds: state.router.deployments.holds(),
+        sequences: state.router.sequences.loads(),
+        compiles: state.router.telemetry.compile_counts(),
     };
     exchange::send_message(&mut send, &register, None, &limits).await?;
     let answer = exchange::answer::<CoordinatorAnswer>(&mut recv, &limits, |_| {}).await;
@@ -350,12 +350,12 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
             router.requests.sweep();
             let beat = WorkerReport::Heartbeat {
                 seq,
-                in_flight: router.in_flight(),
-                subgraphs: router.subgraph_loads(),
-                sequences: router.sequence_loads(),
-                links: router.link_rates(),
+                in_flight: router.telemetry.in_flight(),
+                subgraphs: router.telemetry.subgraph_loads(),
+                sequences: router.sequences.loads(),
+                links: router.telemetry.link_rates(),
                 rss_bytes: super::resident_bytes(),
-                compiles: router.compile_counts(),
+                compiles: router.telemetry.compile_counts(),
             };
             if control.send_control(&beat).await.is_err() {
                 break;
