@@ -179,6 +179,7 @@ pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, B
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use tessera_common::wire::control::Batching;
 
     fn ready_at(since: Instant, n: usize) -> VecDeque<Ready> {
@@ -211,8 +212,6 @@ mod tests {
         // Not full while one runs: it waits for the thread.
         assert_eq!(gate(&ready_at(t0, 2), b, true, t0 + ms(5000)), Gate::Wait);
     }
-
-    use super::*;
 
     fn t(shape: &[usize], start: f32) -> Tensor {
         let n: usize = shape.iter().product();
