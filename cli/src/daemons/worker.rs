@@ -126,6 +126,29 @@ struct ComputeFlags {
     onnxruntime_library: Option<PathBuf>,
 }
 
+/// Where the worker keeps compiled subgraphs and weights (none with
+/// `--no-cache`; default: under Tessera's cache folder, by worker name),
+/// and each cache's bound.
+fn cache_settings(
+    no_cache: bool,
+    dir: Option<PathBuf>,
+    limit: Option<String>,
+    name: &str,
+) -> Result<(Option<PathBuf>, u64)> {
+    let dir = match no_cache {
+        true => None,
+        false => dir.or_else(|| {
+            tessera_gguf::cache::cache_root().map(|root| root.join("worker").join(name))
+        }),
+    };
+    let limit = match limit {
+        Some(text) => tessera_common::memory::parse_size(&text)
+            .with_context(|| format!("cache_limit '{text}'"))?,
+        None => tessera_worker::daemon::cache::DEFAULT_LIMIT,
+    };
+    Ok((dir, limit))
+}
+
 /// Configures the plugins (the CPU backend, onnxruntime's library, where
 /// the CPU calibration is kept) from the flags and worker.toml's
 /// `[plugin]` table; returns the configuration for every compile and the
@@ -203,17 +226,12 @@ fn run(args: Args) -> Result<()> {
         .certs
         .or(file.certs)
         .unwrap_or_else(|| PathBuf::from("certs"));
-    let cache_dir = match args.no_cache {
-        true => None,
-        false => args.cache_dir.or(file.cache_dir).or_else(|| {
-            tessera_gguf::cache::cache_root().map(|root| root.join("worker").join(&name))
-        }),
-    };
-    let cache_limit = match args.cache_limit.or(file.cache_limit) {
-        Some(text) => tessera_common::memory::parse_size(&text)
-            .with_context(|| format!("cache_limit '{text}'"))?,
-        None => tessera_worker::daemon::cache::DEFAULT_LIMIT,
-    };
+    let (cache_dir, cache_limit) = cache_settings(
+        args.no_cache,
+        args.cache_dir.or(file.cache_dir),
+        args.cache_limit.or(file.cache_limit),
+        &name,
+    )?;
     let (config, memory_limit) = compute_settings(
         ComputeFlags {
             cpu_backend: args.cpu_backend,
