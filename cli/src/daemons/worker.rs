@@ -279,8 +279,17 @@ fn run(args: Args) -> Result<()> {
     if args.check_config {
         return check_config(&options, &certs, &front_door);
     }
+    serve(options, identity, front_door)
+}
+
+/// Runs the worker and its front door until SIGTERM.
+fn serve(
+    options: WorkerOptions,
+    identity: tessera_net::certs::NodeIdentity,
+    front_door: Settings,
+) -> Result<()> {
     crate::cluster::run_system(async move {
-        let announced = name.clone();
+        let announced = options.name.clone();
         let (registered, first) = tokio::sync::oneshot::channel::<()>();
         let door = tokio::spawn(serve_front_door(
             options.coordinator.clone(),
