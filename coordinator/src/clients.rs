@@ -66,8 +66,12 @@ async fn serve_operation(
             let reply = crate::ha::leader_answer(&shared).await;
             write(&mut send, &reply, &limits).await
         }
+        // Between coordinators, a standby's too.
         Ok(Some((ClientRequest::KeptModel { sha256 }, _))) => {
-            kept_model(&shared, sha256, &mut send).await
+            crate::ha::model_copies::send_kept(&shared, sha256, &mut send).await
+        }
+        Ok(Some((ClientRequest::CopyModel { sha256 }, _))) => {
+            crate::ha::model_copies::copy(&shared, sha256, &mut send).await
         }
         // A standby serves no operation: it names the leader.
         Ok(Some(_)) if !shared.leads() => {
@@ -187,7 +191,12 @@ async fn operation(
             let plan = Box::new(measured_plan(shared, network)?);
             write(send, &ClientReply::NetworkLoaded { network, plan }, &limits).await
         }
-        ClientRequest::KeptModel { sha256 } => kept_model(shared, sha256, send).await,
+        ClientRequest::KeptModel { sha256 } => {
+            crate::ha::model_copies::send_kept(shared, sha256, send).await
+        }
+        ClientRequest::CopyModel { sha256 } => {
+            crate::ha::model_copies::copy(shared, sha256, send).await
+        }
     }
 }
 
@@ -414,34 +423,6 @@ async fn with_progress<T>(
             Some(p) = progress.recv() => write(send, &ClientReply::Progress(p), limits).await?,
         }
     }
-}
-
-/// Model bytes this coordinator holds, by their SHA-256: a loaded
-/// network's, else the state store's.
-async fn kept_model(
-    shared: &Arc<Shared>,
-    sha256: String,
-    send: &mut quinn::SendStream,
-) -> Result<(), CoordinatorError> {
-    let loaded = shared
-        .networks
-        .iter()
-        .find(|n| n.model_sha.get() == Some(&sha256))
-        .map(|n| n.model.clone());
-    let bytes = match loaded {
-        Some(bytes) => bytes,
-        None => {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || shared.state.blob(&sha256))
-                .await
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-        }
-    };
-    let limits = *shared.node.limits();
-    let payload = [bytes];
-    exchange::send_message_parts(send, &ClientReply::KeptModel, &payload, &limits, |_| {}).await?;
-    Ok(())
 }
 
 async fn write(

@@ -42,6 +42,9 @@ pub async fn load_network(
     // Kept before the client hears of it: a coordinator restarted after
     // the answer knows the network.
     shared.state.save_network(&loaded).await;
+    if matches!(loaded.origin, Origin::Sent) {
+        crate::ha::model_copies::to_standbys(shared, &loaded.model_sha()).await;
+    }
     tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }

@@ -107,7 +107,8 @@ fn the_leaders_records_read_back_and_a_lost_lead_writes_nothing() {
         assert_eq!(keeper.epoch(), epoch);
         let first = keeper.next_id().await;
         assert_eq!(first, 1);
-        // 2 MiB of tokenizer: over etcd's request limit, kept as a blob.
+        // 2 MiB of tokenizer: over etcd's request limit, kept as chunks in
+        // etcd, not as a file.
         let big = "x".repeat(2 << 20);
         let records = vec![
             (model("rec", None), None),
@@ -121,11 +122,17 @@ fn the_leaders_records_read_back_and_a_lost_lead_writes_nothing() {
         assert_eq!(smollm.tokenizer_json.as_deref(), Some(big.as_str()));
         assert_eq!(
             std::fs::read_dir(dir.path().join("blobs")).unwrap().count(),
-            1
+            0
         );
 
-        // A second leader later: ids go on past the reserved block.
-        let again = Keeper::etcd(client.clone(), "/test", dir.path()).unwrap();
+        // A second leader later, with a state_dir of its own (no shared
+        // volume): it reads every record; ids go on past the reserved
+        // block.
+        let other = tempfile::tempdir().unwrap();
+        let again = Keeper::etcd(client.clone(), "/test", other.path()).unwrap();
+        let (_, models) = again.load().await.unwrap();
+        let smollm = models.iter().find(|m| m.name == "smollm").unwrap();
+        assert_eq!(smollm.tokenizer_json.as_deref(), Some(big.as_str()));
         again
             .lead(Fence {
                 key: key.key().to_vec(),

@@ -76,6 +76,12 @@ pub enum ClientRequest {
     KeptModel {
         sha256: String,
     },
+    /// To a standby, from the leader: copy these model bytes now (asking
+    /// the leader with `KeptModel` unless this coordinator has them);
+    /// answered by `Copied` once they are kept.
+    CopyModel {
+        sha256: String,
+    },
 }
 
 channel!(
@@ -94,7 +100,8 @@ channel!(
         Leader,
         Plan,
         Embedding,
-        KeptModel
+        KeptModel,
+        CopyModel
     ]
 );
 
@@ -157,6 +164,8 @@ pub enum ClientReply {
     Embedding(Box<EmbeddingSpec>),
     /// The model bytes asked for are the payload.
     KeptModel,
+    /// The model bytes a `CopyModel` named are kept here.
+    Copied,
 }
 
 channel!(
@@ -176,7 +185,8 @@ channel!(
         Coordinators,
         NotLeader,
         Embedding,
-        KeptModel
+        KeptModel,
+        Copied
     ]
 );
 

@@ -20,6 +20,7 @@
 
 pub mod config;
 pub mod lease;
+pub mod model_copies;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

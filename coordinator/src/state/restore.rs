@@ -11,9 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::HeldSubgraph;
-use tessera_common::wire::Frame;
 
 use super::records::{with_tokenizer, ModelRecord, ModelRef, NetworkRecord};
 use super::StoreError;
@@ -272,7 +270,10 @@ async fn model_bytes(
 /// Model bytes a client sent: from this coordinator's `state_dir`, else
 /// (HA, no volume shared with the leader) from the leader, kept here
 /// then.
-async fn read_blob(shared: &Arc<Shared>, sha256: String) -> Result<bytes::Bytes, CoordinatorError> {
+pub(crate) async fn read_blob(
+    shared: &Arc<Shared>,
+    sha256: String,
+) -> Result<bytes::Bytes, CoordinatorError> {
     let kept = {
         let (shared, sha256) = (shared.clone(), sha256.clone());
         tokio::task::spawn_blocking(move || shared.state.blob(&sha256))
@@ -282,7 +283,7 @@ async fn read_blob(shared: &Arc<Shared>, sha256: String) -> Result<bytes::Bytes,
     match kept {
         Ok(bytes) => Ok(bytes),
         Err(StoreError::NoBlob(_)) if shared.ha.is_some() => {
-            let bytes = from_leader(shared, &sha256).await?;
+            let bytes = crate::ha::model_copies::from_leader(shared, &sha256).await?;
             let (keeper, b) = (shared.clone(), bytes.clone());
             let kept = tokio::task::spawn_blocking(move || keeper.state.keep_blob(&sha256, &b))
                 .await
@@ -293,62 +294,6 @@ async fn read_blob(shared: &Arc<Shared>, sha256: String) -> Result<bytes::Bytes,
             Ok(bytes)
         }
         Err(e) => Err(CoordinatorError::Model(e.to_string())),
-    }
-}
-
-/// Model bytes by their SHA-256, asked of the coordinator that leads
-/// (checked against the hash).
-async fn from_leader(shared: &Arc<Shared>, sha256: &str) -> Result<bytes::Bytes, CoordinatorError> {
-    let lacking = |why: String| {
-        CoordinatorError::Model(format!("no kept model bytes with sha-256 {sha256}: {why}"))
-    };
-    let leader = shared.leader.borrow().leader.clone();
-    let leader = leader
-        .filter(|l| *l != shared.advertised())
-        .ok_or_else(|| lacking("no other coordinator leads to ask".into()))?;
-    let addr = tessera_net::resolve(&leader)
-        .await
-        .map_err(|e| lacking(e.to_string()))?;
-    let peer = shared
-        .node
-        .dial(addr)
-        .await
-        .map_err(|e| lacking(format!("the leader {leader}: {e}")))?;
-    let limits = *shared.node.limits();
-    let asked = async {
-        let (mut send, mut recv) = tessera_net::exchange::open(&peer.connection).await?;
-        let ask = ClientRequest::KeptModel {
-            sha256: sha256.to_string(),
-        };
-        tessera_net::exchange::send_message(&mut send, &ask, None, &limits).await?;
-        let _ = send.finish();
-        tessera_net::recv_frame::<ClientReply>(&mut recv, &limits).await
-    };
-    let frame = asked
-        .await
-        .map_err(|e| lacking(format!("the leader {leader}: {e}")));
-    peer.connection.close(0u32.into(), b"done");
-    match frame? {
-        Some(Frame::Control(ClientReply::KeptModel, bytes)) => {
-            let b = bytes.clone();
-            let got = tokio::task::spawn_blocking(move || super::sha256_hex(&b))
-                .await
-                .unwrap_or_default();
-            if got != sha256 {
-                return Err(lacking(format!("the leader sent bytes with sha-256 {got}")));
-            }
-            tracing::info!(
-                sha256,
-                bytes = bytes.len(),
-                leader,
-                "model bytes from the leader"
-            );
-            Ok(bytes)
-        }
-        Some(Frame::Control(ClientReply::Failed(f), _)) => {
-            Err(lacking(format!("the leader {leader}: {}", f.error)))
-        }
-        _ => Err(lacking(format!("the leader {leader} answered otherwise"))),
     }
 }
 

@@ -37,8 +37,8 @@ use tessera_common::wire::generate::Steps;
 use super::admission::{Admission, Offer};
 use super::batch::{self, Ready};
 use super::routes::Router;
-use super::telemetry::SubgraphGauge;
 use super::sequences::{SequenceStore, StateSlots};
+use super::telemetry::SubgraphGauge;
 use crate::plugin::{CompiledSubgraph, ExecStatus, InferResult};
 
 /// Requests handed to the compute thread at once: the one it runs and the

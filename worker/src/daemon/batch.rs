@@ -204,9 +204,15 @@ mod tests {
         assert_eq!(gate(&VecDeque::new(), b, false, t0), Gate::Wait);
         assert_eq!(gate(&ready_at(t0, 2), None, false, t0), Gate::Run(1));
         // Two of four, 400 µs in: 600 µs more.
-        assert_eq!(gate(&ready_at(t0, 2), b, false, t0 + ms(400)), Gate::HoldFor(ms(600)));
+        assert_eq!(
+            gate(&ready_at(t0, 2), b, false, t0 + ms(400)),
+            Gate::HoldFor(ms(600))
+        );
         // The delay over: what there is goes.
-        assert_eq!(gate(&ready_at(t0, 2), b, false, t0 + ms(1000)), Gate::Run(2));
+        assert_eq!(
+            gate(&ready_at(t0, 2), b, false, t0 + ms(1000)),
+            Gate::Run(2)
+        );
         // Full: at once, even while a batch runs.
         assert_eq!(gate(&ready_at(t0, 5), b, true, t0), Gate::Run(4));
         // Not full while one runs: it waits for the thread.

@@ -137,7 +137,10 @@ async fn open_request(
         );
         return refuse(&mut send, ErrorKind::Unavailable, error, &limits).await;
     }
-    if let Some(full) = router.telemetry.full_mailbox(open.deployment, state.mailbox) {
+    if let Some(full) = router
+        .telemetry
+        .full_mailbox(open.deployment, state.mailbox)
+    {
         let busy = DataReply::Busy {
             retry_after_ms: BUSY_RETRY.as_millis() as u64,
             reason: format!("worker {}: {full}", state.name),

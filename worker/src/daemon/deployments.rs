@@ -102,7 +102,9 @@ impl Deployments {
 
     /// Where `tensor` of `network` goes when made here.
     pub fn destinations(&self, network: u64, tensor: &Arc<str>) -> Option<Vec<Destination>> {
-        self.routes.get(&(network, tensor.clone())).map(|d| d.clone())
+        self.routes
+            .get(&(network, tensor.clone()))
+            .map(|d| d.clone())
     }
 
     /// The actors of `network` here, each once (every network's: `None`).

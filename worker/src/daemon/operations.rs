@@ -378,7 +378,10 @@ fn start_actor(
     let state_slots = StateSlots::new(&inputs, &outputs, &spec.state);
     for slot in &state_slots.writes {
         if let Some(name) = outputs.get(slot.at) {
-            state.router.deployments.mark_state_output(spec.network, name.clone());
+            state
+                .router
+                .deployments
+                .mark_state_output(spec.network, name.clone());
         }
     }
     let mut actor = SubgraphActor::new(
