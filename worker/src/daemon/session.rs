@@ -170,7 +170,8 @@ fn leave(
 /// know them).
 async fn unload_unadopted(router: &Router, adopted: &[u64], epoch: u64) {
     let dropped: Vec<u64> = router
-        .deployments()
+        .deployments
+        .networks()
         .into_iter()
         .filter(|d| !adopted.contains(d))
         .collect();
