@@ -62,19 +62,9 @@ async fn serve_operation(
 ) {
     let limits = *shared.node.limits();
     let result = match exchange::read_operation::<ClientRequest>(&mut recv, &limits).await {
-        Ok(Some((ClientRequest::Leader, _))) => {
-            let reply = crate::ha::leader_answer(&shared).await;
-            write(&mut send, &reply, &limits).await
-        }
-        // Between coordinators, a standby's too.
-        Ok(Some((ClientRequest::KeptModel { sha256 }, _))) => {
-            crate::ha::model_copies::send_kept(&shared, sha256, &mut send).await
-        }
-        Ok(Some((ClientRequest::CopyModel { sha256 }, _))) => {
-            crate::ha::model_copies::copy(&shared, sha256, &mut send).await
-        }
-        // A standby serves no operation: it names the leader.
-        Ok(Some(_)) if !shared.leads() => {
+        // A standby serves no operation but `Leader` and the model copies
+        // between coordinators: it names the leader.
+        Ok(Some((msg, _))) if !shared.leads() && !any_coordinator_serves(&msg) => {
             let leader = shared.leader.borrow().leader.clone();
             write(&mut send, &ClientReply::NotLeader { leader }, &limits).await
         }
@@ -97,6 +87,15 @@ async fn serve_operation(
         let _ = sent.await;
     }
     let _ = send.finish();
+}
+
+/// Whether a standby serves `msg` too: who leads, and model bytes copied
+/// between coordinators.
+fn any_coordinator_serves(msg: &ClientRequest) -> bool {
+    matches!(
+        msg,
+        ClientRequest::Leader | ClientRequest::KeptModel { .. } | ClientRequest::CopyModel { .. }
+    )
 }
 
 async fn operation(

@@ -146,16 +146,16 @@ pub fn payload_len(pieces: &[PieceRef], missing: &[u32]) -> u64 {
         .sum()
 }
 
-/// The weights of `pieces` that `holds` says a worker lacks, as the
-/// indices it asks for.
-pub fn missing(pieces: &[PieceRef], mut holds: impl FnMut(&str) -> bool) -> Vec<u32> {
+/// The weights of `pieces` a worker lacks (`held`: per piece, the
+/// weight where it holds it), as the indices it asks for.
+pub fn missing(pieces: &[PieceRef], held: &[Option<Bytes>]) -> Vec<u32> {
     pieces
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| match p {
-            PieceRef::Weight { sha256, .. } if !holds(sha256) => Some(i as u32),
-            _ => None,
+        .filter(|(i, p)| {
+            matches!(p, PieceRef::Weight { .. }) && held.get(*i).is_none_or(Option::is_none)
         })
+        .map(|(i, _)| i as u32)
         .collect()
 }
 
@@ -264,14 +264,13 @@ mod tests {
         let parts = parts();
         let (pieces, hash) = layout(&parts);
         assert_eq!(model_len(&pieces), whole(&parts).len() as u64);
-        let one = sha256_hex(b"weight-one");
-        let lacks = missing(&pieces, |h| h == one);
+        let held = vec![None, Some(Bytes::from_static(b"weight-one")), None, None];
+        let lacks = missing(&pieces, &held);
         assert_eq!(lacks, vec![3]);
         check_missing(&pieces, &lacks).unwrap();
         let sent: Vec<u8> = payload(&parts, &lacks).concat();
         assert_eq!(sent, b"headmidweight-two");
         assert_eq!(payload_len(&pieces, &lacks), sent.len() as u64);
-        let held = vec![None, Some(Bytes::from_static(b"weight-one")), None, None];
         let got = assemble(&pieces, &held, Bytes::from(sent)).unwrap();
         assert_eq!(&got.model[..], &whole(&parts)[..]);
         assert_eq!(got.received.len(), 1);
@@ -288,7 +287,7 @@ mod tests {
     fn a_payload_of_every_piece_is_the_model_itself() {
         let parts = parts();
         let (pieces, _) = layout(&parts);
-        let lacks = missing(&pieces, |_| false);
+        let lacks = missing(&pieces, &[None, None, None, None]);
         assert_eq!(lacks, vec![1, 3]);
         let sent = Bytes::from(payload(&parts, &lacks).concat());
         let got = assemble(&pieces, &[None, None, None, None], sent.clone()).unwrap();

@@ -32,8 +32,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 pub use etcd::{EtcdStore, Fence};
 pub use records::{DeployedRecord, ModelRecord, ModelRef, NetworkRecord, ReplicaRecord};
 pub use store::{Store, StoreError};
@@ -44,13 +42,7 @@ use crate::Shared;
 /// Ids are reserved in the store this many at a time.
 const ID_BLOCK: u64 = 1000;
 
-/// The sha-256 of `bytes`, hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+pub use tessera_common::wire::pieces::sha256_hex;
 
 /// A change to the kept state.
 pub enum Change {

@@ -199,10 +199,7 @@ async fn receive_model(
 ) -> Result<Assembled, OperationError> {
     let limits = *state.node.limits();
     let held = held_weights(state, spec).await?;
-    let missing = pieces::missing(&spec.pieces, |sha| {
-        held.iter().flatten().any(|(h, _)| h == sha)
-    });
-    let held: Vec<Option<Bytes>> = held.into_iter().map(|h| h.map(|(_, b)| b)).collect();
+    let missing = pieces::missing(&spec.pieces, &held);
     let announced = pieces::payload_len(&spec.pieces, &missing);
     let ask = WorkerAnswer::NeedModel {
         missing: missing.clone(),
@@ -242,7 +239,7 @@ async fn receive_model(
 async fn held_weights(
     state: &Arc<State>,
     spec: &DeploySpec,
-) -> Result<Vec<Option<(String, Bytes)>>, OperationError> {
+) -> Result<Vec<Option<Bytes>>, OperationError> {
     let Some(store) = state.weights.clone() else {
         return Ok(vec![None; spec.pieces.len()]);
     };
@@ -251,10 +248,8 @@ async fn held_weights(
         pieces
             .iter()
             .map(|p| match p {
-                PieceRef::Weight { sha256, .. } if store.holds(sha256) => {
-                    store.get(sha256).map(|b| (sha256.clone(), b))
-                }
-                _ => None,
+                PieceRef::Weight { sha256, .. } => store.get(sha256),
+                PieceRef::Frame { .. } => None,
             })
             .collect()
     })
