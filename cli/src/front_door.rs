@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tessera_client::Client;
 use tessera_common::backoff::Backoff;
-use tessera_common::serving::ServingConfig;
+use tessera_common::serving::{FrontDoorConfig, ServingConfig};
 use tessera_common::wire::handshake::Role;
 use tessera_net::certs::NodeIdentity;
 use tessera_serving::{ExtraMetrics, FrontDoor, Limits, Rules};
@@ -29,6 +29,25 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The settings of a front door configured by `config` (the one
+    /// mapping for the coordinator's, a worker's and a gateway's), serving
+    /// with the certificate at `cert_path`.
+    pub fn of(config: &FrontDoorConfig, cert_path: PathBuf) -> Result<Settings> {
+        Ok(Settings {
+            http: config.http_addr()?,
+            grpc: config.grpc_addr()?,
+            serving: config.serving.clone(),
+            cert_path,
+            limits: Limits::of(config),
+        })
+    }
+
+    /// `--check-config`'s check of the files it names (the tokens file,
+    /// the model repository): the same for every daemon.
+    pub fn check_files(&self) -> Result<()> {
+        Rules::check_files(&self.serving).map_err(anyhow::Error::from)
+    }
+
     /// Whether there is anything to serve.
     pub fn any(&self) -> bool {
         self.http.is_some() || self.grpc.is_some()
@@ -92,24 +111,16 @@ async fn connect(
     }
 }
 
-/// The coordinator's own front door (its `http_listen`, `grpc_listen` and
-/// `[serving]`), a requester of its own cluster with the coordinator's
+/// The coordinator's own front door (its `http_listen`, `grpc_listen`,
+/// limits and `[serving]`), a requester of its own cluster with the coordinator's
 /// certificate; its `/metrics` adds the cluster's.
 pub async fn of_coordinator(
     coordinator: &tessera_coordinator::Coordinator,
     config: &tessera_coordinator::config::CoordinatorConfig,
     identity: &NodeIdentity,
 ) -> Result<Option<FrontDoor>> {
-    let settings = Settings {
-        http: config.http_addr()?,
-        grpc: config.grpc_addr()?,
-        serving: config.serving.clone(),
-        cert_path: config.certs.join(format!("{}.pem", config.name)),
-        limits: Limits {
-            max_body_bytes: config.http_max_body_bytes,
-            request_deadline: Duration::from_millis(config.request_deadline_ms),
-        },
-    };
+    let cert_path = config.certs.join(format!("{}.pem", config.name));
+    let settings = Settings::of(&config.front_door, cert_path)?;
     let mut addr = coordinator.local_addr()?;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());

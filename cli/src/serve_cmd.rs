@@ -3,15 +3,14 @@
 //! requester with a client certificate: it follows each model's routing
 //! table from the coordinator and sends requests straight to the workers.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Deserialize;
 use tessera_cli::front_door::Settings;
-use tessera_common::serving::ServingConfig;
+use tessera_common::serving::{unknown_keys, FrontDoorConfig, FRONT_DOOR_KEYS, SERVING_TABLE};
 use tessera_common::wire::handshake::Role;
 
 #[derive(Args)]
@@ -40,44 +39,46 @@ pub struct ServeArgs {
     config: Option<PathBuf>,
 }
 
-/// The gateway's TOML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct GatewayConfig {
-    http_listen: Option<SocketAddr>,
-    grpc_listen: Option<SocketAddr>,
-    http_max_body_bytes: Option<u64>,
-    request_deadline_ms: Option<u64>,
-    serving: ServingConfig,
+/// The gateway's TOML file: a front door's keys and nothing else.
+fn gateway_config(path: &std::path::Path) -> Result<FrontDoorConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let built = ::config::Config::builder()
+        .add_source(::config::File::from_str(&text, ::config::FileFormat::Toml))
+        .build()
+        .with_context(|| format!("{}", path.display()))?;
+    let top: BTreeMap<String, ::config::Value> = built
+        .clone()
+        .try_deserialize()
+        .with_context(|| format!("{}", path.display()))?;
+    let unknown = unknown_keys(
+        top.keys().map(String::as_str),
+        &[&FRONT_DOOR_KEYS, &[SERVING_TABLE]],
+    );
+    if !unknown.is_empty() {
+        bail!(
+            "{}: unknown key {} (known keys: {}, [serving])",
+            path.display(),
+            unknown.join(", "),
+            FRONT_DOOR_KEYS.join(", ")
+        );
+    }
+    let config: FrontDoorConfig = built
+        .try_deserialize()
+        .with_context(|| format!("{}", path.display()))?;
+    config
+        .check()
+        .with_context(|| format!("{}", path.display()))?;
+    Ok(config)
 }
 
 fn settings(args: &ServeArgs) -> Result<Settings> {
-    let file: GatewayConfig = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            ::config::Config::builder()
-                .add_source(::config::File::from_str(&text, ::config::FileFormat::Toml))
-                .build()
-                .and_then(|c| c.try_deserialize())
-                .with_context(|| format!("{}", path.display()))?
-        }
-        None => GatewayConfig::default(),
+    let file = match &args.config {
+        Some(path) => gateway_config(path)?,
+        None => FrontDoorConfig::default(),
     };
-    let mut limits = tessera_serving::Limits::default();
-    if let Some(b) = file.http_max_body_bytes {
-        limits.max_body_bytes = b;
-    }
-    if let Some(ms) = file.request_deadline_ms {
-        limits.request_deadline = Duration::from_millis(ms);
-    }
-    let settings = Settings {
-        http: args.http_listen.or(file.http_listen),
-        grpc: args.grpc_listen.or(file.grpc_listen),
-        serving: file.serving,
-        cert_path: args.certs.join(format!("{}.pem", args.name)),
-        limits,
-    };
+    let door = file.with_listeners(args.http_listen, args.grpc_listen);
+    let settings = Settings::of(&door, args.certs.join(format!("{}.pem", args.name)))?;
     if !settings.any() {
         bail!("nothing to serve: give --http-listen ADDR or --grpc-listen ADDR");
     }

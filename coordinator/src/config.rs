@@ -22,32 +22,41 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Every key, for environment overrides and error messages.
-pub const KEYS: [&str; 12] = [
+/// The coordinator's own keys, for environment overrides and error
+/// messages (the front door's are [`FRONT_DOOR_KEYS`]).
+pub const KEYS: [&str; 8] = [
     "cluster",
     "name",
     "listen",
     "certs",
     "heartbeat_ms",
     "worker_timeout_ms",
-    "request_deadline_ms",
     "inter_host_gbps",
-    "http_listen",
-    "http_max_body_bytes",
-    "grpc_listen",
     "state_dir",
 ];
 
+/// The file's tables: the front door's `[serving]`, `[ha]` and
+/// `[models.NAME]`.
+const TABLES: [&str; 3] = [SERVING_TABLE, "ha", "models"];
+
 pub use crate::ha::config::{HaConfig, HA_KEYS};
-pub use tessera_common::serving::{ServingConfig, DEFAULT_HEADER_TIMEOUT_MS, SERVING_KEYS};
+use tessera_common::serving::unknown_keys;
+pub use tessera_common::serving::{
+    FrontDoorConfig, ListenAddrError, ServingConfig, DEFAULT_HEADER_TIMEOUT_MS, FRONT_DOOR_KEYS,
+    SERVING_KEYS, SERVING_TABLE,
+};
 
 pub use tessera_common::models::{
     valid_model_name, ModelConfig, ModelConfigError, DEFAULT_MAX_SEQUENCES, DEFAULT_QUEUE_DELAY_US,
     MODEL_KEYS,
 };
 
+/// `cluster.toml`. Its front door's keys are read into [`FrontDoorConfig`]
+/// from the same file (serde's `flatten` would lose both the unknown-key
+/// check and the typing of environment overrides), so unknown keys are
+/// checked against both parts' lists.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct CoordinatorConfig {
     /// Cluster name: peers of another cluster are refused.
     pub cluster: String,
@@ -62,27 +71,18 @@ pub struct CoordinatorConfig {
     /// A worker silent this long is lost: its networks are re-planned onto
     /// the others and its requests retried there.
     pub worker_timeout_ms: u64,
-    /// Deadline of a request whose client gives none.
-    pub request_deadline_ms: u64,
     /// Network bandwidth between hosts assumed by the cost policy until the
     /// coordinator has measured it, GB/s (latency is always measured).
     pub inter_host_gbps: f64,
-    /// Address of the HTTP listener (KServe v2 inference protocol and
-    /// Prometheus `/metrics`); empty: no HTTP listener.
-    pub http_listen: String,
-    /// Largest HTTP request body (larger: 413) and largest gRPC message
-    /// (larger: OUT_OF_RANGE) accepted.
-    pub http_max_body_bytes: u64,
-    /// Address of the gRPC listener (KServe v2 `GRPCInferenceService`);
-    /// empty: none.
-    pub grpc_listen: String,
     /// Where the coordinator keeps its state (the model repository with
     /// the bytes of models clients sent, networks, deployments, the epoch):
     /// a coordinator restarted with the same folder serves everything
     /// again and adopts what its workers still run. Empty: nothing is kept.
     pub state_dir: PathBuf,
-    /// Who may do what over HTTP and gRPC.
-    pub serving: ServingConfig,
+    /// The coordinator's own front door (`http_listen`, `grpc_listen`,
+    /// their limits and `[serving]`: who may do what over HTTP and gRPC).
+    #[serde(skip)]
+    pub front_door: FrontDoorConfig,
     /// Two or more coordinators, one leading (`[ha]`; off by default).
     pub ha: HaConfig,
     /// The model repository: models loaded by name at start.
@@ -98,13 +98,9 @@ impl Default for CoordinatorConfig {
             certs: PathBuf::from("certs"),
             heartbeat_ms: 500,
             worker_timeout_ms: 2000,
-            request_deadline_ms: 30_000,
             inter_host_gbps: 1.0,
-            http_listen: String::new(),
-            http_max_body_bytes: 64 << 20,
-            grpc_listen: String::new(),
             state_dir: PathBuf::new(),
-            serving: ServingConfig::default(),
+            front_door: FrontDoorConfig::default(),
             ha: HaConfig::default(),
             models: BTreeMap::new(),
         }
@@ -115,8 +111,9 @@ impl Default for CoordinatorConfig {
 /// `TESSERA_<KEY>`, `TESSERA_SERVING_<KEY>` (`serving.key`) and
 /// `TESSERA_HA_<KEY>` (`ha.key`).
 fn env_keys() -> impl Iterator<Item = (String, String)> {
-    let tables: [(&str, &str, &[&str]); 3] = [
+    let tables: [(&str, &str, &[&str]); 4] = [
         ("TESSERA_", "", &KEYS),
+        ("TESSERA_", "", &FRONT_DOOR_KEYS),
         ("TESSERA_SERVING_", "serving.", &SERVING_KEYS),
         ("TESSERA_HA_", "ha.", &HA_KEYS),
     ];
@@ -179,17 +176,17 @@ impl CoordinatorConfig {
             }
         }
         let built = builder.build().map_err(|e| err(e.to_string()))?;
-        let cfg: CoordinatorConfig = built.try_deserialize().map_err(|e| {
-            let text = e.to_string();
-            if text.contains("unknown field") {
+        let cfg = Self::parts(built).map_err(|reason| {
+            if reason.contains("unknown") {
                 err(format!(
-                    "{text} (known keys: {}; [serving]: {}; [ha]: {})",
+                    "{reason} (known keys: {}, {}; [serving]: {}; [ha]: {}; [models.NAME])",
                     KEYS.join(", "),
+                    FRONT_DOOR_KEYS.join(", "),
                     SERVING_KEYS.join(", "),
                     HA_KEYS.join(", ")
                 ))
             } else {
-                err(text)
+                err(reason)
             }
         })?;
         if cfg.heartbeat_ms == 0 || cfg.worker_timeout_ms <= cfg.heartbeat_ms {
@@ -201,25 +198,12 @@ impl CoordinatorConfig {
         if cfg.inter_host_gbps <= 0.0 {
             return Err(err("inter_host_gbps must be positive".into()));
         }
-        cfg.http_addr().map_err(|e| err(e.to_string()))?;
-        cfg.grpc_addr().map_err(|e| err(e.to_string()))?;
-        if cfg.serving.tls_cert.as_os_str().is_empty() != cfg.serving.tls_key.as_os_str().is_empty()
-        {
-            return Err(err(
-                "serving.tls_cert and serving.tls_key go together".into()
-            ));
-        }
-        if cfg.serving.header_timeout_ms == 0 {
-            return Err(err("serving.header_timeout_ms must be positive".into()));
-        }
-        if cfg.http_max_body_bytes == 0 {
-            return Err(err("http_max_body_bytes must be positive".into()));
-        }
+        cfg.front_door.check().map_err(|e| err(e.to_string()))?;
         cfg.ha.check(cfg.listen).map_err(err)?;
         if cfg.ha.enabled() && cfg.state_dir.as_os_str().is_empty() {
             return Err(err(
-                "[ha] needs state_dir: the model bytes clients send are kept \
-                 there, on a volume every coordinator reads"
+                "[ha] needs state_dir: each coordinator keeps the model \
+                 bytes clients send there (its own folder; no shared volume)"
                     .into(),
             ));
         }
@@ -229,42 +213,23 @@ impl CoordinatorConfig {
         Ok(cfg)
     }
 
-    /// The HTTP listener's address, `None` when off.
-    pub fn http_addr(&self) -> Result<Option<SocketAddr>, ListenAddrError> {
-        listen_addr("http_listen", &self.http_listen, 8000)
+    /// The coordinator's keys and its front door's, from one file: an
+    /// unknown top-level key, a bad value or a key of a table serde
+    /// refuses is the reason why not.
+    fn parts(built: config::Config) -> Result<CoordinatorConfig, String> {
+        let top = built
+            .clone()
+            .try_deserialize::<BTreeMap<String, config::Value>>();
+        let top = top.map_err(|e| e.to_string())?;
+        let known: [&[&str]; 3] = [&KEYS, &FRONT_DOOR_KEYS, &TABLES];
+        let unknown = unknown_keys(top.keys().map(String::as_str), &known);
+        if !unknown.is_empty() {
+            let named: Vec<String> = unknown.iter().map(|k| format!("`{k}`")).collect();
+            return Err(format!("unknown key {}", named.join(", ")));
+        }
+        let mut cfg: CoordinatorConfig =
+            built.clone().try_deserialize().map_err(|e| e.to_string())?;
+        cfg.front_door = built.try_deserialize().map_err(|e| e.to_string())?;
+        Ok(cfg)
     }
-
-    /// The gRPC listener's address, `None` when off.
-    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, ListenAddrError> {
-        listen_addr("grpc_listen", &self.grpc_listen, 8001)
-    }
-}
-
-/// A listener key that is not `IP:PORT`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key} '{text}': {source} (expected IP:PORT, e.g. 127.0.0.1:{example})")]
-pub struct ListenAddrError {
-    pub key: &'static str,
-    pub text: String,
-    /// A port the example shows.
-    pub example: u16,
-    pub source: std::net::AddrParseError,
-}
-
-/// `IP:PORT` of a listener key, `None` when empty.
-fn listen_addr(
-    key: &'static str,
-    text: &str,
-    example: u16,
-) -> Result<Option<SocketAddr>, ListenAddrError> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(None);
-    }
-    text.parse().map(Some).map_err(|source| ListenAddrError {
-        key,
-        text: text.to_string(),
-        example,
-        source,
-    })
 }

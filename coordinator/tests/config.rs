@@ -95,10 +95,10 @@ fn named_models_and_the_http_listener_are_configured() {
     );
     let cfg = CoordinatorConfig::load(Some(&path), no_env).unwrap();
     assert_eq!(
-        cfg.http_addr().unwrap(),
+        cfg.front_door.http_addr().unwrap(),
         Some("127.0.0.1:8000".parse().unwrap())
     );
-    assert_eq!(cfg.http_max_body_bytes, 1024);
+    assert_eq!(cfg.front_door.http_max_body_bytes, 1024);
     let rec = &cfg.models["rec"];
     assert_eq!(rec.path, Path::new("models/rec.onnx"));
     assert_eq!(rec.policy, Policy::Priority);
@@ -110,11 +110,21 @@ fn named_models_and_the_http_listener_are_configured() {
     assert_eq!(cfg.models["MiniLM-L3"].policy, Policy::Cost);
     assert_eq!(cfg.models["MiniLM-L3"].replicas, Replicas::Auto);
     assert_eq!(cfg.models["MiniLM-L3"].max_batch, 0);
-    let env = |k: &str| (k == "TESSERA_HTTP_LISTEN").then(|| "0.0.0.0:9100".to_string());
+    let env = |k: &str| match k {
+        "TESSERA_HTTP_LISTEN" => Some("0.0.0.0:9100".to_string()),
+        "TESSERA_HTTP_MAX_BODY_BYTES" => Some("2048".to_string()),
+        "TESSERA_REQUEST_DEADLINE_MS" => Some("5000".to_string()),
+        _ => None,
+    };
     let cfg = CoordinatorConfig::load(Some(&path), env).unwrap();
     assert_eq!(
-        cfg.http_addr().unwrap(),
+        cfg.front_door.http_addr().unwrap(),
         Some("0.0.0.0:9100".parse().unwrap())
+    );
+    let door = &cfg.front_door;
+    assert_eq!(
+        (door.http_max_body_bytes, door.request_deadline_ms),
+        (2048, 5000)
     );
 }
 
@@ -158,26 +168,26 @@ fn the_serving_table_and_the_grpc_listener_are_configured() {
     );
     let cfg = CoordinatorConfig::load(Some(&path), no_env).unwrap();
     assert_eq!(
-        cfg.grpc_addr().unwrap(),
+        cfg.front_door.grpc_addr().unwrap(),
         Some("127.0.0.1:8001".parse().unwrap())
     );
-    let s = &cfg.serving;
+    let s = &cfg.front_door.serving;
     assert!(s.model_control && s.tls);
     assert_eq!(s.model_repository, Path::new("models"));
     assert_eq!(s.tokens_file, Path::new("tokens.txt"));
     assert_eq!(s.header_timeout_ms, 3000);
     // Off by default, and switched by the environment.
     let cfg = CoordinatorConfig::load(None, no_env).unwrap();
-    assert!(!cfg.serving.model_control && !cfg.serving.tls);
+    assert!(!cfg.front_door.serving.model_control && !cfg.front_door.serving.tls);
     let env = |k: &str| match k {
         "TESSERA_SERVING_MODEL_CONTROL" => Some("true".to_string()),
         "TESSERA_GRPC_LISTEN" => Some("0.0.0.0:8001".to_string()),
         _ => None,
     };
     let cfg = CoordinatorConfig::load(None, env).unwrap();
-    assert!(cfg.serving.model_control);
+    assert!(cfg.front_door.serving.model_control);
     assert_eq!(
-        cfg.grpc_addr().unwrap(),
+        cfg.front_door.grpc_addr().unwrap(),
         Some("0.0.0.0:8001".parse().unwrap())
     );
 }

@@ -53,9 +53,16 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
+        Limits::of(&tessera_common::serving::FrontDoorConfig::default())
+    }
+}
+
+impl Limits {
+    /// A front door's limits as its configuration sets them.
+    pub fn of(config: &tessera_common::serving::FrontDoorConfig) -> Limits {
         Limits {
-            max_body_bytes: 64 << 20,
-            request_deadline: Duration::from_secs(30),
+            max_body_bytes: config.http_max_body_bytes,
+            request_deadline: Duration::from_millis(config.request_deadline_ms),
         }
     }
 }

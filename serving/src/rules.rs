@@ -54,6 +54,23 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// The files `[serving]` names, as `--check-config` checks them for
+    /// every daemon: the model repository is a folder, the tokens file
+    /// reads and holds a token (an empty one would refuse every request).
+    /// The listeners check the same again when they start.
+    pub fn check_files(s: &ServingConfig) -> Result<(), SetupError> {
+        if !s.model_repository.as_os_str().is_empty() {
+            ModelRepository::open(&s.model_repository)?;
+        }
+        if !s.tokens_file.as_os_str().is_empty() && Tokens::load(&s.tokens_file)?.count() == 0 {
+            return Err(SetupError::TokensFile {
+                path: s.tokens_file.clone(),
+                reason: "it holds no token".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// `[serving]` checked: the repository folder exists, the tokens file
     /// reads, the certificate and key load (`identity`, the process's
     /// cluster certificate, read from `cert_path`, unless the user's).

@@ -100,7 +100,10 @@ pub async fn embeddings() -> Result<()> {
         println!("embeddings: skipped (run scripts/fetch-test-models.sh)");
         return Ok(());
     }
-    let one = start_workers(&[spec(None)?], |cfg| cfg.http_listen = "127.0.0.1:0".into()).await?;
+    let one = start_workers(&[spec(None)?], |cfg| {
+        cfg.front_door.http_listen = "127.0.0.1:0".into()
+    })
+    .await?;
     let client = Client::connect(one.addr, &one.client, tessera_cli::cluster::CLUSTER).await?;
     let config = EmbeddingConfig {
         tokenizer: model_path(TOKENIZER),

@@ -21,8 +21,8 @@ pub async fn http_vs_sdk() -> Result<()> {
     let halves = halves(&graph, &inputs)?;
     let config = vec![("NUM_THREADS".to_string(), "1".to_string())];
     let c = tessera_cli::cluster::start_configured(2, &["CPU".to_string()], &config, |cfg| {
-        cfg.http_listen = "127.0.0.1:0".into();
-        cfg.grpc_listen = "127.0.0.1:0".into();
+        cfg.front_door.http_listen = "127.0.0.1:0".into();
+        cfg.front_door.grpc_listen = "127.0.0.1:0".into();
     })
     .await?;
     let client = Client::connect(c.addr, &c.client, tessera_cli::cluster::CLUSTER).await?;

@@ -107,28 +107,17 @@ fn run(args: Args) -> Result<()> {
 /// parses; prints the settings a deployment check compares (listeners,
 /// paths, HA) as JSON.
 fn check_config(config: &CoordinatorConfig) -> Result<()> {
-    let serving = &config.serving;
-    if !serving.tokens_file.as_os_str().is_empty() {
-        let tokens = tessera_serving::tokens::Tokens::load(&serving.tokens_file)
-            .with_context(|| format!("tokens_file {}", serving.tokens_file.display()))?;
-        anyhow::ensure!(
-            tokens.count() > 0,
-            "tokens_file {} holds no token",
-            serving.tokens_file.display()
-        );
-    }
+    let serving = &config.front_door.serving;
+    tessera_serving::Rules::check_files(serving)?;
     let repository = &serving.model_repository;
-    if !repository.as_os_str().is_empty() && !repository.is_dir() {
-        anyhow::bail!("model_repository {} is not a folder", repository.display());
-    }
     let settings = serde_json::json!({
         "name": config.name,
         "cluster": config.cluster,
         "listen": config.listen.to_string(),
         "certs": config.certs,
         "state_dir": config.state_dir,
-        "http_listen": config.http_listen,
-        "grpc_listen": config.grpc_listen,
+        "http_listen": config.front_door.http_listen,
+        "grpc_listen": config.front_door.grpc_listen,
         "tokens_file": serving.tokens_file,
         "model_control": serving.model_control,
         "model_repository": repository,

@@ -203,7 +203,6 @@ fn run(args: Args) -> Result<()> {
         Some(path) => WorkerConfig::load(path)?,
         None => WorkerConfig::default(),
     };
-    let file_serving = FileServing::of(&file);
     let devices = if args.devices.is_empty() {
         file.devices.clone().unwrap_or_else(|| vec!["CPU".into()])
     } else {
@@ -269,12 +268,11 @@ fn run(args: Args) -> Result<()> {
     };
     let identity = tessera_net::certs::load_identity(&certs, &name)
         .with_context(|| format!("the certificate of '{name}' in {}", certs.display()))?;
-    let front_door = front_door_settings(
-        &args.http_listen,
-        &args.grpc_listen,
-        &file_serving,
-        &certs,
-        &name,
+    let front_door = Settings::of(
+        &file
+            .front_door
+            .with_listeners(args.http_listen, args.grpc_listen),
+        certs.join(format!("{name}.pem")),
     )?;
     if args.check_config {
         return check_config(&options, &certs, &front_door);
@@ -339,35 +337,6 @@ fn seconds(
     }
 }
 
-/// What the worker's front door serves, from the flags and worker.toml.
-fn front_door_settings(
-    http: &Option<SocketAddr>,
-    grpc: &Option<SocketAddr>,
-    file: &FileServing,
-    certs: &std::path::Path,
-    name: &str,
-) -> Result<Settings> {
-    let addr = |flag: &Option<SocketAddr>, key: &str, text: &Option<String>| match (flag, text) {
-        (Some(a), _) => Ok(Some(*a)),
-        (None, Some(t)) => parse_addr(key, t).map(Some),
-        (None, None) => Ok(None),
-    };
-    let mut limits = tessera_serving::Limits::default();
-    if let Some(b) = file.http_max_body_bytes {
-        limits.max_body_bytes = b;
-    }
-    if let Some(ms) = file.request_deadline_ms {
-        limits.request_deadline = std::time::Duration::from_millis(ms);
-    }
-    Ok(Settings {
-        http: addr(http, "http_listen", &file.http_listen)?,
-        grpc: addr(grpc, "grpc_listen", &file.grpc_listen)?,
-        serving: file.serving.clone(),
-        cert_path: certs.join(format!("{name}.pem")),
-        limits,
-    })
-}
-
 /// Starts the worker's front door once it has registered (its
 /// coordinator answers), and keeps it until the worker stops.
 async fn serve_front_door(
@@ -398,27 +367,6 @@ async fn serve_front_door(
     }
 }
 
-/// The front-door keys of worker.toml.
-struct FileServing {
-    http_listen: Option<String>,
-    grpc_listen: Option<String>,
-    http_max_body_bytes: Option<u64>,
-    request_deadline_ms: Option<u64>,
-    serving: tessera_common::serving::ServingConfig,
-}
-
-impl FileServing {
-    fn of(file: &WorkerConfig) -> FileServing {
-        FileServing {
-            http_listen: file.http_listen.clone(),
-            grpc_listen: file.grpc_listen.clone(),
-            http_max_body_bytes: file.http_max_body_bytes,
-            request_deadline_ms: file.request_deadline_ms,
-            serving: file.serving.clone(),
-        }
-    }
-}
-
 /// `--check-config`: the devices are ones this build serves and the
 /// front door's tokens file parses; prints the settings a deployment
 /// check compares (listeners, paths, the memory the planner may use) as
@@ -430,16 +378,8 @@ fn check_config(options: &WorkerOptions, certs: &std::path::Path, door: &Setting
             .any(|(k, _)| k.eq_ignore_ascii_case(kind));
         anyhow::ensure!(known, "device kind '{kind}' is unknown");
     }
+    door.check_files()?;
     let tokens_file = &door.serving.tokens_file;
-    if !tokens_file.as_os_str().is_empty() {
-        let tokens = tessera_serving::tokens::Tokens::load(tokens_file)
-            .with_context(|| format!("tokens_file {}", tokens_file.display()))?;
-        anyhow::ensure!(
-            tokens.count() > 0,
-            "tokens_file {} holds no token",
-            tokens_file.display()
-        );
-    }
     let offered: serde_json::Map<String, serde_json::Value> = options
         .devices
         .iter()

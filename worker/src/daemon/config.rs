@@ -5,9 +5,35 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use tessera_common::serving::{unknown_keys, FrontDoorConfig, FRONT_DOOR_KEYS, SERVING_TABLE};
 
+/// The worker's own keys in `worker.toml` (beside its front door's,
+/// [`FRONT_DOOR_KEYS`] and `[serving]`).
+pub const WORKER_KEYS: [&str; 17] = [
+    "name",
+    "devices",
+    "listen",
+    "advertise",
+    "coordinator",
+    "cluster",
+    "certs",
+    "mailbox",
+    "cache_dir",
+    "cache_limit",
+    "adopt_grace_s",
+    "drain_timeout_s",
+    "memory_limit",
+    "memory_reserve",
+    "onnxruntime_library",
+    "plugin",
+    // `[serving]` is the front door's table.
+    SERVING_TABLE,
+];
+
+/// `worker.toml`. Its front door's keys are read into [`FrontDoorConfig`]
+/// from the same file, so unknown keys are checked against both parts'
+/// lists.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// This worker's name (its certificate is `<certs>/<name>.pem`).
     pub name: Option<String>,
@@ -48,19 +74,10 @@ pub struct WorkerConfig {
     /// `backend = "tract" | "onnxruntime"` picks the CPU backend.
     #[serde(default)]
     pub plugin: BTreeMap<String, String>,
-    /// This worker's front door: KServe v2 over HTTP (and OpenAI) on this
-    /// address (`IP:PORT`; none: off).
-    pub http_listen: Option<String>,
-    /// KServe v2 over gRPC on this address (none: off).
-    pub grpc_listen: Option<String>,
-    /// The largest HTTP body or gRPC message its front door takes, bytes.
-    pub http_max_body_bytes: Option<u64>,
-    /// Its front door's request deadline unless a request sets one, ms.
-    pub request_deadline_ms: Option<u64>,
-    /// Who may call its front door and what they may do (as the
-    /// coordinator's `[serving]`).
-    #[serde(default)]
-    pub serving: tessera_common::serving::ServingConfig,
+    /// This worker's front door (`http_listen`, `grpc_listen`, their
+    /// limits and `[serving]`, as the coordinator's); off by default.
+    #[serde(skip)]
+    pub front_door: FrontDoorConfig,
 }
 
 /// Why `worker.toml` cannot be read.
@@ -68,11 +85,18 @@ pub struct WorkerConfig {
 pub enum WorkerConfigError {
     #[error("{0}: no such file")]
     NoFile(PathBuf),
-    /// Not TOML, an unknown key or a value of the wrong type.
+    /// Not TOML, or a value of the wrong type.
     #[error("{path}: {source}")]
     Invalid {
         path: PathBuf,
         source: config::ConfigError,
+    },
+    #[error("{path}: unknown key {} (known keys: {}, {})", .keys.join(", "), WORKER_KEYS.join(", "), FRONT_DOOR_KEYS.join(", "))]
+    UnknownKeys { path: PathBuf, keys: Vec<String> },
+    #[error("{path}: {source}")]
+    FrontDoor {
+        path: PathBuf,
+        source: tessera_common::serving::FrontDoorConfigError,
     },
 }
 
@@ -81,14 +105,33 @@ impl WorkerConfig {
         if !path.exists() {
             return Err(WorkerConfigError::NoFile(path.to_path_buf()));
         }
-        config::Config::builder()
+        let invalid = |source| WorkerConfigError::Invalid {
+            path: path.to_path_buf(),
+            source,
+        };
+        let built = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .build()
-            .and_then(|c| c.try_deserialize())
-            .map_err(|source| WorkerConfigError::Invalid {
+            .map_err(invalid)?;
+        let top: BTreeMap<String, config::Value> =
+            built.clone().try_deserialize().map_err(invalid)?;
+        let keys = unknown_keys(
+            top.keys().map(String::as_str),
+            &[&WORKER_KEYS, &FRONT_DOOR_KEYS],
+        );
+        if !keys.is_empty() {
+            let path = path.to_path_buf();
+            return Err(WorkerConfigError::UnknownKeys { path, keys });
+        }
+        let mut cfg: WorkerConfig = built.clone().try_deserialize().map_err(invalid)?;
+        cfg.front_door = built.try_deserialize().map_err(invalid)?;
+        cfg.front_door
+            .check()
+            .map_err(|source| WorkerConfigError::FrontDoor {
                 path: path.to_path_buf(),
                 source,
-            })
+            })?;
+        Ok(cfg)
     }
 }
 

@@ -29,13 +29,33 @@ fn the_front_door_keys_parse_and_a_mistyped_serving_key_is_an_error() {
     )
     .unwrap();
     let cfg = WorkerConfig::load(&path).unwrap();
-    assert_eq!(cfg.http_listen.as_deref(), Some("127.0.0.1:8010"));
-    assert_eq!(cfg.grpc_listen.as_deref(), Some("127.0.0.1:8011"));
+    let door = &cfg.front_door;
     assert_eq!(
-        (cfg.http_max_body_bytes, cfg.request_deadline_ms),
-        (Some(1024), Some(500))
+        door.http_addr().unwrap(),
+        Some(([127, 0, 0, 1], 8010).into())
     );
-    assert_eq!(cfg.serving.tokens_file, Path::new("tokens.txt"));
+    assert_eq!(
+        door.grpc_addr().unwrap(),
+        Some(([127, 0, 0, 1], 8011).into())
+    );
+    assert_eq!(
+        (door.http_max_body_bytes, door.request_deadline_ms),
+        (1024, 500)
+    );
+    assert_eq!(door.serving.tokens_file, Path::new("tokens.txt"));
+    assert_eq!(cfg.name.as_deref(), Some("node-a"));
+    // The one check of a front door's values, as the coordinator's.
+    std::fs::write(
+        &path,
+        "http_max_body_bytes = 0
+",
+    )
+    .unwrap();
+    let err = WorkerConfig::load(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("http_max_body_bytes must be positive"),
+        "{err}"
+    );
     std::fs::write(&path, "[serving]\ntoken_file = \"t\"\n").unwrap();
     let err = WorkerConfig::load(&path).unwrap_err().to_string();
     let _ = std::fs::remove_file(&path);
@@ -49,12 +69,16 @@ fn unknown_keys_are_an_error() {
     let err = WorkerConfig::load(&path).unwrap_err();
     assert!(
         matches!(
-            err,
-            tessera_worker::daemon::config::WorkerConfigError::Invalid { .. }
+            &err,
+            tessera_worker::daemon::config::WorkerConfigError::UnknownKeys { keys, .. }
+                if keys == &["device"]
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("device"), "{err}");
+    assert!(
+        err.to_string().contains("known keys: name, devices"),
+        "{err}"
+    );
 }
 
 #[test]
