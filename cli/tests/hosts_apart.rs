@@ -1,19 +1,33 @@
 //! Hosts apart: the coordinator and each worker in a network namespace of
-//! its own, joined by a bridge, every link capped at 100 Mbit/s both ways
-//! with `tbf`; they talk over real interfaces (no loopback, so no shared
-//! memory). Needs root (`scripts/test.sh` requires it there); skipped with
-//! a note elsewhere.
+//! its own, joined by a bridge, every link capped both ways with `tbf`;
+//! they talk over real interfaces (no loopback, so no shared memory).
+//! Cases: a second load of SmolLM2 sends almost no weights; a standby
+//! coordinator on its own host (its own `state_dir`) takes over under load
+//! with nothing failed; a worker killed mid-generation changes no word.
+//! Needs root (`scripts/test.sh` requires it there); skipped with a note
+//! elsewhere.
 
 mod util;
 
-use std::time::Instant;
+use std::io::Read;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use util::cluster::{certs_init, worker_args, Proc, CLUSTER};
 use util::genai::genai;
+use util::ha::{wait_log, HaCluster, Place};
+use util::kserve::{python, split_models_config};
 use util::netns::{self, Lan};
 
 const COORDINATOR: &str = "coordinator";
 const WORKERS: [&str; 2] = ["node-a", "node-b"];
+
+/// One case at a time: each makes its own namespaces (named by this
+/// process) and most load SmolLM2 on three processes.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The bytes of every file in `folder`.
 fn folder_bytes(folder: &std::path::Path) -> u64 {
@@ -39,10 +53,10 @@ fn in_ns(lan: &Lan, host: &str, bin: &str, args: &[String]) -> (String, Vec<Stri
     ("ip".into(), all)
 }
 
-fn start(lan: &Lan, dir: &std::path::Path, worker_extra: &[&str]) -> Apart {
+fn start(lan: &Lan, dir: &std::path::Path, workers: &[&str], worker_extra: &[&str]) -> Apart {
     let certs = dir.join("certs");
     let mut nodes = vec![COORDINATOR, "client"];
-    nodes.extend(WORKERS);
+    nodes.extend(workers);
     certs_init(&certs, CLUSTER, &nodes);
     let addr = format!("{}:7400", lan.addr(COORDINATOR));
     let config = dir.join("cluster.toml");
@@ -62,15 +76,9 @@ fn start(lan: &Lan, dir: &std::path::Path, worker_extra: &[&str]) -> Apart {
         &["--config".into(), config.display().to_string()],
     );
     let (coordinator, _) = Proc::start(COORDINATOR, &bin, &args, dir, "listening on ", "info");
-    let workers = WORKERS
+    let workers = workers
         .iter()
-        .map(|name| {
-            let mut args = worker_args(&addr, dir, name, &certs, 1);
-            args.extend(["--listen".into(), format!("{}:0", lan.addr(name))]);
-            args.extend(worker_extra.iter().map(|a| a.to_string()));
-            let (bin, args) = in_ns(lan, name, env!("CARGO_BIN_EXE_worker"), &args);
-            Proc::start(name, &bin, &args, dir, "registered as ", "info").0
-        })
+        .map(|name| start_worker(lan, dir, &addr, &certs, name, worker_extra))
         .collect();
     Apart {
         coordinator,
@@ -78,6 +86,22 @@ fn start(lan: &Lan, dir: &std::path::Path, worker_extra: &[&str]) -> Apart {
         addr,
         certs,
     }
+}
+
+/// Worker `name` in its namespace, registered with the coordinator at `addr`.
+fn start_worker(
+    lan: &Lan,
+    dir: &std::path::Path,
+    addr: &str,
+    certs: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> Proc {
+    let mut args = worker_args(addr, dir, name, certs, 1);
+    args.extend(["--listen".into(), format!("{}:0", lan.addr(name))]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let (bin, args) = in_ns(lan, name, env!("CARGO_BIN_EXE_worker"), &args);
+    Proc::start(name, &bin, &args, dir, "registered as ", "info").0
 }
 
 /// One `tessera generate` from the coordinator's host: its text, the load
@@ -134,6 +158,7 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     if netns::skip(TEST) {
         return;
     }
+    let _one = one_at_a_time();
     let model = util::model("smollm2-135m-instruct");
     let weights = folder_bytes(&model);
     let prompt = "The capital of France is";
@@ -148,7 +173,7 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     let dir = util::Scratch::new(TEST);
     // 513 MiB of float32 weights: a worker offering 380 MiB holds about
     // half, so the model is cut between the two.
-    let apart = start(&lan, &dir, &["--memory-limit", "380MiB"]);
+    let apart = start(&lan, &dir, &WORKERS, &["--memory-limit", "380MiB"]);
     let (first_text, first_load, first_bytes) = generate(&lan, &apart, &model, prompt);
     assert_eq!(first_text, want[0].text);
     let (second_text, second_load, second_bytes) = generate(&lan, &apart, &model, prompt);
@@ -185,4 +210,135 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
         second_load < first_load / 4.0,
         "the second load ({second_load:.2} s) is not much quicker than the first ({first_load:.2} s)"
     );
+}
+
+#[test]
+fn a_standby_on_its_own_host_takes_over_under_load_with_no_request_failed() {
+    const TEST: &str = "hosts-apart-ha-takeover";
+    if netns::skip(TEST) {
+        return;
+    }
+    let _one = one_at_a_time();
+    let hosts = [
+        "etcd",
+        "coordinator-a",
+        "coordinator-b",
+        "node-a",
+        "node-b",
+        "client",
+    ];
+    let lan = Lan::new(&hosts, 100);
+    let place = Place::apart(&lan, &hosts);
+    // rec and MiniLM cut over node-a and node-b; node-a's front door
+    // serves a client on a host of its own.
+    let door = place.listen("node-a", 8000);
+    let door_args: &[&str] = &["--http-listen", &door];
+    let mut cluster = HaCluster::start_at(
+        "apart-takeover",
+        &[("node-a", door_args), ("node-b", &[])],
+        &split_models_config(),
+        place,
+    );
+    let client = lan.host("client");
+    client.within(|| python("kserve_test.py", &door, &["--phase", "serving"]));
+    let looping = {
+        let (client, door) = (client.clone(), door.clone());
+        std::thread::spawn(move || {
+            client.within(|| {
+                python(
+                    "kserve_test.py",
+                    &door,
+                    &["--phase", "loop", "--requests", "300"],
+                )
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let killed = Instant::now();
+    cluster.coordinators[0].kill();
+    let standby = &cluster.coordinators[1];
+    assert!(
+        wait_log(standby, "leading the cluster", Duration::from_secs(30)),
+        "the standby did not lead:\n{}",
+        standby.log_text()
+    );
+    println!(
+        "hosts apart: the standby led {:.2} s after the leader's kill -9",
+        killed.elapsed().as_secs_f64()
+    );
+    looping
+        .join()
+        .expect("all 300 requests through node-a's front door succeeded");
+    // It adopted what the workers ran, from its own state_dir and etcd:
+    // nothing re-planned, nothing it could not read.
+    let log = standby.log_text();
+    assert!(
+        log.contains("adopted what the worker still serves"),
+        "{log}"
+    );
+    for never in ["re-planned", "cannot be read", "starting empty"] {
+        assert!(!log.contains(never), "the standby logged '{never}':\n{log}");
+    }
+    client.within(|| python("kserve_test.py", &door, &["--phase", "serving"]));
+}
+
+#[test]
+fn a_worker_killed_mid_generation_across_hosts_changes_no_word() {
+    const TEST: &str = "hosts-apart-worker-killed";
+    if netns::skip(TEST) {
+        return;
+    }
+    let _one = one_at_a_time();
+    let model = util::model("smollm2-135m-instruct");
+    let prompt = "Write a short story about a lighthouse keeper.";
+    let want = genai(&model, &[prompt], 48, false);
+    // 1 Gbit/s: the re-plan ships the lost stage (about 250 MiB) to
+    // node-c while the generation waits within its deadline.
+    let workers = ["node-a", "node-b", "node-c"];
+    let lan = Lan::new(&[COORDINATOR, "node-a", "node-b", "node-c"], 1000);
+    let dir = util::Scratch::new(TEST);
+    let apart = start(&lan, &dir, &workers, &["--memory-limit", "380MiB"]);
+    let mut generate = lan
+        .command(COORDINATOR, env!("CARGO_BIN_EXE_tessera"))
+        .arg("generate")
+        .arg(&model)
+        .args(["--prompt", prompt, "--max-tokens", "48", "--context", "256"])
+        .args([
+            "--coordinator",
+            &apart.addr,
+            "--cluster",
+            CLUSTER,
+            "--certs",
+        ])
+        .arg(&apart.certs)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tessera generate starts");
+    let mut stdout = generate.stdout.take().expect("its stdout");
+    // The first words: the model is cut over two of the three workers.
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("the first words");
+    let holder = apart
+        .workers
+        .iter()
+        .position(|w| w.log_text().contains("cached="))
+        .expect("a worker holds a stage");
+    let mut workers = apart.workers;
+    let killed = workers[holder].name.clone();
+    workers[holder].kill();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).expect("the rest of the text");
+    let out = generate.wait_with_output().expect("tessera generate ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "generate: {stderr}\ncoordinator:\n{}",
+        apart.coordinator.log_text()
+    );
+    let mut text = first.to_vec();
+    text.extend(rest);
+    let text = String::from_utf8_lossy(&text);
+    eprintln!("killed {killed} mid-generation: {text:?}");
+    assert_eq!(text.strip_suffix('\n').unwrap_or(&text), want[0].text);
 }

@@ -13,6 +13,53 @@ use std::time::{Duration, Instant};
 
 use super::cluster::{certs_init, start_worker, worker_args, Proc, CLUSTER};
 use super::kserve::free_port;
+use super::netns::{Host, Lan};
+
+/// Where an HA cluster's processes run: all on this host's loopback, or
+/// each on a host of its own ([`Lan`]: `etcd`, `coordinator-a`,
+/// `coordinator-b` and one per worker).
+#[derive(Clone)]
+pub enum Place {
+    Loopback,
+    Apart(Vec<(String, Host)>),
+}
+
+impl Place {
+    /// Each of `hosts` of `lan`.
+    pub fn apart(lan: &Lan, hosts: &[&str]) -> Place {
+        Place::Apart(hosts.iter().map(|h| (h.to_string(), lan.host(h))).collect())
+    }
+
+    fn host(&self, name: &str) -> Option<&Host> {
+        match self {
+            Place::Loopback => None,
+            Place::Apart(hosts) => Some(
+                hosts
+                    .iter()
+                    .find(|(h, _)| h == name)
+                    .map(|(_, host)| host)
+                    .unwrap_or_else(|| panic!("no host {name} on the lan")),
+            ),
+        }
+    }
+
+    /// `IP:PORT` for `name` to listen on: a free loopback port, or `port`
+    /// on its host's address.
+    pub fn listen(&self, name: &str, port: u16) -> String {
+        match self.host(name) {
+            None => format!("127.0.0.1:{}", free_port()),
+            Some(host) => format!("{}:{port}", host.addr),
+        }
+    }
+
+    /// `f`'s result, run where `name` runs.
+    pub fn within<T: Send>(&self, name: &str, f: impl FnOnce() -> T + Send) -> T {
+        match self.host(name) {
+            None => f(),
+            Some(host) => host.within(f),
+        }
+    }
+}
 
 /// etcd's election timeout here, ms: its shortest lease is 1.5 × this,
 /// rounded up to whole seconds (1 s; etcd's defaults make it 2 s).
@@ -23,14 +70,19 @@ pub struct Etcd {
     child: Child,
     pub endpoint: String,
     pub log: PathBuf,
+    place: Place,
 }
 
 impl Etcd {
     /// Starts etcd with its data in `dir/etcd` and waits until it serves.
     pub fn start(dir: &Path) -> Etcd {
-        let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
+        Etcd::start_at(dir, &Place::Loopback)
+    }
+
+    /// As [`Etcd::start`], on host `etcd` of `place`.
+    pub fn start_at(dir: &Path, place: &Place) -> Etcd {
+        let endpoint = format!("http://{}", place.listen("etcd", 2379));
+        let peer_url = format!("http://{}", place.listen("etcd", 2380));
         let log = dir.join("etcd.log");
         let heartbeat = (ETCD_ELECTION_MS / 10).to_string();
         let election = ETCD_ELECTION_MS.to_string();
@@ -54,16 +106,19 @@ impl Etcd {
             "--election-timeout",
             &election,
         ];
-        let child = Command::new("etcd")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("etcd (Debian's etcd-server; scripts/test.sh installs it)");
+        let child = place.within("etcd", || {
+            Command::new("etcd")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .expect("etcd (Debian's etcd-server; scripts/test.sh installs it)")
+        });
         let etcd = Etcd {
             child,
             endpoint,
             log,
+            place: place.clone(),
         };
         let started = Instant::now();
         while !etcd.healthy() {
@@ -79,6 +134,10 @@ impl Etcd {
 
     /// etcd's `/health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
+        self.place.within("etcd", || self.asked_healthy())
+    }
+
+    fn asked_healthy(&self) -> bool {
         use std::io::{Read, Write};
         let addr = self.endpoint.trim_start_matches("http://");
         let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
@@ -113,6 +172,7 @@ pub struct HaCluster {
     pub workers: Vec<Proc>,
     pub etcd: Etcd,
     pub dir: super::Scratch,
+    pub place: Place,
 }
 
 impl HaCluster {
@@ -120,6 +180,16 @@ impl HaCluster {
     /// each worker (name, extra arguments). `extra`: more cluster.toml,
     /// top-level keys and tables (named models), for both coordinators.
     pub fn start(test: &str, workers: &[(&str, &[&str])], extra: &str) -> HaCluster {
+        HaCluster::start_at(test, workers, extra, Place::Loopback)
+    }
+
+    /// As [`HaCluster::start`], each process where `place` puts it.
+    pub fn start_at(
+        test: &str,
+        workers: &[(&str, &[&str])],
+        extra: &str,
+        place: Place,
+    ) -> HaCluster {
         let dir = super::Scratch::new(&format!("ha-{test}"));
         let certs = dir.join("certs");
         let mut nodes = vec![
@@ -129,9 +199,10 @@ impl HaCluster {
         ];
         nodes.extend(workers.iter().map(|(w, _)| *w));
         certs_init(&certs, CLUSTER, &nodes);
-        let etcd = Etcd::start(&dir);
-        let addrs: Vec<SocketAddr> = (0..2)
-            .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+        let etcd = Etcd::start_at(&dir, &place);
+        let addrs: Vec<SocketAddr> = ["coordinator-a", "coordinator-b"]
+            .iter()
+            .map(|host| place.listen(host, 7400).parse().unwrap())
             .collect();
         let mut cluster = HaCluster {
             certs,
@@ -140,6 +211,7 @@ impl HaCluster {
             workers: Vec::new(),
             etcd,
             dir,
+            place,
         };
         for (i, name) in ["a", "b"].into_iter().enumerate() {
             cluster.write_config(name, cluster.addrs[i], extra);
@@ -158,8 +230,13 @@ impl HaCluster {
         }
         for (name, more) in workers {
             let mut args = worker_args(&cluster.list(), &cluster.dir, name, &cluster.certs, 1);
+            if matches!(cluster.place, Place::Apart(_)) {
+                args.extend(["--listen".into(), cluster.place.listen(name, 0)]);
+            }
             args.extend(more.iter().map(|a| a.to_string()));
-            let (w, _) = start_worker(name, &args, &cluster.dir, "info");
+            let (w, _) = cluster
+                .place
+                .within(name, || start_worker(name, &args, &cluster.dir, "info"));
             cluster.workers.push(w);
         }
         cluster
@@ -181,14 +258,17 @@ impl HaCluster {
     /// Starts coordinator `name` (`a` or `b`) with its configuration.
     pub fn start_coordinator(&self, name: &str) -> Proc {
         let config = self.dir.join(format!("coordinator-{name}.toml"));
-        let (proc, _) = Proc::start(
-            &format!("coordinator-{name}"),
-            env!("CARGO_BIN_EXE_coordinator"),
-            &["--config".into(), config.display().to_string()],
-            &self.dir,
-            "listening on ",
-            "info",
-        );
+        let host = format!("coordinator-{name}");
+        let (proc, _) = self.place.within(&host, || {
+            Proc::start(
+                &host,
+                env!("CARGO_BIN_EXE_coordinator"),
+                &["--config".into(), config.display().to_string()],
+                &self.dir,
+                "listening on ",
+                "info",
+            )
+        });
         proc
     }
 

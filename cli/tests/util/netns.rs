@@ -5,6 +5,7 @@
 //! interfaces, never loopback, so no shared memory passes between them.
 //! Needs root, `ip` and `tc`; everything is removed on drop.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
@@ -131,6 +132,14 @@ impl Lan {
         cmd
     }
 
+    /// `host`: its namespace and address, to run code in.
+    pub fn host(&self, host: &str) -> Host {
+        Host {
+            ns: self.ns(host),
+            addr: self.addr(host),
+        }
+    }
+
     /// Bytes `host`'s interface has received.
     pub fn rx_bytes(&self, host: &str) -> u64 {
         let out = self
@@ -142,6 +151,38 @@ impl Lan {
             .trim()
             .parse()
             .expect("a byte count")
+    }
+}
+
+/// One host of a [`Lan`]: code run [`Host::within`] it (on a thread that
+/// joined its namespace) talks from its address, and the processes that
+/// code starts live there too (a child keeps its parent thread's network
+/// namespace).
+#[derive(Debug, Clone)]
+pub struct Host {
+    ns: String,
+    /// Its address on the bridge.
+    pub addr: String,
+}
+
+impl Host {
+    /// `f`'s result, run on a thread in this host's namespace.
+    pub fn within<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/var/run/netns/{}", self.ns);
+        std::thread::scope(|scope| {
+            let joined = scope.spawn(|| {
+                let file =
+                    std::fs::File::open(&path).unwrap_or_else(|e| panic!("namespace {path}: {e}"));
+                // SAFETY: setns(2) on a namespace file this thread opened;
+                // it moves only this thread into the network namespace.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                f()
+            });
+            joined
+                .join()
+                .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked))
+        })
     }
 }
 
