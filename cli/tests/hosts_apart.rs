@@ -290,7 +290,7 @@ fn a_worker_killed_mid_generation_across_hosts_changes_no_word() {
     }
     let _one = one_at_a_time();
     let model = util::model("smollm2-135m-instruct");
-    let prompt = "Write a short story about a lighthouse keeper.";
+    let prompt = "Once upon a time, in a small village by the sea,";
     let want = genai(&model, &[prompt], 48, false);
     // 1 Gbit/s: the re-plan ships the lost stage (about 250 MiB) to
     // node-c while the generation waits within its deadline.
@@ -316,8 +316,9 @@ fn a_worker_killed_mid_generation_across_hosts_changes_no_word() {
         .spawn()
         .expect("tessera generate starts");
     let mut stdout = generate.stdout.take().expect("its stdout");
-    // The first words: the model is cut over two of the three workers.
-    let mut first = [0u8; 1];
+    // The first words (the model is cut over two of the three workers),
+    // then a worker that holds a stage is killed.
+    let mut first = [0u8; 8];
     stdout.read_exact(&mut first).expect("the first words");
     let holder = apart
         .workers
@@ -336,9 +337,16 @@ fn a_worker_killed_mid_generation_across_hosts_changes_no_word() {
         "generate: {stderr}\ncoordinator:\n{}",
         apart.coordinator.log_text()
     );
+    assert!(
+        rest.len() > 8,
+        "the generation had all but ended when {killed} was killed: {rest:?}"
+    );
     let mut text = first.to_vec();
     text.extend(rest);
     let text = String::from_utf8_lossy(&text);
-    eprintln!("killed {killed} mid-generation: {text:?}");
+    eprintln!(
+        "killed {killed} after {:?}: {text:?}",
+        String::from_utf8_lossy(&first)
+    );
     assert_eq!(text.strip_suffix('\n').unwrap_or(&text), want[0].text);
 }
