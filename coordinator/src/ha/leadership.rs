@@ -262,7 +262,10 @@ mod tests {
             ttl_left_s: 0,
         };
         let action = l.on(expired, t1);
-        assert!(is_down(&action, "etcd says the lease expired"), "{action:?}");
+        assert!(
+            is_down(&action, "etcd says the lease expired"),
+            "{action:?}"
+        );
     }
 
     #[test]
@@ -272,7 +275,10 @@ mod tests {
         let action = l.on(Event::NotGranted("no answer in 3s".into()), t0);
         assert!(is_down(&action, "etcd granted no lease: no answer"));
         for (campaign, why) in [
-            (Campaign::Failed("lost".into()), "etcd: the campaign failed: lost"),
+            (
+                Campaign::Failed("lost".into()),
+                "etcd: the campaign failed: lost",
+            ),
             (Campaign::NoKey, "without a key"),
         ] {
             let mut l = granted(t0);
@@ -282,7 +288,10 @@ mod tests {
         let mut l = granted(t0);
         l.on(Event::Campaigned(Campaign::Elected(7)), t0);
         let action = l.on(Event::Restored(Err("bad record".into())), t0);
-        assert!(is_down(&action, "the kept state cannot be read: bad record"));
+        assert!(is_down(
+            &action,
+            "the kept state cannot be read: bad record"
+        ));
     }
 
     #[test]
@@ -330,7 +339,10 @@ mod tests {
         assert_eq!(l.on(seen("c:1", 6), t0), Action::Nothing);
         // ... a newer epoch means its own key is gone.
         let action = l.on(seen("c:1", 11), t0);
-        assert!(is_down(&action, "another leader, c:1 (epoch 11)"), "{action:?}");
+        assert!(
+            is_down(&action, "another leader, c:1 (epoch 11)"),
+            "{action:?}"
+        );
     }
 
     #[test]

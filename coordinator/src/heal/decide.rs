@@ -140,10 +140,7 @@ mod tests {
     #[test]
     fn a_replan_that_waiting_cannot_fix_gives_up_at_once() {
         let now = Instant::now();
-        assert_eq!(
-            Heal::new(now, BEAT).failed(true, now),
-            AfterFailure::GiveUp
-        );
+        assert_eq!(Heal::new(now, BEAT).failed(true, now), AfterFailure::GiveUp);
     }
 
     #[test]
