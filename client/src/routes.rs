@@ -3,21 +3,23 @@
 //! the coordinator goes away (the workers keep serving; the stream is
 //! opened again with back-off), and read by each request to pick a copy
 //! and reach its workers. Picking and waiting are here; the request path
-//! is in [`crate::infer`].
+//! is in [`crate::infer`]; when to publish, ask again, back off or give
+//! up is decided in [`subscription`].
+
+mod subscription;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_common::backoff::Backoff;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::ErrorKind;
 use tessera_common::wire::routes::{CopyRoute, CopyState, DeploymentRoute, RoutingTable};
-use tessera_common::wire::Frame;
 use tessera_net::{exchange, recv_frame};
 use tokio::sync::watch;
 
 use crate::{Client, ClientError, Operation};
+use subscription::{Ended, Heard, Next, Resubscribe};
 
 /// What the requester knows of a network's routes.
 #[derive(Debug, Clone)]
@@ -56,9 +58,6 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
-
-/// The waits between two tries to subscribe again: 100 ms to 2 s.
-const REOPEN: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 impl Routes {
     /// Subscribes to `network`'s table (or named model `model`'s) and
@@ -269,32 +268,35 @@ pub enum Picked {
 pub use tessera_common::requests::tries::Settled;
 
 /// Keeps `tx` up to date from the coordinator: a `Routes` stream, opened
-/// again (with back-off) when it breaks; the last table stays meanwhile.
+/// again when it breaks, as [`Resubscribe`] decides; the last table stays
+/// meanwhile.
 async fn keep(client: Client, network: u64, model: Option<String>, tx: watch::Sender<Known>) {
-    let mut backoff = REOPEN;
+    let mut resubscribe = Resubscribe::new();
     loop {
-        let wait = match follow(&client, network, model.clone(), &tx).await {
-            Ok(()) => return,
-            Err(e) => {
-                let wait = backoff.wait();
-                tracing::debug!(
-                    network,
-                    ?model,
-                    "routing table stream: {e}; again in {wait:?}"
-                );
-                wait
-            }
+        resubscribe.opened(Instant::now());
+        let followed = follow(&client, network, model.clone(), &tx).await;
+        let ended = match followed {
+            Ok(()) => Ended::Gone,
+            Err(_) => Ended::Broke,
         };
-        if tx.is_closed() {
+        let Next::AskAgainAfter(wait) = resubscribe.ended(ended, !tx.is_closed(), Instant::now())
+        else {
             return;
+        };
+        if let Err(e) = followed {
+            tracing::debug!(
+                network,
+                ?model,
+                "routing table stream: {e}; again in {wait:?}"
+            );
         }
         tokio::time::sleep(wait).await;
         client.reconnect_if_closed().await;
     }
 }
 
-/// One `Routes` stream: every table it brings; `Ok` once the network is
-/// gone.
+/// One `Routes` stream: every table it brings, as [`Heard::of`] reads its
+/// frames; `Ok` once the network is gone.
 async fn follow(
     client: &Client,
     network: u64,
@@ -314,38 +316,23 @@ async fn follow(
         let frame = recv_frame::<ClientReply>(&mut recv, &limits)
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
-        match frame {
-            Some(Frame::Control(ClientReply::Routes(table), _)) => {
+        match Heard::of(frame) {
+            Heard::Table(table) => tx.send_modify(|k| {
+                k.table = Some(Arc::new(*table));
+                k.gone = None;
+            }),
+            Heard::Gone(why, kind) => {
                 tx.send_modify(|k| {
-                    k.table = Some(Arc::new(*table));
-                    k.gone = None;
-                });
-            }
-            Some(Frame::Control(ClientReply::Unloaded { network }, _)) => {
-                tx.send_modify(|k| {
-                    k.gone = Some(format!("network {network} is not loaded"));
-                    k.gone_kind = ErrorKind::NotFound;
+                    k.gone = Some(why);
+                    k.gone_kind = kind;
                 });
                 return Ok(());
             }
-            Some(Frame::Control(ClientReply::NotLeader { .. }, _)) => {
+            Heard::NotLeader => {
                 client.not_leader();
                 return Err(ClientError::Connection("the coordinator stands by".into()));
             }
-            Some(Frame::Control(ClientReply::Failed(f), _)) => {
-                tx.send_modify(|k| {
-                    k.gone = Some(f.error);
-                    k.gone_kind = f.kind;
-                });
-                return Ok(());
-            }
-            Some(other) => {
-                return Err(ClientError::Protocol(format!(
-                    "unexpected {} frame on a routes stream",
-                    other.kind().name()
-                )))
-            }
-            None => return Err(ClientError::Connection("the routes stream ended".into())),
+            Heard::Broken(e) => return Err(e),
         }
     }
 }

@@ -9,7 +9,11 @@
 //! network's routing table, and requesters retry on another copy or on
 //! the new deployment. A copy that cannot be re-planned is broken,
 //! with an error that says why, until a worker (re)joins and a re-plan
-//! succeeds; a network is broken when all its copies are.
+//! succeeds; a network is broken when all its copies are. When to leave a
+//! copy, try again or give up is decided in [`decide`]; this module only
+//! undeploys, deploys, sleeps and publishes.
+
+mod decide;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,9 +24,7 @@ use tessera_common::wire::control::LoadRequest;
 use crate::deploy;
 use crate::network::{Current, Deployed, Loaded, Replica};
 use crate::{CoordinatorError, Shared};
-
-/// Re-plans tried after a loss before a network is declared broken.
-const HEAL_TRIES: usize = 3;
+use decide::{AfterFailure, Heal, Seen, Step};
 
 /// Worker `name` is gone (already removed from the members): every copy
 /// deployed on it starts healing (the network's other copies go on
@@ -100,12 +102,11 @@ async fn heal(shared: Arc<Shared>, loaded: Arc<Loaded>, replica: Arc<Replica>, w
 }
 
 /// Re-plans and re-deploys one copy of `loaded` (over its own workers
-/// that remain) unless its deployment is healthy; the rules are
-/// [`first_step`] and [`Tries`].
+/// that remain) unless its deployment is healthy, as [`Heal`] decides.
 async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why: String) {
     let _one_at_a_time = replica.healing.lock().await;
-    let started = Instant::now();
-    let mut tries = Tries::default();
+    let beat = Duration::from_millis(shared.config.heartbeat_ms);
+    let mut heal = Heal::new(Instant::now(), beat);
     loop {
         let current = replica.current();
         let old = match &current {
@@ -116,7 +117,7 @@ async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why
             Current::Ready(d) => healthy(shared, d),
             _ => false,
         };
-        if first_step(Seen::of(&current, healthy)) == Step::Leave {
+        if heal.look(Seen::of(&current, healthy)) == Step::Leave {
             return;
         }
         replica.current.send_replace(Current::Healing(old.clone()));
@@ -133,7 +134,7 @@ async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why
                     replica = replica.index,
                     deployment = deployed.id,
                     hosts = %deployed.hosts.join(","),
-                    took_ms = started.elapsed().as_millis() as u64,
+                    took_ms = heal.placed(Instant::now()).as_millis() as u64,
                     "network re-planned ({why})"
                 );
                 replica.placed(&deployed);
@@ -148,15 +149,14 @@ async fn heal_copy(shared: &Arc<Shared>, loaded: &Loaded, replica: &Replica, why
             replica = replica.index,
             "re-plan failed ({why}): {e}"
         );
-        let last = e.to_string();
         let fixed = matches!(e, CoordinatorError::Devices(_) | CoordinatorError::Plan(_));
-        match tries.on_failed(fixed) {
-            AfterFailure::TryAgain => {
-                tokio::time::sleep(Duration::from_millis(shared.config.heartbeat_ms)).await
+        match heal.failed(fixed, Instant::now()) {
+            AfterFailure::TryAgainAt(at) => {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await
             }
             AfterFailure::GiveUp => {
                 let copy = (replica.index, loaded.replicas.len());
-                let error = broken(loaded.id, &loaded.name, copy, &why, &last);
+                let error = broken(loaded.id, &loaded.name, copy, &why, &e.to_string());
                 replica.current.send_replace(Current::Broken(error));
                 return;
             }
@@ -187,70 +187,6 @@ pub(crate) async fn redeploy(
         return Ok(None);
     }
     Ok(Some(deployed))
-}
-
-/// What a heal pass sees of its copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    /// It has a ready deployment...
-    ready: bool,
-    /// ... on workers all connected.
-    whole: bool,
-}
-
-impl Seen {
-    fn of(current: &Current, healthy: bool) -> Seen {
-        Seen {
-            ready: matches!(current, Current::Ready(_)),
-            whole: healthy,
-        }
-    }
-}
-
-/// A heal pass's first step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    /// Its deployment is ready and whole (another pass healed it, or the
-    /// worker that joined changes nothing): nothing to do.
-    Leave,
-    /// Undeploy what it had and plan it again.
-    Replan,
-}
-
-fn first_step(seen: Seen) -> Step {
-    if seen.ready && seen.whole {
-        Step::Leave
-    } else {
-        Step::Replan
-    }
-}
-
-/// A copy's failed re-plans within one heal.
-#[derive(Debug, Default)]
-struct Tries {
-    failed: usize,
-}
-
-/// What follows a failed re-plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AfterFailure {
-    /// Pause a heartbeat (workers may be registering), then try again.
-    TryAgain,
-    /// The copy is broken until a worker joins.
-    GiveUp,
-}
-
-impl Tries {
-    /// A re-plan failed; `fixed`: for a reason waiting cannot change (its
-    /// devices or the plan itself).
-    fn on_failed(&mut self, fixed: bool) -> AfterFailure {
-        self.failed += 1;
-        if fixed || self.failed >= HEAL_TRIES {
-            AfterFailure::GiveUp
-        } else {
-            AfterFailure::TryAgain
-        }
-    }
 }
 
 /// Why a copy is broken: network `id` (named `name`), copy `(index,
@@ -309,28 +245,6 @@ pub(crate) fn without_lost(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_ready_whole_copy_is_left_alone() {
-        let seen = |ready, whole| first_step(Seen { ready, whole });
-        assert_eq!(seen(true, true), Step::Leave);
-        assert_eq!(seen(true, false), Step::Replan);
-        assert_eq!(seen(false, false), Step::Replan);
-    }
-
-    #[test]
-    fn failed_replans_are_tried_again_a_few_times() {
-        let mut tries = Tries::default();
-        for _ in 1..HEAL_TRIES {
-            assert_eq!(tries.on_failed(false), AfterFailure::TryAgain);
-        }
-        assert_eq!(tries.on_failed(false), AfterFailure::GiveUp);
-    }
-
-    #[test]
-    fn a_replan_that_waiting_cannot_fix_gives_up_at_once() {
-        assert_eq!(Tries::default().on_failed(true), AfterFailure::GiveUp);
-    }
 
     #[test]
     fn a_broken_copy_says_which_and_why() {

@@ -16,9 +16,12 @@
 //! once they know a newer one. A coordinator whose lead or candidacy ends
 //! (its lease expired, etcd refused a write or cannot be reached) steps
 //! down: it logs why once and stops ([`Shared::stepped_down`]); its
-//! supervisor starts it again as a standby.
+//! supervisor starts it again as a standby. Those decisions are
+//! [`leadership::Leadership`]'s, pure; the loops here only talk to etcd,
+//! sleep and act on them.
 
 pub mod config;
+pub mod leadership;
 pub mod lease;
 pub mod model_copies;
 
@@ -30,7 +33,7 @@ use tessera_common::wire::control::CoordinatorInfo;
 
 use crate::Shared;
 use config::HaConfig;
-use lease::{LeaseClock, Renewal};
+use leadership::{Action, Campaign, Event, Leadership};
 
 /// How long reaching etcd at start may take before it is an error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -89,7 +92,7 @@ pub struct Ha {
     /// The election's name (`PREFIX/leader`).
     election: String,
     ttl: Duration,
-    lease: Mutex<LeaseClock>,
+    leadership: Mutex<Leadership>,
 }
 
 impl Ha {
@@ -113,11 +116,11 @@ impl Ha {
         status.map_err(unreachable)?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
         Ok(Ha {
-            advertise,
             client,
             election: format!("{}/leader", config.prefix.trim_end_matches('/')),
             ttl,
-            lease: Mutex::new(LeaseClock::new(ttl)),
+            leadership: Mutex::new(Leadership::new(advertise.clone(), ttl)),
+            advertise,
         })
     }
 
@@ -127,21 +130,32 @@ impl Ha {
 
     /// Whether the lease is surely alive now.
     pub fn lease_alive(&self, now: Instant) -> bool {
-        self.lease.lock().is_ok_and(|l| l.alive(now))
+        self.leadership.lock().is_ok_and(|l| l.lease_alive(now))
     }
 
-    fn renewed(&self, sent: Instant, ttl_left_s: i64) -> Renewal {
-        match self.lease.lock() {
-            Ok(mut l) => l.renewed(sent, ttl_left_s),
-            Err(_) => Renewal::Expired,
-        }
+    /// What `event` at `now` calls for.
+    fn on(&self, event: Event, now: Instant) -> Action {
+        let mut leadership = self.leadership.lock().unwrap_or_else(|p| p.into_inner());
+        leadership.on(event, now)
     }
 
     fn renew_every(&self) -> Duration {
-        self.lease
+        self.leadership
             .lock()
             .map(|l| l.renew_every())
             .unwrap_or(Duration::from_millis(500))
+    }
+}
+
+/// Feeds `event` to the leadership now: steps down (and `None`) when that
+/// is what it decides, else what to do.
+fn decide(shared: &Arc<Shared>, ha: &Ha, event: Event) -> Option<Action> {
+    match ha.on(event, Instant::now()) {
+        Action::StepDown(why) => {
+            step_down(shared, why);
+            None
+        }
+        action => Some(action),
     }
 }
 
@@ -151,13 +165,19 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
     let mut client = ha.client();
     let sent = Instant::now();
     let grant = client.lease_grant(ha.ttl.as_secs() as i64, None);
-    let lease = match within(CONNECT_TIMEOUT, grant).await {
-        Ok(grant) => {
-            ha.renewed(sent, grant.ttl());
-            grant.id()
-        }
-        Err(e) => return step_down(&shared, format!("etcd granted no lease: {e}")),
+    let (lease, granted) = match within(CONNECT_TIMEOUT, grant).await {
+        Ok(grant) => (
+            grant.id(),
+            Event::Renewed {
+                sent,
+                ttl_left_s: grant.ttl(),
+            },
+        ),
+        Err(e) => (0, Event::NotGranted(e)),
     };
+    if decide(&shared, &ha, granted).is_none() {
+        return;
+    }
     tokio::spawn(keep_lease(shared.clone(), ha.clone(), lease));
     tokio::spawn(observe_leader(shared.clone(), ha.clone()));
     tokio::spawn(crate::state::restore::keep_warm(shared.clone()));
@@ -167,25 +187,35 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
         elected = campaign => elected,
         _ = shared.closed() => return,
     };
-    let key = match elected {
-        Ok(mut answer) => answer.take_leader(),
-        Err(e) => return step_down(&shared, format!("etcd: the campaign failed: {e}")),
+    let (key, campaigned) = match elected.map(|mut answer| answer.take_leader()) {
+        Ok(Some(key)) => {
+            let epoch = key.rev() as u64;
+            (Some(key), Campaign::Elected(epoch))
+        }
+        Ok(None) => (None, Campaign::NoKey),
+        Err(e) => (None, Campaign::Failed(e.to_string())),
     };
-    let Some(key) = key else {
-        return step_down(&shared, "etcd answered the campaign without a key".into());
+    let restore = decide(&shared, &ha, Event::Campaigned(campaigned));
+    let (Some(Action::Restore(epoch)), Some(key)) = (restore, key) else {
+        return;
     };
-    let epoch = key.rev() as u64;
     tracing::info!(epoch, "elected: restoring the kept state from etcd");
     let fence = crate::state::Fence {
         key: key.key().to_vec(),
         epoch,
     };
-    if let Err(e) = shared.state.lead(fence).await {
-        return step_down(&shared, format!("the kept state cannot be read: {e}"));
-    }
-    // Restored before it says it leads: the workers that register then
-    // find their deployments to be adopted.
-    crate::lead(&shared).await;
+    let restored = match shared.state.lead(fence).await {
+        Ok(()) => {
+            // Restored before it says it leads: the workers that register
+            // then find their deployments to be adopted.
+            crate::lead(&shared).await;
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    let Some(Action::Lead(epoch)) = decide(&shared, &ha, Event::Restored(restored)) else {
+        return;
+    };
     shared.leader.send_replace(LeaderView {
         leading: true,
         leader: Some(ha.advertise.clone()),
@@ -193,21 +223,16 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
     });
     tracing::info!(epoch, advertise = %ha.advertise, "leading the cluster");
     let mut fenced = shared.state.fenced();
-    tokio::spawn({
-        let shared = shared.clone();
-        async move {
-            if fenced.wait_for(|f| *f).await.is_ok() {
-                step_down(
-                    &shared,
-                    "etcd refused a write: another coordinator leads".into(),
-                );
-            }
+    tokio::spawn(async move {
+        if fenced.wait_for(|f| *f).await.is_ok() {
+            decide(&shared, &ha, Event::WriteRefused);
         }
     });
 }
 
-/// Renews the lease every third of its time to live; steps down when etcd
-/// says it expired, or when it could not be renewed in time.
+/// Renews the lease every third of its time to live, as long as
+/// [`Leadership`] says it is alive; steps down when etcd says it expired,
+/// or when it could not be renewed in time.
 async fn keep_lease(shared: Arc<Shared>, ha: Arc<Ha>, lease: i64) {
     let mut client = ha.client();
     let mut channel = None;
@@ -216,11 +241,8 @@ async fn keep_lease(shared: Arc<Shared>, ha: Arc<Ha>, lease: i64) {
             _ = tokio::time::sleep(ha.renew_every()) => {}
             _ = shared.closed() => return,
         }
-        if !ha.lease_alive(Instant::now()) {
-            return step_down(
-                &shared,
-                "the etcd lease ran out before it was renewed".into(),
-            );
+        if decide(&shared, &ha, Event::RenewDue) != Some(Action::Renew) {
+            return;
         }
         if channel.is_none() {
             let open = client.lease_keep_alive(lease);
@@ -236,8 +258,9 @@ async fn keep_lease(shared: Arc<Shared>, ha: Arc<Ha>, lease: i64) {
         };
         match tokio::time::timeout(ha.renew_every(), renew).await {
             Ok(Ok(Some(answer))) => {
-                if ha.renewed(sent, answer.ttl()) == Renewal::Expired {
-                    return step_down(&shared, "etcd says the lease expired".into());
+                let ttl_left_s = answer.ttl();
+                if decide(&shared, &ha, Event::Renewed { sent, ttl_left_s }).is_none() {
+                    return;
                 }
             }
             Ok(Ok(None)) | Ok(Err(_)) | Err(_) => channel = None,
@@ -245,7 +268,8 @@ async fn keep_lease(shared: Arc<Shared>, ha: Arc<Ha>, lease: i64) {
     }
 }
 
-/// While standing by: who leads, from etcd's election (a watch).
+/// Who leads, from etcd's election (a watch): followed while standing
+/// by; a newer leader seen once elected steps this one down.
 async fn observe_leader(shared: Arc<Shared>, ha: Arc<Ha>) {
     let mut client = ha.client();
     loop {
@@ -254,19 +278,17 @@ async fn observe_leader(shared: Arc<Shared>, ha: Arc<Ha>) {
                 let Some(kv) = answer.kv() else { continue };
                 let leader = String::from_utf8_lossy(kv.value()).into_owned();
                 let epoch = kv.create_revision() as u64;
-                if leader == ha.advertise {
-                    // Elected: it says so itself once it has restored.
-                    continue;
-                }
-                shared.leader.send_if_modified(|view| {
-                    let changed = !view.leading && view.leader.as_deref() != Some(&leader);
-                    if changed {
+                match decide(&shared, &ha, Event::LeaderSeen { leader, epoch }) {
+                    Some(Action::Follow { leader, epoch }) => {
                         tracing::info!(%leader, epoch, "the cluster's leader");
-                        view.leader = Some(leader.clone());
-                        view.epoch = epoch;
+                        shared.leader.send_modify(|view| {
+                            view.leader = Some(leader);
+                            view.epoch = epoch;
+                        });
                     }
-                    changed
-                });
+                    Some(_) => {}
+                    None => return,
+                }
             }
         }
         tokio::select! {
