@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use tessera_common::backoff::Backoff;
 use tessera_coordinator::config::CoordinatorConfig;
 use tessera_coordinator::Coordinator;
@@ -259,11 +259,10 @@ pub fn run_system<F, T>(f: F) -> Result<T>
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let system = actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting a tokio runtime")?;
+    let system = actix::System::with_tokio_rt(move || runtime);
     system.block_on(f)
 }

@@ -1,5 +1,8 @@
 //! `tessera certs init`.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod util;
 
 use tessera_common::wire::handshake::Role;

@@ -6,6 +6,9 @@
 //! memory and measured speed; a restarted worker's stage comes from its
 //! compile cache, not over the network.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod util;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,9 @@
 //! for longer than their `--adopt-grace-s`, workers unload. Answers are
 //! checked against onnxruntime.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod util;
 
 use std::collections::BTreeMap;

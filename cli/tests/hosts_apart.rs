@@ -7,6 +7,9 @@
 //! Needs root (`scripts/test.sh` requires it there); skipped with a note
 //! elsewhere.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod util;
 
 use std::io::Read;
@@ -177,6 +180,12 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     let (first_text, first_load, first_bytes) = generate(&lan, &apart, &model, prompt);
     assert_eq!(first_text, want[0].text);
     let (second_text, second_load, second_bytes) = generate(&lan, &apart, &model, prompt);
+    if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
+        eprintln!("COORD:\n{}", apart.coordinator.log_text());
+        for w in &apart.workers {
+            eprintln!("{}:\n{}", w.name, w.log_text());
+        }
+    }
     assert_eq!(second_text, want[0].text);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(

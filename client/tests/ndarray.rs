@@ -1,6 +1,9 @@
 //! Tensors from and to ndarray arrays: shapes and values survive, the
 //! wrong element type is an error.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use ndarray::{ArrayD, IxDyn};
 use tessera_client::tensor::{from_array, to_array};
 use tessera_client::ClientError;

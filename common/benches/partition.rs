@@ -10,6 +10,9 @@
 //! used above that), `fast` without the merge pass, and `reference` (only
 //! while it stays well under a minute).
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 

@@ -345,6 +345,10 @@ pub fn small_cnn(seed: u64) -> ModelProto {
             .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
             .map(|v| v as f32)
             .collect();
+        #[allow(
+            clippy::expect_used,
+            reason = "the values are made to the shape's size just above"
+        )]
         let t = Tensor::from_values(shape.to_vec(), &values).expect("sizes match by construction");
         g.initializer.push(t.to_proto(name));
     };

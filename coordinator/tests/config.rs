@@ -1,6 +1,9 @@
 //! `cluster.toml`: the shipped example parses to the defaults, environment
 //! variables override keys, unknown keys and bad values are clear errors.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::HashMap;
 use std::path::Path;
 

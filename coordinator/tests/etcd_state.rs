@@ -3,6 +3,9 @@
 //! one through a blob), ids reserved there, and a write after the lead is
 //! lost (its lease revoked) refused and reported as fenced.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,9 @@
 //! QUIC with mutual TLS on loopback: framed streams, and every way a peer
 //! is refused, with the listener serving on afterwards.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

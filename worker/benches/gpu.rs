@@ -12,6 +12,9 @@
 //! the slowest nodes (one more run with PERF_COUNT on). Where the adapter
 //! has shader-f16: MatMul and cls with float16 tensors vs float32.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;

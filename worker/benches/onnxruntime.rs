@@ -10,6 +10,9 @@
 //! alike; prints medians and the ratios (target: Tessera/onnxruntime
 //! ≤ 1.05).
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -6,6 +6,9 @@
 //! (target ≤ 1.05). Runs alternate between the two so that noise on a
 //! shared machine hits both alike.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;

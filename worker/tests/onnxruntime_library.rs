@@ -4,6 +4,9 @@
 //! One test, in order, in its own process: the first successful load is
 //! kept for the life of the process.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::Path;
 
 use tessera_worker::plugins::onnxruntime::library;

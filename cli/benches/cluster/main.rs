@@ -71,6 +71,9 @@
 //! The embedded cluster is a coordinator and workers in this process
 //! talking QUIC with mutual TLS on loopback.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;

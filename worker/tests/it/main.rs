@@ -5,6 +5,9 @@
 //! stays a binary of its own: it needs a process where no onnxruntime
 //! library was loaded yet.
 
+// A test crate: its helpers fail the test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod util;
 
 mod conformance_cpu;
