@@ -164,8 +164,8 @@ pub struct Shared {
     /// What a standby prepared for a takeover (HA).
     pub warm: state::restore::Warm,
     /// The last placement of each model loaded as one copy (by
-    /// [`deploy::placement_key`]): a later load of it keeps that cut while
-    /// it still fits and predicts nearly as well, so the workers' caches
+    /// `deploy::load::placement_key`): a later load of it keeps that cut
+    /// while it still fits and predicts nearly as well, so the workers' caches
     /// hold its subgraphs.
     pub placements: DashMap<String, std::collections::BTreeMap<String, String>>,
 }

@@ -8,6 +8,7 @@
 //! [`hetero`] runs a model split across plugins in one process;
 //! [`daemon`] serves the plugins to a cluster (registration, QueryNetwork,
 //! deployment, one actix actor per subgraph, worker-to-worker streaming);
+//! [`memory`] reads the machine's memory (for plugins and daemon alike);
 //! [`conformance`] is the ONNX node-test suite written once against
 //! `&dyn DevicePlugin`; [`crash`] prints every thread's backtrace when the
 //! process dies of a fatal signal. See `docs/plugins.md`.
@@ -24,6 +25,7 @@ pub mod conformance;
 pub mod crash;
 pub mod daemon;
 pub mod hetero;
+pub mod memory;
 pub mod plugin;
 pub mod plugin_config;
 pub mod plugins;

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{absent_workers, load_entry, progress_log, worker_names, Keep, RETRY_AFTER};
+use super::load::{load_entry, progress_log, Keep};
+use super::status::{absent_workers, worker_names};
+use super::RETRY_AFTER;
 use crate::Shared;
 
 /// What [`keep_loaded`] knows of one named model at one moment.

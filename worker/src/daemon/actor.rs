@@ -644,7 +644,7 @@ impl Actor for SubgraphActor {
             if !actor.state.is_empty() {
                 let idle = actor.sequence_idle;
                 let mut store = actor.store.lock().unwrap_or_else(|p| p.into_inner());
-                let dropped = store.sweep(idle);
+                let dropped = store.sweep(idle, now);
                 if dropped > 0 {
                     tracing::info!(dropped, "dropped the state of idle sequences");
                 }

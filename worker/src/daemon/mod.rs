@@ -55,6 +55,8 @@ use tessera_net::{NetError, Node};
 
 use crate::plugin::{Config, DevicePlugin, MetricValue, PluginError};
 use crate::plugins;
+// The daemon's callers (the worker program) read the memory here too.
+pub use crate::memory::available_memory;
 use actor::stop_all;
 use cache::{CompileCache, WeightStore};
 use routes::Router;
@@ -227,16 +229,6 @@ fn memory_bytes(d: &Device, limits: &config::MemoryLimits) -> u64 {
     limits.offered(&d.kind, reported).unwrap_or(0)
 }
 
-/// Linux's `/proc` figure `key` (in kB) from `file`, in bytes.
-fn proc_kb(file: &str, key: &str) -> Option<u64> {
-    std::fs::read_to_string(file)
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
 /// The compile cache and the weight store in `options.cache_dir`
 /// (`compiled/`, `weights/`), indexed off the async threads.
 async fn open_caches(
@@ -260,16 +252,6 @@ async fn open_caches(
             (None, None)
         }
     }
-}
-
-/// The machine's available memory (Linux's `MemAvailable`), bytes.
-pub fn available_memory() -> Option<u64> {
-    proc_kb("/proc/meminfo", "MemAvailable:")
-}
-
-/// This process's resident memory (`VmRSS`), bytes; 0 where unknown.
-pub fn resident_bytes() -> u64 {
-    proc_kb("/proc/self/status", "VmRSS:").unwrap_or(0)
 }
 
 struct State {

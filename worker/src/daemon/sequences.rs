@@ -484,10 +484,12 @@ impl SequenceStore {
         ended
     }
 
-    /// Forgets the state of sequences idle for `idle` or longer; how many.
-    pub fn sweep(&mut self, idle: Duration) -> usize {
+    /// Forgets the state of sequences idle for `idle` or longer at `now`;
+    /// how many.
+    pub fn sweep(&mut self, idle: Duration, now: Instant) -> usize {
         let before = self.kept.len();
-        self.kept.retain(|_, k| k.used.elapsed() < idle);
+        self.kept
+            .retain(|_, k| now.saturating_duration_since(k.used) < idle);
         self.drop_orphan_groups();
         before - self.kept.len()
     }
@@ -674,7 +676,22 @@ mod tests {
         // A replay of a known sequence starts afresh in its own place.
         s.inputs(&step(1, 5, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
             .expect("replay");
-        assert_eq!(s.sweep(Duration::ZERO), 1);
+        assert_eq!(s.sweep(Duration::ZERO, Instant::now()), 1);
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_sweep_forgets_only_sequences_idle_long_enough_at_the_clock_given() {
+        let slots = both();
+        let mut s = SequenceStore::new(0);
+        s.inputs(&step(1, 0, true), &slots, vec![t(1.0, 1), t(0.0, 0)])
+            .expect("first");
+        let used = Instant::now();
+        let idle = Duration::from_secs(10);
+        assert_eq!(s.sweep(idle, used), 0);
+        assert_eq!(s.sweep(idle, used + Duration::from_secs(9)), 0);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.sweep(idle, used + idle), 1);
         assert_eq!(s.len(), 0);
     }
 

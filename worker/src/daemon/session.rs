@@ -355,7 +355,7 @@ fn spawn_heartbeats(control: Link, router: Arc<Router>, every: Duration) {
                 subgraphs: router.telemetry.subgraph_loads(),
                 sequences: router.sequences.loads(),
                 links: router.telemetry.link_rates(),
-                rss_bytes: super::resident_bytes(),
+                rss_bytes: crate::memory::resident_bytes(),
                 compiles: router.telemetry.compile_counts(),
             };
             if control.send_control(&beat).await.is_err() {

@@ -227,7 +227,7 @@ pub(crate) fn cpu_metric(
         "GFLOPS" => MetricValue::Number(calibrate().0),
         "MEMORY_BANDWIDTH_GBPS" => MetricValue::Number(calibrate().1),
         "MEMORY_BYTES" => {
-            MetricValue::Number(crate::daemon::available_memory().map_or(0.0, |b| b as f64))
+            MetricValue::Number(crate::memory::available_memory().map_or(0.0, |b| b as f64))
         }
         other => {
             return Err(PluginError::UnknownMetric {

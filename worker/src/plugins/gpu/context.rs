@@ -138,7 +138,7 @@ fn instance(backends: wgpu::Backends) -> wgpu::Instance {
 /// of its device-local heaps (wgpu itself reports no memory size).
 fn adapter_memory(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Option<u64> {
     if info.device_type == wgpu::DeviceType::Cpu {
-        return crate::daemon::available_memory();
+        return crate::memory::available_memory();
     }
     // SAFETY: the physical device and instance handles are only read here,
     // while `adapter` (which owns them) is alive; nothing is destroyed.

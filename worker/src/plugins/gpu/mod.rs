@@ -8,17 +8,22 @@
 //! Layout: [`context`] (adapter, device, pipelines compiled once per
 //! kernel, buffers), [`program`] (a compiled subgraph: plans per input
 //! shapes, buffers reused across requests, one submission per request),
-//! [`ops`] (what each op supports and how it is planned; one file per op
-//! family), `query` (QueryNetwork's verdict on a node), `shaders/` (the
-//! WGSL kernels).
+//! [`builder`] (what planning a node records: buffers, shapes, kernel
+//! launches), `plan` (a plan for one set of input shapes, its timestamps),
+//! `calibrate` (GFLOPS and bandwidth measured), [`ops`] (what each op
+//! supports and how it is planned; one file per op family), `query`
+//! (QueryNetwork's verdict on a node), `shaders/` (the WGSL kernels).
 //!
 //! QueryNetwork is honest: op type, attributes, element types (f32, or f16
 //! with shader-f16, one per node except Cast) and constant-ness of
 //! shape-like inputs are all checked; anything else is unsupported and runs
 //! elsewhere under HETERO.
 
+pub mod builder;
+mod calibrate;
 pub mod context;
 pub mod ops;
+mod plan;
 pub mod program;
 mod query;
 
@@ -94,7 +99,7 @@ impl GpuPlugin {
     fn calibrate(&self) -> (f64, f64) {
         *self.calibrated.get_or_init(|| {
             self.gpu(0)
-                .and_then(|g| program::calibrate(&g))
+                .and_then(|g| calibrate::calibrate(&g))
                 .unwrap_or((0.0, 0.0))
         })
     }

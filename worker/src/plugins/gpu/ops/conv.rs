@@ -5,7 +5,7 @@ use tessera_common::declined::{invalid, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::{attr_i, attr_ints, attr_s, input, unknown_attrs};
-use crate::plugins::gpu::program::{groups_1d, Builder};
+use crate::plugins::gpu::builder::{groups_1d, Builder};
 
 pub fn check(node: &NodeProto) -> Result<(), Declined> {
     match node.op_type() {

@@ -6,7 +6,7 @@ use tessera_common::onnx::proto::NodeProto;
 
 use super::codes::{BinaryOp, UnaryOp};
 use super::{attr_f, attr_i, attr_s, input, padded, strides, unknown_attrs, MAX_RANK};
-use crate::plugins::gpu::program::{groups_1d, Builder};
+use crate::plugins::gpu::builder::{groups_1d, Builder};
 
 pub fn check(node: &NodeProto, _opset: i64) -> Result<(), Declined> {
     match node.op_type() {

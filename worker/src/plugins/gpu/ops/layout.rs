@@ -8,7 +8,7 @@ use tessera_common::onnx::ElemType;
 
 use super::elementwise::{broadcast, broadcast_strides};
 use super::{attr_i, attr_ints, axis, input, padded, strides, unknown_attrs, MAX_RANK};
-use crate::plugins::gpu::program::{groups_1d, Builder};
+use crate::plugins::gpu::builder::{groups_1d, Builder};
 
 pub fn check(node: &NodeProto, opset: i64) -> Result<(), Declined> {
     match node.op_type() {

@@ -5,7 +5,7 @@ use tessera_common::onnx::proto::NodeProto;
 
 use super::elementwise::broadcast;
 use super::{attr_f, attr_i, input, padded, unknown_attrs};
-use crate::plugins::gpu::program::Builder;
+use crate::plugins::gpu::builder::Builder;
 
 /// Batch dimensions a kernel launch takes.
 const MAX_BATCH_RANK: usize = 4;

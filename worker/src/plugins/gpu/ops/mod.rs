@@ -15,7 +15,7 @@ use tessera_common::onnx::proto::{NodeProto, ValueInfoProto};
 use tessera_common::onnx::ElemType;
 use tessera_common::tensor::Tensor;
 
-use super::program::Builder;
+use super::builder::Builder;
 pub use tessera_common::onnx::attr::{
     attr_f, attr_i, attr_ints, attr_s, default_opset as opset, input,
 };

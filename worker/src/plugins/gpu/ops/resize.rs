@@ -7,7 +7,7 @@ use tessera_common::declined::{invalid, unknown, unsupported, Declined};
 use tessera_common::onnx::proto::NodeProto;
 
 use super::{attr_i, attr_s, input, unknown_attrs};
-use crate::plugins::gpu::program::{groups_1d, Builder};
+use crate::plugins::gpu::builder::{groups_1d, Builder};
 
 pub fn check(node: &NodeProto, opset: i64) -> Result<(), Declined> {
     unknown_attrs(
