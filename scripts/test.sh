@@ -117,6 +117,9 @@ if ! command -v etcd >/dev/null && command -v apt-get >/dev/null; then
     echo "warning: could not install etcd-server; the HA tests need it"
 fi
 cargo fmt --all -- --check
+# The documentation: the mdBook under docs/ builds and every relative link
+# and #anchor of README.md and docs/*.md resolves.
+./scripts/docs-check.sh
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
