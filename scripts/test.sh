@@ -120,6 +120,8 @@ cargo fmt --all -- --check
 # The documentation: the mdBook under docs/ builds and every relative link
 # and #anchor of README.md and docs/*.md resolves.
 ./scripts/docs-check.sh
+# Every dependency a crate declares is used (cargo-machete).
+./scripts/unused-deps.sh
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
