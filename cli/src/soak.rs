@@ -301,7 +301,7 @@ impl Soak {
                     self.current.send_replace(Some((generation + 1, network)));
                     return;
                 }
-                Err(e) => last = format!("{e:#}"),
+                Err(e) => last = tessera_cli::error_line(&e),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
