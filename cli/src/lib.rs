@@ -146,15 +146,35 @@ pub fn announce(line: &str) {
 }
 
 /// The exit status for a command's result; an error is printed as one
-/// `error: ...` line with its causes.
+/// `error: ...` line with its causes (see [`error_line`]).
 pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, `: `-separated as anyhow's `{:#}`
+/// writes them, less each cause whose message the one before it already
+/// holds (the libraries' errors name their cause in their own message and
+/// keep it as their source too).
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let message = cause.to_string();
+        if previous.is_empty() || !previous.contains(&message) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&message);
+        }
+        previous = message;
+    }
+    line
 }
 
 /// `--shape NAME=d0,d1,...` values (concrete shapes of graph inputs) as a
@@ -179,4 +199,37 @@ pub fn parse_shapes(
         }
     }
     Ok(shapes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// A library error that names its cause and keeps it as its source.
+    #[derive(Debug)]
+    struct Read(std::io::Error);
+
+    impl std::fmt::Display for Read {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot read model.onnx: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Read {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let io = std::io::Error::other("no such file");
+        let e = anyhow::Error::new(Read(io)).context("loading the model");
+        assert_eq!(
+            error_line(&e),
+            "loading the model: cannot read model.onnx: no such file"
+        );
+        let plain = anyhow::anyhow!("outer").context("context");
+        assert_eq!(error_line(&plain), "context: outer");
+    }
 }

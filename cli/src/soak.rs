@@ -301,7 +301,7 @@ impl Soak {
                     self.current.send_replace(Some((generation + 1, network)));
                     return;
                 }
-                Err(e) => last = format!("{e:#}"),
+                Err(e) => last = tessera_cli::error_line(&e),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -311,7 +311,10 @@ impl Soak {
 
 /// Whether `e` means the coordinator is gone.
 fn connection_lost(e: &ClientError) -> bool {
-    matches!(e, ClientError::Connection(_) | ClientError::Connect(_))
+    matches!(
+        e,
+        ClientError::Connection(_) | ClientError::Transport(_) | ClientError::Connect(_)
+    )
 }
 
 /// Pins the graph's op nodes to `hosts` in contiguous chunks of its

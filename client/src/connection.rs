@@ -142,6 +142,6 @@ impl Client {
         self.reconnect_if_closed().await;
         exchange::open(&self.connection())
             .await
-            .map_err(|e| ClientError::Connection(e.to_string()))
+            .map_err(ClientError::Transport)
     }
 }

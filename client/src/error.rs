@@ -59,9 +59,21 @@ pub enum ClientError {
     Model(String),
     #[error("connection to the coordinator: {0}")]
     Connection(String),
+    /// The connection to the coordinator or one of its streams failed
+    /// (see [`NetError::Stream`] for which), or a frame broke the protocol.
+    #[error("connection to the coordinator: {0}")]
+    Transport(#[source] NetError),
     /// A worker's data address could not be reached.
-    #[error("cannot reach worker {worker}: {error}")]
-    Unreachable { worker: String, error: String },
+    #[error("cannot reach worker {worker}: {source}")]
+    Unreachable {
+        worker: String,
+        #[source]
+        source: NetError,
+    },
+    /// A worker's data address answered as another node (`answer` says
+    /// which).
+    #[error("cannot reach worker {worker}: {answer}")]
+    NotTheWorker { worker: String, answer: String },
     #[error("protocol: {0}")]
     Protocol(String),
 }
@@ -75,7 +87,9 @@ impl ClientError {
             ClientError::Failed { kind, .. } => *kind,
             ClientError::Connect(_)
             | ClientError::Connection(_)
-            | ClientError::Unreachable { .. } => ErrorKind::Unavailable,
+            | ClientError::Transport(_)
+            | ClientError::Unreachable { .. }
+            | ClientError::NotTheWorker { .. } => ErrorKind::Unavailable,
             ClientError::Tensor(_) | ClientError::Model(_) => ErrorKind::BadInput,
             ClientError::Protocol(_) => ErrorKind::Internal,
         }
@@ -89,7 +103,7 @@ impl ClientError {
                 kind,
                 message: error,
             },
-            ExchangeError::Net(e) => ClientError::Connection(e.to_string()),
+            ExchangeError::Net(e) => ClientError::Transport(e),
             ExchangeError::NoAnswer => ClientError::Connection(e.to_string()),
             ExchangeError::Unexpected(what) => ClientError::Protocol(format!("unexpected {what}")),
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::handshake::Role;
-use tessera_net::{exchange, Node, Peer};
+use tessera_net::{exchange, ExchangeError, Node, Peer};
 
 use crate::ClientError;
 
@@ -141,7 +141,10 @@ async fn ask_peer(node: &Node, addr: SocketAddr, peer: Peer) -> Result<Asked, Cl
         |_| {},
     )
     .await
-    .map_err(|e| ClientError::Connection(e.to_string()))?;
+    .map_err(|e| match e {
+        ExchangeError::Net(e) => ClientError::Transport(e),
+        e => ClientError::Connection(e.to_string()),
+    })?;
     Ok(match reply {
         ClientReply::Coordinators { leading: true, .. } => Asked::Leads(peer.connection),
         ClientReply::Coordinators { leader, .. } | ClientReply::NotLeader { leader } => {

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use tessera_common::wire::handshake::Role;
-use tessera_net::Node;
+use tessera_net::{NetError, Node};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::ClientError;
@@ -82,25 +82,22 @@ impl Peers {
                 return Ok(w.clone());
             }
         }
-        let unreachable = |e: String| ClientError::Unreachable {
+        let unreachable = |source: NetError| ClientError::Unreachable {
             worker: name.to_string(),
-            error: e,
+            source,
         };
-        let socket = tessera_net::resolve(addr)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let peer = self
-            .node
-            .dial(socket)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
+        let socket = tessera_net::resolve(addr).await.map_err(unreachable)?;
+        let peer = self.node.dial(socket).await.map_err(unreachable)?;
         if peer.hello.node != name || peer.hello.role != Role::Worker {
             tessera_net::CloseCode::Refused
                 .close(&peer.connection, "not the worker the routing table names");
-            return Err(unreachable(format!(
-                "{addr} answered as the {} '{}'",
-                peer.hello.role, peer.hello.node
-            )));
+            return Err(ClientError::NotTheWorker {
+                worker: name.to_string(),
+                answer: format!(
+                    "{addr} answered as the {} '{}'",
+                    peer.hello.role, peer.hello.node
+                ),
+            });
         }
         let mut workers = self.workers.lock().await;
         // Another request may have dialled it meanwhile: keep one.

@@ -306,16 +306,16 @@ async fn follow(
     let limits = client.limits();
     let (mut send, mut recv) = exchange::open(&client.connection())
         .await
-        .map_err(|e| ClientError::Connection(e.to_string()))?;
+        .map_err(ClientError::Transport)?;
     let msg = ClientRequest::Routes { network, model };
     exchange::send_message(&mut send, &msg, None, &limits)
         .await
-        .map_err(|e| ClientError::Connection(e.to_string()))?;
+        .map_err(ClientError::Transport)?;
     let _ = send.finish();
     loop {
         let frame = recv_frame::<ClientReply>(&mut recv, &limits)
             .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
+            .map_err(ClientError::Transport)?;
         match Heard::of(frame) {
             Heard::Table(table) => tx.send_modify(|k| {
                 k.table = Some(Arc::new(*table));

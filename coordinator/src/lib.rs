@@ -114,7 +114,7 @@ pub enum CoordinatorError {
     State(#[from] state::StoreError),
     /// HA cannot start (etcd cannot be reached).
     #[error("ha: {0}")]
-    Ha(String),
+    Ha(#[from] ha::HaError),
 }
 
 impl CoordinatorError {
@@ -225,9 +225,7 @@ impl Coordinator {
         identity: &tessera_net::certs::NodeIdentity,
     ) -> Result<Coordinator, CoordinatorError> {
         if config.ha.enabled() {
-            return Err(CoordinatorError::Ha(
-                "[ha] coordinators start with Coordinator::open".into(),
-            ));
+            return Err(CoordinatorError::Ha(ha::HaError::NeedsOpen));
         }
         let state = state::Keeper::open(&config.state_dir)?;
         Coordinator::with(config, identity, state, None)
@@ -243,9 +241,7 @@ impl Coordinator {
             return Coordinator::bind(config, identity);
         }
         let advertise = config.ha.advertised(config.listen);
-        let ha = ha::Ha::connect(&config.ha, advertise)
-            .await
-            .map_err(|e| CoordinatorError::Ha(e.to_string()))?;
+        let ha = ha::Ha::connect(&config.ha, advertise).await?;
         let state = state::Keeper::etcd(ha.client(), &config.ha.prefix, &config.state_dir)?;
         Coordinator::with(config, identity, state, Some(Arc::new(ha)))
     }

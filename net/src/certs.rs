@@ -229,7 +229,7 @@ pub fn peer_identity(connection: &quinn::Connection) -> Result<CertIdentity, Net
 fn write(path: &Path, contents: &str, secret: bool) -> Result<(), NetError> {
     std::fs::write(path, contents).map_err(|e| NetError::Io {
         what: format!("write {}", path.display()),
-        reason: e.to_string(),
+        source: e,
     })?;
     #[cfg(unix)]
     if secret {
@@ -237,7 +237,7 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), NetError> {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| {
             NetError::Io {
                 what: format!("chmod {}", path.display()),
-                reason: e.to_string(),
+                source: e,
             }
         })?;
     }
@@ -249,7 +249,7 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), NetError> {
 fn read(path: &Path) -> Result<String, NetError> {
     std::fs::read_to_string(path).map_err(|e| NetError::Io {
         what: format!("read {}", path.display()),
-        reason: e.to_string(),
+        source: e,
     })
 }
 
@@ -280,7 +280,7 @@ pub fn init_dir_with_ca(
 ) -> Result<Vec<PathBuf>, NetError> {
     std::fs::create_dir_all(dir).map_err(|e| NetError::Io {
         what: format!("create {}", dir.display()),
-        reason: e.to_string(),
+        source: e,
     })?;
     let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let mut written = Vec::new();

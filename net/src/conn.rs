@@ -92,14 +92,15 @@ impl Node {
         cluster: &str,
         role: Role,
     ) -> Result<Node, NetError> {
-        let io = |e: std::io::Error| NetError::Io {
+        let io = |source: std::io::Error| NetError::Io {
             what: format!("bind {addr}"),
-            reason: e.to_string(),
+            source,
         };
         let socket = udp_socket(addr).map_err(io)?;
-        let runtime = quinn::default_runtime().ok_or_else(|| NetError::Io {
-            what: format!("bind {addr}"),
-            reason: "no async runtime (call inside tokio)".into(),
+        let runtime = quinn::default_runtime().ok_or_else(|| {
+            io(std::io::Error::other(
+                "no async runtime (call inside tokio)",
+            ))
         })?;
         // The largest datagram accepted, on any path (the loopback bound,
         // plus room for the UDP and IP headers' share of the 64 KiB).
@@ -110,7 +111,7 @@ impl Node {
         });
         config
             .max_udp_payload_size(tls::LOOPBACK_UDP_PAYLOAD + 48)
-            .map_err(|e| NetError::Tls(e.to_string()))?;
+            .map_err(|e| NetError::Tls(Box::new(e)))?;
         let network_server = tls::server_config(identity, tls::Path::Network)?;
         let mut endpoint =
             quinn::Endpoint::new(config, Some(network_server), socket, runtime).map_err(io)?;
@@ -173,9 +174,9 @@ impl Node {
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, NetError> {
-        self.endpoint.local_addr().map_err(|e| NetError::Io {
+        self.endpoint.local_addr().map_err(|source| NetError::Io {
             what: "local address".into(),
-            reason: e.to_string(),
+            source,
         })
     }
 
@@ -353,9 +354,7 @@ async fn refuse(send: &mut quinn::SendStream, reason: &str, limits: &Limits) {
 }
 
 async fn write_all(send: &mut quinn::SendStream, bytes: &[u8]) -> Result<(), NetError> {
-    send.write_all(bytes)
-        .await
-        .map_err(|e| NetError::Stream(e.to_string()))
+    Ok(send.write_all(bytes).await?)
 }
 
 /// Why a connection failed: refused in the TLS handshake (a QUIC crypto
@@ -406,9 +405,7 @@ pub async fn send_frame(
     write_all(send, head).await?;
     if let Some(payload) = payload {
         for chunk in chunks(payload, CHUNK) {
-            send.write_chunk(chunk)
-                .await
-                .map_err(|e| NetError::Stream(e.to_string()))?;
+            send.write_chunk(chunk).await?;
         }
     }
     Ok(())
@@ -428,9 +425,7 @@ pub async fn send_frame_parts(
     for part in parts {
         for chunk in chunks(part, CHUNK) {
             written += chunk.len() as u64;
-            send.write_chunk(chunk)
-                .await
-                .map_err(|e| NetError::Stream(e.to_string()))?;
+            send.write_chunk(chunk).await?;
             progress(written);
         }
     }
@@ -483,7 +478,7 @@ pub async fn recv_frame_shared<M: Message>(
             // The stream ended: cleanly between frames, else mid-frame.
             Ok(None) if decoder.pending() == 0 && !decoder.in_frame() => return Ok(None),
             Ok(None) => return Err(NetError::Wire(WireError::Truncated(decoder.pending()))),
-            Err(e) => return Err(NetError::Stream(e.to_string())),
+            Err(e) => return Err(e.into()),
         }
     }
 }

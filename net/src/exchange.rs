@@ -62,10 +62,10 @@ pub async fn request<A: Reply>(
 pub async fn open(
     connection: &quinn::Connection,
 ) -> Result<(quinn::SendStream, quinn::RecvStream), NetError> {
-    connection.open_bi().await.map_err(|e| {
-        let why = connection.close_reason().unwrap_or(e);
-        NetError::Stream(why.to_string())
-    })
+    connection
+        .open_bi()
+        .await
+        .map_err(|e| connection.close_reason().unwrap_or(e).into())
 }
 
 /// Reads control frames until the answer to a message sent on this stream:

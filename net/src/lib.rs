@@ -57,15 +57,20 @@ pub async fn resolve(addr: &str) -> Result<std::net::SocketAddr, NetError> {
     if let Ok(socket) = addr.parse() {
         return Ok(socket);
     }
-    let failed = |reason: String| NetError::Resolve {
+    let failed = |source: std::io::Error| NetError::Resolve {
         addr: addr.to_string(),
-        reason,
+        source,
     };
     tokio::net::lookup_host(addr)
         .await
-        .map_err(|e| failed(e.to_string()))?
+        .map_err(failed)?
         .next()
-        .ok_or_else(|| failed("no address".into()))
+        .ok_or_else(|| {
+            failed(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no address",
+            ))
+        })
 }
 use tessera_common::wire::WireError;
 
@@ -74,10 +79,16 @@ use tessera_common::wire::WireError;
 pub enum NetError {
     #[error("certificate: {0}")]
     Certificate(String),
+    /// A TLS or QUIC configuration was refused (rustls, quinn).
     #[error("TLS configuration: {0}")]
-    Tls(String),
-    #[error("{what}: {reason}")]
-    Io { what: String, reason: String },
+    Tls(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A local I/O operation (`what`: bind an address, read a file) failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The connection could not be made (unreachable, timed out, reset):
     /// trying again later may help.
     #[error("connection with {addr} failed: {reason}")]
@@ -90,10 +101,72 @@ pub enum NetError {
     Refused { addr: SocketAddr, reason: String },
     #[error("refused {addr}: {reason}")]
     Handshake { addr: SocketAddr, reason: String },
+    /// A stream or its connection failed: see [`StreamError`] for which.
     #[error("stream: {0}")]
-    Stream(String),
-    #[error("cannot resolve '{addr}': {reason}")]
-    Resolve { addr: String, reason: String },
+    Stream(#[source] StreamError),
+    #[error("cannot resolve '{addr}': {source}")]
+    Resolve {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Wire(#[from] WireError),
+}
+
+/// Why a stream failed: its connection was lost (closed, timed out,
+/// reset), or the stream alone was (stopped or reset by the peer), or a
+/// link's writer had stopped before.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The connection is gone: no stream on it will work again.
+    #[error(transparent)]
+    Connection(#[from] quinn::ConnectionError),
+    /// Writing failed (the peer stopped the stream, or the connection
+    /// was lost: see the error).
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    /// Reading failed (the peer reset the stream, or the connection was
+    /// lost: see the error).
+    #[error(transparent)]
+    Read(#[from] quinn::ReadError),
+    /// A link's writer had stopped: `why` it did; `lost`, the connection's
+    /// close reason where the connection had closed.
+    #[error("link to {peer}: {why}")]
+    Link {
+        peer: std::sync::Arc<str>,
+        why: String,
+        #[source]
+        lost: Option<Box<quinn::ConnectionError>>,
+    },
+}
+
+impl StreamError {
+    /// Whether the whole connection is gone (as opposed to one stream).
+    pub fn connection_lost(&self) -> bool {
+        match self {
+            StreamError::Connection(_) => true,
+            StreamError::Write(e) => matches!(e, quinn::WriteError::ConnectionLost(_)),
+            StreamError::Read(e) => matches!(e, quinn::ReadError::ConnectionLost(_)),
+            StreamError::Link { lost, .. } => lost.is_some(),
+        }
+    }
+}
+
+impl From<quinn::ConnectionError> for NetError {
+    fn from(e: quinn::ConnectionError) -> NetError {
+        NetError::Stream(StreamError::Connection(e))
+    }
+}
+
+impl From<quinn::WriteError> for NetError {
+    fn from(e: quinn::WriteError) -> NetError {
+        NetError::Stream(StreamError::Write(e))
+    }
+}
+
+impl From<quinn::ReadError> for NetError {
+    fn from(e: quinn::ReadError) -> NetError {
+        NetError::Stream(StreamError::Read(e))
+    }
 }

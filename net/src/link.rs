@@ -27,7 +27,7 @@ use tessera_common::wire::{Frame, Limits, Message};
 use tokio::sync::mpsc;
 
 use crate::conn::{recv_frame_shared, send_frame_shared};
-use crate::NetError;
+use crate::{NetError, StreamError};
 
 /// The express lane's QUIC stream priority (the bulk lane's is 0): the
 /// connection sends its data first.
@@ -61,7 +61,15 @@ impl Lane {
 #[derive(Clone)]
 struct Writer {
     tx: mpsc::Sender<Outgoing>,
-    failure: Arc<Mutex<Option<String>>>,
+    failure: Arc<Mutex<Option<WriterFailure>>>,
+}
+
+/// Why a writer task stopped: the message, and the connection's close
+/// reason where the connection had closed.
+#[derive(Clone)]
+struct WriterFailure {
+    why: String,
+    lost: Option<quinn::ConnectionError>,
 }
 
 /// A sender of frames to one peer. Cheap to clone.
@@ -239,10 +247,7 @@ impl Writer {
             let result: Result<(), NetError> = async {
                 let mut stream = match send {
                     Some(send) => send,
-                    None => connection
-                        .open_uni()
-                        .await
-                        .map_err(|e| NetError::Stream(e.to_string()))?,
+                    None => connection.open_uni().await?,
                 };
                 if priority != 0 {
                     let _ = stream.set_priority(priority);
@@ -257,27 +262,31 @@ impl Writer {
             }
             .await;
             if let Err(e) = result {
-                let why = match connection.close_reason() {
+                let lost = connection.close_reason();
+                let why = match &lost {
                     Some(reason) => reason.to_string(),
                     None => e.to_string(),
                 };
                 tracing::warn!(%peer, "link closed: {why}");
                 if let Ok(mut slot) = failure.lock() {
-                    *slot = Some(why);
+                    *slot = Some(WriterFailure { why, lost });
                 }
             }
         });
         writer
     }
 
-    fn closed(&self, peer: &str) -> NetError {
-        let why = self
-            .failure
-            .lock()
-            .ok()
-            .and_then(|slot| slot.clone())
-            .unwrap_or_else(|| "closed".into());
-        NetError::Stream(format!("link to {peer}: {why}"))
+    fn closed(&self, peer: &Arc<str>) -> NetError {
+        let failure = self.failure.lock().ok().and_then(|slot| slot.clone());
+        let (why, lost) = match failure {
+            Some(WriterFailure { why, lost }) => (why, lost.map(Box::new)),
+            None => ("closed".into(), None),
+        };
+        NetError::Stream(StreamError::Link {
+            peer: peer.clone(),
+            why,
+            lost,
+        })
     }
 }
 

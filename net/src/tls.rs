@@ -15,8 +15,8 @@ use crate::NetError;
 /// The ALPN protocol every Tessera connection negotiates.
 pub const ALPN: &[u8] = b"tessera/1";
 
-fn tls(e: impl std::fmt::Display) -> NetError {
-    NetError::Tls(e.to_string())
+fn tls(e: impl std::error::Error + Send + Sync + 'static) -> NetError {
+    NetError::Tls(Box::new(e))
 }
 
 /// aws-lc-rs, TLS 1.3 suites only, AES-128-GCM first: the data plane

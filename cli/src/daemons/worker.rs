@@ -363,7 +363,10 @@ async fn serve_front_door(
             std::future::pending::<()>().await;
         }
         Ok(None) => {}
-        Err(e) => tracing::error!("the worker's front door did not start: {e:#}"),
+        Err(e) => tracing::error!(
+            "the worker's front door did not start: {}",
+            crate::error_line(&e)
+        ),
     }
 }
 

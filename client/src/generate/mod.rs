@@ -305,11 +305,11 @@ impl crate::Client {
         let (mut send, mut recv) = self.open().await?;
         tessera_net::exchange::send_message(&mut send, msg, None, &limits)
             .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
+            .map_err(ClientError::Transport)?;
         let _ = send.finish();
         let frame = tessera_net::recv_frame::<ClientReply>(&mut recv, &limits)
             .await
-            .map_err(|e| ClientError::Connection(e.to_string()))?;
+            .map_err(ClientError::Transport)?;
         match frame {
             Some(tessera_common::wire::Frame::Control(ClientReply::Failed(f), _)) => {
                 Err(ClientError::Failed {

@@ -238,8 +238,11 @@ fn inline_tensor(
     }
     let path = base_dir.join(rel);
     if !files.contains_key(&path) {
-        let bytes = std::fs::read(&path)
-            .map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = std::fs::read(&path).map_err(|source| OnnxError::ExternalDataRead {
+            tensor: name.clone(),
+            path: path.clone(),
+            source,
+        })?;
         files.insert(path.clone(), bytes::Bytes::from(bytes));
     }
     let data = &files[&path];

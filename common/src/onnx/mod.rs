@@ -45,6 +45,14 @@ pub enum OnnxError {
     Invalid(String),
     #[error("external data of tensor '{tensor}': {message}")]
     ExternalData { tensor: String, message: String },
+    /// A tensor's external data file cannot be read.
+    #[error("external data of tensor '{tensor}': cannot read {}: {source}", path.display())]
+    ExternalDataRead {
+        tensor: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The element type of a tensor, as the ONNX `TensorProto.DataType` number.

@@ -43,11 +43,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) async fn within<T>(
     limit: Duration,
     request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, String> {
+) -> Result<T, EtcdError> {
     match tokio::time::timeout(limit, request).await {
-        Ok(answer) => answer.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer in {limit:?}")),
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(EtcdError::NoAnswer(limit)),
     }
+}
+
+/// Why an etcd request failed: etcd's client said why, or no answer came
+/// in time.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error(transparent)]
+    Client(#[from] etcd_client::Error),
+    #[error("no answer in {0:?}")]
+    NoAnswer(Duration),
 }
 
 /// Who leads, as this coordinator knows it.
@@ -80,8 +90,15 @@ impl LeaderView {
 /// Why HA cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum HaError {
-    #[error("etcd at {endpoints} cannot be reached: {reason}")]
-    Unreachable { endpoints: String, reason: String },
+    #[error("etcd at {endpoints} cannot be reached: {source}")]
+    Unreachable {
+        endpoints: String,
+        #[source]
+        source: EtcdError,
+    },
+    /// A coordinator with `[ha]` was started as one without.
+    #[error("[ha] coordinators start with Coordinator::open")]
+    NeedsOpen,
 }
 
 /// This coordinator's place in the election.
@@ -100,9 +117,9 @@ impl Ha {
     /// endpoint answers).
     pub async fn connect(config: &HaConfig, advertise: String) -> Result<Ha, HaError> {
         let endpoints = config.etcd.join(",");
-        let unreachable = |reason: String| HaError::Unreachable {
+        let unreachable = |source: EtcdError| HaError::Unreachable {
             endpoints: endpoints.clone(),
-            reason,
+            source,
         };
         // No timeout per request: a campaign waits as long as another
         // leads (the store times its own requests out).
@@ -173,7 +190,7 @@ pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
                 ttl_left_s: grant.ttl(),
             },
         ),
-        Err(e) => (0, Event::NotGranted(e)),
+        Err(e) => (0, Event::NotGranted(e.to_string())),
     };
     if decide(&shared, &ha, granted).is_none() {
         return;

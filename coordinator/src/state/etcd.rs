@@ -46,6 +46,11 @@ async fn timed<T>(
         .map_err(StoreError::Etcd)
 }
 
+/// A blocking task of the store (`what` it did) that failed.
+fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> StoreError {
+    move |source| StoreError::Task { what, source }
+}
+
 /// Where this coordinator's writes hold: its candidacy key and the
 /// creation revision it leads with.
 #[derive(Debug, Clone)]
@@ -159,7 +164,7 @@ impl EtcdStore {
         let (blobs, sha256) = (self.blobs.clone(), sha256.to_string());
         tokio::task::spawn_blocking(move || blobs.put(&sha256, &bytes))
             .await
-            .map_err(|e| StoreError::Etcd(format!("writing a blob: {e}")))?
+            .map_err(task("writing a blob"))?
     }
 
     /// A put of `value` at `rest`: inline, or as chunks (written now) and
@@ -210,14 +215,12 @@ impl EtcdStore {
             if sha256_hex(&bytes) == sha256 {
                 return Ok(bytes);
             }
-            return Err(StoreError::Etcd(format!(
-                "the chunks of {sha256} do not add up to it"
-            )));
+            return Err(StoreError::BadChunks(sha256.to_string()));
         }
         let (blobs, sha) = (self.blobs.clone(), sha256.to_string());
         Ok(tokio::task::spawn_blocking(move || blobs.get(&sha))
             .await
-            .map_err(|e| StoreError::Etcd(format!("reading a blob: {e}")))??
+            .map_err(task("reading a blob"))??
             .to_vec())
     }
 
@@ -317,7 +320,7 @@ impl EtcdStore {
         let blobs = self.blobs.clone();
         tokio::task::spawn_blocking(move || blobs.collect(&named))
             .await
-            .map_err(|e| StoreError::Etcd(format!("collecting blobs: {e}")))?
+            .map_err(task("collecting blobs"))?
     }
 
     /// Deletes the chunks of values no pointer names.

@@ -188,7 +188,12 @@ impl Keeper {
                 let store = store.clone();
                 tokio::task::spawn_blocking(move || store.apply(change))
                     .await
-                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+                    .unwrap_or_else(|source| {
+                        Err(StoreError::Task {
+                            what: "applying a change",
+                            source,
+                        })
+                    })
             }
             Backend::Etcd(store) => store.apply(change).await,
         };
@@ -255,7 +260,12 @@ impl Keeper {
                 let store = store.clone();
                 tokio::task::spawn_blocking(move || Ok((store.networks()?, store.models()?)))
                     .await
-                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+                    .unwrap_or_else(|source| {
+                        Err(StoreError::Task {
+                            what: "loading",
+                            source,
+                        })
+                    })
             }
             Backend::Etcd(store) => store.load().await,
         }

@@ -40,13 +40,20 @@ pub enum StoreError {
     },
     #[error("no kept model bytes with sha-256 {0}")]
     NoBlob(String),
-    /// The embedded store's blocking task failed (it panicked or was
-    /// cancelled).
-    #[error("the state store's task: {0}")]
-    Task(String),
-    /// etcd: a read or write failed (unreachable, refused).
+    /// The store's blocking task (`what` it did) failed: it panicked or
+    /// was cancelled.
+    #[error("the state store's task ({what}): {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// etcd: a read or write failed (unreachable, refused, no answer).
     #[error("etcd: {0}")]
-    Etcd(String),
+    Etcd(#[from] crate::ha::EtcdError),
+    /// etcd: a large value's chunks (sha-256 given) are not its bytes.
+    #[error("etcd: the chunks of {0} do not add up to it")]
+    BadChunks(String),
     /// etcd: the write was refused because this coordinator no longer
     /// leads (its candidacy's key is gone or another leads).
     #[error("refused: this coordinator no longer leads (epoch {0})")]
