@@ -24,8 +24,8 @@ FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 SKIPPED = ("http://", "https://", "mailto:")
 
 
-def strip_code(lines):
-    """Yields (line number, text) with fenced blocks blanked and inline code removed."""
+def outside_fences(lines):
+    """Yields (line number, text) of the lines outside fenced code blocks."""
     fence = None
     for number, line in enumerate(lines, 1):
         opened = FENCE.match(line)
@@ -36,6 +36,12 @@ def strip_code(lines):
             if line.strip().startswith(fence):
                 fence = None
             continue
+        yield number, line
+
+
+def strip_code(lines):
+    """Yields (line number, text) with fenced blocks left out and inline code removed."""
+    for number, line in outside_fences(lines):
         yield number, re.sub(r"(`+)(?:(?!\1).)+?\1", "", line)
 
 
@@ -60,16 +66,7 @@ def anchors(path, cache={}):
         found = set()
         with open(path, encoding="utf-8") as file:
             lines = file.read().splitlines()
-        fence = None
-        for line in lines:
-            opened = FENCE.match(line)
-            if fence is None and opened:
-                fence = opened.group(1)[0] * 3
-                continue
-            if fence is not None:
-                if line.strip().startswith(fence):
-                    fence = None
-                continue
+        for _, line in outside_fences(lines):
             heading = HEADING.match(line)
             if not heading:
                 continue
