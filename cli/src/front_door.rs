@@ -42,12 +42,6 @@ impl Settings {
         })
     }
 
-    /// `--check-config`'s check of the files it names (the tokens file,
-    /// the model repository): the same for every daemon.
-    pub fn check_files(&self) -> Result<()> {
-        Rules::check_files(&self.serving).map_err(anyhow::Error::from)
-    }
-
     /// Whether there is anything to serve.
     pub fn any(&self) -> bool {
         self.http.is_some() || self.grpc.is_some()

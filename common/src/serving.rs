@@ -155,11 +155,6 @@ impl FrontDoorConfig {
         listen_addr("grpc_listen", &self.grpc_listen, 8001)
     }
 
-    /// Whether it serves anything.
-    pub fn any(&self) -> bool {
-        !self.http_listen.trim().is_empty() || !self.grpc_listen.trim().is_empty()
-    }
-
     /// The same, with the listeners command-line flags name instead of
     /// the file's.
     pub fn with_listeners(mut self, http: Option<SocketAddr>, grpc: Option<SocketAddr>) -> Self {
@@ -248,7 +243,6 @@ mod tests {
     fn a_front_door_checks_its_listeners_tls_and_limits() {
         let door = FrontDoorConfig::default();
         assert_eq!(door.check(), Ok(()));
-        assert!(!door.any());
         let bad = FrontDoorConfig {
             http_listen: "localhost:80".into(),
             ..FrontDoorConfig::default()
@@ -281,7 +275,6 @@ mod tests {
             door.grpc_addr().unwrap(),
             Some(([127, 0, 0, 1], 8001).into())
         );
-        assert!(door.any());
     }
 
     #[test]

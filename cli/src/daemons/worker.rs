@@ -381,7 +381,7 @@ fn check_config(options: &WorkerOptions, certs: &std::path::Path, door: &Setting
             .any(|(k, _)| k.eq_ignore_ascii_case(kind));
         anyhow::ensure!(known, "device kind '{kind}' is unknown");
     }
-    door.check_files()?;
+    tessera_serving::Rules::check_files(&door.serving)?;
     let tokens_file = &door.serving.tokens_file;
     let offered: serde_json::Map<String, serde_json::Value> = options
         .devices
