@@ -177,9 +177,16 @@ async fn from_cache(
     let cache = state.cache.clone()?;
     let (plugin, key) = (plugin.clone(), key.to_string());
     tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
         let blob = cache.get(&key)?;
-        plugin
-            .import(&blob)
+        let read_ms = started.elapsed().as_millis();
+        let imported = plugin.import(&blob);
+        tracing::debug!(
+            read_ms,
+            import_ms = started.elapsed().as_millis() - read_ms,
+            "from the compile cache"
+        );
+        imported
             .map_err(|e| tracing::warn!("cached subgraph {key} unusable, recompiling: {e}"))
             .ok()
     })

@@ -38,6 +38,7 @@ use tessera_common::onnx::{decode_model_shared, encode_model};
 use tessera_common::tensor::Tensor;
 
 pub use self::session::CompiledOrt;
+use self::session::Keep;
 use crate::plugin::{
     blob, CompiledSubgraph, Config, DevicePlugin, MetricValue, PluginError, QueryResult,
 };
@@ -203,9 +204,9 @@ impl DevicePlugin for OrtPlugin {
             CompiledOrt::from_model(
                 &self.name,
                 self.runtime.clone(),
-                model,
-                onnx,
+                (model, onnx),
                 config.clone(),
+                Keep::InFile,
             )
         };
         // Nodes onnxruntime refuses are decomposed as QueryNetwork did:
@@ -233,11 +234,14 @@ impl DevicePlugin for OrtPlugin {
     fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
         let (config, payload) = blob::read(blob, &self.name, BACKEND, &self.runtime.version)?;
         // The blob carries the subgraph; onnxruntime optimizes it again.
+        // A blob from the compile cache is a mapped file: the subgraph
+        // keeps its bytes as they are.
         Ok(Arc::new(CompiledOrt::new(
             &self.name,
             self.runtime.clone(),
             &payload,
             config,
+            Keep::Shared,
         )?))
     }
 }

@@ -222,25 +222,39 @@ fn compile_error(reason: String) -> PluginError {
     }
 }
 
+/// Where a compiled subgraph keeps its model (for the sessions it builds
+/// later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// A large model in a temporary file (the bytes came over the network:
+    /// in memory they would be held twice).
+    InFile,
+    /// The bytes as given, shared: they are a file's already (the compile
+    /// cache's, mapped), so writing them again would only cost time.
+    Shared,
+}
+
 impl CompiledOrt {
+    /// A subgraph from its model's bytes (`keep`: where it keeps them).
     pub(super) fn new(
         device: &str,
         runtime: Arc<Runtime>,
         onnx: &Bytes,
         config: Config,
+        keep: Keep,
     ) -> Result<CompiledOrt, PluginError> {
         let model = decode_model_shared(onnx.clone())
             .map_err(|e| PluginError::InvalidModel(e.to_string()))?;
-        CompiledOrt::from_model(device, runtime, &model, onnx, config)
+        CompiledOrt::from_model(device, runtime, (&model, onnx), config, keep)
     }
 
     /// [`CompiledOrt::new`] for a model already decoded from `onnx`.
     pub(super) fn from_model(
         device: &str,
         runtime: Arc<Runtime>,
-        model: &ModelProto,
-        onnx: &Bytes,
+        (model, onnx): (&ModelProto, &Bytes),
         config: Config,
+        keep: Keep,
     ) -> Result<CompiledOrt, PluginError> {
         let graph = model
             .graph
@@ -264,6 +278,7 @@ impl CompiledOrt {
             has_sequence_input(graph).then(|| unwrapped.as_ref().map_or(model, |(m, _)| m).clone());
         let optional_outputs = unwrapped.map(|(_, o)| o).unwrap_or_default();
         let session_onnx = rewritten.as_deref().unwrap_or(&onnx[..]);
+        let started = std::time::Instant::now();
         let (session, optimize) = match build_session(&runtime, session_onnx, &settings, true, None)
         {
             Ok(s) => (s, true),
@@ -278,6 +293,11 @@ impl CompiledOrt {
                 Err(_) => return Err(compile_error(optimized)),
             },
         };
+        tracing::debug!(
+            session_ms = started.elapsed().as_millis(),
+            rewritten = rewritten.is_some(),
+            "onnxruntime session built"
+        );
         let SessionSpecs {
             inputs,
             outputs,
@@ -288,7 +308,10 @@ impl CompiledOrt {
             version: runtime.version.clone(),
             perf: config.perf_count(),
             runtime,
-            source: ModelSource::keep(onnx),
+            source: match keep {
+                Keep::InFile => ModelSource::keep(onnx),
+                Keep::Shared => ModelSource::Memory(onnx.clone()),
+            },
             rewritten,
             variant_base,
             optional_outputs,
