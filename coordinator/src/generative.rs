@@ -22,18 +22,36 @@ pub struct Generative {
 /// tokenizer and chat template parse (at load, rather than at the first
 /// generation).
 pub fn check(spec: &GenerationSpec, graph: &Graph) -> Result<Generative, CoordinatorError> {
-    let bad = |e: String| CoordinatorError::Model(format!("not generative: {e}"));
-    let state = graph.state_pairs().map_err(|e| bad(e.to_string()))?;
-    Feed::new(&Signature::of(graph), &state).map_err(|e| bad(e.to_string()))?;
+    check_texts(spec)?;
+    check_graph(spec, graph)
+}
+
+/// That `spec`'s tokenizer and chat template parse. Blocking: a large
+/// vocabulary's tokenizer takes a tenth of a second (a load runs it beside
+/// planning).
+pub fn check_texts(spec: &GenerationSpec) -> Result<(), CoordinatorError> {
     tokenizers::Tokenizer::from_bytes(spec.tokenizer_json.as_bytes())
-        .map_err(|e| bad(format!("tokenizer.json: {e}")))?;
+        .map_err(|e| not_generative(format!("tokenizer.json: {e}")))?;
     if let Some(template) = &spec.chat_template {
         let mut env = minijinja::Environment::new();
         env.add_template("chat", template)
-            .map_err(|e| bad(format!("the chat template does not parse: {e}")))?;
+            .map_err(|e| not_generative(format!("the chat template does not parse: {e}")))?;
     }
+    Ok(())
+}
+
+/// That `graph` can be fed for generation: its state pairs and inputs.
+pub fn check_graph(spec: &GenerationSpec, graph: &Graph) -> Result<Generative, CoordinatorError> {
+    let state = graph
+        .state_pairs()
+        .map_err(|e| not_generative(e.to_string()))?;
+    Feed::new(&Signature::of(graph), &state).map_err(|e| not_generative(e.to_string()))?;
     Ok(Generative {
         spec: spec.clone(),
         state,
     })
+}
+
+fn not_generative(e: String) -> CoordinatorError {
+    CoordinatorError::Model(format!("not generative: {e}"))
 }

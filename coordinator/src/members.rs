@@ -139,6 +139,7 @@ async fn register(
         compiles: Mutex::new(compiles),
         epoch: shared.state.epoch(),
         draining: Default::default(),
+        answers: Default::default(),
     });
     entry.heard(Vec::new(), sequences, Vec::new(), Instant::now());
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tessera_common::wire::cluster::{ToWorker, WorkerAnswer};
 use tessera_common::wire::control::{
-    DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad, WorkerPhase,
+    DeviceAnswer, DeviceInfo, LinkRate, SequenceLoad, SubgraphLoad, WorkerPhase,
 };
 use tessera_common::wire::Limits;
 use tessera_common::wire::Progress;
@@ -44,6 +44,34 @@ pub struct WorkerEntry {
     pub epoch: u64,
     /// It said it is leaving: nothing new is planned on it.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Its QueryNetwork answers, by what was asked.
+    pub(crate) answers: Mutex<QueryMemo>,
+}
+
+/// The QueryNetwork answers a worker gave, by what was asked (the model's
+/// skeleton's SHA-256 and the device kinds): its plugins answer the same
+/// question the same way for as long as its process runs, and a worker
+/// that registers again is a new entry with a new memo. A model loaded
+/// again is planned without asking (a few hundred milliseconds for a
+/// language model's thousand nodes).
+#[derive(Debug, Default)]
+pub(crate) struct QueryMemo(Vec<(String, Vec<DeviceAnswer>)>);
+
+impl QueryMemo {
+    /// Answers kept (the most recent).
+    const KEEP: usize = 8;
+
+    pub fn get(&self, asked: &str) -> Option<Vec<DeviceAnswer>> {
+        let (_, answers) = self.0.iter().find(|(k, _)| k == asked)?;
+        Some(answers.clone())
+    }
+
+    pub fn put(&mut self, asked: String, answers: Vec<DeviceAnswer>) {
+        self.0.retain(|(k, _)| *k != asked);
+        self.0.push((asked, answers));
+        let over = self.0.len().saturating_sub(Self::KEEP);
+        self.0.drain(..over);
+    }
 }
 
 /// Tensors received between two heartbeats update a link's bandwidth
@@ -188,5 +216,38 @@ impl WorkerEntry {
                 None => gbps,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(device: &str) -> Vec<DeviceAnswer> {
+        vec![DeviceAnswer {
+            device: device.into(),
+            supported: vec!["n0".into()],
+            unsupported: Vec::new(),
+            types: Vec::new(),
+        }]
+    }
+
+    #[test]
+    fn answers_are_kept_by_what_was_asked_the_oldest_going_first() {
+        let mut memo = QueryMemo::default();
+        assert_eq!(memo.get("a|CPU"), None);
+        memo.put("a|CPU".into(), answer("CPU"));
+        memo.put("a|GPU".into(), answer("GPU"));
+        assert_eq!(memo.get("a|CPU"), Some(answer("CPU")));
+        assert_eq!(memo.get("a|GPU"), Some(answer("GPU")));
+        for n in 0..QueryMemo::KEEP {
+            memo.put(format!("b{n}|CPU"), answer("CPU"));
+        }
+        assert_eq!(memo.get("a|CPU"), None, "the oldest went first");
+        assert_eq!(memo.0.len(), QueryMemo::KEEP);
+        // Asked again: one entry, the newest.
+        memo.put("b0|CPU".into(), answer("GPU"));
+        assert_eq!(memo.get("b0|CPU"), Some(answer("GPU")));
+        assert_eq!(memo.0.len(), QueryMemo::KEEP);
     }
 }
