@@ -112,6 +112,7 @@ async fn generate_async(args: GenerateArgs) -> Result<()> {
             name: args.model_dir.display().to_string(),
             devices: args.devices.clone().unwrap_or_default(),
             generation: Some(folder.generation),
+            model_sha256: folder.model_sha256,
             ..Default::default()
         };
         let started = Instant::now();

@@ -67,8 +67,9 @@ fn start(lan: &Lan, dir: &std::path::Path, workers: &[&str], worker_extra: &[&st
         &config,
         format!(
             "cluster = \"{CLUSTER}\"\nlisten = \"{addr}\"\ncerts = \"{}\"\n\
-             heartbeat_ms = 200\nworker_timeout_ms = 3000\n",
-            certs.display()
+             heartbeat_ms = 200\nworker_timeout_ms = 3000\ncache_dir = \"{}\"\n",
+            certs.display(),
+            dir.join("coordinator-cache").display()
         ),
     )
     .unwrap();
@@ -204,6 +205,16 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     assert!(
         second_bytes * 100 <= weights,
         "the second load sent {second_bytes} bytes, more than 1 % of {weights}"
+    );
+    // The CLI named the model by its hash the second time: the
+    // coordinator had kept it (the models cache), so it was not sent again.
+    let coordinator_log = apart.coordinator.log_text();
+    assert_eq!(
+        coordinator_log
+            .matches("received a client's payload operation=\"LoadNetwork\"")
+            .count(),
+        1,
+        "the model is sent to the coordinator once:\n{coordinator_log}"
     );
     // The same cut both times (the first load's placement kept): each
     // worker's stage came from its compile cache.

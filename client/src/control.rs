@@ -11,8 +11,9 @@ use tessera_common::wire::control::{DeviceAnswer, LoadRequest, ModelStatus, Work
 use tessera_common::wire::Progress;
 use tessera_net::exchange;
 
-use crate::options::load_message;
+use crate::options::{load_message, KNOWN_ABOVE};
 use crate::{routes, Client, ClientError, LoadOptions, Network, Operation, Plan};
+use tessera_common::wire::pieces::sha256_hex;
 
 impl Client {
     /// Ships `model` (ONNX bytes) and waits until it is deployed.
@@ -33,10 +34,36 @@ impl Client {
         options: LoadOptions,
         progress: impl FnMut(&str, u64, u64),
     ) -> Result<Network, ClientError> {
-        let (request, model) = load_message(options, model.into(), false);
+        let model: Bytes = model.into();
+        let mut progress = progress;
+        if model.len() >= KNOWN_ABOVE {
+            let model_sha256 = match options.model_sha256.clone() {
+                Some(sha) => sha,
+                None => {
+                    let of = model.clone();
+                    tokio::task::spawn_blocking(move || sha256_hex(&of))
+                        .await
+                        .map_err(|e| ClientError::Model(format!("hashing the model failed: {e}")))?
+                }
+            };
+            // The payload without the model: what follows it (a tokenizer).
+            let (request, tail) = load_message(options.clone(), Bytes::new(), false);
+            let ask = ClientRequest::LoadKnown {
+                request,
+                model_sha256,
+            };
+            match self
+                .operation(Operation::Load, &ask, Some(tail), &mut progress)
+                .await?
+            {
+                ClientReply::ModelUnknown => {}
+                answer => return self.loaded(Operation::Load, answer, None).await,
+            }
+        }
+        let (request, payload) = load_message(options, model, false);
         let request = ClientRequest::LoadNetwork(request);
         let answer = self
-            .operation(Operation::Load, &request, Some(model), progress)
+            .operation(Operation::Load, &request, Some(payload), progress)
             .await?;
         self.loaded(Operation::Load, answer, None).await
     }

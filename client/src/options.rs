@@ -43,7 +43,17 @@ pub struct LoadOptions {
     /// [`Network::embed`](crate::Network::embed)): its tokenizer
     /// (`tokenizer_json`) and pooling.
     pub embedding: Option<tessera_common::wire::embed::EmbeddingSpec>,
+    /// The model's SHA-256 (hex) where the caller knows it (remembered
+    /// by its files, say): a load of [`KNOWN_ABOVE`] bytes or more first
+    /// asks whether the coordinator has them, and hashes them when this is
+    /// `None`.
+    pub model_sha256: Option<String>,
 }
+
+/// Models of this many bytes or more are named by their SHA-256 before
+/// they are sent: a coordinator that has them (loaded before) is sent
+/// nothing.
+pub const KNOWN_ABOVE: usize = 16 << 20;
 
 impl LoadOptions {
     /// Options with a device priority and the defaults otherwise.

@@ -18,6 +18,7 @@ use tessera_common::memory::MemoryNeed;
 use tessera_common::wire::client::{ClientReply, ClientRequest};
 use tessera_common::wire::control::{CoordinatorInfo, WorkerState};
 use tessera_common::wire::embed::EmbeddingSpec;
+use tessera_common::wire::message::Message as _;
 use tessera_common::wire::{Limits, Progress};
 use tessera_net::{exchange, Peer};
 use tokio::sync::mpsc;
@@ -61,7 +62,19 @@ async fn serve_operation(
     mut recv: quinn::RecvStream,
 ) {
     let limits = *shared.node.limits();
-    let result = match exchange::read_operation::<ClientRequest>(&mut recv, &limits).await {
+    let started = std::time::Instant::now();
+    let read = exchange::read_operation::<ClientRequest>(&mut recv, &limits).await;
+    if let Ok(Some((msg, payload))) = &read {
+        if payload.len() >= 1 << 20 {
+            tracing::info!(
+                operation = msg.name(),
+                bytes = payload.len(),
+                read_ms = started.elapsed().as_millis(),
+                "received a client's payload"
+            );
+        }
+    }
+    let result = match read {
         // A standby serves no operation but `Leader` and the model copies
         // between coordinators: it names the leader.
         Ok(Some((msg, _))) if !shared.leads() && !any_coordinator_serves(&msg) => {
@@ -109,40 +122,23 @@ async fn operation(
     if matches!(
         msg,
         ClientRequest::LoadNetwork(_)
+            | ClientRequest::LoadKnown { .. }
             | ClientRequest::LoadModel { .. }
             | ClientRequest::QueryNetwork { .. }
     ) {
         crate::state::restore::rejoined(shared).await;
     }
     match msg {
-        ClientRequest::LoadNetwork(request) if request.dry_run => {
-            let (tx, rx) = mpsc::channel::<Progress>(64);
-            let plan = with_progress(
-                planning::dry_run(shared, request, payload, tx),
-                rx,
-                send,
-                &limits,
-            )
-            .await?;
-            let plan = Box::new(plan);
-            write(
-                send,
-                &ClientReply::NetworkLoaded { network: 0, plan },
-                &limits,
-            )
-            .await
-        }
         ClientRequest::LoadNetwork(request) => {
-            let (tx, rx) = mpsc::channel::<Progress>(64);
-            let loaded = with_progress(
-                deploy::load_network(shared, request, (payload, Origin::Sent), tx),
-                rx,
-                send,
-                &limits,
-            )
-            .await?;
-            write(send, &network_loaded(&loaded), &limits).await
+            load_sent(shared, request, (payload, None), send).await
         }
+        ClientRequest::LoadKnown {
+            request,
+            model_sha256,
+        } => match crate::known::find(shared, &model_sha256).await {
+            Some(model) => load_sent(shared, request, (model, Some(model_sha256)), send).await,
+            None => write(send, &ClientReply::ModelUnknown, &limits).await,
+        },
         ClientRequest::LoadModel { name, request } => {
             load_model(shared, name, request, payload, send).await
         }
@@ -197,6 +193,33 @@ async fn operation(
             crate::ha::model_copies::copy(shared, sha256, send).await
         }
     }
+}
+
+/// `LoadNetwork` (or `LoadKnown`, its bytes found here): planned only
+/// (a dry run) or loaded.
+async fn load_sent(
+    shared: &Arc<Shared>,
+    request: tessera_common::wire::control::LoadRequest,
+    (model, sha256): (Bytes, Option<String>),
+    send: &mut quinn::SendStream,
+) -> Result<(), CoordinatorError> {
+    let limits = *shared.node.limits();
+    let (tx, rx) = mpsc::channel::<Progress>(64);
+    if request.dry_run {
+        let plan = with_progress(
+            planning::dry_run(shared, request, model, tx),
+            rx,
+            send,
+            &limits,
+        );
+        let plan = Box::new(plan.await?);
+        let reply = ClientReply::NetworkLoaded { network: 0, plan };
+        return write(send, &reply, &limits).await;
+    }
+    let model = (model, Origin::Sent, sha256);
+    let loaded = deploy::load_network(shared, request, model, tx);
+    let loaded = with_progress(loaded, rx, send, &limits).await?;
+    write(send, &network_loaded(&loaded), &limits).await
 }
 
 /// `LoadModel`: a named model loaded (defined anew from the payload, or
@@ -299,6 +322,21 @@ fn take_tokenizer(
         ClientRequest::LoadNetwork(mut request) => {
             let payload = split(&mut request, payload)?;
             (ClientRequest::LoadNetwork(request), payload)
+        }
+        ClientRequest::LoadKnown {
+            mut request,
+            model_sha256,
+        } => {
+            if !split(&mut request, payload)?.is_empty() {
+                return Err(CoordinatorError::BadInput(
+                    "a load of known model bytes carries no model".into(),
+                ));
+            }
+            let msg = ClientRequest::LoadKnown {
+                request,
+                model_sha256,
+            };
+            (msg, Bytes::new())
         }
         ClientRequest::LoadModel {
             name,

@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 /// The coordinator's own keys, for environment overrides and error
 /// messages (the front door's are [`FRONT_DOOR_KEYS`]).
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 9] = [
     "cluster",
     "name",
     "listen",
@@ -33,6 +33,7 @@ pub const KEYS: [&str; 8] = [
     "worker_timeout_ms",
     "inter_host_gbps",
     "state_dir",
+    "cache_dir",
 ];
 
 /// The file's tables: the front door's `[serving]`, `[ha]` and
@@ -79,6 +80,11 @@ pub struct CoordinatorConfig {
     /// a coordinator restarted with the same folder serves everything
     /// again and adopts what its workers still run. Empty: nothing is kept.
     pub state_dir: PathBuf,
+    /// Where the coordinator keeps the bytes of the models clients sent
+    /// (`models/`, the most recently used few), so that a client loading
+    /// one again names it by its hash and sends nothing. Empty: Tessera's
+    /// cache folder (`$TESSERA_CACHE_DIR`, else `~/.cache/tessera`).
+    pub cache_dir: PathBuf,
     /// The coordinator's own front door (`http_listen`, `grpc_listen`,
     /// their limits and `[serving]`: who may do what over HTTP and gRPC).
     #[serde(skip)]
@@ -100,6 +106,7 @@ impl Default for CoordinatorConfig {
             worker_timeout_ms: 2000,
             inter_host_gbps: 1.0,
             state_dir: PathBuf::new(),
+            cache_dir: PathBuf::new(),
             front_door: FrontDoorConfig::default(),
             ha: HaConfig::default(),
             models: BTreeMap::new(),

@@ -62,6 +62,7 @@ pub mod embedding;
 pub mod generative;
 pub mod ha;
 pub mod heal;
+pub mod known;
 pub mod members;
 pub mod metrics;
 pub mod network;

@@ -238,8 +238,28 @@ fn file_sha256(path: &Path, dir: &Path) -> Result<String, GgufError> {
         path: path.display().to_string(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    let real = std::fs::canonicalize(path).map_err(io)?;
+    let identity = file_identity(path).map_err(io)?;
+    remembered_sha256_in(dir, &identity, || {
+        let mut file = std::fs::File::open(path)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        Ok(hex(&hasher.finalize()))
+    })
+    .map_err(io)
+}
+
+/// What a file is known by while it is unchanged: its real path, size,
+/// modification time and inode.
+pub fn file_identity(path: &Path) -> std::io::Result<String> {
+    let meta = std::fs::metadata(path)?;
+    let real = std::fs::canonicalize(path)?;
     let modified = meta
         .modified()
         .ok()
@@ -249,24 +269,43 @@ fn file_sha256(path: &Path, dir: &Path) -> Result<String, GgufError> {
     let inode = std::os::unix::fs::MetadataExt::ino(&meta);
     #[cfg(not(unix))]
     let inode = 0u64;
-    let key = format!("{}\n{}\n{modified}\n{inode}", real.display(), meta.len());
-    let memo = dir.join(format!("hash-{}", hex(&Sha256::digest(key.as_bytes()))));
+    Ok(format!(
+        "{}\n{}\n{modified}\n{inode}",
+        real.display(),
+        meta.len()
+    ))
+}
+
+/// The SHA-256 (hex) of bytes made from unchanged sources, remembered by
+/// `identity` (what they were made from: [`file_identity`] of each file,
+/// and how) in the cache's folder, so that they are not hashed again;
+/// `hash` computes it the first time (and wherever no cache folder can be
+/// made).
+pub fn remembered_sha256(
+    identity: &str,
+    hash: impl FnOnce() -> std::io::Result<String>,
+) -> std::io::Result<String> {
+    match cache_dir().filter(|d| std::fs::create_dir_all(d).is_ok()) {
+        Some(dir) => remembered_sha256_in(&dir, identity, hash),
+        None => hash(),
+    }
+}
+
+fn remembered_sha256_in(
+    dir: &Path,
+    identity: &str,
+    hash: impl FnOnce() -> std::io::Result<String>,
+) -> std::io::Result<String> {
+    let memo = dir.join(format!(
+        "hash-{}",
+        hex(&Sha256::digest(identity.as_bytes()))
+    ));
     if let Ok(sha) = std::fs::read_to_string(&memo) {
         if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Ok(sha);
         }
     }
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    let sha = hex(&hasher.finalize());
+    let sha = hash()?;
     let _ = std::fs::write(&memo, &sha);
     Ok(sha)
 }

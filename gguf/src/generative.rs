@@ -18,6 +18,9 @@ pub struct GenerativeModel {
     /// The encoded ONNX model, weights inline.
     pub model: Bytes,
     pub spec: GenerationSpec,
+    /// The model's SHA-256 (hex), remembered by the files it was read
+    /// from while they are unchanged (`None` where they cannot be named).
+    pub model_sha256: Option<String>,
 }
 
 /// Why a generative model cannot be read.
@@ -55,7 +58,10 @@ pub fn read_with(
 ) -> Result<GenerativeModel, ReadError> {
     if is_gguf(path) {
         let built = cache::load(path, options, max_sequences)?;
+        let identity = cache::file_identity(path)
+            .map(|f| format!("gguf model\n{f}\n{options:?}\n{}", cache::BUILDER_VERSION));
         return Ok(GenerativeModel {
+            model_sha256: remembered(identity, &built.model),
             model: built.model,
             spec: built.spec,
         });
@@ -67,8 +73,34 @@ pub fn read_with(
             source,
         }
     })?;
+    let model: Bytes = tessera_common::onnx::encode_model(&model).into();
     Ok(GenerativeModel {
-        model: tessera_common::onnx::encode_model(&model).into(),
+        model_sha256: remembered(folder_identity(path), &model),
+        model,
         spec,
     })
+}
+
+/// What a folder's model is made from: every file in it.
+fn folder_identity(dir: &Path) -> std::io::Result<String> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let mut identity = String::from("model folder");
+    for file in files.iter().filter(|f| f.is_file()) {
+        identity.push('\n');
+        identity.push_str(&cache::file_identity(file)?);
+    }
+    Ok(identity)
+}
+
+/// `model`'s SHA-256, remembered by `identity` (hashed again when its
+/// sources cannot be named).
+fn remembered(identity: std::io::Result<String>, model: &Bytes) -> Option<String> {
+    let hash = || Ok(tessera_common::wire::pieces::sha256_hex(model));
+    match identity {
+        Ok(identity) => cache::remembered_sha256(&identity, hash).ok(),
+        Err(_) => hash().ok(),
+    }
 }

@@ -43,6 +43,9 @@ pub struct ModelFolder {
     /// The encoded ONNX model, weights inline.
     pub model: Bytes,
     pub generation: GenerationSpec,
+    /// The model's SHA-256, remembered by its files
+    /// ([`crate::LoadOptions::model_sha256`]).
+    pub model_sha256: Option<String>,
 }
 
 impl ModelFolder {
@@ -65,6 +68,7 @@ impl ModelFolder {
         Ok(ModelFolder {
             model: read.model,
             generation: read.spec,
+            model_sha256: read.model_sha256,
         })
     }
 }

@@ -26,6 +26,15 @@ pub enum ClientRequest {
     },
     /// Plan and deploy the payload model (or only plan: `dry_run`).
     LoadNetwork(LoadRequest),
+    /// [`ClientRequest::LoadNetwork`] of model bytes the coordinator may
+    /// have already (a load of the same model before), named by their
+    /// SHA-256 (hex): the payload carries only what follows the model (a
+    /// tokenizer). Answered as `LoadNetwork` is, or by `ModelUnknown` when
+    /// the coordinator has no such bytes (the client then sends them).
+    LoadKnown {
+        request: LoadRequest,
+        model_sha256: String,
+    },
     /// Load model `name`: with a request, defined anew from the payload's
     /// ONNX bytes (replacing a model of that name once deployed); without,
     /// the repository's model of that name.
@@ -90,6 +99,7 @@ channel!(
     [
         QueryNetwork,
         LoadNetwork,
+        LoadKnown,
         LoadModel,
         UnloadModel,
         ListModels,
@@ -166,6 +176,9 @@ pub enum ClientReply {
     KeptModel,
     /// The model bytes a `CopyModel` named are kept here.
     Copied,
+    /// The coordinator has no model bytes with the SHA-256 a `LoadKnown`
+    /// named: send them (`LoadNetwork`).
+    ModelUnknown,
 }
 
 channel!(
@@ -186,7 +199,8 @@ channel!(
         NotLeader,
         Embedding,
         KeptModel,
-        Copied
+        Copied,
+        ModelUnknown
     ]
 );
 

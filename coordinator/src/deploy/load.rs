@@ -18,24 +18,35 @@ use crate::network::{Deployed, Loaded, Origin, Parts, Replica};
 use crate::planning::{plan_request, Scope};
 use crate::{CoordinatorError, Shared};
 
-/// Loads `model` as asked (its copies planned and deployed); returns the
-/// loaded network (its id and plan).
+/// Loads `model` as asked (its copies planned and deployed; its SHA-256,
+/// when known, saves hashing it again); returns the loaded network (its
+/// id and plan).
 pub async fn load_network(
     shared: &Arc<Shared>,
     request: LoadRequest,
-    (model, origin): (Bytes, Origin),
+    (model, origin, sha256): (Bytes, Origin, Option<String>),
     progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     let network = shared.next_id().await;
     let loaded = deploy_replicas(shared, network, request, model, &progress).await?;
-    let loaded = Arc::new(Loaded { origin, ..loaded });
+    let loaded = Loaded { origin, ..loaded };
+    if let Some(sha256) = sha256 {
+        let _ = loaded.model_sha.set(sha256);
+    }
+    let loaded = Arc::new(loaded);
     shared.networks.insert(network, loaded.clone());
     // Kept before the client hears of it: a coordinator restarted after
     // the answer knows the network.
     shared.state.save_network(&loaded).await;
-    if matches!(loaded.origin, Origin::Sent) {
-        crate::ha::model_copies::to_standbys(shared, &loaded.model_sha()).await;
+    if matches!(loaded.origin, Origin::Sent) && shared.ha.is_some() {
+        // Hashing a language model's bytes takes a fraction of a second.
+        let of = loaded.clone();
+        let sha256 = tokio::task::spawn_blocking(move || of.model_sha())
+            .await
+            .map_err(|e| CoordinatorError::Model(format!("hashing the model failed: {e}")))?;
+        crate::ha::model_copies::to_standbys(shared, &sha256).await;
     }
+    crate::known::remember(shared, &loaded);
     tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }
@@ -112,11 +123,24 @@ async fn deploy_copies(
         network: Some(network),
         previous,
     };
+    // A generative model's tokenizer is parsed beside the planning.
+    let texts = request
+        .generation
+        .clone()
+        .map(|spec| tokio::task::spawn_blocking(move || crate::generative::check_texts(&spec)));
     let scheduled =
         plan_request(shared, request, model, progress, request.replicas, &scope).await?;
     check_batching(request, &scheduled.graph)?;
+    if let Some(texts) = texts {
+        texts.await.map_err(|e| {
+            CoordinatorError::Model(format!("checking the tokenizer failed: {e}"))
+        })??;
+    }
     let generator = match &request.generation {
-        Some(spec) => Some(Arc::new(crate::generative::check(spec, &scheduled.graph)?)),
+        Some(spec) => Some(Arc::new(crate::generative::check_graph(
+            spec,
+            &scheduled.graph,
+        )?)),
         None => None,
     };
     let embedder = crate::embedding::checked(request, &scheduled.graph)?;

@@ -51,6 +51,7 @@ pub(crate) async fn plan_request(
     scope: &Scope<'_>,
 ) -> Result<Scheduled, CoordinatorError> {
     let prepared = prepare_request(shared, request, model, progress, scope).await?;
+    let started = std::time::Instant::now();
     // Affinity, partition and export of every copy walk the whole model:
     // off the async threads too.
     let (prepared, schedule) = tokio::task::spawn_blocking(move || {
@@ -70,6 +71,7 @@ pub(crate) async fn plan_request(
         } => CoordinatorError::Plan(source.to_string()),
         e => CoordinatorError::Plan(e.to_string()),
     })?;
+    tracing::info!(planned_ms = started.elapsed().as_millis(), "planned");
     if schedule.copies.len() > 1 {
         tracing::info!(
             copies = schedule.copies.len(),

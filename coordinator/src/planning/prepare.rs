@@ -59,6 +59,7 @@ pub(super) async fn prepare_request(
     scope: &Scope<'_>,
 ) -> Result<Prepared, CoordinatorError> {
     let (only, network) = (scope.only, scope.network);
+    let started = std::time::Instant::now();
     // The model's weights stay slices of `model`: held once.
     let proto =
         decode_model_shared(model.clone()).map_err(|e| CoordinatorError::Model(e.to_string()))?;
@@ -73,9 +74,16 @@ pub(super) async fn prepare_request(
     }
     // QueryNetwork needs the graph and the weights' types and shapes, not
     // their bytes: a worker is asked about a model bigger than its memory.
+    let simplified_ms = started.elapsed().as_millis();
     let bones = Bytes::from(encode_model(&skeleton(graph.model())));
     let devices = devices(shared, &request.devices, only)?;
     let (by_host, answers) = query_all(shared, &devices, &bones, progress).await?;
+    tracing::info!(
+        simplified_ms,
+        queried_ms = started.elapsed().as_millis() - simplified_ms,
+        devices = devices.len(),
+        "model read, simplified and asked about"
+    );
     let types: BTreeMap<String, ReportedType> = answers
         .iter()
         .flat_map(|(_, a)| a.types.iter())

@@ -157,7 +157,7 @@ async fn load_now(
         Source::File(path) => Origin::File(path),
         Source::Bytes(_) => Origin::Sent,
     };
-    deploy::load_network(shared, request, (bytes, origin), progress).await
+    deploy::load_network(shared, request, (bytes, origin, None), progress).await
 }
 
 /// Unloads model `name`: it stays in the repository, not wanted, until it
