@@ -142,9 +142,19 @@ impl Lan {
 
     /// Bytes `host`'s interface has received.
     pub fn rx_bytes(&self, host: &str) -> u64 {
+        self.counter(host, "rx_bytes")
+    }
+
+    /// Bytes `host`'s interface has sent.
+    pub fn tx_bytes(&self, host: &str) -> u64 {
+        self.counter(host, "tx_bytes")
+    }
+
+    /// One of the statistics of `host`'s interface (`rx_bytes`, ...).
+    fn counter(&self, host: &str, name: &str) -> u64 {
         let out = self
             .command(host, "cat")
-            .arg("/sys/class/net/eth0/statistics/rx_bytes")
+            .arg(format!("/sys/class/net/eth0/statistics/{name}"))
             .output()
             .expect("cat runs");
         String::from_utf8_lossy(&out.stdout)
