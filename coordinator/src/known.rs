@@ -104,7 +104,11 @@ fn write(dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
         return file.set_modified(std::time::SystemTime::now());
     }
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{sha256}.{}", std::process::id()));
+    // A name of its own: coordinators in one process (embedded clusters)
+    // may write the same model at once.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{sha256}.{}.{n}", std::process::id()));
     let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -112,19 +116,28 @@ fn write(dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
     written
 }
 
-/// Removes all but the `keep` most recently used models.
+/// Removes all but the `keep` most recently used models, and files being
+/// written an hour ago (left by a process that died writing them).
 fn prune(dir: &Path, keep: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut models: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| is_sha256(&e.file_name().to_string_lossy()))
-        .map(|e| {
-            let used = e.metadata().and_then(|m| m.modified());
-            (used.unwrap_or(std::time::UNIX_EPOCH), e.path())
-        })
-        .collect();
+    let now = std::time::SystemTime::now();
+    let mut models: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for e in entries.flatten() {
+        let used = e.metadata().and_then(|m| m.modified());
+        let used = used.unwrap_or(std::time::UNIX_EPOCH);
+        let name = e.file_name().to_string_lossy().into_owned();
+        if is_sha256(&name) {
+            models.push((used, e.path()));
+        } else if name.starts_with('.')
+            && now
+                .duration_since(used)
+                .is_ok_and(|age| age.as_secs() > 3600)
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
     models.sort_by_key(|m| std::cmp::Reverse(m.0));
     for (_, path) in models.into_iter().skip(keep) {
         if let Err(e) = std::fs::remove_file(&path) {
