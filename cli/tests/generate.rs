@@ -782,7 +782,12 @@ fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
     let original = smollm2_gguf();
     let mut folders = vec![
         (folder("smollm2-135m-instruct"), original.clone(), "1e-3"),
-        (folder("smollm2-135m-instruct-q4"), original.clone(), "0.1"),
+        // int8 activations: on a CPU without VNNI onnxruntime's u8s8
+        // kernels add pairs of products in 16 bits, saturating
+        // (vpmaddubsw), and a cached pass differed from a full one by 0.13
+        // of the largest logit on an AVX2 EPYC (0.1 held with AVX-512);
+        // the most likely token agreed at every position.
+        (folder("smollm2-135m-instruct-q4"), original.clone(), "0.15"),
         (exact(&original, "q4_1"), original.clone(), "1e-3"),
     ];
     let mix = "Q4_0 --type-of attn_v=Q8_0 --type-of ffn_down=Q6_K --type-of token_embd=Q5_0 \

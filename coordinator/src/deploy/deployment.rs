@@ -49,14 +49,7 @@ pub(super) async fn deploy_planned(
     progress: &mpsc::Sender<Progress>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_id().await;
-    let started = std::time::Instant::now();
     let exported = export_stages(planned.graph, planned.plan).await?;
-    tracing::info!(
-        deployment,
-        stages = exported.len(),
-        exported_ms = started.elapsed().as_millis(),
-        "stages exported and hashed"
-    );
     let specs = deploy_specs(&planned, deployment, request, exported)?;
     let models = specs.iter().map(Shipment::model).collect();
     let hosts = hosts_of(planned.plan);

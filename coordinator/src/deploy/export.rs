@@ -24,35 +24,45 @@ pub(super) async fn export_stages(
     plan: &tessera_common::plan::Plan,
 ) -> Result<Vec<Exported>, CoordinatorError> {
     let (graph, plan) = (graph.clone(), plan.clone());
-    tokio::task::spawn_blocking(move || {
-        std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..plan.stages.len())
-                .map(|i| {
-                    let (graph, plan) = (&graph, &plan);
-                    scope.spawn(move || {
-                        let model = plan
-                            .export_stage(graph, i)
-                            .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
-                        let parts = encode_model_parts(&model);
-                        let (pieces, model_hash) = pieces::layout(&parts);
-                        Ok::<_, CoordinatorError>(Exported {
-                            parts,
-                            pieces,
-                            model_hash,
+    let started = std::time::Instant::now();
+    let exported: Result<Vec<Exported>, CoordinatorError> =
+        tokio::task::spawn_blocking(move || {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = (0..plan.stages.len())
+                    .map(|i| {
+                        let (graph, plan) = (&graph, &plan);
+                        scope.spawn(move || {
+                            let model = plan
+                                .export_stage(graph, i)
+                                .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
+                            let parts = encode_model_parts(&model);
+                            let (pieces, model_hash) = pieces::layout(&parts);
+                            Ok::<_, CoordinatorError>(Exported {
+                                parts,
+                                pieces,
+                                model_hash,
+                            })
                         })
                     })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| {
-                    t.join().unwrap_or_else(|_| {
-                        Err(CoordinatorError::Plan("exporting a stage failed".into()))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join().unwrap_or_else(|_| {
+                            Err(CoordinatorError::Plan("exporting a stage failed".into()))
+                        })
                     })
-                })
-                .collect()
+                    .collect()
+            })
         })
-    })
-    .await
-    .map_err(|e| CoordinatorError::Plan(format!("exporting the stages failed: {e}")))?
+        .await
+        .map_err(|e| CoordinatorError::Plan(format!("exporting the stages failed: {e}")))?;
+    if let Ok(stages) = &exported {
+        tracing::info!(
+            stages = stages.len(),
+            exported_ms = started.elapsed().as_millis(),
+            "stages exported and hashed"
+        );
+    }
+    exported
 }
