@@ -120,27 +120,16 @@ pub async fn to_standbys(shared: &Arc<Shared>, sha256: &str) {
 }
 
 /// `KeptModel`: the model bytes this coordinator holds (a loaded
-/// network's, else the state store's) as the payload.
+/// network's, the state store's or the models cache's: [`crate::known`])
+/// as the payload.
 pub async fn send_kept(
     shared: &Arc<Shared>,
     sha256: String,
     send: &mut quinn::SendStream,
 ) -> Result<(), CoordinatorError> {
-    let loaded = shared
-        .networks
-        .iter()
-        .find(|n| n.model_sha.get() == Some(&sha256))
-        .map(|n| n.model.clone());
-    let bytes = match loaded {
-        Some(bytes) => bytes,
-        None => {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || shared.state.blob(&sha256))
-                .await
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-                .map_err(|e| CoordinatorError::Model(e.to_string()))?
-        }
-    };
+    let bytes = crate::known::find(shared, &sha256).await.ok_or_else(|| {
+        CoordinatorError::Model(format!("no model bytes with sha-256 {sha256} here"))
+    })?;
     let limits = *shared.node.limits();
     let payload = [bytes];
     exchange::send_message_parts(send, &ClientReply::KeptModel, &payload, &limits, |_| {}).await?;
