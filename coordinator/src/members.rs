@@ -140,6 +140,7 @@ async fn register(
         epoch: shared.state.epoch(),
         draining: Default::default(),
         answers: Default::default(),
+        round_trips: Default::default(),
     });
     entry.heard(Vec::new(), sequences, Vec::new(), Instant::now());
     let kinds: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();

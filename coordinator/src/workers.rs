@@ -46,6 +46,35 @@ pub struct WorkerEntry {
     pub draining: std::sync::atomic::AtomicBool,
     /// Its QueryNetwork answers, by what was asked.
     pub(crate) answers: Mutex<QueryMemo>,
+    /// Its connection's round trips, one per heartbeat.
+    pub(crate) round_trips: Mutex<RoundTrips>,
+}
+
+/// The least of a connection's last round-trip estimates, one taken per
+/// heartbeat. The planner prices a path, not a queue: on a loaded host
+/// the smoothed estimate of the moment moves by milliseconds (queued
+/// handshakes and heartbeats behind a compile), and a re-plan that saw
+/// such a spike would move stages, shipping their weights again, for a
+/// difference that was never in the link. A link that really got slower
+/// shows in the window's minimum once its older samples are gone.
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrips(std::collections::VecDeque<Duration>);
+
+impl RoundTrips {
+    /// Samples kept: about half a minute of heartbeats.
+    const KEEP: usize = 32;
+
+    pub fn sample(&mut self, rtt: Duration) {
+        if self.0.len() == Self::KEEP {
+            self.0.pop_front();
+        }
+        self.0.push_back(rtt);
+    }
+
+    /// The least sample and `now`'s estimate.
+    pub fn least(&self, now: Duration) -> Duration {
+        self.0.iter().copied().fold(now, Duration::min)
+    }
 }
 
 /// The QueryNetwork answers a worker gave, by what was asked (the model's
@@ -142,7 +171,8 @@ impl WorkerEntry {
     }
 
     pub fn rtt(&self) -> Duration {
-        self.connection.rtt()
+        let now = self.connection.rtt();
+        self.round_trips.lock().map_or(now, |r| r.least(now))
     }
 
     /// What its heartbeats reported.
@@ -159,6 +189,9 @@ impl WorkerEntry {
         links: Vec<LinkRate>,
         now: Instant,
     ) {
+        if let Ok(mut trips) = self.round_trips.lock() {
+            trips.sample(self.connection.rtt());
+        }
         let Ok(mut r) = self.reported.lock() else {
             return;
         };
@@ -230,6 +263,21 @@ mod tests {
             unsupported: Vec::new(),
             types: Vec::new(),
         }]
+    }
+
+    #[test]
+    fn the_round_trip_priced_is_the_least_of_the_last_samples() {
+        let ms = Duration::from_millis;
+        let mut trips = RoundTrips::default();
+        assert_eq!(trips.least(ms(3)), ms(3), "no samples: the estimate");
+        trips.sample(ms(1));
+        trips.sample(ms(40));
+        assert_eq!(trips.least(ms(25)), ms(1), "a spike is not priced");
+        for _ in 0..RoundTrips::KEEP {
+            trips.sample(ms(9));
+        }
+        assert_eq!(trips.least(ms(12)), ms(9), "a slower link shows");
+        assert_eq!(trips.0.len(), RoundTrips::KEEP);
     }
 
     #[test]
