@@ -50,7 +50,18 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The model's bytes (a generative model's graph, built or read).
     pub(crate) fn read(&self) -> Result<bytes::Bytes> {
-        Ok(tessera_cli::read_model(&self.model, 1)?.0)
+        Ok(tessera_cli::read_model(&self.model, 1)?.bytes)
+    }
+
+    /// The model's bytes and the options to load them with, the bytes
+    /// named by their remembered hash ([`tessera_cli::ModelRead`]).
+    pub(crate) fn read_to_load(&self) -> Result<(bytes::Bytes, LoadOptions)> {
+        let read = tessera_cli::read_model(&self.model, 1)?;
+        let options = LoadOptions {
+            model_sha256: read.sha256,
+            ..self.options()?
+        };
+        Ok((read.bytes, options))
     }
 
     pub(crate) fn options(&self) -> Result<LoadOptions> {
@@ -254,10 +265,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         bail!("--requests and --concurrency must be at least 1");
     }
     tessera_cli::cluster::run_system(async move {
-        let bytes = args.model.read()?;
+        let (bytes, options) = args.model.read_to_load()?;
         let inputs = bench_inputs(&args, &bytes)?;
         with_client(&args.model.remote, async |client| {
-            let network = crate::progress::load_network(&client, bytes, args.model.options()?).await?;
+            let network = crate::progress::load_network(&client, bytes, options).await?;
             crate::print_stdout(&plan_lines(network.plan()));
             // Warm-up: the first request specializes plans for its shapes.
             network.infer(inputs.clone()).await?;

@@ -16,25 +16,52 @@ pub const PROCESS_ENV: [&str; 3] = [
     "TESSERA_SHARED_MEMORY",
 ];
 
+/// A model read by path ([`read_model`]).
+pub struct ModelRead {
+    pub bytes: bytes::Bytes,
+    /// What a generative model's files say of generation.
+    pub generation: Option<tessera_common::wire::generate::GenerationSpec>,
+    /// The bytes' SHA-256 (hex), remembered by the files they were read
+    /// from while those are unchanged: a client names a large model by it
+    /// and sends it only to a coordinator without those bytes. `None` for
+    /// an ONNX file under [`tessera_client::KNOWN_ABOVE`] (sent
+    /// as it is) or sources that cannot be named.
+    pub sha256: Option<String>,
+}
+
 /// A model by path: an ONNX file's bytes as they are, or a generative
 /// model (a GGUF file, built or taken from the build cache, or a model
 /// folder) encoded, with what its files say of generation; each copy of a
 /// generative model keeps state for `max_sequences` sequences.
-pub fn read_model(
-    path: &std::path::Path,
-    max_sequences: u32,
-) -> anyhow::Result<(
-    bytes::Bytes,
-    Option<tessera_common::wire::generate::GenerationSpec>,
-)> {
+pub fn read_model(path: &std::path::Path, max_sequences: u32) -> anyhow::Result<ModelRead> {
     use anyhow::Context as _;
     if tessera_gguf::generative::is_generative(path) {
         let read = tessera_gguf::generative::read(path, max_sequences)
             .with_context(|| format!("reading {}", path.display()))?;
-        return Ok((read.model, Some(read.spec)));
+        return Ok(ModelRead {
+            bytes: read.model,
+            generation: Some(read.spec),
+            sha256: read.model_sha256,
+        });
     }
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok((bytes.into(), None))
+    let bytes: bytes::Bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .into();
+    // An ONNX file of 515 MiB takes 0.4 s to hash: once per version of it.
+    let sha256 = (bytes.len() >= tessera_client::KNOWN_ABOVE)
+        .then(|| {
+            let identity = tessera_gguf::cache::file_identity(path).ok()?;
+            tessera_gguf::cache::remembered_sha256(&format!("onnx file\n{identity}"), || {
+                Ok(tessera_common::wire::pieces::sha256_hex(&bytes))
+            })
+            .ok()
+        })
+        .flatten();
+    Ok(ModelRead {
+        bytes,
+        generation: None,
+        sha256,
+    })
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`); colours only
@@ -204,6 +231,35 @@ pub fn parse_shapes(
 #[cfg(test)]
 mod tests {
     use super::error_line;
+
+    #[test]
+    fn a_large_onnx_file_is_named_by_its_hash_and_a_changed_one_again() {
+        let dir = std::env::temp_dir().join(format!("tessera-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.onnx");
+        let sha = |bytes: &[u8]| tessera_common::wire::pieces::sha256_hex(bytes);
+        let small = vec![7u8; 1000];
+        std::fs::write(&path, &small).unwrap();
+        let read = super::read_model(&path, 1).unwrap();
+        assert_eq!(read.bytes.as_ref(), &small[..]);
+        assert!(read.sha256.is_none(), "a small model is sent as it is");
+        let mut large = vec![1u8; tessera_client::KNOWN_ABOVE];
+        std::fs::write(&path, &large).unwrap();
+        let first = super::read_model(&path, 1).unwrap().sha256;
+        assert_eq!(first, Some(sha(&large)));
+        // Read again: the same hash (remembered by the file's identity).
+        assert_eq!(super::read_model(&path, 1).unwrap().sha256, first);
+        // The file changes (its size, time and inode): hashed afresh.
+        large.push(2);
+        let next = dir.join("next.onnx");
+        std::fs::write(&next, &large).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        assert_eq!(
+            super::read_model(&path, 1).unwrap().sha256,
+            Some(sha(&large))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A library error that names its cause and keeps it as its source.
     #[derive(Debug)]

@@ -53,9 +53,10 @@ pub fn load(args: LoadArgs) -> Result<()> {
     needs_coordinator(&args.model.remote, "load")?;
     tessera_cli::cluster::run_system(async move {
         let path = args.model.model.clone();
-        let (bytes, generation) =
-            tokio::task::spawn_blocking(move || tessera_cli::read_model(&path, DEFAULT_SEQUENCES))
-                .await??;
+        let tessera_cli::ModelRead {
+            bytes, generation, ..
+        } = tokio::task::spawn_blocking(move || tessera_cli::read_model(&path, DEFAULT_SEQUENCES))
+            .await??;
         let mut options = args.model.options()?;
         // A generative model, as a `[models.NAME]` table without limits
         // would load it.

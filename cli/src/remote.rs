@@ -176,7 +176,7 @@ pub fn run(mut args: RunArgs) -> Result<()> {
 
 async fn run_async(args: RunArgs) -> Result<()> {
     let path = args.model.clone();
-    let (bytes, _) =
+    let tessera_cli::ModelRead { bytes, sha256, .. } =
         tokio::task::spawn_blocking(move || tessera_cli::read_model(&path, 1)).await??;
     let shapes = tessera_cli::parse_shapes(&args.shapes)?;
     // Random inputs take the shapes the network will be planned for.
@@ -194,6 +194,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
             strict: args.strict,
             affinity,
             shapes: shapes.into_iter().collect(),
+            model_sha256: sha256,
             ..Default::default()
         };
         let options = args.serving.apply(options);

@@ -93,7 +93,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let devices = args.devices.clone().unwrap_or_else(|| "HETERO:CPU".into());
     let model = if tessera_gguf::generative::is_generative(&args.model) {
-        onnx::decode_model_shared(tessera_cli::read_model(&args.model, 1)?.0)?
+        onnx::decode_model_shared(tessera_cli::read_model(&args.model, 1)?.bytes)?
     } else {
         onnx::load_model(&args.model)
             .with_context(|| format!("loading {}", args.model.display()))?

@@ -107,13 +107,12 @@ pub fn soak(args: SoakArgs) -> Result<()> {
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
-    let bytes = args.model.read()?;
+    let (bytes, mut options) = args.model.read_to_load()?;
     let graph = Graph::from_model(onnx::decode_model(&bytes)?)?;
     if let Some(n) = args.make_cases {
         return make_cases(&graph, &args.cases, n);
     }
     let cases = read_cases(&graph, &args.cases)?;
-    let mut options = args.model.options()?;
     if !args.spread.is_empty() {
         options.affinity = spread(&graph, &args.spread);
     }

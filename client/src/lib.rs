@@ -75,6 +75,6 @@ pub use connection::Client;
 pub use control::ClusterState;
 pub use error::{ClientError, Operation};
 pub use network::{Network, Outputs, DEFAULT_DEADLINE};
-pub use options::LoadOptions;
+pub use options::{LoadOptions, KNOWN_ABOVE};
 pub use plan::Plan;
 pub use tessera_common::wire::control::ErrorKind;

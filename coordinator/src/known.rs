@@ -4,7 +4,8 @@
 //! (`models/` in the `cache_dir` of the coordinator's configuration, by
 //! default Tessera's cache folder), where the bytes of each load a client sent are
 //! written once it is loaded. The cache keeps the [`KEEP`] most recently
-//! used models; a file is written under a name of its own and renamed
+//! used models, as long as they come to [`KEEP_BYTES`] (the newest is
+//! kept whatever its size); a file is written under a name of its own and renamed
 //! into place, so two coordinators sharing the folder never see half a
 //! file, and a file being read stays readable when it is removed (it is
 //! mapped).
@@ -19,6 +20,10 @@ use crate::Shared;
 
 /// Models kept in the cache beyond those loaded now.
 pub const KEEP: usize = 4;
+
+/// What the models kept may come to, bytes: a few language models, well
+/// within a node's disk.
+pub const KEEP_BYTES: u64 = 8 << 30;
 
 /// The models cache's folder (`None` where neither the configuration nor
 /// the environment names one).
@@ -74,7 +79,7 @@ pub fn remember(shared: &Shared, loaded: &Arc<Loaded>) {
         if let Err(e) = write(&dir, &sha256, &loaded.model) {
             tracing::warn!(dir = %dir.display(), "cannot keep the model in the models cache: {e}");
         }
-        prune(&dir, KEEP);
+        prune(&dir, KEEP, KEEP_BYTES);
     });
 }
 
@@ -116,20 +121,23 @@ fn write(dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
     written
 }
 
-/// Removes all but the `keep` most recently used models, and files being
-/// written an hour ago (left by a process that died writing them).
-fn prune(dir: &Path, keep: usize) {
+/// Removes all but the `keep` most recently used models that come to at
+/// most `keep_bytes` (the newest always stays), and files being written an
+/// hour ago (left by a process that died writing them).
+fn prune(dir: &Path, keep: usize, keep_bytes: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     let now = std::time::SystemTime::now();
-    let mut models: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    let mut models: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
     for e in entries.flatten() {
-        let used = e.metadata().and_then(|m| m.modified());
+        let meta = e.metadata();
+        let size = meta.as_ref().map_or(0, std::fs::Metadata::len);
+        let used = meta.and_then(|m| m.modified());
         let used = used.unwrap_or(std::time::UNIX_EPOCH);
         let name = e.file_name().to_string_lossy().into_owned();
         if is_sha256(&name) {
-            models.push((used, e.path()));
+            models.push((used, size, e.path()));
         } else if name.starts_with('.')
             && now
                 .duration_since(used)
@@ -139,7 +147,12 @@ fn prune(dir: &Path, keep: usize) {
         }
     }
     models.sort_by_key(|m| std::cmp::Reverse(m.0));
-    for (_, path) in models.into_iter().skip(keep) {
+    let mut total = 0u64;
+    for (k, (_, size, path)) in models.into_iter().enumerate() {
+        total = total.saturating_add(size);
+        if k == 0 || (k < keep && total <= keep_bytes) {
+            continue;
+        }
         if let Err(e) = std::fs::remove_file(&path) {
             tracing::debug!(path = %path.display(), "cannot remove a cached model: {e}");
         }
@@ -171,11 +184,16 @@ mod tests {
         }
         // Reading renews its use: model 0 is now the newest.
         assert_eq!(read(&dir, &sha(0)).unwrap(), Bytes::from(vec![0u8; 100]));
-        prune(&dir, 2);
+        prune(&dir, 3, 250);
+        assert!(read(&dir, &sha(2)).is_none(), "the third is over 250 bytes");
+        prune(&dir, 2, u64::MAX);
         assert!(read(&dir, &sha(0)).is_some());
         assert!(read(&dir, &sha(3)).is_some());
         assert!(read(&dir, &sha(1)).is_none());
-        assert!(read(&dir, &sha(2)).is_none());
+        // Model 3, read last, is the newest: it stays whatever its size.
+        prune(&dir, 2, 10);
+        assert!(read(&dir, &sha(0)).is_none());
+        assert!(read(&dir, &sha(3)).is_some());
         // Written again: kept as it is, its use renewed.
         write(&dir, &sha(3), b"other").unwrap();
         assert_eq!(read(&dir, &sha(3)).unwrap().len(), 100);
