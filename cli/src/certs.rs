@@ -14,7 +14,7 @@ pub enum CertsCommand {
 
 #[derive(Args)]
 pub struct InitArgs {
-    /// Where to write ca.pem, ca.key and <node>.pem / <node>.key.
+    /// Where to write ca.pem, ca.key and `<node>.pem` / `<node>.key`.
     #[arg(long, default_value = "certs")]
     dir: PathBuf,
     /// Sign with the CA in this folder (ca.pem, ca.key) instead: only

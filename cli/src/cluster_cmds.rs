@@ -93,7 +93,7 @@ pub struct QueryArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Write <model>_plan.json and <model>_plan.dot here.
+    /// Write `<model>_plan.json` and `<model>_plan.dot` here.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
     /// Print why each node went where.

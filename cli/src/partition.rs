@@ -44,11 +44,11 @@ pub struct PartitionArgs {
     /// to the last device of the priority list).
     #[arg(long)]
     strict: bool,
-    /// Write <model>_affinity.dot, <model>_subgraphs.dot and
-    /// <model>_subgraphs.json here.
+    /// Write `<model>_affinity.dot`, `<model>_subgraphs.dot` and
+    /// `<model>_subgraphs.json` here.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
-    /// Write each subgraph as a standalone ONNX model, subgraph_<id>.onnx.
+    /// Write each subgraph as a standalone ONNX model, `subgraph_<id>.onnx`.
     #[arg(long)]
     export_dir: Option<PathBuf>,
     /// Print only the summary, not every node's explanation.

@@ -28,7 +28,7 @@ pub struct RemoteArgs {
     /// Directory made by `tessera certs init` (with --coordinator).
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
-    /// This client's name: its certificate is <certs>/<name>.pem.
+    /// This client's name: its certificate is `<certs>/<name>.pem`.
     #[arg(long, default_value = "client")]
     pub name: String,
     /// The cluster's name (with --coordinator).

@@ -45,7 +45,7 @@ pub struct RunArgs {
     /// The seed of --random's values (the same seed, the same inputs).
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Write every output as <name>.npy here (characters outside
+    /// Write every output as `<name>.npy` here (characters outside
     /// A-Za-z0-9._- become _).
     #[arg(long)]
     pub(crate) output_dir: Option<PathBuf>,

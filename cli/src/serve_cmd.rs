@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// Directory made by `tessera certs init`.
     #[arg(long, default_value = "certs")]
     certs: PathBuf,
-    /// This gateway's name: its certificate is <certs>/<name>.pem.
+    /// This gateway's name: its certificate is `<certs>/<name>.pem`.
     #[arg(long, default_value = "client")]
     name: String,
     /// The cluster's name.
@@ -34,7 +34,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
     /// TOML with the front door's keys: http_listen, grpc_listen,
-    /// http_max_body_bytes, request_deadline_ms and a [serving] table.
+    /// http_max_body_bytes, request_deadline_ms and a `[serving]` table.
     #[arg(long)]
     config: Option<PathBuf>,
 }

@@ -1,4 +1,4 @@
-//! The plan a load returns: the coordinator's [`PlanReport`] of the
+//! The plan a load returns: the coordinator's [`PlanReport`](tessera_common::dump::PlanReport) of the
 //! partition (subgraphs with their hosts and predicted costs, affinity,
 //! why each node went where, what simplification did).
 

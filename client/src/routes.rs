@@ -4,7 +4,7 @@
 //! opened again with back-off), and read by each request to pick a copy
 //! and reach its workers. Picking and waiting are here; the request path
 //! is in [`crate::infer`]; when to publish, ask again, back off or give
-//! up is decided in [`subscription`].
+//! up is decided in `subscription`.
 
 mod subscription;
 

@@ -323,9 +323,9 @@ pub fn random_inputs(
 }
 
 /// A small image classifier with a real CNN shape, for the README's main
-/// job and the cluster tests: `image` float[1,3,64,64] → three Conv+Relu
+/// job and the cluster tests: `image` `float[1,3,64,64]` → three Conv+Relu
 /// stages (two with MaxPool), GlobalAveragePool, Flatten, Gemm to 10
-/// classes, Softmax → `probs` float[1,10]. Weights are seeded uniform in
+/// classes, Softmax → `probs` `float[1,10]`. Weights are seeded uniform in
 /// ±sqrt(6/fan_in), so every `seed` gives the same model on any machine.
 /// Node names: conv1 relu1 pool1 conv2 relu2 pool2 conv3 relu3 gap flatten
 /// fc softmax.
@@ -410,8 +410,8 @@ pub fn small_cnn(seed: u64) -> ModelProto {
 }
 
 /// A chain of `layers` fully connected layers, the simplest model whose
-/// weights outgrow a machine: `x` float[batch,dim] → (MatMul by a seeded
-/// `dim`×`dim` weight, Relu) × `layers` → `y` float[batch,dim], the batch
+/// weights outgrow a machine: `x` `float[batch,dim]` → (MatMul by a seeded
+/// `dim`×`dim` weight, Relu) × `layers` → `y` `float[batch,dim]`, the batch
 /// dimension dynamic. Weights are uniform in ±sqrt(6/dim), so values keep
 /// their scale through the layers. Node names `mm1`, `relu1`, `mm2`, ...;
 /// weights `w1`, `w2`, ... (`dim`² × 4 bytes each: 2048 gives 16 MiB).

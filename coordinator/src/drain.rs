@@ -4,7 +4,7 @@
 //! without it while the old deployment goes on serving, the copy switches
 //! to the new one (requesters get the new routing table and send new
 //! requests there), and the old deployment is undeployed once it holds
-//! nothing (no request queued or running, no sequence kept: [`IdleWatch`])
+//! nothing (no request queued or running, no sequence kept: `IdleWatch`)
 //! or after [`IDLE_LIMIT`]. Then the coordinator closes the worker's
 //! session, which tells it that it may exit. A copy that cannot move (no
 //! other worker can run it) stays where it is; it heals as after a loss

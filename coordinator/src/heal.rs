@@ -10,7 +10,7 @@
 //! the new deployment. A copy that cannot be re-planned is broken,
 //! with an error that says why, until a worker (re)joins and a re-plan
 //! succeeds; a network is broken when all its copies are. When to leave a
-//! copy, try again or give up is decided in [`decide`]; this module only
+//! copy, try again or give up is decided in `decide`; this module only
 //! undeploys, deploys, sleeps and publishes.
 
 mod decide;

@@ -23,7 +23,7 @@ const INLINE_AT_MOST: usize = 1024;
 /// Offsets of weights in the data file are multiples of this.
 const DATA_ALIGNMENT: u64 = 64;
 
-/// What [`write`] wrote.
+/// What [`fn@write`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
     pub model_bytes: u64,

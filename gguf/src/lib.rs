@@ -6,7 +6,7 @@
 //! tokenizer as a Hugging Face `tokenizer.json`, the chat template and the
 //! special tokens ([`GgufModel`]).
 //!
-//! - [`file`] parses the container over a memory map, checking every
+//! - [`mod@file`] parses the container over a memory map, checking every
 //!   offset; [`types`] lists ggml's tensor types.
 //! - [`config`] reads an architecture's hyperparameters from the metadata,
 //!   with each family's rules (llama and Mixtral, Qwen 2 and 3,

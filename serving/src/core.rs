@@ -63,7 +63,7 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// door answers from what it saw last.
 const CONTROL_WAIT: Duration = Duration::from_secs(2);
 
-/// Keeps [`Door::seen`] fresh until the front door closes.
+/// Keeps `Door::seen` fresh until the front door closes.
 pub async fn watch_cluster(door: Arc<Door>) {
     loop {
         if let Ok(seen) = door.look().await {

@@ -18,7 +18,7 @@
 //! Integer graph inputs are frozen into initializers with the test's own
 //! values before querying (they are shapes, axes or indices, which real
 //! models carry as constants), and so are the parameter inputs of the ops
-//! listed in [`PARAMETER_INPUTS`] (batch-norm statistics, quantization
+//! listed in `PARAMETER_INPUTS` (batch-norm statistics, quantization
 //! scales, resize scales, pad values: initializers in real models); every
 //! plugin is tested the same way.
 

@@ -2,7 +2,7 @@
 //! what running nodes on a device needs ([`NeedModel`], [`MemoryNeed`]:
 //! weights, activations at the largest batch, per-sequence state), and the
 //! placement that cuts a model too big for one device into pipelined
-//! stages that each fit ([`pipeline`]).
+//! stages that each fit ([`mod@pipeline`]).
 //!
 //! # Example
 //!

@@ -13,7 +13,7 @@
 //!    layers).
 //! 2. For a given bound `T` on a stage's time, devices in a given order
 //!    each take the longest run of nodes that fits their memory, that they
-//!    run, and whose time stays within `T` ([`Line::extend`]); `T` is
+//!    run, and whose time stays within `T` (`Line::extend`); `T` is
 //!    bisected to the least that covers the whole model. Three device
 //!    orders are tried (priority, most memory first, fastest first) and the
 //!    best kept: a host twice as fast takes about twice the work where its

@@ -13,7 +13,7 @@
 //! a join, `S` is re-ranked above the other parents and the subgraphs after
 //! it are pushed up as needed. A node that can join no parent opens a new
 //! subgraph. The RFC's A→B→C→D example (A,B,D on one device, C on another,
-//! B→D) gives [A,B], [C], [D].
+//! B→D) gives `[A,B]`, `[C]`, `[D]`.
 
 use super::dag::OpDag;
 

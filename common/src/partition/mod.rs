@@ -3,7 +3,7 @@
 //!
 //! Two algorithms behind one interface ([`Algorithm`]): `fast` (default, a
 //! near-linear topological pass, see [`fast`]) and `reference` (OpenVINO's
-//! algorithm, see [`reference`]). Both are followed by [`merge`] (optional),
+//! algorithm, see [`mod@reference`]). Both are followed by [`merge`] (optional),
 //! then the subgraphs are numbered in a topological order, housekeeping nodes
 //! are attached (Parameters and Constants to every subgraph that reads them,
 //! Results to the subgraph that produces them) and boundary tensors become

@@ -1,6 +1,6 @@
 //! Planning a network, from the devices' QueryNetwork answers to exported
 //! subgraphs: affinity assignment, subgraph selection, the fit into the
-//! devices' memory ([`fit`]: pipelined stages when the policy's placement
+//! devices' memory (`fit`: pipelined stages when the policy's placement
 //! does not fit) and export, plus the check of a request's inputs against
 //! the graph. HETERO in one process and the distributed coordinator both
 //! plan through here.

@@ -1,5 +1,5 @@
 //! A subgraph's model by content. A model is sent in pieces
-//! ([`Part`](crate::onnx::parts::Part)): frames (field headers, the graph
+//! ([`Part`]): frames (field headers, the graph
 //! without its large weights) and large weights. A [`DeploySpec`] lists
 //! them ([`PieceRef`]), each weight by its SHA-256, so a worker that holds
 //! a weight, from any earlier cut of the model or another model that

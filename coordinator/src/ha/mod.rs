@@ -113,7 +113,7 @@ pub struct Ha {
 }
 
 impl Ha {
-    /// Connects to etcd (an error within [`CONNECT_TIMEOUT`] if no
+    /// Connects to etcd (an error within `CONNECT_TIMEOUT` if no
     /// endpoint answers).
     pub async fn connect(config: &HaConfig, advertise: String) -> Result<Ha, HaError> {
         let endpoints = config.etcd.join(",");
@@ -176,7 +176,7 @@ fn decide(shared: &Arc<Shared>, ha: &Ha, event: Event) -> Option<Action> {
     }
 }
 
-/// Campaigns; once elected, leads ([`crate::lead`]). Steps down when the
+/// Campaigns; once elected, leads (`crate::lead`). Steps down when the
 /// lease or etcd is lost.
 pub async fn run(shared: Arc<Shared>, ha: Arc<Ha>) {
     let mut client = ha.client();

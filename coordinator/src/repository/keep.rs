@@ -108,7 +108,7 @@ pub(crate) fn decide(f: Facts, t: Timing) -> Decision {
 const AT_LEAST_EVERY: Duration = RETRY_AFTER;
 
 /// Loads every wanted model that has no network, whenever workers are
-/// registered, by [`decide`]'s rules. Runs until the coordinator shuts
+/// registered, by `decide`'s rules. Runs until the coordinator shuts
 /// down.
 pub async fn keep_loaded(shared: Arc<Shared>) {
     let timing = Timing {

@@ -6,9 +6,9 @@
 //!   residual add and the norm in one node; standard ops for the first,
 //!   which has no residual yet; `SimplifiedLayerNormalization` for Gemma's
 //!   post-norms);
-//! - the attention ([`super::attention`]) is one `GroupQueryAttention`
+//! - the attention (`super::attention`) is one `GroupQueryAttention`
 //!   over q/k/v from one product;
-//! - the feed-forward ([`super::ffn`]) is gate and up in one product, or a
+//! - the feed-forward (`super::ffn`) is gate and up in one product, or a
 //!   mixture of experts;
 //! - the logits are the last position's (`[batch, 1, vocab]`): a prompt
 //!   costs the head one row, not one per position; a cache row's padding

@@ -1,6 +1,6 @@
 //! llama.cpp's matrix products over its own blocks, as the worker's
 //! onnxruntime plugin runs them (custom operators of the
-//! [`DOMAIN`](tessera_common::ops::GGML_DOMAIN) domain: `MatMul`, `Gather`).
+//! [`DOMAIN`] domain: `MatMul`, `Gather`).
 //!
 //! onnxruntime's `MatMulNBits` takes a K-quant as 4-bit values and a
 //! float32 factor per block of 32, plus a product of its own for the
@@ -205,7 +205,7 @@ const ROWS_PER_JOB: usize = 16;
 pub type Parallel<'a> = &'a dyn Fn(usize, &(dyn Fn(usize) + Sync));
 
 /// `y = x · Wᵀ`: `x` is rows of `w.cols` values, `y` (rows of `w.rows`)
-/// is written whole. `parallel` spreads jobs of [`ROWS_PER_JOB`] weight
+/// is written whole. `parallel` spreads jobs of `ROWS_PER_JOB` weight
 /// rows over threads (or runs them in turn).
 pub fn matmul(
     w: &Blocks<'_>,

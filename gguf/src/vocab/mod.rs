@@ -1,8 +1,8 @@
 //! A GGUF's vocabulary (`tokenizer.ggml.*`) as a Hugging Face
 //! `tokenizer.json` that tokenizes as llama.cpp does: byte-level BPE with
-//! the pre-tokenizer `tokenizer.ggml.pre` names ([`bpe`]), or
+//! the pre-tokenizer `tokenizer.ggml.pre` names (`bpe`), or
 //! SentencePiece's merges by score with byte fallback and the added space
-//! ([`spm`]). Control, user-defined and unknown tokens are added tokens
+//! (`spm`). Control, user-defined and unknown tokens are added tokens
 //! (matched in the text before anything else, as llama.cpp partitions
 //! them); beginning- and end-of-sequence ids, the end-of-generation set
 //! and the chat template come from the metadata.

@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `ServerLive`, `ServerReady`, `ModelReady` | as HTTP's health endpoints (`ready: false` instead of 503) |
 //! | `ServerMetadata`, `ModelMetadata` | as HTTP's (-1 for a dynamic dim) |
-//! | `ModelInfer` | inference: `raw_input_contents` or typed `contents` in, `raw_output_contents` out ([`infer`]) |
+//! | `ModelInfer` | inference: `raw_input_contents` or typed `contents` in, `raw_output_contents` out (`infer`) |
 //! | `RepositoryIndex`, `RepositoryModelLoad`, `RepositoryModelUnload` | the repository extension, under `[serving]`'s rules |
 //!
 //! Errors are the HTTP errors' kinds as gRPC codes: INVALID_ARGUMENT (400),

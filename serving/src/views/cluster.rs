@@ -136,7 +136,7 @@ fn worker(w: &WorkerState) -> WorkerDoc {
 }
 
 /// The workers a front door has seen, to list the ones that left as lost
-/// (for [`LOST_SHOWN`]); a worker that registers again is itself again.
+/// (for `LOST_SHOWN`); a worker that registers again is itself again.
 #[derive(Debug, Default)]
 pub struct Roster {
     /// Name → its last document and, once gone, when it was seen gone.

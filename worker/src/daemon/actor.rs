@@ -12,15 +12,15 @@
 //!
 //! A subgraph that reads or makes state (a state pair's input or output)
 //! takes and keeps each sequence's state in its network's store on this
-//! worker ([`super::sequences`]), on its compute thread: a step of a
+//! worker (`super::sequences`), on its compute thread: a step of a
 //! sequence brings only its other inputs, and its state outputs stay here.
 //! A fresh sequence beyond the store's room waits in the actor's
-//! [`Admission`] queue, or is refused as busy.
+//! `Admission` queue, or is refused as busy.
 //!
 //! With dynamic batching on, the requests ready meanwhile (up to
 //! `max_batch`, of matching shapes) go to the thread as one job,
 //! concatenated along the first dimension and split back after the run
-//! ([`super::batch`]). A batch queues behind the running one only when it
+//! (`super::batch`). A batch queues behind the running one only when it
 //! is full; a smaller one waits to grow until the thread is free, and then
 //! up to `max_queue_delay_us` after its oldest request became ready.
 

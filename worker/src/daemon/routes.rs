@@ -35,7 +35,7 @@ pub struct Ran {
 
 /// The worker's daemon in rooms: what is deployed here
 /// ([`Deployments`]), what it did ([`Telemetry`]), each network's sequence
-/// state ([`SequenceStores`]), the links to other workers ([`Peers`]) and
+/// state (`SequenceStores`), the links to other workers ([`Peers`]) and
 /// the requests requesters opened here ([`Requests`]). The router itself
 /// moves tensors between them: it dispatches arrivals to the actors that
 /// read them, delivers outputs, and fails requests.

@@ -73,7 +73,7 @@ pub struct PluginOptions {
     /// installed Python package, then next to the executable.
     pub onnxruntime_library: Option<PathBuf>,
     /// Where a worker keeps what it measured of its CPU (its compile
-    /// cache): see [`remembered_calibration`].
+    /// cache): see `remembered_calibration`.
     pub calibration_dir: Option<PathBuf>,
 }
 
