@@ -123,6 +123,9 @@ cargo fmt --all -- --check
 # Every dependency a crate declares is used (cargo-machete).
 ./scripts/unused-deps.sh
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The crates' API docs build and every intra-doc link resolves (about a
+# minute: the dependencies' metadata is clippy's).
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
