@@ -326,9 +326,14 @@ impl CompiledCpu {
             .map_err(compile_err)
     }
 
-    /// Small integer inputs (shapes, axes) are specialized by value too.
+    /// Small integer and boolean inputs (shapes, axes, and the masks that
+    /// pick among a shape's dims) are specialized by value too: a torch
+    /// export's `expand` computes its target shape as
+    /// `Where(Equal(shape, -1), ones, shape)`, and a cut between the
+    /// `Equal` and the `Expand` leaves tract a shape of unknown rank
+    /// unless the mask is a constant.
     fn specialized(&self, inputs: &[Tensor]) -> Result<Plan, PluginError> {
-        let is_small_int = |t: &Tensor| matches!(t.elem().0, 6 | 7) && t.len() <= 16;
+        let is_small_int = |t: &Tensor| matches!(t.elem().0, 6 | 7 | 9) && t.len() <= 16;
         let values: Vec<Option<&Tensor>> = inputs
             .iter()
             .map(|t| is_small_int(t).then_some(t))
