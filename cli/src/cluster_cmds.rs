@@ -264,8 +264,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if args.requests == 0 || args.concurrency == 0 {
         bail!("--requests and --concurrency must be at least 1");
     }
+    // Read (and for a large model hashed) before the runtime starts.
+    let (bytes, options) = args.model.read_to_load()?;
     tessera_cli::cluster::run_system(async move {
-        let (bytes, options) = args.model.read_to_load()?;
         let inputs = bench_inputs(&args, &bytes)?;
         with_client(&args.model.remote, async |client| {
             let network = crate::progress::load_network(&client, bytes, options).await?;

@@ -50,11 +50,9 @@ pub fn read_model(path: &std::path::Path, max_sequences: u32) -> anyhow::Result<
     // An ONNX file of 515 MiB takes 0.4 s to hash: once per version of it.
     let sha256 = (bytes.len() >= tessera_client::KNOWN_ABOVE)
         .then(|| {
-            let identity = tessera_gguf::cache::file_identity(path).ok()?;
-            tessera_gguf::cache::remembered_sha256(&format!("onnx file\n{identity}"), || {
-                Ok(tessera_common::wire::pieces::sha256_hex(&bytes))
-            })
-            .ok()
+            let identity =
+                tessera_gguf::cache::file_identity(path).map(|f| format!("onnx file\n{f}"));
+            tessera_gguf::cache::remembered_sha256_of(identity, &bytes)
         })
         .flatten();
     Ok(ModelRead {

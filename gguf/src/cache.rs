@@ -291,6 +291,17 @@ pub fn remembered_sha256(
     }
 }
 
+/// `bytes`' SHA-256, remembered by `identity` ([`remembered_sha256`]);
+/// hashed again when its sources cannot be named (`identity` is an
+/// error).
+pub fn remembered_sha256_of(identity: std::io::Result<String>, bytes: &[u8]) -> Option<String> {
+    let hash = || Ok(tessera_common::wire::pieces::sha256_hex(bytes));
+    match identity {
+        Ok(identity) => remembered_sha256(&identity, hash).ok(),
+        Err(_) => hash().ok(),
+    }
+}
+
 fn remembered_sha256_in(
     dir: &Path,
     identity: &str,

@@ -61,7 +61,7 @@ pub fn read_with(
         let identity = cache::file_identity(path)
             .map(|f| format!("gguf model\n{f}\n{options:?}\n{}", cache::BUILDER_VERSION));
         return Ok(GenerativeModel {
-            model_sha256: remembered(identity, &built.model),
+            model_sha256: cache::remembered_sha256_of(identity, &built.model),
             model: built.model,
             spec: built.spec,
         });
@@ -75,7 +75,7 @@ pub fn read_with(
     })?;
     let model: Bytes = tessera_common::onnx::encode_model(&model).into();
     Ok(GenerativeModel {
-        model_sha256: remembered(folder_identity(path), &model),
+        model_sha256: cache::remembered_sha256_of(folder_identity(path), &model),
         model,
         spec,
     })
@@ -93,14 +93,4 @@ fn folder_identity(dir: &Path) -> std::io::Result<String> {
         identity.push_str(&cache::file_identity(file)?);
     }
     Ok(identity)
-}
-
-/// `model`'s SHA-256, remembered by `identity` (hashed again when its
-/// sources cannot be named).
-fn remembered(identity: std::io::Result<String>, model: &Bytes) -> Option<String> {
-    let hash = || Ok(tessera_common::wire::pieces::sha256_hex(model));
-    match identity {
-        Ok(identity) => cache::remembered_sha256(&identity, hash).ok(),
-        Err(_) => hash().ok(),
-    }
 }
