@@ -155,6 +155,7 @@ fn embedded_worker(name: &str, spec: &WorkerSpec, coordinator: SocketAddr) -> Wo
         mailbox: 64,
         cache_dir: None,
         cache_limit: 0,
+        models_dirs: Vec::new(),
         config: spec.config.clone(),
         memory_limit: spec.memory_limit.clone(),
         adopt_grace: tessera_worker::daemon::ADOPT_GRACE,

@@ -374,3 +374,56 @@ fn a_worker_that_offers_memory_it_does_not_have_is_left_out() {
     );
     assert!(log.contains("out of memory"), "{log}");
 }
+
+/// The bytes each "received the subgraph's model" line of `log` says came.
+fn received(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("received the subgraph's model"))
+        .filter_map(|l| l.split("received=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn workers_that_can_read_a_named_model_from_their_own_disk_are_sent_only_its_frames() {
+    let _one = one_at_a_time();
+    // The model repository, mounted where the workers may read models.
+    let models = util::Scratch::new("memory-own-disk-models");
+    let (path, _) = chain(&models, 8);
+    let models_dir = models.display().to_string();
+    let args: &[&str] = &["--memory-limit", "64MiB", "--models-dir", &models_dir];
+    let names = ["node-a", "node-b", "node-c"];
+    let workers: Vec<(&str, &str, &[&str])> = names.iter().map(|n| (*n, "CPU", args)).collect();
+    let table = format!(
+        "[models.chain]\npath = {:?}\ndevices = \"CPU\"\n",
+        path.display().to_string()
+    );
+    let cluster = Cluster::start_configured_with_args("memory-own-disk", &workers, 1, &table);
+    runtime().block_on(async {
+        let client = cluster.client().await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let network = loop {
+            match client.model("chain").await {
+                Ok(n) => break n,
+                Err(e) if Instant::now() > deadline => panic!("chain did not load: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let split = layers(network.plan());
+        assert_eq!(split.len(), 3, "{split:?}");
+        check(&network, &path, &cluster.dir.join("ort"), 2).await;
+    });
+    // 128 MiB of weights, each stage's read from the worker's own disk:
+    // what crossed the network is the frames between them.
+    for w in &cluster.workers {
+        let log = w.log_text();
+        assert!(log.contains("weights from this worker's disk"), "{log}");
+        let got = received(&log);
+        assert!(!got.is_empty(), "{log}");
+        assert!(
+            got.iter().all(|&b| b < 64 << 10),
+            "{}: received {got:?}",
+            w.name
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Hosts apart: the coordinator and each worker in a network namespace of
 //! its own, joined by a bridge, every link capped both ways with `tbf`;
 //! they talk over real interfaces (no loopback, so no shared memory).
-//! Cases: a second load of SmolLM2 sends almost no weights; a standby
+//! Cases: a second load of SmolLM2 sends almost no weights, nor does a
+//! first load to workers with a copy on their own disk; a standby
 //! coordinator on its own host (its own `state_dir`) takes over under load
 //! with nothing failed; a worker killed mid-generation changes no word;
 //! rec loaded with `replicas = auto` runs a whole copy on each worker and
@@ -239,6 +240,71 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     assert!(
         second_load < first_load / 4.0,
         "the second load ({second_load:.2} s) is not much quicker than the first ({first_load:.2} s)"
+    );
+}
+
+/// `folder`'s files in `into` (hard links where they can be, else copies):
+/// a copy of a model on a worker's own disk.
+fn copy_folder(folder: &std::path::Path, into: &std::path::Path) -> std::path::PathBuf {
+    let copy = into.join(folder.file_name().expect("a folder's name"));
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(folder).unwrap().flatten() {
+        let to = copy.join(entry.file_name());
+        if std::fs::hard_link(entry.path(), &to).is_err() {
+            std::fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+    copy
+}
+
+#[test]
+fn a_worker_with_a_copy_of_the_model_on_its_own_disk_is_sent_almost_no_weights() {
+    const TEST: &str = "hosts-apart-own-copy";
+    if netns::skip(TEST) {
+        return;
+    }
+    let _one = one_at_a_time();
+    let model = util::model("smollm2-135m-instruct");
+    let weights = folder_bytes(&model);
+    let prompt = "The capital of France is";
+    let want = genai(&model, &[prompt], 12, false);
+    let lan = Lan::new(&[COORDINATOR, WORKERS[0], WORKERS[1]], 100);
+    let dir = util::Scratch::new(TEST);
+    // Each worker may read models from a directory of its own, which holds
+    // a copy of the folder under the same name; the client loads it from
+    // its own path.
+    let copies = dir.join("node-models");
+    let copy = copy_folder(&model, &copies);
+    let copies_arg = copies.display().to_string();
+    let apart = start(
+        &lan,
+        &dir,
+        &WORKERS,
+        &["--memory-limit", "380MiB", "--models-dir", &copies_arg],
+    );
+    let (text, load, bytes) = generate(&lan, &apart, &model, prompt);
+    assert_eq!(text, want[0].text);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "hosts apart at 100 Mbit/s, SmolLM2-135M float32 ({:.1} MiB of files), each worker \
+         with a copy on its own disk: first load {load:.2} s with {:.2} MiB received by the \
+         workers ({:.3} % of the weights)",
+        mib(weights),
+        mib(bytes),
+        100.0 * bytes as f64 / weights as f64
+    );
+    for w in &apart.workers {
+        let log = w.log_text();
+        assert!(
+            log.contains("weights from this worker's disk") && log.contains("node-models"),
+            "{}: read its weights from {}:\n{log}",
+            w.name,
+            copy.display()
+        );
+    }
+    assert!(
+        bytes * 100 <= weights,
+        "the workers received {bytes} bytes, more than 1 % of {weights}"
     );
 }
 

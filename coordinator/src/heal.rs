@@ -176,10 +176,12 @@ pub(crate) async fn redeploy(
     let request = without_lost(shared, &loaded.request)?;
     // Nobody watches a re-plan's progress but the logs.
     let (progress, _) = tokio::sync::mpsc::channel(1);
+    let source = loaded.source();
     let scope = crate::planning::Scope {
         only: replica.hosts.as_deref(),
         network: Some(loaded.id),
         previous: replica.placement(),
+        source: source.as_deref(),
     };
     let deployed = deploy::deploy(shared, &request, &loaded.model, &scope, progress).await?;
     if !shared.networks.contains_key(&loaded.id) {

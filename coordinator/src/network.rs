@@ -224,6 +224,19 @@ pub enum Origin {
     File(std::path::PathBuf),
 }
 
+impl Origin {
+    /// Where the model was read from, as a deploy names it to workers that
+    /// may read it from their own disk: a named model's file or folder,
+    /// else the path a client loaded it from (its request's name; the
+    /// CLI names a model by its path).
+    pub(crate) fn source(&self, request: &LoadRequest) -> Option<String> {
+        match self {
+            Origin::File(path) => Some(path.display().to_string()),
+            Origin::Sent => Some(request.name.clone()).filter(|n| !n.is_empty()),
+        }
+    }
+}
+
 /// What a loaded network is made of.
 pub struct Parts {
     pub id: u64,
@@ -239,6 +252,11 @@ pub struct Parts {
 }
 
 impl Loaded {
+    /// Where its model was read from ([`Origin::source`]).
+    pub(crate) fn source(&self) -> Option<String> {
+        self.origin.source(&self.request)
+    }
+
     pub fn new(parts: Parts) -> Loaded {
         Loaded {
             id: parts.id,

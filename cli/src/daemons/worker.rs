@@ -57,6 +57,12 @@ struct Args {
     /// Keep nothing on disk: every deploy receives its whole model.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// A directory this worker may read models from (repeatable): a model
+    /// the coordinator read from a path under it, or a client loaded from
+    /// a file or folder of the same name as one in it, is read here, and
+    /// only the weights it lacks (checked by SHA-256) cross the network.
+    #[arg(long = "models-dir", value_name = "DIR")]
+    models_dirs: Vec<PathBuf>,
     /// The most each of the two caches (compiled subgraphs, weights)
     /// keeps, the least recently used going first (default 16GiB).
     #[arg(long, value_name = "SIZE")]
@@ -261,6 +267,11 @@ fn run(args: Args) -> Result<()> {
         mailbox: file.mailbox.unwrap_or(64),
         cache_dir,
         cache_limit,
+        models_dirs: if args.models_dirs.is_empty() {
+            file.models_dirs.unwrap_or_default()
+        } else {
+            args.models_dirs
+        },
         config,
         memory_limit,
         adopt_grace,
@@ -402,6 +413,7 @@ fn check_config(options: &WorkerOptions, certs: &std::path::Path, door: &Setting
         "coordinators": options.coordinator.split(',').map(str::trim).collect::<Vec<_>>(),
         "certs": certs,
         "cache_dir": options.cache_dir,
+        "models_dirs": options.models_dirs,
         "http_listen": door.http.map(|a| a.to_string()),
         "grpc_listen": door.grpc.map(|a| a.to_string()),
         "tokens_file": tokens_file,

@@ -24,7 +24,7 @@ pub enum ToWorker {
     QueryNetwork { devices: Vec<String>, epoch: u64 },
     /// Compile and serve a subgraph (its model follows only if the worker
     /// answers [`WorkerAnswer::NeedModel`]).
-    Deploy { spec: DeploySpec, epoch: u64 },
+    Deploy { spec: Box<DeploySpec>, epoch: u64 },
     /// After `NeedModel`: the subgraph's model is the payload, less the
     /// weights the worker holds (on the `Deploy`'s stream: its epoch; see
     /// [`super::pieces`]).

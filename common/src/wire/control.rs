@@ -73,6 +73,12 @@ pub struct DeploySpec {
     pub max_queued: u32,
     /// How long a fresh sequence may wait for room, ms.
     pub queue_timeout_ms: u64,
+    /// The file or folder the model was read from: a named model's path
+    /// in the model repository, or the path its client loaded it from. A
+    /// worker that may read models there (`--models-dir`), or holds a
+    /// copy of that name, takes the weights it lacks from its own disk,
+    /// each checked by its SHA-256.
+    pub source: Option<String>,
 }
 
 /// Dynamic batching: requests waiting for a subgraph are concatenated

@@ -99,6 +99,18 @@ pub fn layout(parts: &[Part]) -> (Vec<PieceRef>, String) {
     (pieces, hex(&model.finalize()))
 }
 
+/// The large weights of a model's `parts` by their SHA-256: what a
+/// worker that reads a model from its own disk can take from it.
+pub fn weights_by_hash(parts: Vec<Part>) -> std::collections::HashMap<String, Bytes> {
+    parts
+        .into_iter()
+        .filter_map(|part| match part {
+            Part::Weight(b) => Some((sha256_hex(&b), b)),
+            Part::Frame(_) => None,
+        })
+        .collect()
+}
+
 /// The model's size in bytes.
 pub fn model_len(pieces: &[PieceRef]) -> u64 {
     pieces.iter().map(PieceRef::bytes).sum()
@@ -281,6 +293,26 @@ mod tests {
         let mut other = parts.clone();
         other[3] = Part::Weight(Bytes::from_static(b"weight-2wo"));
         assert_ne!(layout(&other).1, hash);
+    }
+
+    #[test]
+    fn a_model_read_from_disk_holds_every_weight_by_its_hash() {
+        let parts = parts();
+        let (pieces, _) = layout(&parts);
+        let local = weights_by_hash(parts.clone());
+        assert_eq!(local.len(), 2);
+        let held: Vec<Option<Bytes>> = pieces
+            .iter()
+            .map(|p| match p {
+                PieceRef::Weight { sha256, .. } => local.get(sha256).cloned(),
+                PieceRef::Frame { .. } => None,
+            })
+            .collect();
+        assert!(missing(&pieces, &held).is_empty());
+        let frames = payload(&parts, &[]);
+        let got = assemble(&pieces, &held, Bytes::from(frames.concat())).unwrap();
+        assert_eq!(&got.model[..], &whole(&parts)[..]);
+        assert!(got.received.is_empty());
     }
 
     #[test]

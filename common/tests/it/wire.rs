@@ -34,7 +34,7 @@ fn frames_round_trip_whatever_the_read_sizes() {
     let hello = Handshake::Hello(Hello::new("lab", "node-a", Role::Worker));
     let deploy = ToWorker::Deploy {
         epoch: 7,
-        spec: DeploySpec {
+        spec: Box::new(DeploySpec {
             network: 3,
             subgraph: 1,
             device: "CPU".into(),
@@ -71,7 +71,8 @@ fn frames_round_trip_whatever_the_read_sizes() {
             max_sequences: 4,
             max_queued: 16,
             queue_timeout_ms: 30_000,
-        },
+            source: Some("/models/rec.onnx".into()),
+        }),
     };
     let model = Bytes::from(vec![7u8; 1000]);
     let t = Tensor::from_values(vec![3, 1000], &vec![0.5f32; 3000]).unwrap();

@@ -36,10 +36,21 @@ pub(crate) async fn deploy(
     let scheduled =
         plan_request(shared, request, model, &progress, Replicas::Count(1), scope).await?;
     let cost = &scheduled.schedule.copies[0].cost;
-    deploy_planned(shared, network, request, scheduled.copy(0), cost, &progress).await
+    let planned = scheduled.copy(0);
+    deploy_planned(
+        shared,
+        network,
+        request,
+        planned,
+        cost,
+        &progress,
+        scope.source,
+    )
+    .await
 }
 
 /// Deploys one planned copy: ships its subgraphs, then routes its inputs.
+/// `source`: where the model was read from (see [`Scope::source`]).
 pub(super) async fn deploy_planned(
     shared: &Arc<Shared>,
     network: u64,
@@ -47,10 +58,11 @@ pub(super) async fn deploy_planned(
     planned: Planned<'_>,
     cost: &CopyCost,
     progress: &mpsc::Sender<Progress>,
+    source: Option<&str>,
 ) -> Result<Arc<Deployed>, CoordinatorError> {
     let deployment = shared.next_id().await;
     let exported = export_stages(planned.graph, planned.plan).await?;
-    let specs = deploy_specs(&planned, deployment, request, exported)?;
+    let specs = deploy_specs(&planned, deployment, request, exported, source)?;
     let models = specs.iter().map(Shipment::model).collect();
     let hosts = hosts_of(planned.plan);
     if let Err(e) = ship(shared, planned.by_host, &specs, progress).await {

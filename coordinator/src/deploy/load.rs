@@ -28,7 +28,15 @@ pub async fn load_network(
     progress: mpsc::Sender<Progress>,
 ) -> Result<Arc<Loaded>, CoordinatorError> {
     let network = shared.next_id().await;
-    let loaded = deploy_replicas(shared, network, request, model, &progress).await?;
+    let source = origin.source(&request);
+    let loaded = deploy_replicas(
+        shared,
+        network,
+        request,
+        (model, source.as_deref()),
+        &progress,
+    )
+    .await?;
     let loaded = Loaded { origin, ..loaded };
     if let Some(sha256) = sha256 {
         let _ = loaded.model_sha.set(sha256);
@@ -54,13 +62,14 @@ pub async fn load_network(
 /// Plans the request's copies and deploys them; a worker that cannot take
 /// its subgraph (its compile fails, say because it offered memory it does
 /// not have, or it is lost) is left out and the copies planned again over
-/// the others, until they deploy or cannot be planned.
+/// the others, until they deploy or cannot be planned. `source`: where
+/// the model was read from ([`Origin::source`]).
 #[tracing::instrument(name = "deploy", skip_all, fields(network = network, name = %request.name))]
 async fn deploy_replicas(
     shared: &Arc<Shared>,
     network: u64,
     request: LoadRequest,
-    model: Bytes,
+    (model, source): (Bytes, Option<&str>),
     progress: &mpsc::Sender<Progress>,
 ) -> Result<Loaded, CoordinatorError> {
     let mut left_out: Vec<(String, String)> = Vec::new();
@@ -73,8 +82,13 @@ async fn deploy_replicas(
                 .filter(|w| left_out.iter().all(|(h, _)| h != w))
                 .collect()
         });
-        let outcome =
-            deploy_copies(shared, network, &request, &model, progress, only.as_deref()).await;
+        let scope = Scope {
+            only: only.as_deref(),
+            network: Some(network),
+            previous: Default::default(),
+            source,
+        };
+        let outcome = deploy_copies(shared, &request, &model, progress, scope).await;
         let note = || {
             let failed: Vec<String> = left_out
                 .iter()
@@ -102,27 +116,22 @@ async fn deploy_replicas(
     }
 }
 
-/// Plans the request's copies (over `only`'s workers, if given) and
-/// deploys every one at once; when one fails, the others are undeployed.
+/// Plans the request's copies (over the scope's workers) and deploys
+/// every one at once; when one fails, the others are undeployed. The
+/// scope's `previous` is the placement remembered for the same model.
 async fn deploy_copies(
     shared: &Arc<Shared>,
-    network: u64,
     request: &LoadRequest,
     model: &Bytes,
     progress: &mpsc::Sender<Progress>,
-    only: Option<&[String]>,
+    mut scope: Scope<'_>,
 ) -> Result<Loaded, CoordinatorError> {
+    let network = scope.network.unwrap_or_default();
     let key = placement_key(request, model);
     let one_copy = request.replicas == Replicas::Count(1);
-    let previous = match shared.placements.get(&key) {
-        Some(p) if one_copy => p.clone(),
-        _ => Default::default(),
-    };
-    let scope = Scope {
-        only,
-        network: Some(network),
-        previous,
-    };
+    if let (Some(p), true) = (shared.placements.get(&key), one_copy) {
+        scope.previous = p.clone();
+    }
     // A generative model's tokenizer is parsed beside the planning.
     let texts = request
         .generation
@@ -153,6 +162,7 @@ async fn deploy_copies(
             scheduled.copy(i),
             &copy.cost,
             progress,
+            scope.source,
         )
     });
     let deployed: Vec<Result<Arc<Deployed>, CoordinatorError>> =

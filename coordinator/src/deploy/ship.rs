@@ -78,7 +78,7 @@ async fn deploy_one(
         .await
         .map_err(|e| failed(e.to_string()))?;
     let msg = ToWorker::Deploy {
-        spec: shipment.spec.clone(),
+        spec: Box::new(shipment.spec.clone()),
         epoch: worker.epoch,
     };
     exchange::send_message(&mut send, &msg, None, limits)

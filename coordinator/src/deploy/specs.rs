@@ -37,12 +37,14 @@ impl Shipment {
 
 /// Each subgraph's deployment: its host, its spec (with routes: each output
 /// to the workers whose subgraphs read it, and back to the request's
-/// requester when it is a graph output) and its model, `exported`.
+/// requester when it is a graph output, and where the model was read
+/// from, `source`) and its model, `exported`.
 pub(super) fn deploy_specs(
     planned: &Planned,
     deployment: u64,
     request: &LoadRequest,
     exported: Vec<Exported>,
+    source: Option<&str>,
 ) -> Result<Vec<Shipment>, CoordinatorError> {
     let batching = request.batching;
     let stages = &planned.plan.stages;
@@ -111,6 +113,7 @@ pub(super) fn deploy_specs(
                 max_sequences,
                 max_queued,
                 queue_timeout_ms,
+                source: source.map(str::to_string),
             };
             Ok(Shipment {
                 host: host_of(&stage.device),

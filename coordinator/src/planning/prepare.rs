@@ -46,6 +46,10 @@ pub(crate) struct Scope<'a> {
     /// The placement it had (node → `host/DEVICE`), kept when it still
     /// fits and predicts nearly as well.
     pub previous: BTreeMap<String, String>,
+    /// Where the model was read from ([`crate::network::Origin::source`]):
+    /// workers that can read it there take its weights from their own
+    /// disk.
+    pub source: Option<&'a str>,
 }
 
 /// Simplifies the model, asks QueryNetwork of the workers (of the scope's

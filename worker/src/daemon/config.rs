@@ -9,7 +9,7 @@ use tessera_common::serving::{unknown_keys, FrontDoorConfig, FRONT_DOOR_KEYS, SE
 
 /// The worker's own keys in `worker.toml` (beside its front door's,
 /// [`FRONT_DOOR_KEYS`] and `[serving]`).
-pub const WORKER_KEYS: [&str; 17] = [
+pub const WORKER_KEYS: [&str; 18] = [
     "name",
     "devices",
     "listen",
@@ -20,6 +20,7 @@ pub const WORKER_KEYS: [&str; 17] = [
     "mailbox",
     "cache_dir",
     "cache_limit",
+    "models_dirs",
     "adopt_grace_s",
     "drain_timeout_s",
     "memory_limit",
@@ -54,6 +55,9 @@ pub struct WorkerConfig {
     pub cache_dir: Option<PathBuf>,
     /// The most each of the two caches keeps (`"16GiB"`).
     pub cache_limit: Option<String>,
+    /// Directories this worker may read models from, to take their
+    /// weights from its own disk instead of receiving them.
+    pub models_dirs: Option<Vec<PathBuf>>,
     /// Seconds what is deployed here keeps serving after the coordinator
     /// is lost, waiting for one to adopt it (default 300).
     pub adopt_grace_s: Option<f64>,

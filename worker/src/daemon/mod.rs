@@ -33,6 +33,7 @@ pub mod config;
 mod data;
 pub mod deployments;
 mod leader;
+pub mod local_models;
 mod operations;
 pub mod peers;
 pub mod requesters;
@@ -88,6 +89,11 @@ pub struct WorkerOptions {
     /// The most bytes each of the two caches keeps (compiled subgraphs;
     /// weights), the least recently used going first.
     pub cache_limit: u64,
+    /// Directories this worker may read models from: a deploy whose model
+    /// was read from a path under one of them, or from a file or folder of
+    /// the same name as one in them, takes its weights there
+    /// ([`local_models`]) instead of receiving them.
+    pub models_dirs: Vec<PathBuf>,
     /// Plugin configuration (e.g. `NUM_THREADS`) for every compile.
     pub config: Vec<(String, String)>,
     /// The most memory each device offers for models (none: what it has).
@@ -254,6 +260,20 @@ async fn open_caches(
     }
 }
 
+/// Drops the weights of a model read from this disk once no deploy has
+/// used them for [`local_models::KEEP_IDLE`].
+async fn forget_idle_models(state: Arc<State>) {
+    let Some(local) = state.local_models.clone() else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(local_models::KEEP_IDLE / 3).await;
+        let local = local.clone();
+        // Dropping a model's weights frees its memory: off the async threads.
+        let _ = tokio::task::spawn_blocking(move || local.forget_idle(Instant::now())).await;
+    }
+}
+
 struct State {
     name: String,
     devices: Vec<Device>,
@@ -261,6 +281,8 @@ struct State {
     cache: Option<Arc<CompileCache>>,
     /// Large weights by content, in the cache directory.
     weights: Option<Arc<WeightStore>>,
+    /// Models on this worker's disk it may read weights from.
+    local_models: Option<Arc<local_models::LocalModels>>,
     mailbox: usize,
     config: Config,
     node: Arc<Node>,
@@ -364,12 +386,14 @@ async fn serve_sessions(
         config.set(k, v)?;
     }
     let (cache, weights) = open_caches(options).await;
+    let local_models = local_models::LocalModels::new(&options.models_dirs).map(Arc::new);
     let state = Arc::new(State {
         name: options.name.clone(),
         devices,
         router: Arc::new(Router::new(&options.name, node.clone())),
         cache,
         weights,
+        local_models,
         mailbox: options.mailbox.max(1),
         config,
         node: node.clone(),
@@ -381,9 +405,11 @@ async fn serve_sessions(
     leader::spawn_watches(&state, &options.name);
     let peers = tokio::spawn(session::accept_peers(state.clone()));
     let orphans = tokio::spawn(session::unload_orphans(state.clone(), options.adopt_grace));
+    let idle = tokio::spawn(forget_idle_models(state.clone()));
     let outcome = reconnecting(options, &state, infos, ready, stopped).await;
     peers.abort();
     orphans.abort();
+    idle.abort();
     stop_all(state.router.remove_all()).await;
     state.router.peers.close().await;
     outcome

@@ -19,6 +19,7 @@ use crate::plugin::PluginError;
 
 use super::actor::{stop_all, SubgraphActor};
 use super::admission::Admission;
+use super::local_models::LocalModels;
 use super::sequences::StateSlots;
 use super::State;
 
@@ -104,7 +105,7 @@ async fn operation(
             .await
             .map_err(OperationError::Task)?
         }
-        ToWorker::Deploy { spec, .. } => deploy(state, session, spec, send, recv).await,
+        ToWorker::Deploy { spec, .. } => deploy(state, session, *spec, send, recv).await,
         ToWorker::Undeploy { network, .. } => {
             // Answered once the compute threads have ended and dropped
             // their sessions: the memory is free when the answer comes.
@@ -242,26 +243,59 @@ async fn receive_model(
 }
 
 /// Per piece of the spec, the weight as this worker holds it (hash
-/// checked), if it does.
+/// checked), if it does: in its weight store, else in the model the spec
+/// names where this worker may read it from its own disk.
 async fn held_weights(
     state: &Arc<State>,
     spec: &DeploySpec,
 ) -> Result<Vec<Option<Bytes>>, OperationError> {
-    let Some(store) = state.weights.clone() else {
-        return Ok(vec![None; spec.pieces.len()]);
-    };
-    let pieces = spec.pieces.clone();
+    let (store, local) = (state.weights.clone(), state.local_models.clone());
+    let (pieces, source) = (spec.pieces.clone(), spec.source.clone());
     tokio::task::spawn_blocking(move || {
-        pieces
+        let mut held: Vec<Option<Bytes>> = pieces
             .iter()
-            .map(|p| match p {
-                PieceRef::Weight { sha256, .. } => store.get(sha256),
-                PieceRef::Frame { .. } => None,
+            .map(|p| match (p, &store) {
+                (PieceRef::Weight { sha256, .. }, Some(store)) => store.get(sha256),
+                _ => None,
             })
-            .collect()
+            .collect();
+        let lacking = pieces::missing(&pieces, &held);
+        if let (false, Some(local), Some(source)) = (lacking.is_empty(), local, source) {
+            from_own_disk(&local, &source, &pieces, &mut held);
+        }
+        held
     })
     .await
     .map_err(OperationError::Task)
+}
+
+/// Fills the weights `held` lacks from the model read from `source`, where
+/// this worker may read it (blocking: the first read hashes its weights).
+fn from_own_disk(
+    local: &LocalModels,
+    source: &str,
+    pieces: &[PieceRef],
+    held: &mut [Option<Bytes>],
+) {
+    let Some(path) = local.find(source) else {
+        tracing::debug!(source, "the model is not on this worker's disk");
+        return;
+    };
+    let weights = match local.weights(&path) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("reading the model on this worker's disk: {e}; receiving its weights");
+            return;
+        }
+    };
+    let mut found = 0;
+    for (piece, held) in pieces.iter().zip(held.iter_mut()) {
+        if let (PieceRef::Weight { sha256, .. }, None) = (piece, &held) {
+            *held = weights.get(sha256).cloned();
+            found += usize::from(held.is_some());
+        }
+    }
+    tracing::info!(path = %path.display(), found, "weights from this worker's disk");
 }
 
 /// Compiles (or loads from the cache) one subgraph and starts its actor.

@@ -16,6 +16,7 @@ fn the_example_parses() {
     assert_eq!(cfg.mailbox, Some(64));
     assert_eq!(cfg.adopt_grace_s, Some(300.0));
     assert_eq!(cfg.drain_timeout_s, Some(20.0));
+    assert_eq!(cfg.models_dirs, Some(vec!["models".into()]));
 }
 
 #[test]
@@ -96,6 +97,7 @@ fn unknown_devices_list_what_this_machine_has() {
         mailbox: 4,
         cache_dir: None,
         cache_limit: 0,
+        models_dirs: Vec::new(),
         config: Vec::new(),
         memory_limit: Default::default(),
         adopt_grace: tessera_worker::daemon::ADOPT_GRACE,
