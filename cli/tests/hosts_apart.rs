@@ -3,8 +3,8 @@
 //! they talk over real interfaces (no loopback, so no shared memory).
 //! Cases: a second load of SmolLM2 sends almost no weights, nor does a
 //! first load to workers with a copy on their own disk; a standby
-//! coordinator on its own host (its own `state_dir`) takes over under load
-//! with nothing failed; a worker killed mid-generation changes no word;
+//! coordinator on its own host (its own `state_dir`, no model files)
+//! takes over under load with nothing failed; a worker killed mid-generation changes no word;
 //! rec loaded with `replicas = auto` runs a whole copy on each worker and
 //! serves a requester on a third host, every answer within 1e-4 of
 //! onnxruntime's, its requests/s printed against what the requester's
@@ -329,11 +329,16 @@ fn a_standby_on_its_own_host_takes_over_under_load_with_no_request_failed() {
     // serves a client on a host of its own.
     let door = place.listen("node-a", 8000);
     let door_args: &[&str] = &["--http-listen", &door];
-    let mut cluster = HaCluster::start_at(
+    // The standby's host has no model files (nor a volume shared with the
+    // leader's): it restores from the copies the leader sent it.
+    let models = util::model("ch_PP-OCRv4_rec_infer.onnx");
+    let models = models.parent().expect("the models folder");
+    let mut cluster = HaCluster::start_hiding(
         "apart-takeover",
         &[("node-a", door_args), ("node-b", &[])],
         &split_models_config(),
         place,
+        Some(models),
     );
     let client = lan.host("client");
     client.within(|| python("kserve_test.py", &door, &["--phase", "serving"]));
@@ -371,6 +376,10 @@ fn a_standby_on_its_own_host_takes_over_under_load_with_no_request_failed() {
     assert!(
         log.contains("adopted what the worker still serves"),
         "{log}"
+    );
+    assert!(
+        log.contains("read from the copy kept here"),
+        "the standby read the models from its copies:\n{log}"
     );
     for never in ["re-planned", "cannot be read", "starting empty"] {
         assert!(!log.contains(never), "the standby logged '{never}':\n{log}");

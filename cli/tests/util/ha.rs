@@ -1,8 +1,9 @@
 //! An HA cluster for end-to-end tests: a real etcd (Debian's
 //! `etcd-server`, `scripts/test.sh` installs it) on loopback ports, two
 //! coordinator processes campaigning in it, each with a `state_dir` of its
-//! own (no shared volume: what a standby needs is in etcd or in the
-//! model repository),
+//! own (no shared volume: what a standby needs is in etcd, its copies of
+//! the models, or the model repository; coordinator `b` may be kept from
+//! seeing the repository),
 //! and worker processes that follow the leader (`--coordinator a,b`).
 //! Every process is killed when the cluster is dropped.
 
@@ -173,6 +174,9 @@ pub struct HaCluster {
     pub etcd: Etcd,
     pub dir: super::Scratch,
     pub place: Place,
+    /// A folder coordinator `b` does not see (an empty one mounted over it
+    /// in a mount namespace of its own): a host without the model files.
+    pub hidden_from_b: Option<PathBuf>,
 }
 
 impl HaCluster {
@@ -189,6 +193,18 @@ impl HaCluster {
         workers: &[(&str, &[&str])],
         extra: &str,
         place: Place,
+    ) -> HaCluster {
+        HaCluster::start_hiding(test, workers, extra, place, None)
+    }
+
+    /// As [`HaCluster::start_at`], coordinator `b` not seeing `hidden`
+    /// (root: a mount namespace of its own).
+    pub fn start_hiding(
+        test: &str,
+        workers: &[(&str, &[&str])],
+        extra: &str,
+        place: Place,
+        hidden: Option<&Path>,
     ) -> HaCluster {
         let dir = super::Scratch::new(&format!("ha-{test}"));
         let certs = dir.join("certs");
@@ -212,6 +228,7 @@ impl HaCluster {
             etcd,
             dir,
             place,
+            hidden_from_b: hidden.map(Path::to_path_buf),
         };
         for (i, name) in ["a", "b"].into_iter().enumerate() {
             cluster.write_config(name, cluster.addrs[i], extra);
@@ -243,11 +260,18 @@ impl HaCluster {
     }
 
     fn write_config(&self, name: &str, listen: SocketAddr, extra: &str) {
+        // Hosts apart, the leader's one capped link carries the weights it
+        // ships (and copies to the standby) beside etcd's keep-alives: a
+        // lease of 1 s has run out behind them.
+        let lease_ttl_s = match self.place {
+            Place::Loopback => 1,
+            Place::Apart(_) => 2,
+        };
         let text = format!(
             "cluster = \"{CLUSTER}\"\nname = \"coordinator-{name}\"\nlisten = \"{listen}\"\n\
              certs = \"{}\"\nheartbeat_ms = 200\nworker_timeout_ms = 1500\n\
              request_deadline_ms = 60000\nstate_dir = \"{}\"\n{extra}\n\
-             [ha]\netcd = [\"{}\"]\nlease_ttl_s = 1\n",
+             [ha]\netcd = [\"{}\"]\nlease_ttl_s = {lease_ttl_s}\n",
             self.certs.display(),
             self.dir.join(format!("state-{name}")).display(),
             self.etcd.endpoint,
@@ -259,15 +283,19 @@ impl HaCluster {
     pub fn start_coordinator(&self, name: &str) -> Proc {
         let config = self.dir.join(format!("coordinator-{name}.toml"));
         let host = format!("coordinator-{name}");
+        let mut bin = env!("CARGO_BIN_EXE_coordinator").to_string();
+        let mut args = vec!["--config".into(), config.display().to_string()];
+        if let (Some(hidden), "b") = (&self.hidden_from_b, name) {
+            let mount = "mount -t tmpfs hidden \"$1\" && shift && exec \"$@\"";
+            let mut wrapped: Vec<String> =
+                ["-m", "sh", "-c", mount, "sh"].map(String::from).to_vec();
+            wrapped.push(hidden.display().to_string());
+            wrapped.push(bin);
+            wrapped.extend(args);
+            (bin, args) = ("unshare".into(), wrapped);
+        }
         let (proc, _) = self.place.within(&host, || {
-            Proc::start(
-                &host,
-                env!("CARGO_BIN_EXE_coordinator"),
-                &["--config".into(), config.display().to_string()],
-                &self.dir,
-                "listening on ",
-                "info",
-            )
+            Proc::start(&host, &bin, &args, &self.dir, "listening on ", "info")
         });
         proc
     }

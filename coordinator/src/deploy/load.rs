@@ -46,7 +46,9 @@ pub async fn load_network(
     // Kept before the client hears of it: a coordinator restarted after
     // the answer knows the network.
     shared.state.save_network(&loaded).await;
-    if matches!(loaded.origin, Origin::Sent) && shared.ha.is_some() {
+    if shared.ha.is_some() {
+        // Every standby keeps a copy, a named model's too: a standby whose
+        // host lacks the file (no volume shared) restores from its copy.
         // Hashing a language model's bytes takes a fraction of a second.
         let of = loaded.clone();
         let sha256 = tokio::task::spawn_blocking(move || of.model_sha())

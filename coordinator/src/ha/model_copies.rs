@@ -84,8 +84,9 @@ pub async fn from_leader(shared: &Arc<Shared>, sha256: &str) -> Result<Bytes, Co
     Ok(bytes)
 }
 
-/// The leader, after a load of model bytes a client sent: every standby
-/// copies them now (each at once; warned, not failed, where one cannot).
+/// The leader, after a load (of model bytes a client sent, or a named
+/// model's file, which a standby's host may lack): every standby copies
+/// them now (each at once; warned, not failed, where one cannot).
 pub async fn to_standbys(shared: &Arc<Shared>, sha256: &str) {
     if shared.ha.is_none() {
         return;

@@ -309,7 +309,7 @@ impl EtcdStore {
         named.extend(
             networks
                 .iter()
-                .filter_map(|n| n.model.blob().map(String::from)),
+                .filter_map(|n| n.model.kept_as().map(String::from)),
         );
         named.extend(
             models

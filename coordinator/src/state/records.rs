@@ -38,6 +38,16 @@ impl ModelRef {
             ModelRef::File { .. } => None,
         }
     }
+
+    /// The blob a copy of its bytes is kept as: a sent model's, or (HA:
+    /// a standby's copy, for a host without the file) a file's by its
+    /// hash.
+    pub fn kept_as(&self) -> Option<&str> {
+        match self {
+            ModelRef::Blob { sha256 } => Some(sha256),
+            ModelRef::File { sha256, .. } => Some(sha256.as_str()).filter(|s| !s.is_empty()),
+        }
+    }
 }
 
 /// A loaded network.

@@ -251,25 +251,47 @@ async fn model_bytes(
             Ok((bytes, Origin::Sent, sha256.clone()))
         }
         ModelRef::File { path, sha256 } => {
-            let bytes = crate::repository::read(&Source::File(path.clone())).await?;
-            let b = bytes.clone();
-            let now = tokio::task::spawn_blocking(move || super::sha256_hex(&b))
-                .await
-                .unwrap_or_default();
-            if !sha256.is_empty() && now != *sha256 {
-                return Err(CoordinatorError::Model(format!(
-                    "{} changed since it was loaded",
-                    path.display()
-                )));
+            let read = file_bytes(path, sha256).await;
+            let err = match read {
+                Ok((bytes, now)) => return Ok((bytes, Origin::File(path.clone()), now)),
+                Err(e) => e,
+            };
+            if sha256.is_empty() {
+                return Err(err);
             }
-            Ok((bytes, Origin::File(path.clone()), now))
+            // A standby's copy (its host lacks the file, or it changed).
+            let bytes = read_blob(shared, sha256.clone()).await.map_err(|copy| {
+                CoordinatorError::Model(format!("{err}; no copy of the model kept: {copy}"))
+            })?;
+            tracing::info!(path = %path.display(), "{err}: the model read from the copy kept here");
+            Ok((bytes, Origin::File(path.clone()), sha256.clone()))
         }
     }
 }
 
-/// Model bytes a client sent: from this coordinator's `state_dir`, else
-/// (HA, no volume shared with the leader) from the leader, kept here
-/// then.
+/// A named model's file as it is now, and its sha-256 (an error if it is
+/// not `sha256`, when that is known: not the model that was deployed).
+async fn file_bytes(
+    path: &std::path::Path,
+    sha256: &str,
+) -> Result<(bytes::Bytes, String), CoordinatorError> {
+    let bytes = crate::repository::read(&Source::File(path.to_path_buf())).await?;
+    let b = bytes.clone();
+    let now = tokio::task::spawn_blocking(move || super::sha256_hex(&b))
+        .await
+        .unwrap_or_default();
+    if !sha256.is_empty() && now != *sha256 {
+        return Err(CoordinatorError::Model(format!(
+            "{} changed since it was loaded",
+            path.display()
+        )));
+    }
+    Ok((bytes, now))
+}
+
+/// Model bytes kept as a blob (a client sent them, or a standby's copy of
+/// a named model's): from this coordinator's `state_dir`, else (HA, no
+/// volume shared with the leader) from the leader, kept here then.
 pub(crate) async fn read_blob(
     shared: &Arc<Shared>,
     sha256: String,

@@ -229,7 +229,7 @@ impl Store {
         let mut named = BTreeSet::new();
         self.networks()?
             .iter()
-            .for_each(|n| named.extend(n.model.blob().map(String::from)));
+            .for_each(|n| named.extend(n.model.kept_as().map(String::from)));
         self.models()?
             .iter()
             .for_each(|m| named.extend(m.source.blob().map(String::from)));
