@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tessera_common::onnx::proto::ModelProto;
 
 /// How long a model's weights stay in memory after a deploy last used
 /// them (the deploys of one load come within seconds of each other).
@@ -147,21 +148,48 @@ fn read_weights(path: &Path) -> Result<HashMap<String, Bytes>, LocalModelError> 
 }
 
 #[cfg(feature = "onnxruntime")]
-fn read_model(path: &Path) -> Result<tessera_common::onnx::proto::ModelProto, String> {
+fn read_model(path: &Path) -> Result<ModelProto, String> {
     if tessera_gguf::generative::is_generative(path) {
         // The weights do not depend on how many sequences a copy keeps.
         let read = tessera_gguf::generative::read(path, 1).map_err(|e| e.to_string())?;
         return tessera_common::onnx::decode_model_shared(read.model).map_err(|e| e.to_string());
     }
-    tessera_common::onnx::load_model(path).map_err(|e| e.to_string())
+    mapped_onnx(path)
 }
 
 #[cfg(not(feature = "onnxruntime"))]
-fn read_model(path: &Path) -> Result<tessera_common::onnx::proto::ModelProto, String> {
+fn read_model(path: &Path) -> Result<ModelProto, String> {
     if path.is_dir() {
         return Err("a model folder is read by the onnxruntime build only".into());
     }
-    tessera_common::onnx::load_model(path).map_err(|e| e.to_string())
+    mapped_onnx(path)
+}
+
+/// An ONNX file over a memory map (its weights are slices of the file's
+/// pages, which the kernel may drop and read again: a model bigger than
+/// this worker's memory is read for the few weights it needs), with any
+/// external data read in.
+fn mapped_onnx(path: &Path) -> Result<ModelProto, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if file.metadata().map_err(|e| e.to_string())?.len() == 0 {
+        return Err("an empty file".into());
+    }
+    // SAFETY: a read-only map of a model file, as llama.cpp maps a GGUF:
+    // the weights taken from it are copied into the subgraph's model
+    // within the deploy, and their hashes checked when it was read. A file
+    // cut short while it is read faults this process (a model repository's
+    // files are replaced, not rewritten in place).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| e.to_string())?;
+    let mut model = tessera_common::onnx::decode_model_shared(Bytes::from_owner(map))
+        .map_err(|e| e.to_string())?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    tessera_common::onnx::load_model_with_base_dir(
+        &mut model,
+        base,
+        tessera_common::onnx::ExternalDataPolicy::Inline,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(model)
 }
 
 #[cfg(test)]
