@@ -167,6 +167,17 @@ fn generate(lan: &Lan, apart: &Apart, model: &std::path::Path, prompt: &str) -> 
     )
 }
 
+const PROMPT: &str = "The capital of France is";
+
+/// SmolLM2-135M's folder, its files' bytes, and onnxruntime-genai's 12
+/// greedy tokens after `prompt`.
+fn smollm2(prompt: &str) -> (std::path::PathBuf, u64, String) {
+    let model = util::model("smollm2-135m-instruct");
+    let weights = folder_bytes(&model);
+    let want = genai(&model, &[prompt], 12, false).remove(0).text;
+    (model, weights, want)
+}
+
 #[test]
 fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_same_text() {
     const TEST: &str = "hosts-apart-second-load";
@@ -174,10 +185,7 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
         return;
     }
     let _one = one_at_a_time();
-    let model = util::model("smollm2-135m-instruct");
-    let weights = folder_bytes(&model);
-    let prompt = "The capital of France is";
-    let want = genai(&model, &[prompt], 12, false);
+    let (model, weights, want) = smollm2(PROMPT);
     // The links' rate: 100 Mbit/s, or `TESSERA_NETNS_MBIT` (the figures
     // at 1 Gbit/s in docs/performance.md).
     let mbit: u32 = std::env::var("TESSERA_NETNS_MBIT")
@@ -189,16 +197,16 @@ fn a_second_load_across_capped_links_sends_almost_no_weights_and_generates_the_s
     // 513 MiB of float32 weights: a worker offering 380 MiB holds about
     // half, so the model is cut between the two.
     let apart = start(&lan, &dir, &WORKERS, &["--memory-limit", "380MiB"]);
-    let (first_text, first_load, first_bytes) = generate(&lan, &apart, &model, prompt);
-    assert_eq!(first_text, want[0].text);
-    let (second_text, second_load, second_bytes) = generate(&lan, &apart, &model, prompt);
+    let (first_text, first_load, first_bytes) = generate(&lan, &apart, &model, PROMPT);
+    assert_eq!(first_text, want);
+    let (second_text, second_load, second_bytes) = generate(&lan, &apart, &model, PROMPT);
     if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
         eprintln!("COORD:\n{}", apart.coordinator.log_text());
         for w in &apart.workers {
             eprintln!("{}:\n{}", w.name, w.log_text());
         }
     }
-    assert_eq!(second_text, want[0].text);
+    assert_eq!(second_text, want);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
         "hosts apart at {mbit} Mbit/s, SmolLM2-135M float32 ({:.1} MiB of files) over two \
@@ -264,10 +272,7 @@ fn a_worker_with_a_copy_of_the_model_on_its_own_disk_is_sent_almost_no_weights()
         return;
     }
     let _one = one_at_a_time();
-    let model = util::model("smollm2-135m-instruct");
-    let weights = folder_bytes(&model);
-    let prompt = "The capital of France is";
-    let want = genai(&model, &[prompt], 12, false);
+    let (model, weights, want) = smollm2(PROMPT);
     let lan = Lan::new(&[COORDINATOR, WORKERS[0], WORKERS[1]], 100);
     let dir = util::Scratch::new(TEST);
     // Each worker may read models from a directory of its own, which holds
@@ -282,8 +287,8 @@ fn a_worker_with_a_copy_of_the_model_on_its_own_disk_is_sent_almost_no_weights()
         &WORKERS,
         &["--memory-limit", "380MiB", "--models-dir", &copies_arg],
     );
-    let (text, load, bytes) = generate(&lan, &apart, &model, prompt);
-    assert_eq!(text, want[0].text);
+    let (text, load, bytes) = generate(&lan, &apart, &model, PROMPT);
+    assert_eq!(text, want);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
         "hosts apart at 100 Mbit/s, SmolLM2-135M float32 ({:.1} MiB of files), each worker \
