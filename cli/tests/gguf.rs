@@ -92,7 +92,10 @@ fn tessera_s_kernels_give_llama_cpp_s_logits_on_its_own_files() {
             .arg(&mix)
             .arg("Q4_K_M"),
     );
-    let limit: &[&str] = &["--memory-limit", "14MiB"];
+    // node-a and node-b may read the GGUFs where the test wrote them: each
+    // builds the mix itself and takes its stage's weights from that build.
+    let dir = scratch.display().to_string();
+    let limit: &[&str] = &["--memory-limit", "14MiB", "--models-dir", &dir];
     let workers = [
         ("node-a", "CPU", limit),
         ("node-b", "CPU", limit),
@@ -129,6 +132,21 @@ fn tessera_s_kernels_give_llama_cpp_s_logits_on_its_own_files() {
         )
         .await;
     });
+    // The GGUF each built came out the same, weight for weight, as the one
+    // the client sent: nothing of their stages' weights was received.
+    for w in &cluster.workers[..2] {
+        let log = w.log_text();
+        assert!(log.contains("weights from this worker's disk"), "{log}");
+        let received: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("received the subgraph's model"))
+            .collect();
+        assert!(
+            received.iter().all(|l| !l.contains("weights_held=0")),
+            "{}: {received:#?}",
+            w.name
+        );
+    }
 }
 
 #[test]

@@ -415,6 +415,8 @@ pub async fn load(
         ),
     };
     let options = LoadOptions {
+        // Its path: a worker that may read it there builds it itself.
+        name: gguf.display().to_string(),
         devices,
         affinity,
         generation: generative.then_some(spec),
