@@ -72,8 +72,9 @@ pub use message::{Failure, Message, Progress, Reply, Status};
 /// routing tables); the coordinator is off the data path. 15: payloads of
 /// same-host peers through shared memory (a prefix flag, the hello's
 /// region). 16: models by content (a Deploy's pieces, each large weight
-/// by its hash; the worker asks for the weights it lacks).
-pub const PROTOCOL_VERSION: u16 = 16;
+/// by its hash; the worker asks for the weights it lacks). 17: a Deploy
+/// names where its model was read from (`DeploySpec::source`).
+pub const PROTOCOL_VERSION: u16 = 17;
 
 /// Why bytes on a stream were refused. The stream that carried them is
 /// closed; the process and its other streams go on.
