@@ -386,7 +386,13 @@ async fn serve_sessions(
         config.set(k, v)?;
     }
     let (cache, weights) = open_caches(options).await;
-    let local_models = local_models::LocalModels::new(&options.models_dirs).map(Arc::new);
+    // Resolving the directories reads the file system: off the async threads.
+    let dirs = options.models_dirs.clone();
+    let local_models = tokio::task::spawn_blocking(move || local_models::LocalModels::new(&dirs))
+        .await
+        .ok()
+        .flatten()
+        .map(Arc::new);
     let state = Arc::new(State {
         name: options.name.clone(),
         devices,
