@@ -414,13 +414,22 @@ pub mod blob {
         config: &Config,
         payload: &Bytes,
     ) -> Vec<Bytes> {
+        write_pieces((device, backend, version), config, [payload.clone()])
+    }
+
+    /// The blob as pieces: its header, then the payload's pieces.
+    pub fn write_pieces(
+        (device, backend, version): (&str, &str, &str),
+        config: &Config,
+        payload: impl IntoIterator<Item = Bytes>,
+    ) -> Vec<Bytes> {
         let cfg: Vec<String> = config.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let header = format!("{device}|{backend}|{version}|{}", cfg.join(";"));
         let mut out = Vec::with_capacity(MAGIC.len() + 4 + header.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(header.as_bytes());
-        vec![Bytes::from(out), payload.clone()]
+        std::iter::once(Bytes::from(out)).chain(payload).collect()
     }
 
     /// The blob the pieces of an export make, in one buffer.

@@ -206,7 +206,7 @@ impl DevicePlugin for OrtPlugin {
                 self.runtime.clone(),
                 (model, onnx),
                 config.clone(),
-                Keep::InFile,
+                Keep::InFolder,
             )
         };
         // Nodes onnxruntime refuses are decomposed as QueryNetwork did:

@@ -1,116 +1,164 @@
 //! Where a compiled subgraph keeps its model between sessions: in memory,
-//! or, for a large one, in a private temporary file, so that a worker
-//! holds a stage's weights once (in onnxruntime's session) instead of
-//! twice. The model is read back only to build another session (all of
-//! them busy, or a profiling run) or to export the subgraph.
+//! or, for a large one, in a private temporary folder as ONNX lays out
+//! external data (`model.onnx` and its weights in `weights.bin`), which
+//! its sessions are built from. onnxruntime maps a model file's external
+//! data instead of copying it onto its heap, so a worker holds a stage's
+//! weights once, as pages of that file the kernel may drop and read back
+//! (built from the bytes in memory, a session held them twice while it
+//! parsed the model, then once on its heap). The model is read back whole
+//! only to export the subgraph.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
 
 use bytes::Bytes;
+use tessera_common::onnx::external::{inline_weights, with_external_weights};
+use tessera_common::onnx::parts::encode_parts;
+use tessera_common::onnx::proto::ModelProto;
+use tessera_common::onnx::{decode_model_shared, encode_model};
 
-/// Models larger than this are kept in a file once compiled.
+/// Models larger than this are kept in a folder.
 const IN_FILE_ABOVE: usize = 16 << 20;
+/// Initializers at least this large go to the folder's weights file.
+const EXTERNAL_FROM: usize = 4096;
+/// The weights file's name in a folder.
+const WEIGHTS: &str = "weights.bin";
+/// The folders' names start with this, then the process id.
+const PREFIX: &str = "tessera-ort-model-";
 
 /// A compiled subgraph's model.
 pub(super) enum ModelSource {
     Memory(Bytes),
-    File(KeptFile),
+    Folder(KeptFolder),
 }
 
-/// A temporary file of this process holding a model. On Linux its name is
-/// removed as soon as it is written and it is reached through
-/// `/proc/self/fd`: the kernel frees it when the process ends, however it
-/// ends (a killed worker leaves nothing in the temporary directory).
-/// Elsewhere the file is removed when dropped.
-pub(super) struct KeptFile {
-    /// The name it was written under.
-    name: PathBuf,
-    /// What opens it: `/proc/self/fd/N`, or its name.
-    path: PathBuf,
-    unlinked: bool,
-    _file: std::fs::File,
+/// A temporary folder of this process holding a model and its weights,
+/// removed when dropped. A process killed before leaves its folders
+/// behind: the next one to keep a model removes those of processes that
+/// are gone.
+pub(super) struct KeptFolder {
+    dir: PathBuf,
+    model: PathBuf,
 }
 
-impl KeptFile {
-    /// Writes `onnx` to a new file in the temporary directory.
-    fn write(onnx: &[u8]) -> std::io::Result<KeptFile> {
-        static FILES: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "tessera-ort-model-{}-{}.onnx",
+impl KeptFolder {
+    /// Writes `model` to a new folder in the temporary directory, its
+    /// large initializers as external data (their bytes written, not
+    /// copied).
+    fn write(model: &ModelProto) -> std::io::Result<KeptFolder> {
+        static FOLDERS: AtomicU64 = AtomicU64::new(0);
+        static SWEEP: Once = Once::new();
+        let tmp = std::env::temp_dir();
+        SWEEP.call_once(|| remove_left_behind(&tmp));
+        let dir = tmp.join(format!(
+            "{PREFIX}{}-{}",
             std::process::id(),
-            FILES.fetch_add(1, Ordering::Relaxed)
+            FOLDERS.fetch_add(1, Ordering::Relaxed)
         ));
-        // A new file only: never one that is there, nor a link's target.
-        let mut file = std::fs::OpenOptions::new()
+        // A new folder only: never one that is there, nor a link's target.
+        std::fs::create_dir(&dir)?;
+        let kept = KeptFolder {
+            model: dir.join("model.onnx"),
+            dir,
+        };
+        let split = with_external_weights(model, WEIGHTS, EXTERNAL_FROM);
+        let mut weights = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&path)?;
-        if let Err(e) = std::io::Write::write_all(&mut file, onnx) {
-            let _ = std::fs::remove_file(&path);
-            return Err(e);
+            .open(kept.dir.join(WEIGHTS))?;
+        for piece in &split.data {
+            std::io::Write::write_all(&mut weights, piece)?;
         }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-            if by_fd.exists() && std::fs::remove_file(&path).is_ok() {
-                return Ok(KeptFile {
-                    name: path,
-                    path: by_fd,
-                    unlinked: true,
-                    _file: file,
-                });
-            }
-        }
-        Ok(KeptFile {
-            name: path.clone(),
-            path,
-            unlinked: false,
-            _file: file,
-        })
+        std::fs::write(&kept.model, encode_model(&split.model))?;
+        tracing::debug!(
+            weights = split.moved,
+            dir = %kept.dir.display(),
+            "the model kept with its weights as external data"
+        );
+        Ok(kept)
     }
 
-    /// A path that opens the file, while this is alive.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The model's encoding with its weights inline, as pieces.
+    fn read_back(&self) -> Result<Vec<Bytes>, String> {
+        let frames = std::fs::read(&self.model).map_err(|e| e.to_string())?;
+        let mut model = decode_model_shared(Bytes::from(frames)).map_err(|e| e.to_string())?;
+        let file = std::fs::File::open(self.dir.join(WEIGHTS)).map_err(|e| e.to_string())?;
+        let weights = if file.metadata().map_err(|e| e.to_string())?.len() == 0 {
+            Bytes::new()
+        } else {
+            // SAFETY: this folder's file, written once before and never
+            // changed while the folder is kept.
+            Bytes::from_owner(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| e.to_string())?)
+        };
+        inline_weights(&mut model, WEIGHTS, &weights).map_err(|e| e.to_string())?;
+        Ok(encode_parts(&model))
+    }
+
+    /// The model file (its weights beside it), while this is alive.
+    pub fn model(&self) -> &Path {
+        &self.model
     }
 }
 
-impl Drop for KeptFile {
+impl Drop for KeptFolder {
     fn drop(&mut self) {
-        if !self.unlinked {
-            let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Removes the kept folders in `tmp` of processes that are gone (Linux:
+/// no `/proc/PID`).
+fn remove_left_behind(tmp: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid.filter(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            tracing::debug!(
+                pid,
+                "removing a model folder left by a process that is gone"
+            );
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
 
 impl ModelSource {
-    /// `onnx` in a temporary file when it is large and one can be written,
-    /// else in memory (the bytes shared, not copied).
-    pub fn keep(onnx: &Bytes) -> ModelSource {
+    /// `model` (decoded from `onnx`) in a temporary folder when it is
+    /// large and one can be written, else in memory (the bytes shared, not
+    /// copied).
+    pub fn keep(model: &ModelProto, onnx: &Bytes) -> ModelSource {
         if onnx.len() <= IN_FILE_ABOVE {
             return ModelSource::Memory(onnx.clone());
         }
-        match KeptFile::write(onnx) {
-            Ok(file) => ModelSource::File(file),
+        match KeptFolder::write(model) {
+            Ok(folder) => ModelSource::Folder(folder),
             Err(e) => {
-                tracing::debug!("keeping the model in memory (no temporary file: {e})");
+                tracing::debug!("keeping the model in memory (no temporary folder: {e})");
                 ModelSource::Memory(onnx.clone())
             }
         }
     }
 
-    /// The model's bytes (read back from its file when it is in one).
-    pub fn bytes(&self) -> Result<Bytes, String> {
+    /// The model's encoding, its weights inline, as pieces: the bytes
+    /// kept, or read back from its folder (the weights as slices of their
+    /// file mapped, not copied).
+    pub fn pieces(&self) -> Result<Vec<Bytes>, String> {
         match self {
-            ModelSource::Memory(b) => Ok(b.clone()),
-            ModelSource::File(file) => std::fs::read(file.path()).map(Bytes::from).map_err(|e| {
-                format!(
-                    "cannot read the model back from {}: {e}",
-                    file.name.display()
-                )
-            }),
+            ModelSource::Memory(b) => Ok(vec![b.clone()]),
+            ModelSource::Folder(folder) => folder
+                .read_back()
+                .map_err(|e| format!("cannot read the model back: {e}")),
         }
     }
 }
@@ -118,23 +166,84 @@ impl ModelSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_common::onnx::proto::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
+
+    fn large_model() -> Bytes {
+        let weight = TensorProto {
+            name: Some("w".into()),
+            dims: vec![IN_FILE_ABOVE as i64 + 1],
+            data_type: Some(2),
+            raw_data: Some(Bytes::from(vec![9u8; IN_FILE_ABOVE + 1])),
+            ..Default::default()
+        };
+        let model = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![Default::default()],
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    op_type: Some("Identity".into()),
+                    input: vec!["w".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                initializer: vec![weight],
+                output: vec![ValueInfoProto {
+                    name: Some("y".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Bytes::from(encode_model(&model))
+    }
 
     #[test]
-    fn a_large_model_waits_in_a_file_until_dropped() {
+    fn a_large_model_waits_in_a_folder_until_dropped() {
         let small = Bytes::from(vec![7u8; 1024]);
-        assert!(matches!(ModelSource::keep(&small), ModelSource::Memory(_)));
-        let large = Bytes::from(vec![9u8; IN_FILE_ABOVE + 1]);
-        let kept = ModelSource::keep(&large);
-        let ModelSource::File(file) = &kept else {
-            panic!("a large model is kept in a file where one can be written");
+        let empty = ModelProto::default();
+        assert!(matches!(
+            ModelSource::keep(&empty, &small),
+            ModelSource::Memory(_)
+        ));
+        let large = large_model();
+        let model = decode_model_shared(large.clone()).unwrap();
+        let kept = ModelSource::keep(&model, &large);
+        let ModelSource::Folder(folder) = &kept else {
+            panic!("a large model is kept in a folder where one can be written");
         };
-        let path = file.path().to_path_buf();
-        assert_eq!(kept.bytes().unwrap(), large);
-        // On Linux nothing of it is left by name in the temporary directory,
-        // even while it is in use: a killed process leaks no file.
-        #[cfg(target_os = "linux")]
-        assert!(!file.name.exists(), "{} left by name", file.name.display());
+        let dir = folder.dir.clone();
+        // The model file is small: its weight is in the file beside it.
+        assert!(std::fs::metadata(folder.model()).unwrap().len() < 1024);
+        assert_eq!(
+            std::fs::metadata(dir.join("weights.bin")).unwrap().len(),
+            IN_FILE_ABOVE as u64 + 1
+        );
+        let whole: Vec<u8> = kept.pieces().unwrap().concat();
+        let back = decode_model_shared(Bytes::from(whole)).unwrap();
+        let weight = |m: &ModelProto| m.graph.as_ref().unwrap().initializer[0].raw_data.clone();
+        assert_eq!(weight(&back), weight(&model));
+        assert_eq!(
+            back.graph.as_ref().unwrap().node,
+            model.graph.as_ref().unwrap().node
+        );
         drop(kept);
-        assert!(!path.exists());
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn folders_of_processes_that_are_gone_are_removed_and_others_kept() {
+        let tmp = std::env::temp_dir().join(format!("tessera-sweep-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let gone = tmp.join(format!("{PREFIX}{}-0", u32::MAX - 1));
+        let alive = tmp.join(format!("{PREFIX}{}-0", std::process::id()));
+        let other = tmp.join("tessera-other-1");
+        for d in [&gone, &alive, &other] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        remove_left_behind(&tmp);
+        assert!(!gone.exists());
+        assert!(alive.exists() && other.exists());
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }
