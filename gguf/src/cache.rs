@@ -175,11 +175,11 @@ fn open(entry: &Path, max_sequences: u32) -> Result<Built, GgufError> {
     let _ = touch(&generation);
     let model_path = entry.join(MODEL);
     let file = std::fs::File::open(&model_path).map_err(io_error(&model_path))?;
-    // SAFETY: a read-only map of the cache's own file, which is written
-    // once under a temporary name and never changed in place.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(&model_path))?;
+    // The cache's own file, written once under a temporary name and never
+    // changed in place; its pages given back once read (`pages`).
+    let map = crate::pages::map(&file).map_err(io_error(&model_path))?;
     Ok(Built {
-        model: Bytes::from_owner(map),
+        model: map,
         spec,
         cached: true,
     })

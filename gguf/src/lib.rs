@@ -36,6 +36,7 @@ pub mod generative;
 pub mod graph;
 pub mod kernels;
 pub mod model;
+pub mod pages;
 pub mod quant;
 pub mod types;
 pub mod vocab;

@@ -73,6 +73,12 @@ fn hex(bytes: &[u8]) -> String {
 /// its frames and its weights' hashes, in order, so it names the model's
 /// content without hashing the weights twice.
 pub fn layout(parts: &[Part]) -> (Vec<PieceRef>, String) {
+    layout_with(parts, |_| {})
+}
+
+/// [`layout`], calling `hashed` with each weight once it is hashed (a
+/// caller holding the weights mapped gives their pages back).
+pub fn layout_with(parts: &[Part], mut hashed: impl FnMut(&Bytes)) -> (Vec<PieceRef>, String) {
     let mut model = Sha256::new();
     let pieces = parts
         .iter()
@@ -87,6 +93,7 @@ pub fn layout(parts: &[Part]) -> (Vec<PieceRef>, String) {
             }
             Part::Weight(b) => {
                 let sha256 = sha256_hex(b);
+                hashed(b);
                 model.update(b"W");
                 model.update(sha256.as_bytes());
                 PieceRef::Weight {

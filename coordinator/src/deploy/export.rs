@@ -36,7 +36,10 @@ pub(super) async fn export_stages(
                                 .export_stage(graph, i)
                                 .map_err(|e| CoordinatorError::Plan(e.to_string()))?;
                             let parts = encode_model_parts(&model);
-                            let (pieces, model_hash) = pieces::layout(&parts);
+                            // A mapped model's pages are given back as
+                            // they are hashed: read again when sent.
+                            let (pieces, model_hash) =
+                                pieces::layout_with(&parts, |w| tessera_gguf::pages::release(w));
                             Ok::<_, CoordinatorError>(Exported {
                                 parts,
                                 pieces,

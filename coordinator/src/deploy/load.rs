@@ -57,6 +57,9 @@ pub async fn load_network(
         crate::ha::model_copies::to_standbys(shared, &sha256).await;
     }
     crate::known::remember(shared, &loaded);
+    // A mapped model (a GGUF's cached build) is read again only for a
+    // re-plan: its pages go back until then.
+    tessera_gguf::pages::release(&loaded.model);
     tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }

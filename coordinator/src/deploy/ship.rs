@@ -57,6 +57,41 @@ pub(super) async fn ship(
     futures_join(deploys).await.map(|_| ())
 }
 
+/// A mapped model's pieces sent this many bytes ago have their pages
+/// given back (quinn keeps a chunk until the worker acknowledges it).
+const RELEASE_BEHIND: u64 = 4 << 20;
+
+/// Gives back the pages of a payload's pieces as they are sent
+/// ([`tessera_gguf::pages`]: only those of a mapped model).
+struct SentPages<'a> {
+    pieces: &'a [bytes::Bytes],
+    next: usize,
+    /// Where `pieces[next]` starts in the payload.
+    at: u64,
+}
+
+impl<'a> SentPages<'a> {
+    fn new(pieces: &'a [bytes::Bytes]) -> Self {
+        SentPages {
+            pieces,
+            next: 0,
+            at: 0,
+        }
+    }
+
+    /// Gives back every piece that ended [`RELEASE_BEHIND`] before `done`.
+    fn release_upto(&mut self, done: u64) {
+        while let Some(piece) = self.pieces.get(self.next) {
+            let end = self.at + piece.len() as u64;
+            if end + RELEASE_BEHIND > done {
+                return;
+            }
+            tessera_gguf::pages::release(piece);
+            (self.next, self.at) = (self.next + 1, end);
+        }
+    }
+}
+
 /// Progress is reported at most every this many bytes of a model.
 const PROGRESS_EVERY: u64 = 8 << 20;
 
@@ -107,8 +142,11 @@ async fn deploy_one(
             "sending the subgraph's model"
         );
         let what = format!("sending subgraph {} to {name}", spec.subgraph);
+        let payload = pieces::payload(&shipment.model, &missing);
+        let mut sent_pages = SentPages::new(&payload);
         let mut reported = 0;
         let report = |done: u64| {
+            sent_pages.release_upto(done);
             if done == total || done >= reported + PROGRESS_EVERY {
                 reported = done;
                 let step = Progress {
@@ -119,14 +157,10 @@ async fn deploy_one(
                 let _ = progress.try_send(step);
             }
         };
-        let sent = exchange::send_message_parts(
-            &mut send,
-            &ToWorker::Model,
-            &pieces::payload(&shipment.model, &missing),
-            limits,
-            report,
-        )
-        .await;
+        let sent =
+            exchange::send_message_parts(&mut send, &ToWorker::Model, &payload, limits, report)
+                .await;
+        payload.iter().for_each(|p| tessera_gguf::pages::release(p));
         if let Err(e) = sent {
             // The worker stopped reading: its answer says why, if it gave one.
             let why = tokio::time::timeout(
