@@ -395,6 +395,18 @@ pub trait DevicePlugin: Send + Sync {
     /// Restores an exported compiled subgraph; a blob made by another
     /// device, backend version or configuration is an error.
     fn import(&self, blob: &Bytes) -> Result<Arc<dyn CompiledSubgraph>, PluginError>;
+    /// [`import`](Self::import) of a blob that is the whole of `file`,
+    /// mapped (the compile cache's): a backend may read the file itself,
+    /// which stays as it is while the subgraph is alive (removing it keeps
+    /// what is open of it).
+    fn import_file(
+        &self,
+        blob: &Bytes,
+        file: &std::path::Path,
+    ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let _ = file;
+        self.import(blob)
+    }
 }
 
 /// The header of an exported blob: `TSRBLOB1`, a length-prefixed text

@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 
-use super::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
+use super::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto, TensorProto};
 
 /// Each weight starts at a multiple of this in the data file (a page: a
 /// mapped weight starts on its own page, whatever its type's alignment).
@@ -60,21 +60,62 @@ pub fn with_external_weights(
             data.push(zeros.slice(..pad as usize));
             at += pad;
         }
-        let entry = |key: &str, value: String| StringStringEntryProto {
-            key: Some(key.into()),
-            value: Some(value),
-        };
-        tensor.external_data = vec![
-            entry("location", location.into()),
-            entry("offset", at.to_string()),
-            entry("length", bytes.len().to_string()),
-        ];
-        tensor.data_location = Some(DataLocation::External as i32);
+        set_external(tensor, location, at, bytes.len());
         at += bytes.len() as u64;
         data.push(bytes);
         moved += 1;
     }
     ExternalWeights { model, data, moved }
+}
+
+/// `model` (decoded from `file`'s bytes, its weights slices of them) with
+/// every top-level initializer of at least `min_bytes` as external data
+/// where its bytes already are in `file`, named `location`: nothing is
+/// written or copied. Returns the model and how many moved.
+pub fn external_in_place(
+    model: &ModelProto,
+    location: &str,
+    file: &[u8],
+    min_bytes: usize,
+) -> (ModelProto, usize) {
+    let mut model = model.clone();
+    let (base, mut moved) = (file.as_ptr() as usize, 0);
+    for tensor in model
+        .graph
+        .iter_mut()
+        .flat_map(|g| g.initializer.iter_mut())
+    {
+        let external = tensor.data_location == Some(DataLocation::External as i32);
+        let inside = |b: &mut Bytes| {
+            let at = b.as_ptr() as usize;
+            !external && b.len() >= min_bytes && at >= base && at + b.len() <= base + file.len()
+        };
+        let Some(bytes) = tensor.raw_data.take_if(inside) else {
+            continue;
+        };
+        set_external(
+            tensor,
+            location,
+            (bytes.as_ptr() as usize - base) as u64,
+            bytes.len(),
+        );
+        moved += 1;
+    }
+    (model, moved)
+}
+
+/// Marks `tensor` external: `len` bytes at `offset` of `location`.
+fn set_external(tensor: &mut TensorProto, location: &str, offset: u64, len: usize) {
+    let entry = |key: &str, value: String| StringStringEntryProto {
+        key: Some(key.into()),
+        value: Some(value),
+    };
+    tensor.external_data = vec![
+        entry("location", location.into()),
+        entry("offset", offset.to_string()),
+        entry("length", len.to_string()),
+    ];
+    tensor.data_location = Some(DataLocation::External as i32);
 }
 
 /// Why external data cannot be put back inline.
@@ -132,7 +173,7 @@ pub fn inline_weights(
 
 #[cfg(test)]
 mod tests {
-    use super::super::proto::{GraphProto, TensorProto};
+    use super::super::proto::GraphProto;
     use super::*;
 
     fn initializer(name: &str, bytes: Vec<u8>) -> TensorProto {
@@ -194,5 +235,32 @@ mod tests {
         // The original is untouched.
         let orig = &model.graph.as_ref().unwrap().initializer[0];
         assert_eq!(orig.raw_data.as_ref().map(Bytes::len), Some(5000));
+    }
+
+    #[test]
+    fn weights_inside_the_file_become_references_to_where_they_are() {
+        let file = Bytes::from((0..20_000u32).map(|i| (i % 256) as u8).collect::<Vec<u8>>());
+        let mut inside = initializer("inside", vec![]);
+        inside.raw_data = Some(file.slice(1001..9001));
+        let outside = initializer("outside", vec![5; 8000]);
+        let model = ModelProto {
+            graph: Some(GraphProto {
+                initializer: vec![inside, outside, initializer("small", vec![1; 10])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (out, moved) = external_in_place(&model, "blob", &file, 1024);
+        assert_eq!(moved, 1);
+        let g = out.graph.as_ref().unwrap();
+        assert!(g.initializer[0].raw_data.is_none());
+        assert_eq!(
+            g.initializer[1].raw_data.as_ref().map(Bytes::len),
+            Some(8000)
+        );
+        assert_eq!(g.initializer[2].raw_data.as_ref().map(Bytes::len), Some(10));
+        let mut back = out.clone();
+        inline_weights(&mut back, "blob", &file).unwrap();
+        assert_eq!(back, model);
     }
 }

@@ -217,6 +217,12 @@ impl CompileCache {
         self.0.get(key)
     }
 
+    /// [`get`](Self::get), with the file the bytes map.
+    pub fn get_file(&self, key: &str) -> Option<(Bytes, PathBuf)> {
+        let bytes = self.0.get(key)?;
+        Some((bytes, self.0.path(key)?))
+    }
+
     /// Writes the blob made of `pieces`, one after another.
     pub fn put(&self, key: &str, pieces: &[Bytes]) {
         self.0.put(key, pieces)

@@ -179,9 +179,9 @@ async fn from_cache(
     let (plugin, key) = (plugin.clone(), key.to_string());
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let blob = cache.get(&key)?;
+        let (blob, file) = cache.get_file(&key)?;
         let read_ms = started.elapsed().as_millis();
-        let imported = plugin.import(&blob);
+        let imported = plugin.import_file(&blob, &file);
         tracing::debug!(
             read_ms,
             import_ms = started.elapsed().as_millis() - read_ms,

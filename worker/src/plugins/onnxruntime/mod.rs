@@ -244,4 +244,25 @@ impl DevicePlugin for OrtPlugin {
             Keep::Shared,
         )?))
     }
+
+    fn import_file(
+        &self,
+        blob: &Bytes,
+        file: &std::path::Path,
+    ) -> Result<Arc<dyn CompiledSubgraph>, PluginError> {
+        let (config, payload) = blob::read(blob, &self.name, BACKEND, &self.runtime.version)?;
+        // The cache's file is the weights' external data as it is: a large
+        // stage's sessions map them from it (through a link), not copied.
+        let keep = Keep::Linked {
+            file: file.to_path_buf(),
+            base: blob.clone(),
+        };
+        Ok(Arc::new(CompiledOrt::new(
+            &self.name,
+            self.runtime.clone(),
+            &payload,
+            config,
+            keep,
+        )?))
+    }
 }

@@ -249,16 +249,19 @@ fn compile_error(reason: String) -> PluginError {
 }
 
 /// Where a compiled subgraph keeps its model (for the sessions it builds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(super) enum Keep {
     /// A large model in a temporary folder, its weights as external data
     /// onnxruntime maps (the bytes came over the network: in memory they
     /// would be held twice, then on onnxruntime's heap).
     InFolder,
-    /// The bytes as given, shared: they are a file's already (the compile
-    /// cache's, mapped), and writing them again would cost a second load
-    /// 0.3–1 s a stage.
+    /// The bytes as given, shared.
     Shared,
+    /// The bytes are `base`'s, the whole of `file` mapped (the compile
+    /// cache's): a large model's weights are external data where they are
+    /// in that file, reached through a link beside it (writing them again
+    /// would cost a second load 0.3–1 s a stage).
+    Linked { file: PathBuf, base: Bytes },
 }
 
 impl CompiledOrt {
@@ -310,6 +313,7 @@ impl CompiledOrt {
         let source = match keep {
             Keep::InFolder => ModelSource::keep(model, onnx),
             Keep::Shared => ModelSource::Memory(onnx.clone()),
+            Keep::Linked { file, base } => ModelSource::linked(model, onnx, (&file, &base)),
         };
         let kept = (rewritten.as_deref(), &source);
         let (session, optimize) = match build_kept(&runtime, kept, &settings, true, None) {

@@ -5,15 +5,18 @@
 //! data instead of copying it onto its heap, so a worker holds a stage's
 //! weights once, as pages of that file the kernel may drop and read back
 //! (built from the bytes in memory, a session held them twice while it
-//! parsed the model, then once on its heap). The model is read back whole
-//! only to export the subgraph.
+//! parsed the model, then once on its heap). A stage from the compile
+//! cache is kept so without writing its weights again: its folder is made
+//! beside the cache's file, `weights.bin` a hard link to that file, each
+//! weight external data where it already is in it. The model is read back
+//! whole only to export the subgraph.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::Mutex;
 
 use bytes::Bytes;
-use tessera_common::onnx::external::{inline_weights, with_external_weights};
+use tessera_common::onnx::external::{external_in_place, inline_weights, with_external_weights};
 use tessera_common::onnx::parts::encode_parts;
 use tessera_common::onnx::proto::ModelProto;
 use tessera_common::onnx::{decode_model_shared, encode_model};
@@ -47,21 +50,7 @@ impl KeptFolder {
     /// large initializers as external data (their bytes written, not
     /// copied).
     fn write(model: &ModelProto) -> std::io::Result<KeptFolder> {
-        static FOLDERS: AtomicU64 = AtomicU64::new(0);
-        static SWEEP: Once = Once::new();
-        let tmp = std::env::temp_dir();
-        SWEEP.call_once(|| remove_left_behind(&tmp));
-        let dir = tmp.join(format!(
-            "{PREFIX}{}-{}",
-            std::process::id(),
-            FOLDERS.fetch_add(1, Ordering::Relaxed)
-        ));
-        // A new folder only: never one that is there, nor a link's target.
-        std::fs::create_dir(&dir)?;
-        let kept = KeptFolder {
-            model: dir.join("model.onnx"),
-            dir,
-        };
+        let kept = KeptFolder::new_in(&std::env::temp_dir(), "")?;
         let split = with_external_weights(model, WEIGHTS, EXTERNAL_FROM);
         let mut weights = std::fs::OpenOptions::new()
             .write(true)
@@ -76,6 +65,43 @@ impl KeptFolder {
             dir = %kept.dir.display(),
             "the model kept with its weights as external data"
         );
+        Ok(kept)
+    }
+
+    /// A new folder in `parent`, its name `hidden` (a dot) then this
+    /// process's: a new one only, never one that is there, nor a link's
+    /// target. The first in each parent removes those of processes gone.
+    fn new_in(parent: &Path, hidden: &str) -> std::io::Result<KeptFolder> {
+        static FOLDERS: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+        if let Ok(mut swept) = SWEPT.lock() {
+            if !swept.iter().any(|p| p == parent) {
+                swept.push(parent.to_path_buf());
+                remove_left_behind(parent, hidden);
+            }
+        }
+        let dir = parent.join(format!(
+            "{hidden}{PREFIX}{}-{}",
+            std::process::id(),
+            FOLDERS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir)?;
+        Ok(KeptFolder {
+            model: dir.join("model.onnx"),
+            dir,
+        })
+    }
+
+    /// `model` (decoded from `base`, the whole of `file` mapped) kept in a
+    /// new folder beside `file`: its weights file a hard link to `file`,
+    /// its large initializers external data where they are in it.
+    fn link(model: &ModelProto, (file, base): (&Path, &Bytes)) -> std::io::Result<KeptFolder> {
+        let parent = file.parent().unwrap_or(Path::new("."));
+        let kept = KeptFolder::new_in(parent, ".")?;
+        std::fs::hard_link(file, kept.dir.join(WEIGHTS))?;
+        let (frames, moved) = external_in_place(model, WEIGHTS, base, EXTERNAL_FROM);
+        std::fs::write(&kept.model, encode_model(&frames))?;
+        tracing::debug!(weights = moved, dir = %kept.dir.display(), "the model's weights linked where they are");
         Ok(kept)
     }
 
@@ -107,20 +133,21 @@ impl Drop for KeptFolder {
     }
 }
 
-/// Removes the kept folders in `tmp` of processes that are gone (Linux:
-/// no `/proc/PID`).
-fn remove_left_behind(tmp: &Path) {
+/// Removes the kept folders in `parent` (named `hidden` then [`PREFIX`])
+/// of processes that are gone (Linux: no `/proc/PID`).
+fn remove_left_behind(parent: &Path, hidden: &str) {
     if !Path::new("/proc/self").exists() {
         return;
     }
-    let Ok(entries) = std::fs::read_dir(tmp) else {
+    let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
+    let prefix = format!("{hidden}{PREFIX}");
     for entry in entries.flatten() {
         let name = entry.file_name();
         let pid = name
             .to_str()
-            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|n| n.strip_prefix(&prefix))
             .and_then(|rest| rest.split('-').next())
             .and_then(|pid| pid.parse::<u32>().ok());
         if let Some(pid) = pid.filter(|p| !Path::new(&format!("/proc/{p}")).exists()) {
@@ -145,6 +172,23 @@ impl ModelSource {
             Ok(folder) => ModelSource::Folder(folder),
             Err(e) => {
                 tracing::debug!("keeping the model in memory (no temporary folder: {e})");
+                ModelSource::Memory(onnx.clone())
+            }
+        }
+    }
+
+    /// `model` (decoded from `onnx`, a slice of `base`, the whole of
+    /// `file` mapped) in a folder beside `file` when it is large, its
+    /// weights left where they are in `file`; else, or when no folder can
+    /// be made there, in memory (the bytes shared).
+    pub fn linked(model: &ModelProto, onnx: &Bytes, file: (&Path, &Bytes)) -> ModelSource {
+        if onnx.len() <= IN_FILE_ABOVE {
+            return ModelSource::Memory(onnx.clone());
+        }
+        match KeptFolder::link(model, file) {
+            Ok(folder) => ModelSource::Folder(folder),
+            Err(e) => {
+                tracing::debug!("keeping the model in memory (no folder beside its file: {e})");
                 ModelSource::Memory(onnx.clone())
             }
         }
@@ -232,6 +276,43 @@ mod tests {
     }
 
     #[test]
+    fn a_large_model_in_a_file_is_linked_beside_it_not_written_again() {
+        let dir = std::env::temp_dir().join(format!("tessera-link-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A file with a header before the model, as the compile cache's.
+        let file = dir.join("key.blob");
+        let mut contents = b"HEADER".to_vec();
+        contents.extend_from_slice(&large_model());
+        std::fs::write(&file, &contents).unwrap();
+        let base = Bytes::from(contents);
+        let onnx = base.slice(6..);
+        let model = decode_model_shared(onnx.clone()).unwrap();
+        let kept = ModelSource::linked(&model, &onnx, (&file, &base));
+        let ModelSource::Folder(folder) = &kept else {
+            panic!("a large model in a file is kept in a folder beside it");
+        };
+        assert_eq!(folder.dir.parent(), Some(dir.as_path()));
+        assert!(std::fs::metadata(folder.model()).unwrap().len() < 1024);
+        // The weights file is the cache's file itself, not a copy.
+        use std::os::unix::fs::MetadataExt;
+        let inode = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(inode(&folder.dir.join(WEIGHTS)), inode(&file));
+        let whole: Vec<u8> = kept.pieces().unwrap().concat();
+        let back = decode_model_shared(Bytes::from(whole)).unwrap();
+        let weight = |m: &ModelProto| m.graph.as_ref().unwrap().initializer[0].raw_data.clone();
+        assert_eq!(weight(&back), weight(&model));
+        // The cache may drop its file meanwhile: the link keeps the data.
+        std::fs::remove_file(&file).unwrap();
+        let again = decode_model_shared(Bytes::from(kept.pieces().unwrap().concat())).unwrap();
+        assert_eq!(weight(&again), weight(&model));
+        let folder_dir = folder.dir.clone();
+        drop(kept);
+        assert!(!folder_dir.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn folders_of_processes_that_are_gone_are_removed_and_others_kept() {
         let tmp = std::env::temp_dir().join(format!("tessera-sweep-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
@@ -241,7 +322,7 @@ mod tests {
         for d in [&gone, &alive, &other] {
             std::fs::create_dir_all(d).unwrap();
         }
-        remove_left_behind(&tmp);
+        remove_left_behind(&tmp, "");
         assert!(!gone.exists());
         assert!(alive.exists() && other.exists());
         std::fs::remove_dir_all(&tmp).unwrap();
