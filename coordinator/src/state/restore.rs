@@ -277,9 +277,15 @@ async fn file_bytes(
 ) -> Result<(bytes::Bytes, String), CoordinatorError> {
     let bytes = crate::repository::read(&Source::File(path.to_path_buf())).await?;
     let b = bytes.clone();
-    let now = tokio::task::spawn_blocking(move || super::sha256_hex(&b))
-        .await
-        .unwrap_or_default();
+    let now = tokio::task::spawn_blocking(move || {
+        let sha256 = super::sha256_hex(&b);
+        // A mapped model (a GGUF's cached build) is read again only to
+        // re-plan: its pages go back until then.
+        tessera_gguf::pages::release(&b);
+        sha256
+    })
+    .await
+    .unwrap_or_default();
     if !sha256.is_empty() && now != *sha256 {
         return Err(CoordinatorError::Model(format!(
             "{} changed since it was loaded",
