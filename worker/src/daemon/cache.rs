@@ -213,11 +213,7 @@ impl CompileCache {
         CompileCache(DiskStore::open(dir, "blob", limit))
     }
 
-    pub fn get(&self, key: &str) -> Option<Bytes> {
-        self.0.get(key)
-    }
-
-    /// [`get`](Self::get), with the file the bytes map.
+    /// The blob `key`, mapped, with the file it maps.
     pub fn get_file(&self, key: &str) -> Option<(Bytes, PathBuf)> {
         let bytes = self.0.get(key)?;
         Some((bytes, self.0.path(key)?))

@@ -109,14 +109,10 @@ impl KeptFolder {
     fn read_back(&self) -> Result<Vec<Bytes>, String> {
         let frames = std::fs::read(&self.model).map_err(|e| e.to_string())?;
         let mut model = decode_model_shared(Bytes::from(frames)).map_err(|e| e.to_string())?;
+        // This folder's file, written (or linked) once and never changed
+        // while the folder is kept.
         let file = std::fs::File::open(self.dir.join(WEIGHTS)).map_err(|e| e.to_string())?;
-        let weights = if file.metadata().map_err(|e| e.to_string())?.len() == 0 {
-            Bytes::new()
-        } else {
-            // SAFETY: this folder's file, written once before and never
-            // changed while the folder is kept.
-            Bytes::from_owner(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| e.to_string())?)
-        };
+        let weights = tessera_gguf::pages::map(&file).map_err(|e| e.to_string())?;
         inline_weights(&mut model, WEIGHTS, &weights).map_err(|e| e.to_string())?;
         Ok(encode_parts(&model))
     }
@@ -165,16 +161,7 @@ impl ModelSource {
     /// large and one can be written, else in memory (the bytes shared, not
     /// copied).
     pub fn keep(model: &ModelProto, onnx: &Bytes) -> ModelSource {
-        if onnx.len() <= IN_FILE_ABOVE {
-            return ModelSource::Memory(onnx.clone());
-        }
-        match KeptFolder::write(model) {
-            Ok(folder) => ModelSource::Folder(folder),
-            Err(e) => {
-                tracing::debug!("keeping the model in memory (no temporary folder: {e})");
-                ModelSource::Memory(onnx.clone())
-            }
-        }
+        ModelSource::large_in_folder(onnx, || KeptFolder::write(model))
     }
 
     /// `model` (decoded from `onnx`, a slice of `base`, the whole of
@@ -182,13 +169,22 @@ impl ModelSource {
     /// weights left where they are in `file`; else, or when no folder can
     /// be made there, in memory (the bytes shared).
     pub fn linked(model: &ModelProto, onnx: &Bytes, file: (&Path, &Bytes)) -> ModelSource {
+        ModelSource::large_in_folder(onnx, || KeptFolder::link(model, file))
+    }
+
+    /// A large `onnx` in the folder `make` makes; a small one, or one no
+    /// folder could be made for, in memory.
+    fn large_in_folder(
+        onnx: &Bytes,
+        make: impl FnOnce() -> std::io::Result<KeptFolder>,
+    ) -> ModelSource {
         if onnx.len() <= IN_FILE_ABOVE {
             return ModelSource::Memory(onnx.clone());
         }
-        match KeptFolder::link(model, file) {
+        match make() {
             Ok(folder) => ModelSource::Folder(folder),
             Err(e) => {
-                tracing::debug!("keeping the model in memory (no folder beside its file: {e})");
+                tracing::debug!("keeping the model in memory (no folder for it: {e})");
                 ModelSource::Memory(onnx.clone())
             }
         }
