@@ -3,8 +3,10 @@
 //! serves what it kept (a model loaded with `tessera load`, under the same
 //! network id) by adopting what the workers still run: they compile
 //! nothing again, as their compile counters show. Without a coordinator
-//! for longer than their `--adopt-grace-s`, workers unload. Answers are
-//! checked against onnxruntime.
+//! for longer than their `--adopt-grace-s`, workers unload. A coordinator
+//! that lost a model's bytes serves it from its record's bones and takes
+//! the weights back from the workers. Answers are checked against
+//! onnxruntime.
 
 // A test crate: its helpers fail the test by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tessera_common::graph::Graph;
 use tessera_common::onnx::encode_model;
+use tessera_common::onnx::proto::ModelProto;
 use tessera_common::synth;
 use tessera_common::tensor::Tensor;
 use tessera_common::wire::control::CompileCounts;
@@ -26,12 +29,17 @@ use util::{runtime, tessera};
 const TOLERANCE: f32 = 1e-4;
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A small CNN split over node-a and node-b by a manual affinity (written
-/// to `cnn.onnx` and `affinity.json` in the cluster's folder), its inputs
-/// and onnxruntime's outputs.
+/// A small CNN split over node-a and node-b ([`split`]).
 fn split_cnn(cluster: &Cluster) -> (Vec<(String, Tensor)>, Vec<Tensor>) {
-    let model = synth::small_cnn(11);
-    std::fs::write(cluster.dir.join("cnn.onnx"), encode_model(&model)).unwrap();
+    split(cluster, "cnn", synth::small_cnn(11))
+}
+
+/// `model` split over node-a and node-b by a manual affinity (written to
+/// `<name>.onnx` and `<name>-affinity.json` in the cluster's folder), its
+/// inputs and onnxruntime's outputs.
+fn split(cluster: &Cluster, name: &str, model: ModelProto) -> (Vec<(String, Tensor)>, Vec<Tensor>) {
+    let file = cluster.dir.join(format!("{name}.onnx"));
+    std::fs::write(&file, encode_model(&model)).unwrap();
     let graph = Graph::from_model(model).unwrap();
     let ops = graph.topo_ops();
     let half = ops.len().div_ceil(2);
@@ -44,10 +52,10 @@ fn split_cnn(cluster: &Cluster) -> (Vec<(String, Tensor)>, Vec<Tensor>) {
         })
         .collect();
     let json = serde_json::to_string(&affinity).unwrap();
-    std::fs::write(cluster.dir.join("affinity.json"), json).unwrap();
+    std::fs::write(cluster.dir.join(format!("{name}-affinity.json")), json).unwrap();
     let inputs = synth::random_inputs(&graph, 5).unwrap();
     let want = onnxruntime_many(
-        &cluster.dir.join("cnn.onnx"),
+        &file,
         std::slice::from_ref(&inputs),
         &cluster.dir.join("ort"),
     );
@@ -56,13 +64,19 @@ fn split_cnn(cluster: &Cluster) -> (Vec<(String, Tensor)>, Vec<Tensor>) {
 
 /// `tessera load cnn` with the split affinity.
 fn load_cnn(cluster: &Cluster) {
+    load_split(cluster, "cnn")
+}
+
+/// `tessera load <name>` with the split affinity ([`split`]): the client
+/// sends the model's bytes.
+fn load_split(cluster: &Cluster, name: &str) {
     let (model, affinity) = (
-        cluster.dir.join("cnn.onnx"),
-        cluster.dir.join("affinity.json"),
+        cluster.dir.join(format!("{name}.onnx")),
+        cluster.dir.join(format!("{name}-affinity.json")),
     );
     let mut args = vec![
         "load".to_string(),
-        "cnn".into(),
+        name.into(),
         model.display().to_string(),
         "--devices".into(),
         "HETERO:node-a/CPU,node-b/CPU".into(),
@@ -167,6 +181,119 @@ fn a_killed_coordinator_comes_back_with_its_models_and_adopts_without_compiling(
         let log = w.log_text();
         assert!(log.contains("reset by peer"), "{}: {log}", w.name);
     }
+}
+
+#[test]
+fn a_coordinator_that_lost_a_models_bytes_serves_it_and_takes_its_weights_back_from_the_workers() {
+    let mut cluster = Cluster::start_configured(
+        "state-bones",
+        &[("node-a", "CPU"), ("node-b", "CPU")],
+        1,
+        "state_dir = \"{dir}/state\"\n",
+    );
+    // Four 256×256 float weights (256 KiB each): each a weight the deploy
+    // names by hash and the workers keep in their weight stores.
+    let (inputs, want) = split(&cluster, "chain", synth::matmul_chain(4, 256, 3));
+    let sha256 = tessera_common::wire::pieces::sha256_hex(
+        &std::fs::read(cluster.dir.join("chain.onnx")).unwrap(),
+    );
+    load_split(&cluster, "chain");
+    let blob = cluster.dir.join("state/blobs").join(&sha256);
+    assert!(
+        blob.exists(),
+        "the sent model is kept as {}",
+        blob.display()
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let client = cluster.client().await;
+        let network = client.model("chain").await.unwrap().with_deadline(DEADLINE);
+        let id = network.id();
+        let got = network.infer(inputs.clone()).await.unwrap();
+        assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= TOLERANCE);
+        let before = compiles(&cluster).await;
+
+        // The coordinator comes back without the model's bytes (a standby
+        // on a host of its own that never got a copy reads the same).
+        cluster.coordinator.kill();
+        std::fs::remove_file(&blob).unwrap();
+        cluster.start_coordinator_again();
+        let after = compiles(&cluster).await;
+        let again = cluster.client().await;
+        let served = again.model("chain").await.unwrap().with_deadline(DEADLINE);
+        assert_eq!(served.id(), id, "the same network, adopted, not dropped");
+        let got = served.infer(inputs.clone()).await.unwrap();
+        assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= TOLERANCE);
+        assert_eq!(after, before, "compile counters before and after");
+
+        // Its weights come back from the workers, the model checked
+        // against its sha-256 and kept again.
+        let log = cluster.dir.join("coordinator-restarted.log");
+        let started = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("taken back from the workers")
+        {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(blob.exists(), "the model is kept again");
+        assert_eq!(
+            tessera_common::wire::pieces::sha256_hex(&std::fs::read(&blob).unwrap()),
+            sha256
+        );
+
+        // A re-plan needs the model: node-b is lost, and its stage moves
+        // to node-a, compiled from the weights taken back.
+        let b = cluster
+            .workers
+            .iter_mut()
+            .find(|w| w.name == "node-b")
+            .unwrap();
+        b.kill();
+        let killed = Instant::now();
+        loop {
+            if let Ok(now) = again.model("chain").await {
+                if now.plan().hosts == ["node-a"] {
+                    let got = now
+                        .with_deadline(DEADLINE)
+                        .infer(inputs.clone())
+                        .await
+                        .unwrap();
+                    assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= TOLERANCE);
+                    break;
+                }
+            }
+            assert!(
+                killed.elapsed() < DEADLINE * 2,
+                "not re-planned onto node-a"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!(
+            "re-planned onto node-a {:.2} s after node-b was killed",
+            killed.elapsed().as_secs_f64()
+        );
+    });
+    let log = std::fs::read_to_string(cluster.dir.join("coordinator-restarted.log")).unwrap();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("its record") || l.contains("taken back"))
+    {
+        println!("{line}");
+    }
+    assert!(
+        log.contains("restored from its record without its weights"),
+        "{log}"
+    );
+    assert!(
+        log.contains("adopted what the worker still serves"),
+        "{log}"
+    );
 }
 
 #[test]

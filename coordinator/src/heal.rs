@@ -183,7 +183,8 @@ pub(crate) async fn redeploy(
         previous: replica.placement(),
         source: source.as_deref(),
     };
-    let deployed = deploy::deploy(shared, &request, &loaded.model, &scope, progress).await?;
+    let model = crate::state::lacking::model_of(shared, loaded).await?;
+    let deployed = deploy::deploy(shared, &request, &model, &scope, progress).await?;
     if !shared.networks.contains_key(&loaded.id) {
         deploy::undeploy(shared, deployed.id, &deployed.hosts).await;
         return Ok(None);

@@ -46,7 +46,7 @@ pub async fn find(shared: &Arc<Shared>, sha256: &str) -> Option<Bytes> {
         .networks
         .iter()
         .find(|n| n.model_sha.get().is_some_and(|s| s == sha256))
-        .map(|n| n.model.clone());
+        .and_then(|n| n.model());
     if loaded.is_some() {
         return loaded;
     }
@@ -75,8 +75,11 @@ pub fn remember(shared: &Shared, loaded: &Arc<Loaded>) {
     };
     let loaded = loaded.clone();
     tokio::task::spawn_blocking(move || {
+        let Some(model) = loaded.model() else {
+            return;
+        };
         let sha256 = loaded.model_sha();
-        if let Err(e) = write(&dir, &sha256, &loaded.model) {
+        if let Err(e) = write(&dir, &sha256, &model) {
             tracing::warn!(dir = %dir.display(), "cannot keep the model in the models cache: {e}");
         }
         prune(&dir, KEEP, KEEP_BYTES);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tessera_common::dump::{PlanReport, ReplicaReport};
 use tessera_common::graph::Graph;
+use tessera_common::onnx::bones::Bones;
 use tessera_common::schedule::Considered;
 use tessera_common::wire::control::LoadRequest;
 use tokio::sync::watch;
@@ -186,6 +187,10 @@ impl Replica {
     }
 }
 
+/// The most frame bytes a network's bones are kept with (a model of many
+/// small weights is not kept so: its bones would be most of it).
+pub const MAX_BONES: usize = 16 << 20;
+
 /// A network a client loaded: what it asked for (to plan it again) and its
 /// copies.
 pub struct Loaded {
@@ -195,7 +200,12 @@ pub struct Loaded {
     pub graph: Arc<Graph>,
     /// What the client asked (planned again when healing).
     pub(crate) request: LoadRequest,
-    pub(crate) model: Bytes,
+    /// Its model's bytes (see [`Loaded::model`]).
+    pub(crate) held: std::sync::Mutex<HeldModel>,
+    /// Its model's bones, once the state store needed them (or as kept).
+    pub(crate) bones: std::sync::OnceLock<Option<Arc<Bones>>>,
+    /// Held while its model is taken back from the workers.
+    pub(crate) completing: tokio::sync::Mutex<()>,
     pub replicas: Vec<Arc<Replica>>,
     /// `replicas = auto`: what the scheduler weighed.
     pub considered: Vec<Considered>,
@@ -213,6 +223,14 @@ pub struct Loaded {
     pub(crate) origin: Origin,
     /// The sha-256 of `model`, once computed (the state store's key).
     pub(crate) model_sha: std::sync::OnceLock<String>,
+}
+
+/// A network's model as the coordinator holds it.
+pub(crate) struct HeldModel {
+    bytes: Bytes,
+    /// Restored without its bytes: `bytes` is these bones' placeholder
+    /// (zeros for weights), which nothing must compile.
+    lacking: Option<Arc<Bones>>,
 }
 
 /// Where a loaded network's model came from.
@@ -242,6 +260,9 @@ pub struct Parts {
     pub id: u64,
     pub request: LoadRequest,
     pub model: Bytes,
+    /// Set when `model` is these bones' placeholder (restored without the
+    /// model's bytes).
+    pub lacking: Option<Arc<Bones>>,
     pub origin: Origin,
     pub graph: Arc<Graph>,
     pub types: std::collections::BTreeMap<String, tessera_common::plan::ReportedType>,
@@ -263,7 +284,15 @@ impl Loaded {
             name: parts.request.name.clone(),
             graph: parts.graph,
             request: parts.request,
-            model: parts.model,
+            bones: match &parts.lacking {
+                Some(b) => std::sync::OnceLock::from(Some(b.clone())),
+                None => std::sync::OnceLock::new(),
+            },
+            held: std::sync::Mutex::new(HeldModel {
+                bytes: parts.model,
+                lacking: parts.lacking,
+            }),
+            completing: Default::default(),
             replicas: parts.replicas,
             considered: parts.considered,
             generator: parts.generator,
@@ -279,7 +308,44 @@ impl Loaded {
     /// model).
     pub fn model_sha(&self) -> String {
         self.model_sha
-            .get_or_init(|| crate::state::sha256_hex(&self.model))
+            .get_or_init(|| crate::state::sha256_hex(&self.held().bytes))
+            .clone()
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HeldModel> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its model's bytes; `None` while it lacks them (restored from its
+    /// bones: see [`crate::state::lacking`]).
+    pub(crate) fn model(&self) -> Option<Bytes> {
+        let held = self.held();
+        held.lacking.is_none().then(|| held.bytes.clone())
+    }
+
+    /// The bones of a model it lacks.
+    pub(crate) fn lacking(&self) -> Option<Arc<Bones>> {
+        self.held().lacking.clone()
+    }
+
+    /// Its model's bytes, taken back: it lacks nothing any more.
+    pub(crate) fn complete(&self, bytes: Bytes) {
+        let mut held = self.held();
+        held.bytes = bytes;
+        held.lacking = None;
+    }
+
+    /// Its model's bones (blocking: hashes its large weights the first
+    /// time); `None` when they would be too large to keep as a record
+    /// ([`MAX_BONES`]) or the model cannot be decoded.
+    pub(crate) fn bones(&self) -> Option<Arc<Bones>> {
+        self.bones
+            .get_or_init(|| {
+                let model = self.model()?;
+                let proto = tessera_common::onnx::decode_model_shared(model.clone()).ok()?;
+                let bones = Bones::of(&model, &proto, |w| tessera_gguf::pages::release(w));
+                (bones.frames.len() <= MAX_BONES).then(|| Arc::new(bones))
+            })
             .clone()
     }
 

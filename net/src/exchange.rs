@@ -73,16 +73,27 @@ pub async fn open(
 pub async fn answer<A: Reply>(
     recv: &mut quinn::RecvStream,
     limits: &Limits,
-    mut progress: impl FnMut(Progress),
+    progress: impl FnMut(Progress),
 ) -> Result<A, ExchangeError> {
+    answer_with_payload(recv, limits, progress)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// [`answer`], with the answer's payload (bytes it describes).
+pub async fn answer_with_payload<A: Reply>(
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+    mut progress: impl FnMut(Progress),
+) -> Result<(A, Bytes), ExchangeError> {
     loop {
         match recv_frame::<A>(recv, limits).await? {
-            Some(Frame::Control(reply, _)) => match reply.status() {
+            Some(Frame::Control(reply, payload)) => match reply.status() {
                 Status::Progress(p) => progress(p),
                 Status::Failed(Failure { kind, error, .. }) => {
                     return Err(ExchangeError::Failed { kind, error })
                 }
-                Status::Answer(answer) => return Ok(answer),
+                Status::Answer(answer) => return Ok((answer, payload)),
             },
             Some(other) => {
                 return Err(ExchangeError::Unexpected(format!(

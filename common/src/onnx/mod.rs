@@ -3,6 +3,7 @@
 //! a decode → encode round trip keeps every field the standard defines.
 
 pub mod attr;
+pub mod bones;
 pub mod external;
 mod io;
 pub mod parts;

@@ -19,7 +19,7 @@ use prost::Message;
 use super::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 
 /// Weights with more `raw_data` than this are sent as their own piece.
-const OWN_PIECE: usize = 64 << 10;
+pub const OWN_PIECE: usize = 64 << 10;
 
 /// Field numbers of onnx.proto, each length-delimited (wire type 2).
 const MODEL_GRAPH: u64 = 7;

@@ -31,6 +31,16 @@ pub enum ToWorker {
     Model,
     /// Stop a deployment's subgraphs.
     Undeploy { network: u64, epoch: u64 },
+    /// Which of these large weights (by SHA-256) does the worker hold? It
+    /// answers [`WorkerAnswer::Weights`] with their bytes: a coordinator
+    /// that lost a model's bytes takes them back (see
+    /// [`crate::onnx::bones`]). `source`: where the model was read from,
+    /// which the worker may read on its own disk.
+    Weights {
+        sha256: Vec<String>,
+        source: Option<String>,
+        epoch: u64,
+    },
 }
 
 impl ToWorker {
@@ -39,7 +49,8 @@ impl ToWorker {
         match self {
             ToWorker::QueryNetwork { epoch, .. }
             | ToWorker::Deploy { epoch, .. }
-            | ToWorker::Undeploy { epoch, .. } => Some(*epoch),
+            | ToWorker::Undeploy { epoch, .. }
+            | ToWorker::Weights { epoch, .. } => Some(*epoch),
             ToWorker::Model => None,
         }
     }
@@ -48,7 +59,7 @@ impl ToWorker {
 channel!(
     ToWorker,
     "coordinator operation",
-    [QueryNetwork, Deploy, Model, Undeploy]
+    [QueryNetwork, Deploy, Model, Undeploy, Weights]
 );
 
 /// A worker's answers to [`ToWorker`] operations.
@@ -75,6 +86,12 @@ pub enum WorkerAnswer {
     Undeployed {
         network: u64,
     },
+    /// To [`ToWorker::Weights`]: the indices of the weights asked for that
+    /// this worker holds, ascending; the payload is their bytes, in that
+    /// order.
+    Weights {
+        held: Vec<u32>,
+    },
 }
 
 channel!(
@@ -86,7 +103,8 @@ channel!(
         QueryResult,
         NeedModel,
         Deployed,
-        Undeployed
+        Undeployed,
+        Weights
     ]
 );
 

@@ -560,6 +560,11 @@ fn every_control_message_round_trips() {
             network: 1,
             epoch: 3,
         },
+        ToWorker::Weights {
+            sha256: vec!["ab".repeat(32)],
+            source: Some("models/m.onnx".into()),
+            epoch: 3,
+        },
     ]);
     let answers = vec![DeviceAnswer {
         types: vec![TypeReport {
@@ -592,6 +597,7 @@ fn every_control_message_round_trips() {
             cached: true,
         },
         WorkerAnswer::Undeployed { network: 1 },
+        WorkerAnswer::Weights { held: vec![0, 2] },
     ]);
     round_trip(vec![
         ClientRequest::QueryNetwork {

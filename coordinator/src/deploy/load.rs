@@ -46,6 +46,7 @@ pub async fn load_network(
     // Kept before the client hears of it: a coordinator restarted after
     // the answer knows the network.
     shared.state.save_network(&loaded).await;
+    crate::state::lacking::keep_bones(shared, &loaded);
     if shared.ha.is_some() {
         // Every standby keeps a copy, a named model's too: a standby whose
         // host lacks the file (no volume shared) restores from its copy.
@@ -59,7 +60,9 @@ pub async fn load_network(
     crate::known::remember(shared, &loaded);
     // A mapped model (a GGUF's cached build) is read again only for a
     // re-plan: its pages go back until then.
-    tessera_gguf::pages::release(&loaded.model);
+    if let Some(model) = loaded.model() {
+        tessera_gguf::pages::release(&model);
+    }
     tracing::info!(network, copies = loaded.replicas.len(), "network loaded");
     Ok(loaded)
 }
@@ -194,6 +197,7 @@ async fn deploy_copies(
         id: network,
         request: request.clone(),
         model: model.clone(),
+        lacking: None,
         origin: Origin::Sent,
         graph: scheduled.graph,
         types: scheduled.types,

@@ -22,6 +22,13 @@ pub(super) async fn read_with_spec(
     max_sequences: u32,
 ) -> Result<(Bytes, Option<GenerationSpec>), CoordinatorError> {
     let path = match source {
+        Source::Bytes(sent) if sent.lacking => {
+            return Err(CoordinatorError::Model(format!(
+                "the model's bytes (sha-256 {}) are not on this coordinator: it was restored \
+                 without them and takes them back from the workers; send them again to load it",
+                sent.sha256()
+            )))
+        }
         Source::Bytes(sent) => return Ok((sent.bytes.clone(), None)),
         Source::File(path) => path.clone(),
     };

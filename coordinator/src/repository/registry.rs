@@ -28,6 +28,9 @@ pub enum Source {
 pub struct Sent {
     pub bytes: Bytes,
     sha256: Arc<std::sync::OnceLock<String>>,
+    /// The bytes are not here (restored without them; `bytes` is empty):
+    /// their network takes them back from the workers.
+    pub lacking: bool,
 }
 
 impl Sent {
@@ -35,6 +38,7 @@ impl Sent {
         Sent {
             bytes,
             sha256: Default::default(),
+            lacking: false,
         }
     }
 
@@ -43,6 +47,15 @@ impl Sent {
         Sent {
             bytes,
             sha256: Arc::new(sha256.into()),
+            lacking: false,
+        }
+    }
+
+    /// Bytes with sha-256 `sha256` that are not here.
+    pub fn lacking(sha256: String) -> Sent {
+        Sent {
+            lacking: true,
+            ..Sent::hashed(Bytes::new(), sha256)
         }
     }
 
@@ -210,6 +223,11 @@ impl Entry {
     /// Where its model comes from.
     pub fn source(&self) -> Source {
         self.lock().source.clone()
+    }
+
+    /// Its sent model's bytes, taken back (it lacked them).
+    pub fn set_source(&self, source: Source) {
+        self.lock().source = source;
     }
 
     /// How it is loaded now.

@@ -22,6 +22,7 @@
 
 mod blobs;
 mod etcd;
+pub mod lacking;
 mod records;
 pub mod restore;
 mod store;
@@ -220,7 +221,7 @@ impl Keeper {
         let Ok(record) = tokio::task::spawn_blocking(move || NetworkRecord::of(&of)).await else {
             return;
         };
-        let bytes = record.model.blob().map(|_| loaded.model.clone());
+        let bytes = record.model.blob().and_then(|_| loaded.model());
         let change = Change::PutNetwork(Box::new(record), bytes);
         self.apply("saving a network", change).await;
     }

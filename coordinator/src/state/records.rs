@@ -5,13 +5,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tessera_common::dump::PlanReport;
 use tessera_common::graph::Graph;
+use tessera_common::onnx::bones::Bones;
 use tessera_common::plan::ReportedType;
 use tessera_common::schedule::Considered;
 use tessera_common::wire::control::LoadRequest;
+use tessera_common::wire::pieces::PieceRef;
 
 use crate::network::{Deployed, Loaded, Origin, Placement, SubgraphModel};
 use crate::repository::Source;
@@ -64,6 +68,41 @@ pub struct NetworkRecord {
     pub types: BTreeMap<String, ReportedType>,
     pub considered: Vec<Considered>,
     pub replicas: Vec<ReplicaRecord>,
+    /// Its model's bones: a coordinator without the model's bytes serves
+    /// its deployments from them and takes the weights back from the
+    /// workers ([`super::lacking`]). None: a model of many small weights,
+    /// or a record kept before bones were.
+    #[serde(default)]
+    pub bones: Option<KeptBones>,
+}
+
+/// A model's [`Bones`], as a record keeps them (the frames in base64).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeptBones {
+    pub pieces: Vec<PieceRef>,
+    pub frames: String,
+}
+
+impl KeptBones {
+    pub fn of(bones: &Bones) -> KeptBones {
+        KeptBones {
+            pieces: bones.pieces.clone(),
+            frames: BASE64.encode(&bones.frames),
+        }
+    }
+
+    /// The bones again (checked).
+    pub fn bones(&self) -> Result<Bones, String> {
+        let frames = BASE64
+            .decode(&self.frames)
+            .map_err(|e| format!("its bones' frames: {e}"))?;
+        let bones = Bones {
+            pieces: self.pieces.clone(),
+            frames: frames.into(),
+        };
+        bones.check().map_err(|e| e.to_string())?;
+        Ok(bones)
+    }
 }
 
 /// One copy of a network.
@@ -222,6 +261,13 @@ impl NetworkRecord {
                     placement: r.placement(),
                 })
                 .collect(),
+            // Computed off the load's path ([`super::lacking::keep_bones`]).
+            bones: loaded
+                .bones
+                .get()
+                .cloned()
+                .flatten()
+                .map(|b| KeptBones::of(&b)),
         }
     }
 }
@@ -282,7 +328,7 @@ impl ModelRecord {
                 ModelRef::Blob {
                     sha256: sent.sha256(),
                 },
-                Some(sent.bytes.clone()),
+                (!sent.lacking).then(|| sent.bytes.clone()),
             ),
         };
         let record = ModelRecord {

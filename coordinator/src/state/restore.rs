@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tessera_common::wire::control::HeldSubgraph;
 
+use tessera_common::onnx::bones::Bones;
+
 use super::records::{with_tokenizer, ModelRecord, ModelRef, NetworkRecord};
 use super::StoreError;
 use crate::network::{Current, Loaded, Origin, Parts, Replica, SubgraphModel};
@@ -40,13 +42,16 @@ pub async fn restore(shared: &Arc<Shared>) {
         return;
     }
     let (mut restored, mut prepared) = (0, 0);
+    let mut back = Vec::new();
     for record in networks {
         let id = record.id;
         match network(shared, record).await {
-            Ok((loaded, warm)) => {
-                shared.networks.insert(id, Arc::new(loaded));
+            Ok((loaded, warm, from_bones)) => {
+                let loaded = Arc::new(loaded);
+                shared.networks.insert(id, loaded.clone());
                 restored += 1;
                 prepared += usize::from(warm);
+                back.push((loaded, from_bones));
             }
             Err(e) => {
                 tracing::warn!(network = id, "a kept network cannot be restored: {e}");
@@ -59,6 +64,7 @@ pub async fn restore(shared: &Arc<Shared>) {
     }
     forget_unnamed_replaced(shared).await;
     super::save_models(shared).await;
+    super::lacking::after_restore(shared, back).await;
     tracing::info!(
         networks = restored,
         prepared,
@@ -110,6 +116,10 @@ pub struct Prepared {
     origin: Origin,
     sha256: String,
     graph: Arc<tessera_common::graph::Graph>,
+    /// Rebuilt from the record's bones, the model's bytes being elsewhere:
+    /// the bones of the weights it lacks (then `model` is their
+    /// placeholder), none when the bones held it whole.
+    from_bones: Option<Option<Arc<Bones>>>,
 }
 
 /// The inputs a kept network's graph is rebuilt from: where its model is
@@ -130,7 +140,17 @@ async fn prepare(
 ) -> Result<Prepared, CoordinatorError> {
     let fingerprint = fingerprint(record);
     let request = with_tokenizer(record.request.clone(), record.tokenizer_json.clone());
-    let (model, origin, sha256) = model_bytes(shared, &record.model).await?;
+    let (model, origin, sha256, from_bones) = match model_bytes(shared, &record.model).await {
+        Ok((model, origin, sha256)) => (model, origin, sha256, None),
+        Err(e) => {
+            let (model, lacking) = super::lacking::from_bones(record, e).await?;
+            let (origin, sha256) = match &record.model {
+                ModelRef::Blob { sha256 } => (Origin::Sent, sha256.clone()),
+                ModelRef::File { path, sha256 } => (Origin::File(path.clone()), sha256.clone()),
+            };
+            (model, origin, sha256, Some(lacking))
+        }
+    };
     let (types, bytes) = (record.types.clone(), model.clone());
     let graph = tokio::task::spawn_blocking(move || {
         crate::planning::rebuild_graph(&bytes, &request, &types)
@@ -143,6 +163,7 @@ async fn prepare(
         origin,
         sha256,
         graph: Arc::new(graph),
+        from_bones,
     })
 }
 
@@ -190,17 +211,18 @@ pub async fn keep_warm(shared: Arc<Shared>) {
 }
 
 /// A kept network, rebuilt (from what a standby prepared, when it
-/// matches: then `true`).
+/// matches: then `true`), and whether from its bones.
 async fn network(
     shared: &Arc<Shared>,
     mut record: NetworkRecord,
-) -> Result<(Loaded, bool), CoordinatorError> {
+) -> Result<(Loaded, bool, bool), CoordinatorError> {
     let warm = shared.warm.0.remove(&record.id).map(|(_, p)| p);
     let (prepared, warm) = match warm {
         Some(p) if p.fingerprint == fingerprint(&record) => (p, true),
         _ => (Arc::new(prepare(shared, &record).await?), false),
     };
     record.request = with_tokenizer(record.request, record.tokenizer_json.take());
+    let kept_bones = record.bones.take();
     let (model, origin, sha256) = (
         prepared.model.clone(),
         prepared.origin.clone(),
@@ -227,6 +249,7 @@ async fn network(
         id: record.id,
         request: record.request,
         model,
+        lacking: prepared.from_bones.clone().flatten(),
         origin,
         graph,
         types: record.types,
@@ -236,7 +259,11 @@ async fn network(
         embedder,
     });
     let _ = loaded.model_sha.set(sha256);
-    Ok((loaded, warm))
+    if let Some(bones) = kept_bones.and_then(|k| k.bones().ok()) {
+        // The model is the one hashed when the record was kept.
+        let _ = loaded.bones.set(Some(Arc::new(bones)));
+    }
+    Ok((loaded, warm, prepared.from_bones.is_some()))
 }
 
 /// A kept model's bytes, where they came from and their sha-256 (checked:
@@ -354,10 +381,18 @@ async fn model_entry(shared: &Arc<Shared>, record: ModelRecord) {
         ModelRef::File { path, .. } => Source::File(path),
         ModelRef::Blob { sha256 } => match read_blob(shared, sha256.clone()).await {
             Ok(bytes) => Source::Bytes(Sent::hashed(bytes, sha256)),
-            Err(e) => {
-                tracing::warn!(model = %name, "a kept model cannot be restored: {e}");
-                return;
-            }
+            Err(e) => match network.and_then(|n| shared.networks.get(&n)) {
+                // Its network was restored from its bones: the model's
+                // bytes are its, or taken back with it.
+                Some(n) if n.model_sha() == sha256 => match n.model() {
+                    Some(bytes) => Source::Bytes(Sent::hashed(bytes, sha256)),
+                    None => Source::Bytes(Sent::lacking(sha256)),
+                },
+                _ => {
+                    tracing::warn!(model = %name, "a kept model cannot be restored: {e}");
+                    return;
+                }
+            },
         },
     };
     shared

@@ -27,6 +27,7 @@ fn network(id: u64, model: ModelRef) -> NetworkRecord {
             deployed: None,
             placement: [("conv".to_string(), "node-a/CPU".to_string())].into(),
         }],
+        bones: None,
     }
 }
 
@@ -116,4 +117,46 @@ fn a_garbled_record_is_a_clear_error_and_bad_blob_names_are_refused() {
     store.put_garbage_network(3).unwrap();
     let err = store.networks().unwrap_err();
     assert!(err.to_string().contains("network 3"), "{err}");
+}
+
+#[test]
+fn a_networks_bones_are_kept_in_its_record_and_give_its_model_back() {
+    use tessera_common::onnx::bones::Bones;
+    let model = bytes::Bytes::from(tessera_common::onnx::encode_model(
+        &tessera_common::synth::matmul_chain(2, 160, 5),
+    ));
+    let proto = tessera_common::onnx::decode_model_shared(model.clone()).unwrap();
+    let bones = Bones::of(&model, &proto, |_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let (_, a) = blob(&model);
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let mut record = network(4, a);
+        record.bones = Some(super::records::KeptBones::of(&bones));
+        store.put_network(&record).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let kept = store.networks().unwrap().remove(0).bones.unwrap();
+    let back = kept.bones().unwrap();
+    assert_eq!(back, bones);
+    let weights = proto
+        .graph
+        .unwrap()
+        .initializer
+        .into_iter()
+        .filter_map(|t| t.raw_data)
+        .map(|b| (super::sha256_hex(&b), b))
+        .collect();
+    assert_eq!(back.model(&weights).unwrap(), model);
+    // Garbled frames are refused, not put together.
+    let garbled = super::records::KeptBones {
+        frames: "not base64!".into(),
+        ..kept.clone()
+    };
+    assert!(garbled.bones().is_err());
+    let short = super::records::KeptBones {
+        frames: String::new(),
+        ..kept
+    };
+    assert!(short.bones().unwrap_err().contains("frames"));
 }

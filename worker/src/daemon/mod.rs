@@ -43,6 +43,7 @@ mod sequences;
 mod session;
 mod state_rows;
 pub mod telemetry;
+mod weights;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

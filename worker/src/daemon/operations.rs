@@ -39,7 +39,9 @@ pub(super) async fn serve_operation(
         Err(e) => Err(OperationError::Read(e)),
     };
     let sent = match reply {
-        Ok(answer) => exchange::send_message(&mut send, &answer, None, &limits).await,
+        Ok((answer, payload)) => {
+            exchange::send_message(&mut send, &answer, payload.as_ref(), &limits).await
+        }
         Err(error) => {
             tracing::warn!("{error}");
             exchange::send_failure::<WorkerAnswer>(
@@ -64,14 +66,18 @@ async fn operation(
     payload: Bytes,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-) -> Result<WorkerAnswer, OperationError> {
+) -> Result<(WorkerAnswer, Option<Bytes>), OperationError> {
     if let Some(epoch) = msg.epoch() {
         if !state.leaders.allows(epoch) {
             let newest = state.leaders.newest();
             return Err(OperationError::Fenced { epoch, newest });
         }
     }
-    match msg {
+    let answer = match msg {
+        ToWorker::Weights { sha256, source, .. } => {
+            let (held, payload) = super::weights::held(state, sha256, source).await?;
+            return Ok((WorkerAnswer::Weights { held }, Some(payload)));
+        }
         ToWorker::QueryNetwork { devices, .. } => {
             let model = decode_model(&payload).map_err(OperationError::BadModel)?;
             let state = state.clone();
@@ -103,17 +109,18 @@ async fn operation(
                 Ok(WorkerAnswer::QueryResult { answers })
             })
             .await
-            .map_err(OperationError::Task)?
+            .map_err(OperationError::Task)??
         }
-        ToWorker::Deploy { spec, .. } => deploy(state, session, *spec, send, recv).await,
+        ToWorker::Deploy { spec, .. } => deploy(state, session, *spec, send, recv).await?,
         ToWorker::Undeploy { network, .. } => {
             // Answered once the compute threads have ended and dropped
             // their sessions: the memory is free when the answer comes.
             stop_all(state.router.remove(network)).await;
-            Ok(WorkerAnswer::Undeployed { network })
+            WorkerAnswer::Undeployed { network }
         }
-        ToWorker::Model => Err(OperationError::UnaskedModel),
-    }
+        ToWorker::Model => return Err(OperationError::UnaskedModel),
+    };
+    Ok((answer, None))
 }
 
 /// Why an operation of the coordinator failed here (its answer is a
@@ -271,7 +278,7 @@ async fn held_weights(
 
 /// Fills the weights `held` lacks from the model read from `source`, where
 /// this worker may read it (blocking: the first read hashes its weights).
-fn from_own_disk(
+pub(super) fn from_own_disk(
     local: &LocalModels,
     source: &str,
     pieces: &[PieceRef],
