@@ -187,9 +187,12 @@ impl Replica {
     }
 }
 
-/// The most frame bytes a network's bones are kept with (a model of many
-/// small weights is not kept so: its bones would be most of it).
-pub const MAX_BONES: usize = 16 << 20;
+/// The most frame bytes a network's bones are kept with: its record is an
+/// etcd value (chunked; etcd takes values up to 1.5 MiB and keeps every
+/// revision until it compacts). SmolLM2-135M's bones are 0.5 MB and
+/// MiniLM-L3's 0.16 MB; PP-OCRv4 rec, all weights under 64 KiB, would be
+/// its whole 10.9 MB, and is kept without them.
+pub const MAX_BONES: usize = 4 << 20;
 
 /// A network a client loaded: what it asked for (to plan it again) and its
 /// copies.

@@ -31,11 +31,14 @@ pub fn statuses(shared: &Shared) -> Vec<ModelStatus> {
 pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
     let s = entry.lock();
     let absent = absent_workers(shared, &s.request);
-    let (state, reason) = match s
+    let loaded = s
         .network
-        .and_then(|n| shared.networks.get(&n).map(|l| l.current()))
-    {
-        Some(Current::Ready(_)) => (ModelState::Ready, String::new()),
+        .and_then(|n| shared.networks.get(&n).map(|l| l.clone()));
+    let (state, reason) = match loaded.as_ref().map(|l| l.current()) {
+        Some(Current::Ready(_)) => (
+            ModelState::Ready,
+            loaded.and_then(|l| lacking(&l)).unwrap_or_default(),
+        ),
         Some(Current::Healing(_)) => (
             ModelState::Loading,
             "re-planning after a worker loss".into(),
@@ -61,6 +64,20 @@ pub fn status(shared: &Shared, entry: &Entry) -> ModelStatus {
         network: s.network.unwrap_or(0),
         reason,
     }
+}
+
+/// What a network restored without its model's bytes lacks (it serves
+/// meanwhile).
+fn lacking(loaded: &Loaded) -> Option<String> {
+    let bones = loaded.lacking()?;
+    let weights = bones.weights();
+    let bytes: u64 = weights.iter().map(|(_, b)| b).sum();
+    Some(format!(
+        "serving; this coordinator lacks the model's bytes ({} weights, {:.1} MiB) and takes \
+         them back from the workers before it can plan it again",
+        weights.len(),
+        bytes as f64 / (1u64 << 20) as f64
+    ))
 }
 
 /// The network that serves model `name` now.
