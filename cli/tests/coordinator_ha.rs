@@ -3,8 +3,11 @@
 //! loop of 300 requests runs through a worker's front door (every answer
 //! checked against onnxruntime), and a new `tessera load` lands on it
 //! within seconds; a leader paused past its lease (SIGSTOP) steps down
-//! when it resumes and changes nothing; a bad etcd address, etcd down at
-//! start and etcd lost while leading each give one clear error.
+//! when it resumes and changes nothing; a coordinator on an empty state
+//! folder (a pod rescheduled without its volume) leads, adopts what the
+//! workers serve from the records' bones and takes the weights back from
+//! them, 0 requests failing; a bad etcd address, etcd down at start and
+//! etcd lost while leading each give one clear error.
 
 // A test crate: its helpers fail the test by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -146,6 +149,117 @@ fn a_standby_takes_over_from_a_killed_leader_under_load() {
     );
     assert!(!text.contains(&a.to_string()), "{text}");
     python("kserve_test.py", &listen, &["--phase", "serving"]);
+}
+
+#[test]
+fn a_coordinator_on_an_empty_volume_serves_from_the_bones_and_takes_the_weights_back() {
+    let mut cluster = HaCluster::start("bones", &[("node-a", &[]), ("node-b", &[])], "");
+    // A chain of four 256×256 float weights, split over both workers: each
+    // weight a piece the workers keep by hash.
+    let model = synth::matmul_chain(4, 256, 9);
+    let file = cluster.dir.join("chain.onnx");
+    std::fs::write(&file, encode_model(&model)).unwrap();
+    let graph = Graph::from_model(model).unwrap();
+    let ops = graph.topo_ops();
+    let affinity: std::collections::BTreeMap<String, String> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, &op)| {
+            let host = if i < ops.len() / 2 {
+                "node-a"
+            } else {
+                "node-b"
+            };
+            (graph.node(op).name.clone(), format!("{host}/CPU"))
+        })
+        .collect();
+    let affinity_file = cluster.dir.join("affinity.json");
+    std::fs::write(&affinity_file, serde_json::to_string(&affinity).unwrap()).unwrap();
+    let inputs = synth::random_inputs(&graph, 5).unwrap();
+    let want = onnxruntime_many(
+        &file,
+        std::slice::from_ref(&inputs),
+        &cluster.dir.join("ort"),
+    );
+    let mut args: Vec<String> = [
+        "load",
+        "chain",
+        &file.display().to_string(),
+        "--devices",
+        "HETERO:node-a/CPU,node-b/CPU",
+        "--affinity",
+        &affinity_file.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(cluster.client_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out, err) = tessera(&args);
+    assert!(ok, "tessera load: {out}{err}");
+
+    let rt = runtime();
+    let network = rt.block_on(async {
+        let client = cluster.client().await;
+        client.model("chain").await.unwrap().with_deadline(DEADLINE)
+    });
+    let looping = {
+        let (inputs, want) = (inputs.clone(), want[0].clone());
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                for i in 0..150 {
+                    let got = network.infer(inputs.clone()).await;
+                    let got = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
+                    assert!(max_abs_diff(&got.tensors[0].1, &want[0]) <= TOLERANCE);
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            })
+        })
+    };
+    // Both coordinators go; one comes back on an empty state folder: what
+    // it knows is etcd's records, the model's bytes are nowhere.
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.coordinators[1].kill();
+    cluster.coordinators[0].kill();
+    std::fs::remove_dir_all(cluster.dir.join("state-b")).unwrap();
+    let back = cluster.start_coordinator("b");
+    assert!(
+        wait_log(&back, "weights taken back from the workers", DEADLINE),
+        "{}",
+        back.log_text()
+    );
+    looping
+        .join()
+        .expect("all 150 requests answered, as onnxruntime does");
+    let log = back.log_text();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("its record") || l.contains("taken back"))
+    {
+        println!("{line}");
+    }
+    assert!(
+        log.contains("restored from its record without its weights"),
+        "{log}"
+    );
+    assert!(
+        log.contains("adopted what the worker still serves"),
+        "{log}"
+    );
+    assert!(!log.contains("re-planned"), "{log}");
+    // Kept again in its own folder.
+    let sha256 = tessera_common::wire::pieces::sha256_hex(&std::fs::read(&file).unwrap());
+    let blob = cluster.dir.join("state-b/blobs").join(&sha256);
+    let started = Instant::now();
+    while !blob.exists() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} not kept again",
+            blob.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.coordinators[1] = back;
 }
 
 #[test]

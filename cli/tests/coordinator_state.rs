@@ -232,7 +232,7 @@ fn a_coordinator_that_lost_a_models_bytes_serves_it_and_takes_its_weights_back_f
         let started = Instant::now();
         while !std::fs::read_to_string(&log)
             .unwrap()
-            .contains("taken back from the workers")
+            .contains("weights taken back from the workers")
         {
             assert!(
                 started.elapsed() < DEADLINE,

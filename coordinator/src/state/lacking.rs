@@ -81,7 +81,7 @@ pub(super) async fn from_bones(
                 weights = weights.len(),
                 lacking_mib = format!("{:.1}", bytes as f64 / MIB),
                 "{why}: restored from its record without its weights; its deployments are \
-                 served as they are, and the weights are taken back from the workers"
+                 served as they are, and its weights will be asked of the workers"
             );
             Ok((model, Some(bones)))
         }

@@ -337,7 +337,9 @@ pub(crate) async fn read_blob(
     };
     match kept {
         Ok(bytes) => Ok(bytes),
-        Err(StoreError::NoBlob(_)) if shared.ha.is_some() => {
+        // Leading (a takeover's restore), there is no other leader to ask:
+        // the one before is gone.
+        Err(StoreError::NoBlob(_)) if shared.ha.is_some() && shared.led_since.get().is_none() => {
             let bytes = crate::ha::model_copies::from_leader(shared, &sha256).await?;
             let (keeper, b) = (shared.clone(), bytes.clone());
             let kept = tokio::task::spawn_blocking(move || keeper.state.keep_blob(&sha256, &b))
