@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tessera_common::onnx::bones::{self, Bones};
@@ -121,30 +120,11 @@ pub(super) async fn after_restore(shared: &Arc<Shared>, networks: Vec<(Arc<Loade
         }
         let shared = shared.clone();
         tokio::spawn(async move {
-            hosts_back(&shared, &loaded).await;
+            super::restore::rejoined(&shared).await;
             if let Err(e) = model_of(&shared, &loaded).await {
                 tracing::error!(network = loaded.id, "{e}");
             }
         });
-    }
-}
-
-/// Waits until every worker of `loaded`'s deployments has registered (at
-/// most [`super::restore::REGISTER_AGAIN_WITHIN`], or `worker_timeout_ms`
-/// if longer).
-async fn hosts_back(shared: &Shared, loaded: &Loaded) {
-    let wait = Duration::from_millis(shared.config.worker_timeout_ms)
-        .max(super::restore::REGISTER_AGAIN_WITHIN);
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
-        let back = loaded
-            .deployments()
-            .iter()
-            .all(|d| d.hosts.iter().all(|h| shared.workers.contains_key(h)));
-        if back {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
