@@ -14,10 +14,7 @@
 //! the file itself. A mixture of experts too large for one worker is cut
 //! between layers, every expert of a layer with it.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use util::cluster::Cluster;
 use util::llama_cpp::*;

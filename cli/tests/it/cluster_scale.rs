@@ -9,10 +9,7 @@
 //!   split of a deep synthetic model and 64 replicas of a small CNN,
 //!   10,000 requests, 8 workers stopped at once under load, none lost.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -12,10 +12,7 @@
 //! Needs root (`scripts/test.sh` requires it there); skipped with a note
 //! elsewhere.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::io::Read;

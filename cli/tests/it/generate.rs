@@ -12,10 +12,7 @@
 //! that folder, as does the one whose token embedding stays 8-bit; the
 //! folders' logits match a numpy forward over the GGUF file's own weights.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -764,7 +761,8 @@ fn llm_script(script: &str, args: &[&std::ffi::OsStr]) -> String {
 /// would be 5x).
 #[test]
 fn the_converted_folders_match_the_gguf_s_own_numpy_forward() {
-    let scratch = std::env::temp_dir().join(format!("tessera-gguf-types-{}", std::process::id()));
+    let scratch =
+        std::env::temp_dir().join(format!("tessera-converted-types-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch folder");
     let exact = |source: &std::path::Path, name: &str| {
         let folder = scratch.join(name);

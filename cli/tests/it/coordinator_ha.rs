@@ -9,10 +9,7 @@
 //! them, 0 requests failing; a bad etcd address, etcd down at start and
 //! etcd lost while leading each give one clear error.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::time::{Duration, Instant};
 

@@ -12,10 +12,7 @@
 //! and restarted. A worker's own front door keeps answering while the
 //! coordinator is stopped, and a `tessera serve` gateway serves the same.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::path::Path;
 use std::time::Duration;

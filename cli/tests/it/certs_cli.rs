@@ -1,9 +1,6 @@
 //! `tessera certs init`.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use tessera_common::wire::handshake::Role;
 use util::tessera;

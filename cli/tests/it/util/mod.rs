@@ -9,10 +9,10 @@ pub mod genai;
 pub mod ha;
 pub mod kserve;
 pub mod llama_cpp;
-#[path = "../../../tests/rust/models.rs"]
+#[path = "../../../../tests/rust/models.rs"]
 mod models;
 pub mod netns;
-#[path = "../../../tests/rust/oracle.rs"]
+#[path = "../../../../tests/rust/oracle.rs"]
 pub mod oracle;
 
 /// A real test model (`scripts/fetch-test-models.sh`).

@@ -10,10 +10,7 @@
 //! The GPU modes run on any adapter (lavapipe in CI) and are skipped,
 //! saying so, without one unless TESSERA_GPU_TESTS=required.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::process::Command;
 

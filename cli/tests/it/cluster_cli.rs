@@ -2,10 +2,7 @@
 //! against real `coordinator` and `worker` processes; a re-deployed
 //! subgraph comes from the workers' compile cache.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use util::cluster::Cluster;
 use util::tessera;

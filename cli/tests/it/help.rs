@@ -5,9 +5,6 @@
 //! (unique names, valid defaults), which clap makes only when a command is
 //! first built.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::process::Command;
 
 /// `--help` of `binary` with `path` (subcommands), checked to succeed.

@@ -8,10 +8,7 @@
 //! refusals and inference against onnxruntime. A coordinator listening on
 //! every address without tokens warns at start.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::process::Command;
 

@@ -5,10 +5,7 @@
 //! seeded inputs (max abs diff ≤ 1e-4); no request may go unanswered.
 //! (The same drill across containers is `scripts/fault-drill.sh`.)
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -20,10 +20,7 @@
 //! text of its converted folder and of onnxruntime-genai; broken files get
 //! one clear line and leave a cluster serving.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

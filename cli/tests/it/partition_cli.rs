@@ -1,10 +1,7 @@
 //! `tessera partition` end to end: a real model, supports files, dumps in
 //! the stable JSON form, exported subgraphs, and clear errors.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::path::PathBuf;
 

@@ -12,10 +12,7 @@
 //! `TESSERA_BROWSER_TESTS=required` (scripts/test.sh sets it when it
 //! installed chromium).
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

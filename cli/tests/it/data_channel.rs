@@ -4,10 +4,7 @@
 //! tensor into it, cancel it, step a sequence the first started (which
 //! would read its state) or end it; the first can, and its requests go on.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::time::Duration;
 

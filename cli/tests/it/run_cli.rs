@@ -1,10 +1,7 @@
 //! `tessera run --local`: .npy in, .npy out, same numbers as onnxruntime;
 //! bad inputs are clear errors.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::path::PathBuf;
 use std::process::Command;

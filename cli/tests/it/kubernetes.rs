@@ -9,9 +9,6 @@
 //! container's flags, environment, config files, certificates and tokens;
 //! ports, Secrets, ConfigMaps and memory limits agree.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::path::Path;
 use std::process::Command;
 

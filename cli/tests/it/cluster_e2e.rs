@@ -3,10 +3,7 @@
 //! SDK. Results are checked against onnxruntime on the same seeded inputs
 //! (max abs diff ≤ 1e-4).
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::HashSet;
 use std::time::Instant;

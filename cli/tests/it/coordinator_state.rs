@@ -8,10 +8,7 @@
 //! the weights back from the workers. Answers are checked against
 //! onnxruntime.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

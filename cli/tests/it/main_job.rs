@@ -4,10 +4,7 @@
 //! onnxruntime's (max abs diff ≤ 1e-4). The bundled model is exactly what
 //! `tessera example-model` generates.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use tessera_common::onnx::{decode_model, encode_model};
 use tessera_common::synth;

@@ -6,10 +6,7 @@
 //! memory and measured speed; a restarted worker's stage comes from its
 //! compile cache, not over the network.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

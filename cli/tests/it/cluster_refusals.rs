@@ -5,10 +5,7 @@
 //! certificate, a peer of another protocol version, a garbled frame, an
 //! oversized message, unknown devices, inputs of the wrong shape.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use std::net::SocketAddr;
 

@@ -7,10 +7,7 @@
 //! (`tests/python/embeddings_test.py`, within 1e-5), at the coordinator's
 //! front door and a worker's.
 
-// A test crate: its helpers fail the test by panicking.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod util;
+use crate::util;
 
 use util::cluster::Cluster;
 
