@@ -106,7 +106,7 @@ mod offpath;
 mod scale;
 // The tests' real-process cluster (a coordinator and worker processes).
 #[allow(clippy::duplicate_mod)]
-#[path = "../../tests/util/mod.rs"]
+#[path = "../../tests/it/util/mod.rs"]
 mod util;
 
 fn median(mut v: Vec<f64>) -> f64 {

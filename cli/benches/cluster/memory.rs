@@ -25,7 +25,7 @@ use tessera_worker::daemon::config::MemoryLimits;
 
 use super::{median, throughput, Ceiling};
 
-#[path = "../../tests/util/mod.rs"]
+#[path = "../../tests/it/util/mod.rs"]
 mod util;
 
 fn chain_input(batch: usize) -> Result<Vec<(String, Tensor)>> {
