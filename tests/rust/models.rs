@@ -1,6 +1,6 @@
 //! The real test models (`scripts/fetch-test-models.sh`), for integration
 //! tests of any crate one level below the repository root (included with
-//! `#[path]` by their `tests/util/mod.rs`).
+//! `#[path]` by their `tests/it/util/mod.rs`).
 
 use std::path::PathBuf;
 
