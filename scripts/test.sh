@@ -59,6 +59,13 @@ fi
 if ! python3 -c "import selenium" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check "selenium==4.51.0"
 fi
+# The GGUF tests' reference: llama.cpp's llama-quantize and our llama-ref
+# driver, built once into .cache/llama.cpp (about 6 minutes on two cores).
+# It builds while the rest downloads and installs (the pip installs are
+# done: it may pip-install cmake); the tests wait for it below.
+llama_log=$(mktemp)
+./scripts/llama-cpp.sh llama-quantize llama-ref >"$llama_log" 2>&1 &
+llama_pid=$!
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   export TESSERA_BROWSER_TESTS=${TESSERA_BROWSER_TESTS:-required}
 fi
@@ -78,9 +85,6 @@ else
 fi
 ./scripts/fetch-test-models.sh >/dev/null
 ./scripts/fetch-llm.sh >/dev/null
-# The GGUF tests' reference: llama.cpp's llama-quantize and our llama-ref
-# driver, built once (about 4.5 minutes here) into .cache/llama.cpp.
-./scripts/llama-cpp.sh llama-quantize llama-ref >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);
 # Debian images carry only C and C.UTF-8.
 if ! locale -a 2>/dev/null | grep -qi '^en_US.utf-\?8$' && command -v apt-get >/dev/null; then
@@ -126,6 +130,12 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The crates' API docs build and every intra-doc link resolves (about a
 # minute: the dependencies' metadata is clippy's).
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+if ! wait "$llama_pid"; then
+  cat "$llama_log"
+  echo "building llama.cpp's tools failed" >&2
+  exit 1
+fi
+rm -f "$llama_log"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

@@ -98,8 +98,11 @@ pub fn worker_names(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// How long an embedded cluster waits for its workers to register.
-const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
+/// How long an embedded cluster waits for its workers to register. A GPU
+/// worker on a software adapter (lavapipe) started in 9 s on two idle
+/// cores, and in more than 30 s beside another lavapipe process; the wait
+/// costs nothing when they come sooner.
+const REGISTRATION_WAIT: Duration = Duration::from_secs(120);
 
 /// One embedded worker: what it serves, its plugin configuration, its
 /// devices' memory limits.
@@ -235,7 +238,8 @@ pub async fn start_workers(
             coordinator.shutdown().await;
             stop_tasks(stops, tasks).await;
             bail!(
-                "embedded workers did not register within 30 s: missing {missing:?} ({} of {workers} registered)",
+                "embedded workers did not register within {} s: missing {missing:?} ({} of {workers} registered)",
+                REGISTRATION_WAIT.as_secs(),
                 registered.len()
             );
         }
