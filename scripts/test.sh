@@ -60,7 +60,8 @@ if ! python3 -c "import selenium" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check "selenium==4.51.0"
 fi
 # The GGUF tests' reference: llama.cpp's llama-quantize and our llama-ref
-# driver, built once into .cache/llama.cpp (about 6 minutes on two cores).
+# driver, built once into .cache/llama.cpp (2.8 min on an AVX-512 host,
+# more on an AVX2 one; the whole install took 10.3 min there before).
 # It builds while the rest downloads and installs (the pip installs are
 # done: it may pip-install cmake); the tests wait for it below.
 llama_log=$(mktemp)
