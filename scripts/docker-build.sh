@@ -60,15 +60,21 @@ cp "$ort_dir/$ort_lib" "$root/usr/local/lib/tessera/$ort_lib"
 # (/etc/vulkan/icd.d/nvidia_icd.json) when NVIDIA_DRIVER_CAPABILITIES
 # names graphics; the loader then lists both and wgpu prefers the real GPU.
 # Mesa's device-selection layer is left out (it only reorders devices).
+# The loader cache is read once into a variable, never piped into a reader
+# that stops early (grep -q, awk's exit): under pipefail ldconfig's SIGPIPE
+# (exit 141) fails the script once the cache outgrows a pipe's 64 KiB, as
+# it did in CI after the test installs.
 lvp_icd=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json
-if [ ! -e "$lvp_icd" ] || ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+ld_cache=$(ldconfig -p)
+if [ ! -e "$lvp_icd" ] || ! grep -q 'libvulkan.so.1 ' <<<"$ld_cache"; then
   if command -v apt-get >/dev/null; then
     { apt-get install -y -q mesa-vulkan-drivers libvulkan1 ||
       { apt-get update -q && apt-get install -y -q mesa-vulkan-drivers libvulkan1; }; } >/dev/null 2>&1
   fi
+  ld_cache=$(ldconfig -p)
 fi
 [ -e "$lvp_icd" ] || { echo "the image's GPU device needs Mesa's lavapipe (apt-get install mesa-vulkan-drivers)" >&2; exit 1; }
-vulkan_loader=$(ldconfig -p | awk '/libvulkan.so.1 .*x86-64/ {print $NF; exit}')
+vulkan_loader=$(awk '/libvulkan.so.1 .*x86-64/ {print $NF; exit}' <<<"$ld_cache")
 [ -n "$vulkan_loader" ] || { echo "the image's GPU device needs the Vulkan loader (apt-get install libvulkan1)" >&2; exit 1; }
 lvp_lib=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ICD"]["library_path"])' "$lvp_icd")
 gpu_libs=("$vulkan_loader" "$lvp_lib")

@@ -74,8 +74,11 @@ say "healthy:"; cat "$work/cluster.txt"
 # loopback: 8000 for `coordinator`, 8002 for `coordinator-b`.
 leader=$(leader_of)
 http=8000; [ "$leader" = coordinator-b ] && http=8002
+# The metrics are read whole before they are searched: under pipefail,
+# `curl | grep -q` fails when grep stops reading before curl has written.
 if ! curl -fsS "http://127.0.0.1:$http/v2/health/live" >/dev/null ||
-  ! curl -fsS "http://127.0.0.1:$http/metrics" | grep -q '^tessera_worker_up{worker="node-a"} 1'; then
+  ! metrics=$(curl -fsS "http://127.0.0.1:$http/metrics") ||
+  ! grep -q '^tessera_worker_up{worker="node-a"} 1' <<<"$metrics"; then
   say "the leader's ($leader) HTTP listener does not answer on 127.0.0.1:$http"; exit 1
 fi
 say "HTTP: /v2/health/live and /metrics answer ($leader leads)"

