@@ -3,6 +3,43 @@
 # PyPI wheels), then runs formatting, lint and every test. CI runs this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's time, printed last (even on failure), where the tail of a CI
+# log shows it.
+step_start=$(date +%s)
+steps=""
+step_done() {
+  local now
+  now=$(date +%s)
+  steps+="$1 $((now - step_start)) s, "
+  step_start=$now
+}
+log=""
+on_exit() {
+  echo "test.sh steps: ${steps%, }"
+  # Background builds still running when a step failed.
+  jobs -p | xargs -r kill 2>/dev/null || true
+  [ -z "$log" ] || rm -f "$log"
+}
+trap on_exit EXIT
+# Building overlaps the downloads and installs below: the tests' build, then
+# mdbook and cargo-machete (their own target dirs), in the background
+# (protoc builds etcd's client). They are waited for once the installs are
+# done; a failure prints its log.
+. scripts/need-protoc.sh
+build_log=$(mktemp)
+{ cargo test --workspace --no-run && ./scripts/docs-check.sh --install-only &&
+  ./scripts/unused-deps.sh --install-only; } >"$build_log" 2>&1 &
+build_pid=$!
+# Waits for background job $1, whose log is $2; on failure prints the log
+# and says what ($3) failed.
+wait_for() {
+  if ! wait "$1"; then
+    cat "$2"
+    echo "$3 failed" >&2
+    exit 1
+  fi
+  rm -f "$2"
+}
 if ! python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check \
     "onnx==1.17.0" "onnxruntime==1.32.0" "numpy==2.4.6"
@@ -88,7 +125,7 @@ fi
 ./scripts/fetch-llm.sh >/dev/null
 # onnxruntime's StringNormalizer builds the en_US.UTF-8 locale (its default);
 # Debian images carry only C and C.UTF-8.
-if ! locale -a 2>/dev/null | grep -qi '^en_US.utf-\?8$' && command -v apt-get >/dev/null; then
+if ! grep -qi '^en_US.utf-\?8$' <<<"$(locale -a 2>/dev/null)" && command -v apt-get >/dev/null; then
   { { command -v locale-gen >/dev/null || apt-get install -y -q locales || { apt-get update -q && apt-get install -y -q locales; }; } &&
     { grep -q '^en_US.UTF-8 UTF-8' /etc/locale.gen || echo 'en_US.UTF-8 UTF-8' >> /etc/locale.gen; } &&
     locale-gen; } >/dev/null 2>&1 ||
@@ -114,31 +151,31 @@ if ! command -v gdb >/dev/null && command -v apt-get >/dev/null; then
   { apt-get install -y -q gdb || { apt-get update -q && apt-get install -y -q gdb; }; } >/dev/null 2>&1 ||
     echo "warning: could not install gdb; a crash prints Rust's backtrace of its own thread only"
 fi
-# protoc builds etcd's client; etcd itself (Debian's etcd-server) runs in
-# the HA tests, each on its own loopback ports.
-. scripts/need-protoc.sh
+# etcd (Debian's etcd-server) runs in the HA tests, each on its own
+# loopback ports.
 if ! command -v etcd >/dev/null && command -v apt-get >/dev/null; then
   { apt-get install -y -q etcd-server || { apt-get update -q && apt-get install -y -q etcd-server; }; } >/dev/null 2>&1 ||
     echo "warning: could not install etcd-server; the HA tests need it"
 fi
+step_done install
+wait_for "$build_pid" "$build_log" "building the tests, mdbook or cargo-machete"
+step_done "tests' build, mdbook and cargo-machete (the rest of them)"
 cargo fmt --all -- --check
 # The documentation: the mdBook under docs/ builds and every relative link
 # and #anchor of README.md and docs/*.md resolves.
 ./scripts/docs-check.sh
 # Every dependency a crate declares is used (cargo-machete).
 ./scripts/unused-deps.sh
+step_done "fmt, book, machete"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+step_done clippy
 # The crates' API docs build and every intra-doc link resolves (about a
 # minute: the dependencies' metadata is clippy's).
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
-if ! wait "$llama_pid"; then
-  cat "$llama_log"
-  echo "building llama.cpp's tools failed" >&2
-  exit 1
-fi
-rm -f "$llama_log"
+step_done "cargo doc"
+wait_for "$llama_pid" "$llama_log" "building llama.cpp's tools"
+step_done "llama.cpp's tools (the rest of their build)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 set +e
 # --nocapture: the tests print their figures (fast vs reference counts,
 # onnxruntime differences per real model).
@@ -149,8 +186,10 @@ set -e
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s += $6} END {print s + 0}')
 echo "tests: $passed passed, $failed failed"
+step_done tests
 # A short teardown soak with the binaries the tests built: embedded
 # GPU,CPU clusters that start, run and exit, and GPU workers stopped with
 # SIGTERM; any crash or non-zero exit fails it.
-./scripts/soak-teardown.sh --debug --cycles 10 --stops 2 --models light_squeezenet.onnx || status=1
+./scripts/soak-teardown.sh --debug --cycles 6 --stops 2 --models light_squeezenet.onnx || status=1
+step_done "teardown soak"
 exit "$status"

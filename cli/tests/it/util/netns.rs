@@ -70,7 +70,6 @@ impl Lan {
         run(&["ip", "netns", "add", &bridge]);
         run(&["ip", "-n", &bridge, "link", "add", "br0", "type", "bridge"]);
         run(&["ip", "-n", &bridge, "link", "set", "br0", "up"]);
-        let rate = format!("{mbit}mbit");
         for (i, host) in hosts.iter().enumerate() {
             let ns = lan.ns(host);
             let port = format!("{}p{i}", lan.prefix);
@@ -85,15 +84,32 @@ impl Lan {
             run(&["ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
             run(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
             run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-            // Both ways: the host's sending, and the bridge's sending to it.
+        }
+        lan.cap("add", mbit);
+        lan
+    }
+
+    /// Every link's cap, both ways, now `mbit` Mbit/s.
+    pub fn set_rate(&self, mbit: u32) {
+        self.cap("change", mbit);
+    }
+
+    /// `tbf` at `mbit` Mbit/s on both ends of every host's link (the
+    /// host's sending, and the bridge's sending to it); `action` is tc's
+    /// `add` or `change`.
+    fn cap(&self, action: &str, mbit: u32) {
+        let bridge = self.bridge();
+        let rate = format!("{mbit}mbit");
+        for (i, host) in self.hosts.iter().enumerate() {
+            let ns = self.ns(host);
+            let port = format!("{}p{i}", self.prefix);
             for (space, dev) in [(&ns, "eth0"), (&bridge, port.as_str())] {
                 run(&[
-                    "tc", "-n", space, "qdisc", "add", "dev", dev, "root", "tbf", "rate", &rate,
+                    "tc", "-n", space, "qdisc", action, "dev", dev, "root", "tbf", "rate", &rate,
                     "burst", "256kb", "latency", "50ms",
                 ]);
             }
         }
-        lan
     }
 
     fn bridge(&self) -> String {
